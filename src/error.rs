@@ -1,0 +1,164 @@
+//! One error type for the crate. Every variant carries what failed and where, so the
+//! single line a runtime shows (`devgate: error: ...`) is enough to act on.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug)]
+pub enum Error {
+    /// A system call on a file failed.
+    Io {
+        what: String,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// A JSON document did not parse; line and column come from serde_json.
+    Parse {
+        what: String,
+        path: Option<PathBuf>,
+        line: usize,
+        column: usize,
+        msg: String,
+    },
+    /// An input exceeded the bound devgate reads.
+    TooLarge {
+        what: String,
+        limit: u64,
+    },
+    /// An input parsed but holds a value devgate cannot accept.
+    Invalid { what: String, msg: String },
+    /// The command line was wrong.
+    Usage(String),
+    /// A directory or file failed the ownership/permission check.
+    Unsafe { path: PathBuf, msg: String },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(what: impl Into<String>, path: impl AsRef<Path>, source: io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    pub fn json(what: impl Into<String>, path: Option<&Path>, e: &serde_json::Error) -> Self {
+        // serde_json's Display appends " at line L column C"; keep only the cause.
+        let full = e.to_string();
+        let msg = match full.rfind(" at line ") {
+            Some(i) => full[..i].to_string(),
+            None => full,
+        };
+        Error::Parse {
+            what: what.into(),
+            path: path.map(Path::to_path_buf),
+            line: e.line(),
+            column: e.column(),
+            msg,
+        }
+    }
+
+    pub fn invalid(what: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Invalid {
+            what: what.into(),
+            msg: msg.into(),
+        }
+    }
+
+    pub fn unsafe_path(path: impl AsRef<Path>, msg: impl Into<String>) -> Self {
+        Error::Unsafe {
+            path: path.as_ref().to_path_buf(),
+            msg: msg.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { what, path, source } => {
+                write!(f, "{what} {}: {}", path.display(), lower_first(&source.to_string()))
+            }
+            Error::Parse {
+                what,
+                path,
+                line,
+                column,
+                msg,
+            } => {
+                write!(f, "{what}")?;
+                if let Some(p) = path {
+                    write!(f, " {}", p.display())?;
+                }
+                write!(f, ": line {line} column {column}: {msg}")
+            }
+            Error::TooLarge { what, limit } => {
+                write!(f, "{what} exceeds {}", human_bytes(*limit))
+            }
+            Error::Invalid { what, msg } => write!(f, "{what}: {msg}"),
+            Error::Usage(msg) => write!(f, "{msg}"),
+            Error::Unsafe { path, msg } => write!(f, "unsafe path {}: {msg}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn lower_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(first) => first.to_lowercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    const KIB: u64 = 1 << 10;
+    if n >= MIB && n % MIB == 0 {
+        format!("{} MiB", n / MIB)
+    } else if n >= KIB && n % KIB == 0 {
+        format!("{} KiB", n / KIB)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_error_names_path_and_cause_in_lower_case() {
+        let e = Error::io(
+            "cannot read",
+            "/x/config.json",
+            io::Error::from_raw_os_error(libc::ENOENT),
+        );
+        assert_eq!(
+            e.to_string(),
+            "cannot read /x/config.json: no such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn parse_error_carries_position() {
+        let err = serde_json::from_str::<serde_json::Value>("{\n  \"a\": }").unwrap_err();
+        let e = Error::json("config", Some(Path::new("/etc/devgate/config.json")), &err);
+        let s = e.to_string();
+        assert!(s.starts_with("config /etc/devgate/config.json: line 2 column 8: "), "{s}");
+        assert!(!s.contains(" at line "), "{s}");
+    }
+
+    #[test]
+    fn too_large_uses_units() {
+        let e = Error::TooLarge {
+            what: "state on stdin".into(),
+            limit: 1 << 20,
+        };
+        assert_eq!(e.to_string(), "state on stdin exceeds 1 MiB");
+    }
+}

@@ -1,0 +1,265 @@
+//! The decision table: a device's probe verdicts and its class, under the operator's
+//! policy, give one disposition. Pure functions over plain data.
+
+use crate::device::Device;
+use crate::probe::{ProbeResult, Verdict};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Allow,
+    Warn,
+    Reject,
+    Remap,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Warn => "warn",
+            Action::Reject => "reject",
+            Action::Remap => "remap",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnknown {
+    #[default]
+    Allow,
+    Reject,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// What to do with an unhealthy device whose class has no entry in `classes`.
+    #[serde(default = "default_action")]
+    pub default: Action,
+    #[serde(default)]
+    pub classes: BTreeMap<String, Action>,
+    /// What to do when a probe cannot tell (NVML absent, a sysfs value unreadable).
+    #[serde(default)]
+    pub on_unknown: OnUnknown,
+}
+
+fn default_action() -> Action {
+    Action::Reject
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            default: Action::Reject,
+            classes: BTreeMap::new(),
+            on_unknown: OnUnknown::Allow,
+        }
+    }
+}
+
+impl Policy {
+    pub fn action_for(&self, class: &str) -> Action {
+        self.classes.get(class).copied().unwrap_or(self.default)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Disposition {
+    /// Every probe passed (warnings aside).
+    Healthy,
+    /// Something is wrong but policy lets it start (`allow`, `warn`, `on_unknown: allow`).
+    Allowed,
+    Reject,
+    Remap,
+}
+
+/// Why a disposition was chosen, as the operator configured it: `policy reject`,
+/// `policy on_unknown reject`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceDecision {
+    pub device: Device,
+    pub verdicts: Vec<ProbeResult>,
+    pub disposition: Disposition,
+    /// The policy rule that applied, empty for a healthy device.
+    pub rule: String,
+    /// Unhealthy (or, under on_unknown, unknown) reasons that drove the disposition.
+    pub reasons: Vec<String>,
+    /// Warn-level findings that never block a start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> DeviceDecision {
+    let collect = |pick: fn(&Verdict) -> Option<&String>| -> Vec<String> {
+        verdicts
+            .iter()
+            .filter_map(|r| pick(&r.verdict).cloned())
+            .collect()
+    };
+    let bad = collect(|v| match v {
+        Verdict::Unhealthy(r) => Some(r),
+        _ => None,
+    });
+    let unknown: Vec<String> = verdicts
+        .iter()
+        .filter_map(|r| match &r.verdict {
+            Verdict::Unknown(why) => Some(format!("{} unknown: {why}", r.probe)),
+            _ => None,
+        })
+        .collect();
+    let warnings = collect(|v| match v {
+        Verdict::Warn(r) => Some(r),
+        _ => None,
+    });
+
+    let (disposition, rule, reasons) = if !bad.is_empty() {
+        let action = policy.action_for(&device.class);
+        let d = match action {
+            Action::Allow | Action::Warn => Disposition::Allowed,
+            Action::Reject => Disposition::Reject,
+            Action::Remap => Disposition::Remap,
+        };
+        (d, format!("policy {}", action.as_str()), bad)
+    } else if !unknown.is_empty() {
+        match policy.on_unknown {
+            OnUnknown::Allow => (Disposition::Allowed, "policy on_unknown allow".into(), unknown),
+            OnUnknown::Reject => (Disposition::Reject, "policy on_unknown reject".into(), unknown),
+        }
+    } else {
+        (Disposition::Healthy, String::new(), Vec::new())
+    };
+    DeviceDecision {
+        device,
+        verdicts,
+        disposition,
+        rule,
+        reasons,
+        warnings,
+    }
+}
+
+/// One device's part of a reject line: `/dev/nvidia1 (195:1): reason; reason; policy reject`.
+pub fn reject_clause(d: &DeviceDecision) -> String {
+    let mut s = d.device.describe();
+    s.push_str(": ");
+    s.push_str(&d.reasons.join("; "));
+    if !d.rule.is_empty() {
+        s.push_str("; ");
+        s.push_str(&d.rule);
+    }
+    s
+}
+
+/// The one line runc carries up to kubelet. Several bad devices share the line, joined by
+/// " | ", so `kubectl describe pod` shows all of them. Newlines in reasons (from a hostile
+/// quarantine reason, say) are flattened: the line must stay one line.
+pub fn reject_line<'a>(rejected: impl IntoIterator<Item = &'a DeviceDecision>) -> String {
+    let clauses: Vec<String> = rejected.into_iter().map(reject_clause).collect();
+    one_line(&format!("devgate: rejected {}", clauses.join(" | ")))
+}
+
+pub fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DevNum, DevType, Source};
+
+    fn gpu(minor: u32) -> Device {
+        Device {
+            num: DevNum { typ: DevType::Char, major: 195, minor },
+            class: "nvidia-gpu".into(),
+            container_path: Some(format!("/dev/nvidia{minor}").into()),
+            host_path: Some(format!("/dev/nvidia{minor}").into()),
+            source: Source::LinuxDevices,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        }
+    }
+
+    fn res(probe: &'static str, v: Verdict) -> ProbeResult {
+        ProbeResult { probe: probe.into(), verdict: v }
+    }
+
+    #[test]
+    fn healthy_device_is_healthy_with_warnings_kept() {
+        let d = decide(
+            gpu(0),
+            vec![res("node", Verdict::Healthy), res("sysfs", Verdict::Warn("link slow".into()))],
+            &Policy::default(),
+        );
+        assert_eq!(d.disposition, Disposition::Healthy);
+        assert_eq!(d.warnings, vec!["link slow".to_string()]);
+    }
+
+    #[test]
+    fn unhealthy_follows_class_then_default() {
+        let mut p = Policy::default();
+        let bad = || vec![res("quarantine", Verdict::Unhealthy("quarantined by operator: \"x\"".into()))];
+        assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Reject);
+        p.classes.insert("nvidia-gpu".into(), Action::Warn);
+        let d = decide(gpu(1), bad(), &p);
+        assert_eq!(d.disposition, Disposition::Allowed);
+        assert_eq!(d.rule, "policy warn");
+        p.classes.insert("nvidia-gpu".into(), Action::Remap);
+        assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Remap);
+        p.default = Action::Allow;
+        p.classes.clear();
+        assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Allowed);
+    }
+
+    #[test]
+    fn unknown_follows_on_unknown_and_unhealthy_wins_over_unknown() {
+        let mut p = Policy::default();
+        let unk = || vec![res("nvml", Verdict::Unknown("library not found".into()))];
+        assert_eq!(decide(gpu(0), unk(), &p).disposition, Disposition::Allowed);
+        p.on_unknown = OnUnknown::Reject;
+        let d = decide(gpu(0), unk(), &p);
+        assert_eq!(d.disposition, Disposition::Reject);
+        assert_eq!(reject_clause(&d), "/dev/nvidia0 (195:0): nvml unknown: library not found; policy on_unknown reject");
+        let mut v = unk();
+        v.push(res("node", Verdict::Unhealthy("gone".into())));
+        assert_eq!(decide(gpu(0), v, &p).rule, "policy reject");
+    }
+
+    #[test]
+    fn reject_line_format_matches_contract() {
+        let d = decide(
+            gpu(1),
+            vec![res("quarantine", Verdict::Unhealthy("quarantined by operator: \"xid 79 seen\"".into()))],
+            &Policy::default(),
+        );
+        assert_eq!(
+            reject_line([&d]),
+            "devgate: rejected /dev/nvidia1 (195:1): quarantined by operator: \"xid 79 seen\"; policy reject"
+        );
+        let d2 = decide(
+            gpu(2),
+            vec![res("node", Verdict::Unhealthy("a\nb".into())), res("sysfs", Verdict::Unhealthy("c".into()))],
+            &Policy::default(),
+        );
+        assert_eq!(
+            reject_line([&d, &d2]),
+            "devgate: rejected /dev/nvidia1 (195:1): quarantined by operator: \"xid 79 seen\"; policy reject | /dev/nvidia2 (195:2): a b; c; policy reject"
+        );
+    }
+
+    #[test]
+    fn policy_json_rejects_unknown_actions() {
+        let p: Policy = serde_json::from_str(r#"{"classes":{"block":"warn"},"on_unknown":"reject"}"#).unwrap();
+        assert_eq!(p.default, Action::Reject);
+        assert_eq!(p.action_for("block"), Action::Warn);
+        assert!(serde_json::from_str::<Policy>(r#"{"default":"explode"}"#).is_err());
+        assert!(serde_json::from_str::<Policy>(r#"{"defualt":"reject"}"#).is_err());
+    }
+}

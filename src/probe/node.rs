@@ -1,0 +1,92 @@
+//! The device node probe: the host has a node for this device, of the right type and
+//! major:minor. A GPU whose node vanished (driver unloaded, device removed) fails here.
+
+use super::{Probe, Verdict};
+use crate::device::{DevNum, Device};
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+
+pub struct NodeProbe {
+    pub dev_root: PathBuf,
+}
+
+impl Probe for NodeProbe {
+    fn name(&self) -> &'static str {
+        "node"
+    }
+
+    fn check(&self, device: &Device) -> Verdict {
+        let Some(host) = &device.host_path else {
+            return Verdict::Unhealthy(format!(
+                "no device node {} {} under {}",
+                device.num.typ.letter(),
+                device.num,
+                self.dev_root.display()
+            ));
+        };
+        match fs::metadata(host) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Verdict::Unhealthy(format!("device node {} is gone", host.display()))
+            }
+            Err(e) => Verdict::Unknown(format!("cannot stat {}: {e}", host.display())),
+            Ok(meta) => match DevNum::from_metadata(&meta) {
+                None => Verdict::Unhealthy(format!("{} is not a device node", host.display())),
+                Some(n) if n.typ != device.num.typ => Verdict::Unhealthy(format!(
+                    "{} is a {} device, expected {}",
+                    host.display(),
+                    n.typ.sysfs_dir(),
+                    device.num.typ.sysfs_dir()
+                )),
+                Some(n) if n != device.num => Verdict::Unhealthy(format!(
+                    "{} is {}, expected {}",
+                    host.display(),
+                    n,
+                    device.num
+                )),
+                Some(_) => Verdict::Healthy,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DevType, Source};
+
+    fn dev(host: Option<&str>, major: u32, minor: u32) -> Device {
+        Device {
+            num: DevNum { typ: DevType::Char, major, minor },
+            class: "char".into(),
+            container_path: Some("/dev/x".into()),
+            host_path: host.map(PathBuf::from),
+            source: Source::LinuxDevices,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        }
+    }
+
+    #[test]
+    fn checks_existence_type_and_number() {
+        let p = NodeProbe { dev_root: "/dev".into() };
+        assert_eq!(p.check(&dev(Some("/dev/null"), 1, 3)), Verdict::Healthy);
+        assert_eq!(
+            p.check(&dev(Some("/dev/null"), 1, 5)),
+            Verdict::Unhealthy("/dev/null is 1:3, expected 1:5".into())
+        );
+        assert_eq!(
+            p.check(&dev(Some("/nonexistent/nvidia9"), 195, 9)),
+            Verdict::Unhealthy("device node /nonexistent/nvidia9 is gone".into())
+        );
+        assert_eq!(
+            p.check(&dev(Some("/etc/hostname"), 1, 3)),
+            Verdict::Unhealthy("/etc/hostname is not a device node".into())
+        );
+        assert_eq!(
+            p.check(&dev(None, 195, 9)),
+            Verdict::Unhealthy("no device node c 195:9 under /dev".into())
+        );
+    }
+}

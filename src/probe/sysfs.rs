@@ -1,0 +1,400 @@
+//! The sysfs probe: what the kernel's device model says about the hardware behind a node.
+//! `/sys/dev/{char,block}/MAJ:MIN` leads to the device; a `device` link there means real
+//! hardware, which must have a driver bound; PCI functions also report AER error counters
+//! and their link training; SCSI-backed block devices report a state.
+
+use super::{Probe, Verdict};
+use crate::device::{DevType, Device};
+use crate::fsutil::read_attr;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub struct SysfsProbe {
+    pub sysfs_root: PathBuf,
+}
+
+/// How far devgate follows `device` links and parent directories; real trees need 2–6.
+const MAX_DEVICE_LINKS: usize = 4;
+const MAX_PARENTS: usize = 24;
+
+impl Probe for SysfsProbe {
+    fn name(&self) -> &'static str {
+        "sysfs"
+    }
+
+    fn check(&self, device: &Device) -> Verdict {
+        let entry = self
+            .sysfs_root
+            .join("dev")
+            .join(device.num.typ.sysfs_dir())
+            .join(device.num.mm());
+        if fs::symlink_metadata(&entry).is_err() {
+            return Verdict::NotApplicable(format!(
+                "no sysfs entry for {} {}",
+                device.num.typ.letter(),
+                device.num
+            ));
+        }
+        let Ok(mut base) = fs::canonicalize(&entry) else {
+            return Verdict::Unknown(format!("cannot resolve {}", entry.display()));
+        };
+        // A partition's hardware is its disk's.
+        if device.num.typ == DevType::Block && base.join("partition").exists() {
+            if let Some(parent) = base.parent() {
+                base = parent.to_path_buf();
+            }
+        }
+        let hw = base.join("device");
+        if !hw.exists() {
+            return Verdict::NotApplicable("virtual device".into());
+        }
+        let chain = device_chain(&hw);
+        let pci = chain.iter().find_map(|d| pci_ancestor(&self.sysfs_root, d));
+
+        let mut findings = Vec::new();
+        let bound = chain.iter().chain(pci.iter()).any(|d| d.join("driver").exists());
+        if !bound {
+            let name = chain
+                .first()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            findings.push(Verdict::Unhealthy(format!("no driver bound to {name}")));
+        }
+        if device.num.typ == DevType::Block {
+            findings.push(block_state(&hw));
+        }
+        if let Some(pci) = &pci {
+            findings.push(aer(pci));
+            findings.push(link(pci));
+        }
+        match Verdict::worst(findings) {
+            Verdict::NotApplicable(_) => Verdict::Healthy,
+            v => v,
+        }
+    }
+}
+
+/// The device, then what its `device` link points to, and so on: a class device such as
+/// nvme0 has no driver of its own but its PCI function does.
+fn device_chain(hw: &Path) -> Vec<PathBuf> {
+    let mut chain = Vec::new();
+    let mut cur = fs::canonicalize(hw).ok();
+    while let Some(d) = cur {
+        if chain.len() >= MAX_DEVICE_LINKS || chain.contains(&d) {
+            break;
+        }
+        cur = fs::canonicalize(d.join("device")).ok();
+        chain.push(d);
+    }
+    chain
+}
+
+/// The nearest directory at or above `dir` whose subsystem is pci.
+pub fn pci_ancestor(sysfs_root: &Path, dir: &Path) -> Option<PathBuf> {
+    let stop = fs::canonicalize(sysfs_root.join("devices")).ok()?;
+    let mut cur = Some(dir);
+    for _ in 0..MAX_PARENTS {
+        let d = cur?;
+        if d == stop || !d.starts_with(&stop) {
+            return None;
+        }
+        let sub = fs::read_link(d.join("subsystem")).ok();
+        if sub.as_deref().and_then(Path::file_name).is_some_and(|n| n == "pci") {
+            return Some(d.to_path_buf());
+        }
+        cur = d.parent();
+    }
+    None
+}
+
+/// The PCI function behind a device, for other parts (status, poststop snapshots).
+pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
+    let entry = sysfs_root
+        .join("dev")
+        .join(device.num.typ.sysfs_dir())
+        .join(device.num.mm());
+    let hw = fs::canonicalize(entry).ok()?.join("device");
+    device_chain(&hw)
+        .iter()
+        .find_map(|d| pci_ancestor(sysfs_root, d))
+}
+
+fn block_state(hw: &Path) -> Verdict {
+    match read_attr(&hw.join("state")) {
+        Err(_) => Verdict::NotApplicable("no device state".into()),
+        Ok(s) if s == "running" => Verdict::Healthy,
+        Ok(s) => Verdict::Unhealthy(format!("block device state is {:?}, not running", trunc(&s))),
+    }
+}
+
+/// An AER counter file holds lines `NAME COUNT`; TOTAL_ERR_* sums them on kernels that
+/// have it, otherwise devgate sums the lines itself.
+pub fn parse_aer(text: &str, total_key: &str) -> Result<u64, String> {
+    let mut sum: u64 = 0;
+    let mut seen = false;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut parts = line.split_whitespace();
+        let (Some(name), Some(count), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!("unexpected line {:?}", trunc(line)));
+        };
+        let n: u64 = count
+            .parse()
+            .map_err(|_| format!("bad count {:?} for {}", trunc(count), trunc(name)))?;
+        if name == total_key {
+            return Ok(n);
+        }
+        sum = sum.saturating_add(n);
+        seen = true;
+    }
+    if seen {
+        Ok(sum)
+    } else {
+        Err("empty".into())
+    }
+}
+
+/// Fatal and non-fatal AER totals of a PCI function; None where AER is not reported.
+pub fn aer_counts(pci: &Path) -> Option<Result<(u64, u64), String>> {
+    let fatal = read_attr(&pci.join("aer_dev_fatal")).ok()?;
+    let nonfatal = read_attr(&pci.join("aer_dev_nonfatal")).unwrap_or_default();
+    let f = parse_aer(&fatal, "TOTAL_ERR_FATAL").map_err(|e| format!("aer_dev_fatal: {e}"));
+    let n = if nonfatal.is_empty() {
+        Ok(0)
+    } else {
+        parse_aer(&nonfatal, "TOTAL_ERR_NONFATAL").map_err(|e| format!("aer_dev_nonfatal: {e}"))
+    };
+    Some(f.and_then(|f| n.map(|n| (f, n))))
+}
+
+fn pci_name(pci: &Path) -> String {
+    pci.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn aer(pci: &Path) -> Verdict {
+    match aer_counts(pci) {
+        None => Verdict::NotApplicable("no AER counters".into()),
+        Some(Err(e)) => Verdict::Unknown(format!("cannot read AER counters of {}: {e}", pci_name(pci))),
+        Some(Ok((0, 0))) => Verdict::Healthy,
+        Some(Ok((0, n))) => Verdict::Warn(format!(
+            "PCIe AER: {n} non-fatal errors on {}",
+            pci_name(pci)
+        )),
+        Some(Ok((f, n))) => Verdict::Unhealthy(format!(
+            "PCIe AER: {f} fatal errors on {} ({n} non-fatal)",
+            pci_name(pci)
+        )),
+    }
+}
+
+/// `8.0 GT/s PCIe` → 8.0; `Unknown` (a link that is down or never trained) → None.
+fn parse_speed(s: &str) -> Option<f64> {
+    s.split_whitespace().next()?.parse().ok()
+}
+
+fn link(pci: &Path) -> Verdict {
+    let read = |name: &str| read_attr(&pci.join(name)).ok();
+    let mut findings = Vec::new();
+    if let (Some(cur), Some(max)) = (read("current_link_speed"), read("max_link_speed")) {
+        match (parse_speed(&cur), parse_speed(&max)) {
+            (Some(c), Some(m)) if c < m => findings.push(Verdict::Warn(format!(
+                "PCIe link of {} at {cur}, below its maximum {max}",
+                pci_name(pci)
+            ))),
+            (Some(_), Some(_)) => findings.push(Verdict::Healthy),
+            _ if cur.starts_with("Unknown") || max.starts_with("Unknown") => {}
+            _ => findings.push(Verdict::Unknown(format!(
+                "cannot parse link speed {:?} / {:?} of {}",
+                trunc(&cur),
+                trunc(&max),
+                pci_name(pci)
+            ))),
+        }
+    }
+    if let (Some(cur), Some(max)) = (read("current_link_width"), read("max_link_width")) {
+        match (cur.parse::<u32>(), max.parse::<u32>()) {
+            (Ok(c), Ok(m)) if c < m => findings.push(Verdict::Warn(format!(
+                "PCIe link of {} is x{c}, below its maximum x{m}",
+                pci_name(pci)
+            ))),
+            (Ok(_), Ok(_)) => findings.push(Verdict::Healthy),
+            _ => findings.push(Verdict::Unknown(format!(
+                "cannot parse link width {:?} / {:?} of {}",
+                trunc(&cur),
+                trunc(&max),
+                pci_name(pci)
+            ))),
+        }
+    }
+    Verdict::worst(findings)
+}
+
+fn trunc(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::device::{DevNum, Source};
+    use std::os::unix::fs::symlink;
+
+    pub(crate) struct Tree(pub PathBuf);
+
+    impl Tree {
+        pub(crate) fn new(tag: &str) -> Tree {
+            let p = std::env::temp_dir().join(format!("devgate-sysfs-{tag}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(p.join("dev/char")).unwrap();
+            fs::create_dir_all(p.join("dev/block")).unwrap();
+            fs::create_dir_all(p.join("bus/pci/drivers/nvidia")).unwrap();
+            Tree(p)
+        }
+        /// A PCI function at devices/pci0000:00/<addr>, optionally with a driver.
+        pub(crate) fn pci(&self, addr: &str, driver: bool) -> PathBuf {
+            let d = self.0.join("devices/pci0000:00").join(addr);
+            fs::create_dir_all(&d).unwrap();
+            symlink("../../../bus/pci", d.join("subsystem")).unwrap();
+            if driver {
+                symlink("../../../bus/pci/drivers/nvidia", d.join("driver")).unwrap();
+            }
+            d
+        }
+        /// A char device entry MAJ:MIN whose `device` link points at `hw` (or none).
+        pub(crate) fn chardev(&self, mm: &str, name: &str, hw: Option<&Path>) {
+            let d = self.0.join("devices/virtual/misc").join(name);
+            fs::create_dir_all(&d).unwrap();
+            if let Some(hw) = hw {
+                symlink(hw, d.join("device")).unwrap();
+            }
+            symlink(&d, self.0.join("dev/char").join(mm)).unwrap();
+        }
+        pub(crate) fn write(&self, dir: &Path, name: &str, text: &str) {
+            fs::write(dir.join(name), text).unwrap();
+        }
+    }
+
+    fn dev(typ: DevType, major: u32, minor: u32) -> Device {
+        Device {
+            num: DevNum { typ, major, minor },
+            class: "char".into(),
+            container_path: None,
+            host_path: None,
+            source: Source::LinuxDevices,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        }
+    }
+
+    #[test]
+    fn missing_entry_and_virtual_device_are_not_applicable() {
+        let t = Tree::new("na");
+        t.chardev("1:5", "zero", None);
+        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        assert_eq!(
+            p.check(&dev(DevType::Char, 195, 0)),
+            Verdict::NotApplicable("no sysfs entry for c 195:0".into())
+        );
+        assert_eq!(p.check(&dev(DevType::Char, 1, 5)), Verdict::NotApplicable("virtual device".into()));
+    }
+
+    #[test]
+    fn driver_must_be_bound() {
+        let t = Tree::new("drv");
+        let pci = t.pci("0000:3b:00.0", false);
+        t.chardev("240:0", "accel0", Some(&pci));
+        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        assert_eq!(
+            p.check(&dev(DevType::Char, 240, 0)),
+            Verdict::Unhealthy("no driver bound to 0000:3b:00.0".into())
+        );
+        symlink("../../../bus/pci/drivers/nvidia", pci.join("driver")).unwrap();
+        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
+    }
+
+    #[test]
+    fn aer_fatal_is_unhealthy_nonfatal_warns_garbage_unknown() {
+        let t = Tree::new("aer");
+        let pci = t.pci("0000:3b:00.0", true);
+        t.chardev("240:0", "accel0", Some(&pci));
+        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        t.write(&pci, "aer_dev_fatal", "Undefined 0\nDLP 0\nTOTAL_ERR_FATAL 0\n");
+        t.write(&pci, "aer_dev_nonfatal", "Undefined 0\nTOTAL_ERR_NONFATAL 0\n");
+        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
+        t.write(&pci, "aer_dev_nonfatal", "Undefined 0\nTOTAL_ERR_NONFATAL 3\n");
+        assert_eq!(
+            p.check(&dev(DevType::Char, 240, 0)),
+            Verdict::Warn("PCIe AER: 3 non-fatal errors on 0000:3b:00.0".into())
+        );
+        t.write(&pci, "aer_dev_fatal", "DLP 1\nSurpriseDown 1\n");
+        assert_eq!(
+            p.check(&dev(DevType::Char, 240, 0)),
+            Verdict::Unhealthy("PCIe AER: 2 fatal errors on 0000:3b:00.0 (3 non-fatal)".into())
+        );
+        t.write(&pci, "aer_dev_fatal", "DLP lots\n");
+        let v = p.check(&dev(DevType::Char, 240, 0));
+        assert!(matches!(&v, Verdict::Unknown(r) if r.contains("bad count \"lots\"")), "{v:?}");
+        t.write(&pci, "aer_dev_fatal", &"x".repeat(100_000));
+        assert!(matches!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Unknown(_)));
+    }
+
+    #[test]
+    fn degraded_link_warns() {
+        let t = Tree::new("link");
+        let pci = t.pci("0000:3b:00.0", true);
+        t.chardev("240:0", "accel0", Some(&pci));
+        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        t.write(&pci, "current_link_speed", "16.0 GT/s PCIe\n");
+        t.write(&pci, "max_link_speed", "16.0 GT/s PCIe\n");
+        t.write(&pci, "current_link_width", "16\n");
+        t.write(&pci, "max_link_width", "16\n");
+        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
+        t.write(&pci, "current_link_width", "8\n");
+        assert_eq!(
+            p.check(&dev(DevType::Char, 240, 0)),
+            Verdict::Warn("PCIe link of 0000:3b:00.0 is x8, below its maximum x16".into())
+        );
+        t.write(&pci, "current_link_speed", "Unknown\n");
+        t.write(&pci, "current_link_width", "16\n");
+        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
+    }
+
+    #[test]
+    fn block_state_and_class_device_chain() {
+        let t = Tree::new("blk");
+        let pci = t.pci("0000:5e:00.0", true);
+        // disk -> device -> scsi device (driver sd) whose parent chain reaches the PCI HBA
+        let scsi = pci.join("host0/target0:0:0/0:0:0:0");
+        fs::create_dir_all(&scsi).unwrap();
+        fs::create_dir_all(t.0.join("bus/scsi/drivers/sd")).unwrap();
+        symlink(t.0.join("bus/scsi/drivers/sd"), scsi.join("driver")).unwrap();
+        let disk = scsi.join("block/sdb");
+        fs::create_dir_all(disk.join("sdb1")).unwrap();
+        fs::write(disk.join("sdb1/partition"), "1").unwrap();
+        symlink(&scsi, disk.join("device")).unwrap();
+        symlink(&disk, t.0.join("dev/block/8:16")).unwrap();
+        symlink(disk.join("sdb1"), t.0.join("dev/block/8:17")).unwrap();
+        t.write(&scsi, "state", "running\n");
+        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        assert_eq!(p.check(&dev(DevType::Block, 8, 16)), Verdict::Healthy);
+        t.write(&scsi, "state", "offline\n");
+        let want = Verdict::Unhealthy("block device state is \"offline\", not running".into());
+        assert_eq!(p.check(&dev(DevType::Block, 8, 16)), want);
+        assert_eq!(p.check(&dev(DevType::Block, 8, 17)), want, "partition uses its disk");
+        assert_eq!(
+            pci_dir_for(&t.0, &dev(DevType::Block, 8, 16)).unwrap(),
+            fs::canonicalize(&pci).unwrap()
+        );
+    }
+
+    #[test]
+    fn real_sysfs_zero_is_virtual() {
+        let p = SysfsProbe { sysfs_root: "/sys".into() };
+        if Path::new("/sys/dev/char/1:5").exists() {
+            assert_eq!(p.check(&dev(DevType::Char, 1, 5)), Verdict::NotApplicable("virtual device".into()));
+        }
+    }
+}
