@@ -62,12 +62,36 @@ pub const NVIDIA_GPU: &str = "nvidia-gpu";
 pub fn builtin() -> Vec<ClassRule> {
     vec![
         rule("nvidia-ctl", Some(195), Some([254, 255]), None, false),
-        rule(NVIDIA_GPU, Some(195), Some([0, 253]), Some("/dev/nvidia{N}"), true),
+        rule(
+            NVIDIA_GPU,
+            Some(195),
+            Some([0, 253]),
+            Some("/dev/nvidia{N}"),
+            true,
+        ),
         rule("nvidia-uvm", None, None, Some("/dev/nvidia-uvm"), false),
-        rule("nvidia-uvm", None, None, Some("/dev/nvidia-uvm-tools"), false),
-        rule("nvidia-caps", None, None, Some("/dev/nvidia-caps/nvidia-cap{N}"), false),
+        rule(
+            "nvidia-uvm",
+            None,
+            None,
+            Some("/dev/nvidia-uvm-tools"),
+            false,
+        ),
+        rule(
+            "nvidia-caps",
+            None,
+            None,
+            Some("/dev/nvidia-caps/nvidia-cap{N}"),
+            false,
+        ),
         rule("dri", Some(226), None, Some("/dev/dri/card{N}"), true),
-        rule("rdma", Some(231), None, Some("/dev/infiniband/uverbs{N}"), true),
+        rule(
+            "rdma",
+            Some(231),
+            None,
+            Some("/dev/infiniband/uverbs{N}"),
+            true,
+        ),
         rule("vfio", None, None, Some("/dev/vfio/{N}"), true),
         rule("amd-kfd", None, None, Some("/dev/kfd"), true),
         rule("accel", None, None, Some("/dev/accel/accel{N}"), true),
@@ -87,13 +111,11 @@ pub fn classify<'a>(
             continue;
         }
         let by_number = r.major == Some(major)
-            && r
-                .minors
+            && r.minors
                 .map(|[lo, hi]| (lo..=hi).contains(&minor))
                 .unwrap_or(true);
         let by_path = r.major.is_none()
-            && r
-                .path
+            && r.path
                 .as_deref()
                 .is_some_and(|pat| paths.iter().any(|p| path_matches(pat, p)));
         if by_number || by_path {
@@ -124,7 +146,9 @@ pub fn path_matches(pattern: &str, path: &Path) -> bool {
         Some((prefix, suffix)) => path
             .strip_prefix(prefix)
             .and_then(|rest| rest.strip_suffix(suffix))
-            .is_some_and(|n| !n.is_empty() && n.len() <= 10 && n.bytes().all(|b| b.is_ascii_digit())),
+            .is_some_and(|n| {
+                !n.is_empty() && n.len() <= 10 && n.bytes().all(|b| b.is_ascii_digit())
+            }),
     }
 }
 
@@ -148,9 +172,15 @@ mod tests {
         assert_eq!(cls(DevType::Char, 195, 0, "/dev/nvidia0"), "nvidia-gpu");
         assert_eq!(cls(DevType::Char, 195, 7, "/dev/gpu-renamed"), "nvidia-gpu");
         assert_eq!(cls(DevType::Char, 195, 255, "/dev/nvidiactl"), "nvidia-ctl");
-        assert_eq!(cls(DevType::Char, 195, 254, "/dev/nvidia-modeset"), "nvidia-ctl");
+        assert_eq!(
+            cls(DevType::Char, 195, 254, "/dev/nvidia-modeset"),
+            "nvidia-ctl"
+        );
         assert_eq!(cls(DevType::Char, 508, 0, "/dev/nvidia-uvm"), "nvidia-uvm");
-        assert_eq!(cls(DevType::Char, 509, 1, "/dev/nvidia-caps/nvidia-cap1"), "nvidia-caps");
+        assert_eq!(
+            cls(DevType::Char, 509, 1, "/dev/nvidia-caps/nvidia-cap1"),
+            "nvidia-caps"
+        );
     }
 
     #[test]

@@ -80,7 +80,10 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
             println!("{USAGE}");
             return if pos.is_empty() { 2 } else { 0 };
         }
-        _ => Err(Error::Usage(format!("bad command line: {}\n{USAGE}", argv.join(" ")))),
+        _ => Err(Error::Usage(format!(
+            "bad command line: {}\n{USAGE}",
+            argv.join(" ")
+        ))),
     };
     match result {
         Ok(()) => 0,
@@ -98,7 +101,12 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    match hook::run(stage, args.config.as_deref(), std::io::stdin().lock(), started) {
+    match hook::run(
+        stage,
+        args.config.as_deref(),
+        std::io::stdin().lock(),
+        started,
+    ) {
         Ok(report) => {
             for line in &report.stderr {
                 eprintln!("{line}");
@@ -109,7 +117,9 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             eprintln!("devgate: error: {stage}: {e}", stage = stage.name());
             // poststop must not fail the lifecycle once its own input was readable; the
             // error is still printed for the runtime's log.
-            if stage == Stage::Poststop && !matches!(e, Error::TooLarge { .. } | Error::Parse { path: None, .. }) {
+            if stage == Stage::Poststop
+                && !matches!(e, Error::TooLarge { .. } | Error::Parse { path: None, .. })
+            {
                 0
             } else {
                 2
@@ -142,7 +152,11 @@ fn uncordon(args: &Args, dev: &str) -> Result<()> {
     if Ledger::new(&config.quarantine_dir).uncordon(num)? {
         println!("devgate: uncordoned {} {} ({dev})", num.typ.letter(), num);
     } else {
-        println!("devgate: {} {} ({dev}) was not cordoned", num.typ.letter(), num);
+        println!(
+            "devgate: {} {} ({dev}) was not cordoned",
+            num.typ.letter(),
+            num
+        );
     }
     Ok(())
 }
@@ -178,7 +192,9 @@ fn accelerators(config: &Config, rules: &[class::ClassRule]) -> Vec<Device> {
     let mut stack = vec![(config.dev_root.clone(), 0)];
     let mut budget = 8192;
     while let Some((dir, depth)) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for e in rd.flatten() {
             budget -= 1;
             if budget == 0 {
@@ -189,10 +205,15 @@ fn accelerators(config: &Config, rules: &[class::ClassRule]) -> Vec<Device> {
                 stack.push((e.path(), depth + 1));
                 continue;
             }
-            let Ok(meta) = std::fs::symlink_metadata(e.path()) else { continue };
-            let Some(num) = DevNum::from_metadata(&meta) else { continue };
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            let Some(num) = DevNum::from_metadata(&meta) else {
+                continue;
+            };
             // Classify by the path as it would appear in a container (/dev/...).
-            let shown = Path::new("/dev").join(e.path().strip_prefix(&config.dev_root).unwrap_or(&e.path()));
+            let shown = Path::new("/dev")
+                .join(e.path().strip_prefix(&config.dev_root).unwrap_or(&e.path()));
             let class = class::classify(rules, num.typ, num.major, num.minor, &[&shown]);
             if rules.iter().any(|r| r.class == class && r.accelerator) {
                 out.push(host_device(num, class, Some(e.path())));
@@ -207,20 +228,29 @@ fn status(args: &Args) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let rules = config.class_rules();
     let ledger = Ledger::new(&config.quarantine_dir);
-    let mut rows: Vec<(Device, Vec<&'static str>)> =
-        accelerators(&config, &rules).into_iter().map(|d| (d, vec!["accelerator"])).collect();
-    let add = |dev: Device, role: &'static str, rows: &mut Vec<(Device, Vec<&'static str>)>| {
-        match rows.iter_mut().find(|(d, _)| d.num == dev.num) {
+    let mut rows: Vec<(Device, Vec<&'static str>)> = accelerators(&config, &rules)
+        .into_iter()
+        .map(|d| (d, vec!["accelerator"]))
+        .collect();
+    let add =
+        |dev: Device, role: &'static str, rows: &mut Vec<(Device, Vec<&'static str>)>| match rows
+            .iter_mut()
+            .find(|(d, _)| d.num == dev.num)
+        {
             Some((_, roles)) => roles.push(role),
             None => rows.push((dev, vec![role])),
-        }
-    };
+        };
     for (class, paths) in &config.spares {
         for p in paths {
-            let num = std::fs::metadata(p).ok().and_then(|m| DevNum::from_metadata(&m));
+            let num = std::fs::metadata(p)
+                .ok()
+                .and_then(|m| DevNum::from_metadata(&m));
             match num {
                 Some(num) => add(host_device(num, class, Some(p.clone())), "spare", &mut rows),
-                None => eprintln!("devgate: warning: spare {} (class {class}) is not a device node", p.display()),
+                None => eprintln!(
+                    "devgate: warning: spare {} (class {class}) is not a device node",
+                    p.display()
+                ),
             }
         }
     }
@@ -259,14 +289,20 @@ fn status(args: &Args) -> Result<()> {
         .collect();
 
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&out).expect("status serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("status serializes")
+        );
         return Ok(());
     }
     if out.is_empty() {
         println!("no accelerators, spares or quarantined devices");
         return Ok(());
     }
-    println!("{:<24} {:<8} {:<12} {:<10} {:<24} QUARANTINE", "DEVICE", "NUMBER", "CLASS", "HEALTH", "ROLE");
+    println!(
+        "{:<24} {:<8} {:<12} {:<10} {:<24} QUARANTINE",
+        "DEVICE", "NUMBER", "CLASS", "HEALTH", "ROLE"
+    );
     for r in &out {
         let q = r
             .quarantine
@@ -294,9 +330,17 @@ fn status(args: &Args) -> Result<()> {
 
 fn health_word(dec: &policy::DeviceDecision) -> &'static str {
     use crate::probe::Verdict;
-    if dec.verdicts.iter().any(|v| matches!(v.verdict, Verdict::Unhealthy(_))) {
+    if dec
+        .verdicts
+        .iter()
+        .any(|v| matches!(v.verdict, Verdict::Unhealthy(_)))
+    {
         "unhealthy"
-    } else if dec.verdicts.iter().any(|v| matches!(v.verdict, Verdict::Unknown(_))) {
+    } else if dec
+        .verdicts
+        .iter()
+        .any(|v| matches!(v.verdict, Verdict::Unknown(_)))
+    {
         "unknown"
     } else if dec.disposition == Disposition::Healthy && dec.warnings.is_empty() {
         "healthy"
@@ -317,17 +361,37 @@ fn explain(args: &Args, id: &str) -> Result<()> {
         ));
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rec).expect("record serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rec).expect("record serializes")
+        );
         return Ok(());
     }
-    println!("container {} at {} ({}): {:?}", rec.container_id, rec.stage, rec.time, rec.action);
+    println!(
+        "container {} at {} ({}): {:?}",
+        rec.container_id, rec.stage, rec.time, rec.action
+    );
     if let (Some(ns), Some(name)) = (&rec.pod.namespace, &rec.pod.name) {
-        println!("  pod {ns}/{name} container {}", rec.pod.container.as_deref().unwrap_or("?"));
+        println!(
+            "  pod {ns}/{name} container {}",
+            rec.pod.container.as_deref().unwrap_or("?")
+        );
     }
     for d in &rec.devices {
-        println!("  {} class {}: {:?} {}", d.device.describe(), d.device.class, d.disposition, d.rule);
+        println!(
+            "  {} class {}: {:?} {}",
+            d.device.describe(),
+            d.device.class,
+            d.disposition,
+            d.rule
+        );
         for v in &d.verdicts {
-            println!("    {:<11} {:<14} {}", v.probe, v.verdict.status(), v.verdict.reason().unwrap_or(""));
+            println!(
+                "    {:<11} {:<14} {}",
+                v.probe,
+                v.verdict.status(),
+                v.verdict.reason().unwrap_or("")
+            );
         }
     }
     if let Some(m) = &rec.message {

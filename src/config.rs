@@ -28,6 +28,17 @@ pub struct Config {
     pub spares: BTreeMap<String, Vec<PathBuf>>,
     /// Extra class rules, tried before the built-in table.
     pub device_classes: Vec<ClassRule>,
+    /// The NVML library devgate opens, only for containers with NVIDIA devices.
+    pub nvml_library: PathBuf,
+    /// Deadline for a probe that can block (NVML on a dying GPU).
+    pub probe_timeout_ms: u64,
+    /// The kernel log, read for NVIDIA XID reports.
+    pub kmsg_path: PathBuf,
+    pub gpu: GpuConfig,
+    /// Only termination-message files under this directory are ever written.
+    pub kubelet_pods_dir: PathBuf,
+    /// How many exit records state_dir/exits keeps.
+    pub exits_keep: usize,
     /// Where this config came from, for messages; not a key.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -44,9 +55,24 @@ impl Default for Config {
             policy: Policy::default(),
             spares: BTreeMap::new(),
             device_classes: Vec::new(),
+            nvml_library: "libnvidia-ml.so.1".into(),
+            probe_timeout_ms: 2000,
+            kmsg_path: "/dev/kmsg".into(),
+            gpu: GpuConfig::default(),
+            kubelet_pods_dir: "/var/lib/kubelet/pods".into(),
+            exits_keep: 1000,
             source: None,
         }
     }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// Volatile uncorrectable ECC errors above this make a GPU unhealthy.
+    pub max_volatile_uncorrectable_ecc: u64,
+    /// XID number (as a string key) → "unhealthy" | "warn" | "ignore", over the built-in table.
+    pub xid_actions: BTreeMap<String, String>,
 }
 
 impl Config {
@@ -84,14 +110,22 @@ impl Config {
             ("quarantine_dir", &self.quarantine_dir),
             ("sysfs_root", &self.sysfs_root),
             ("dev_root", &self.dev_root),
+            ("kmsg_path", &self.kmsg_path),
+            ("kubelet_pods_dir", &self.kubelet_pods_dir),
         ] {
             if !p.is_absolute() {
-                return Err(Error::invalid(&what, format!("{key} {p:?} is not an absolute path")));
+                return Err(Error::invalid(
+                    &what,
+                    format!("{key} {p:?} is not an absolute path"),
+                ));
             }
         }
         if let Some(p) = &self.log_file {
             if !p.is_absolute() {
-                return Err(Error::invalid(&what, format!("log_file {p:?} is not an absolute path")));
+                return Err(Error::invalid(
+                    &what,
+                    format!("log_file {p:?} is not an absolute path"),
+                ));
             }
         }
         for (class, paths) in &self.spares {
@@ -108,7 +142,10 @@ impl Config {
             if r.major.is_none() && r.path.is_none() {
                 return Err(Error::invalid(
                     &what,
-                    format!("device_classes: class {:?} needs a major or a path", r.class),
+                    format!(
+                        "device_classes: class {:?} needs a major or a path",
+                        r.class
+                    ),
                 ));
             }
         }
@@ -140,24 +177,42 @@ mod tests {
 
     #[test]
     fn malformed_file_names_file_and_position() {
-        let e = Config::parse(b"{\n \"policy\": {\"default\": }\n}", Path::new("/etc/devgate/config.json"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("config /etc/devgate/config.json: line 2 column"), "{e}");
+        let e = Config::parse(
+            b"{\n \"policy\": {\"default\": }\n}",
+            Path::new("/etc/devgate/config.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("config /etc/devgate/config.json: line 2 column"),
+            "{e}"
+        );
     }
 
     #[test]
     fn unknown_keys_and_relative_paths_are_errors() {
-        let e = Config::parse(br#"{"stat_dir":"/x"}"#, Path::new("/c.json")).unwrap_err().to_string();
+        let e = Config::parse(br#"{"stat_dir":"/x"}"#, Path::new("/c.json"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field `stat_dir`"), "{e}");
-        let e = Config::parse(br#"{"dev_root":"dev"}"#, Path::new("/c.json")).unwrap_err().to_string();
-        assert!(e.contains("dev_root \"dev\" is not an absolute path"), "{e}");
+        let e = Config::parse(br#"{"dev_root":"dev"}"#, Path::new("/c.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dev_root \"dev\" is not an absolute path"),
+            "{e}"
+        );
     }
 
     #[test]
     fn explicit_missing_file_is_an_error() {
-        let e = Config::load(Some(Path::new("/nonexistent/devgate.json"))).unwrap_err().to_string();
-        assert!(e.starts_with("cannot open config /nonexistent/devgate.json"), "{e}");
+        let e = Config::load(Some(Path::new("/nonexistent/devgate.json")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("cannot open config /nonexistent/devgate.json"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -176,7 +176,10 @@ fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
             "b" => DevType::Block,
             "p" => continue,
             other => {
-                return Err(Error::invalid(ctx, format!("unknown device type {other:?}")));
+                return Err(Error::invalid(
+                    ctx,
+                    format!("unknown device type {other:?}"),
+                ));
             }
         };
         let num = DevNum {
@@ -205,7 +208,9 @@ fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
 fn from_bind_mounts(spec: &Spec, out: &mut Vec<Candidate>) {
     for m in spec.mounts.iter().filter(|m| m.is_bind()) {
         let Some(src) = &m.source else { continue };
-        let Ok(meta) = fs::metadata(src) else { continue };
+        let Ok(meta) = fs::metadata(src) else {
+            continue;
+        };
         let Some(num) = DevNum::from_metadata(&meta) else {
             continue;
         };
@@ -337,8 +342,7 @@ fn hints_for(c: &Candidate, rules: &[ClassRule], dev_root: &Path) -> Vec<PathBuf
     for r in rules.iter().filter(|r| {
         r.typ == c.num.typ
             && r.major == Some(c.num.major)
-            && r
-                .minors
+            && r.minors
                 .map(|[lo, hi]| (lo..=hi).contains(&c.num.minor))
                 .unwrap_or(true)
     }) {
@@ -402,8 +406,7 @@ fn scan_for_node(dev_root: &Path, num: DevNum) -> Option<PathBuf> {
             let Ok(ft) = entry.file_type() else { continue };
             if ft.is_dir() && depth + 1 < SCAN_MAX_DEPTH {
                 stack.push((entry.path(), depth + 1));
-            } else if (ft.is_char_device() || ft.is_block_device()) && node_is(&entry.path(), num)
-            {
+            } else if (ft.is_char_device() || ft.is_block_device()) && node_is(&entry.path(), num) {
                 return Some(entry.path());
             }
         }
@@ -439,7 +442,13 @@ pub fn parse_device_arg(arg: &str, sysfs_root: &Path) -> Result<(DevNum, Option<
     let major = check_number("major", major, MAX_MAJOR, &ctx)?;
     let minor = check_number("minor", minor, MAX_MINOR, &ctx)?;
     let typ = typ.unwrap_or_else(|| {
-        let has = |t: &str| sysfs_root.join("dev").join(t).join(format!("{major}:{minor}")).exists();
+        let has = |t: &str| {
+            sysfs_root
+                .join("dev")
+                .join(t)
+                .join(format!("{major}:{minor}"))
+                .exists()
+        };
         if has("block") && !has("char") {
             DevType::Block
         } else {
@@ -459,7 +468,12 @@ mod tests {
     }
 
     fn disc(json: &str) -> Result<Vec<Device>> {
-        discover(&spec(json), &class::builtin(), Path::new("/nonexistent-dev"), Path::new("/nonexistent-sys"))
+        discover(
+            &spec(json),
+            &class::builtin(),
+            Path::new("/nonexistent-dev"),
+            Path::new("/nonexistent-sys"),
+        )
     }
 
     #[test]
@@ -517,13 +531,19 @@ mod tests {
 
     #[test]
     fn absurd_numbers_and_types_are_errors_naming_the_entry() {
-        let e = disc(r#"{"linux":{"devices":[{"path":"/dev/x","type":"c","major":99999999999,"minor":1}]}}"#)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "config.json linux.devices[0] /dev/x: major 99999999999 out of range 0-4095");
-        let e = disc(r#"{"linux":{"devices":[{"path":"/dev/x","type":"c","major":1,"minor":-4}]}}"#)
-            .unwrap_err()
-            .to_string();
+        let e = disc(
+            r#"{"linux":{"devices":[{"path":"/dev/x","type":"c","major":99999999999,"minor":1}]}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "config.json linux.devices[0] /dev/x: major 99999999999 out of range 0-4095"
+        );
+        let e =
+            disc(r#"{"linux":{"devices":[{"path":"/dev/x","type":"c","major":1,"minor":-4}]}}"#)
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("minor -4 out of range"), "{e}");
         let e = disc(r#"{"linux":{"devices":[{"path":"/dev/x","type":"z","major":1,"minor":1}]}}"#)
             .unwrap_err()
@@ -535,15 +555,25 @@ mod tests {
     fn bind_mounted_device_node_is_found() {
         // /dev/full is on every Linux host and is a char device 1:7 (a default, skipped);
         // /dev/zero likewise; use the fast test only for the negative and positive cases.
-        let s = spec(r#"{"mounts":[{"destination":"/dev/termination-log","source":"/etc/hostname","options":["rbind"]},
-                                    {"destination":"/dev/z","source":"/dev/zero","options":["bind"]}]}"#);
-        assert!(!may_have_devices(&s), "default devices and files are not assigned devices");
-        let s = spec(r#"{"mounts":[{"destination":"/x","source":"/dev/loop-control","options":["bind"]}]}"#);
+        let s = spec(
+            r#"{"mounts":[{"destination":"/dev/termination-log","source":"/etc/hostname","options":["rbind"]},
+                                    {"destination":"/dev/z","source":"/dev/zero","options":["bind"]}]}"#,
+        );
+        assert!(
+            !may_have_devices(&s),
+            "default devices and files are not assigned devices"
+        );
+        let s = spec(
+            r#"{"mounts":[{"destination":"/x","source":"/dev/loop-control","options":["bind"]}]}"#,
+        );
         if Path::new("/dev/loop-control").exists() {
             let d = discover(&s, &class::builtin(), Path::new("/dev"), Path::new("/sys")).unwrap();
             assert_eq!(d.len(), 1);
             assert_eq!(d[0].source, Source::BindMount);
-            assert_eq!(d[0].host_path.as_deref(), Some(Path::new("/dev/loop-control")));
+            assert_eq!(
+                d[0].host_path.as_deref(),
+                Some(Path::new("/dev/loop-control"))
+            );
             assert_eq!(d[0].container_path.as_deref(), Some(Path::new("/x")));
         }
     }
@@ -561,9 +591,11 @@ mod tests {
 
     #[test]
     fn describe_formats() {
-        let mut d = disc(r#"{"linux":{"devices":[{"path":"/dev/gpu0","type":"c","major":195,"minor":1}]}}"#)
-            .unwrap()
-            .remove(0);
+        let mut d = disc(
+            r#"{"linux":{"devices":[{"path":"/dev/gpu0","type":"c","major":195,"minor":1}]}}"#,
+        )
+        .unwrap()
+        .remove(0);
         assert_eq!(d.describe(), "/dev/gpu0 (195:1)");
         d.host_path = Some("/dev/nvidia1".into());
         assert_eq!(d.describe(), "/dev/gpu0 (host /dev/nvidia1, 195:1)");
@@ -574,9 +606,16 @@ mod tests {
         let sys = Path::new("/nonexistent");
         assert_eq!(
             parse_device_arg("195:1", sys).unwrap().0,
-            DevNum { typ: DevType::Char, major: 195, minor: 1 }
+            DevNum {
+                typ: DevType::Char,
+                major: 195,
+                minor: 1
+            }
         );
-        assert_eq!(parse_device_arg("b:8:0", sys).unwrap().0.typ, DevType::Block);
+        assert_eq!(
+            parse_device_arg("b:8:0", sys).unwrap().0.typ,
+            DevType::Block
+        );
         assert!(parse_device_arg("195", sys).is_err());
         assert!(parse_device_arg("195:x", sys).is_err());
         assert!(parse_device_arg("5000:1", sys).is_err());

@@ -22,10 +22,7 @@ pub enum Error {
         msg: String,
     },
     /// An input exceeded the bound devgate reads.
-    TooLarge {
-        what: String,
-        limit: u64,
-    },
+    TooLarge { what: String, limit: u64 },
     /// An input parsed but holds a value devgate cannot accept.
     Invalid { what: String, msg: String },
     /// The command line was wrong.
@@ -80,7 +77,12 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Io { what, path, source } => {
-                write!(f, "{what} {}: {}", path.display(), lower_first(&source.to_string()))
+                write!(
+                    f,
+                    "{what} {}: {}",
+                    path.display(),
+                    lower_first(&source.to_string())
+                )
             }
             Error::Parse {
                 what,
@@ -149,7 +151,10 @@ mod tests {
         let err = serde_json::from_str::<serde_json::Value>("{\n  \"a\": }").unwrap_err();
         let e = Error::json("config", Some(Path::new("/etc/devgate/config.json")), &err);
         let s = e.to_string();
-        assert!(s.starts_with("config /etc/devgate/config.json: line 2 column 8: "), "{s}");
+        assert!(
+            s.starts_with("config /etc/devgate/config.json: line 2 column 8: "),
+            "{s}"
+        );
         assert!(!s.contains(" at line "), "{s}");
     }
 

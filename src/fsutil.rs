@@ -168,8 +168,7 @@ pub fn is_safe_component(s: &str) -> bool {
         && s != "."
         && s != ".."
         && !s.starts_with('.')
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+' | b':'))
 }
 
@@ -191,7 +190,7 @@ mod tests {
 
     #[test]
     fn bounded_read_refuses_one_byte_more() {
-        let data = vec![b'x'; 11];
+        let data = [b'x'; 11];
         let err = read_bounded(&data[..], 10, "state", Path::new("stdin")).unwrap_err();
         assert!(err.to_string().contains("exceeds 10 bytes"), "{err}");
         assert_eq!(
@@ -205,8 +204,11 @@ mod tests {
         let d = tempdir("rrf");
         fs::write(d.join("real"), b"{}").unwrap();
         std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
-        nix::unistd::mkfifo(&d.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .unwrap();
+        nix::unistd::mkfifo(
+            &d.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
         assert_eq!(read_regular_file(&d.join("real"), 10, "x").unwrap(), b"{}");
         assert!(read_regular_file(&d.join("link"), 10, "x").is_err());
         let e = read_regular_file(&d.join("fifo"), 10, "x").unwrap_err();
@@ -220,7 +222,10 @@ mod tests {
         write_atomic(&p, b"one", 0o644).unwrap();
         write_atomic(&p, b"two", 0o644).unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
     }
 

@@ -40,12 +40,19 @@ impl Stage {
             .map(|(_, st)| *st)
             .ok_or_else(|| {
                 let names: Vec<&str> = Stage::ALL.iter().map(|(n, _)| *n).collect();
-                Error::Usage(format!("unknown hook stage {s:?}; expected one of {}", names.join(", ")))
+                Error::Usage(format!(
+                    "unknown hook stage {s:?}; expected one of {}",
+                    names.join(", ")
+                ))
             })
     }
 
     pub fn name(self) -> &'static str {
-        Stage::ALL.iter().find(|(_, st)| *st == self).map(|(n, _)| *n).unwrap_or("")
+        Stage::ALL
+            .iter()
+            .find(|(_, st)| *st == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("")
     }
 
     /// The stages at which devgate decides whether a container may start: both run after
@@ -62,7 +69,12 @@ pub struct Report {
     pub stderr: Vec<String>,
 }
 
-pub fn run(stage: Stage, config_path: Option<&Path>, input: impl Read, started: Instant) -> Result<Report> {
+pub fn run(
+    stage: Stage,
+    config_path: Option<&Path>,
+    input: impl Read,
+    started: Instant,
+) -> Result<Report> {
     // Always drain stdin: a runtime that writes the state into a pipe nobody reads can see
     // EPIPE and report a failure that is not there.
     let state = State::read(input)?;
@@ -75,13 +87,23 @@ pub fn run(stage: Stage, config_path: Option<&Path>, input: impl Read, started: 
     }
 }
 
-fn gate(stage: Stage, state: &State, config_path: Option<&Path>, started: Instant) -> Result<Report> {
+fn gate(
+    stage: Stage,
+    state: &State,
+    config_path: Option<&Path>,
+    started: Instant,
+) -> Result<Report> {
     let spec = Spec::load(&state.bundle)?;
     if !device::may_have_devices(&spec) {
         return Ok(Report::default());
     }
     let config = Config::load(config_path)?;
-    let devices = device::discover(&spec, &config.class_rules(), &config.dev_root, &config.sysfs_root)?;
+    let devices = device::discover(
+        &spec,
+        &config.class_rules(),
+        &config.dev_root,
+        &config.sysfs_root,
+    )?;
     if devices.is_empty() {
         return Ok(Report::default());
     }
@@ -118,8 +140,12 @@ fn gate(stage: Stage, state: &State, config_path: Option<&Path>, started: Instan
 /// Probes every device and applies the policy. A device whose policy is remap cannot be
 /// remapped without a configured spare; it is rejected saying so.
 pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
-    let node = NodeProbe { dev_root: config.dev_root.clone() };
-    let sysfs = SysfsProbe { sysfs_root: config.sysfs_root.clone() };
+    let node = NodeProbe {
+        dev_root: config.dev_root.clone(),
+    };
+    let sysfs = SysfsProbe {
+        sysfs_root: config.sysfs_root.clone(),
+    };
     let quarantine = QuarantineProbe { ledger };
     let probes: [&dyn Probe; 3] = [&node, &sysfs, &quarantine];
     devices
@@ -129,8 +155,13 @@ pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec
             let mut dec = policy::decide(d, verdicts, &config.policy);
             if dec.disposition == Disposition::Remap {
                 let why = match config.spares.get(&dec.device.class) {
-                    None => format!("remap impossible: no spare configured for class {}", dec.device.class),
-                    Some(_) => "remap impossible: remapping is not supported by this build".to_string(),
+                    None => format!(
+                        "remap impossible: no spare configured for class {}",
+                        dec.device.class
+                    ),
+                    Some(_) => {
+                        "remap impossible: remapping is not supported by this build".to_string()
+                    }
                 };
                 dec.disposition = Disposition::Reject;
                 dec.reasons.push(why);
@@ -155,13 +186,24 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (ContainerAction, Option<Strin
             )));
         }
         for w in &d.warnings {
-            warnings.push(policy::one_line(&format!("devgate: warning: {}: {w}", d.device.describe())));
+            warnings.push(policy::one_line(&format!(
+                "devgate: warning: {}: {w}",
+                d.device.describe()
+            )));
         }
     }
     if !rejected.is_empty() {
-        return (ContainerAction::Reject, Some(policy::reject_line(rejected)), warnings);
+        return (
+            ContainerAction::Reject,
+            Some(policy::reject_line(rejected)),
+            warnings,
+        );
     }
-    let action = if decisions.iter().any(|d| d.disposition == Disposition::Allowed) || !warnings.is_empty() {
+    let action = if decisions
+        .iter()
+        .any(|d| d.disposition == Disposition::Allowed)
+        || !warnings.is_empty()
+    {
         ContainerAction::Warn
     } else {
         ContainerAction::Allow

@@ -127,8 +127,16 @@ pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> De
         (d, format!("policy {}", action.as_str()), bad)
     } else if !unknown.is_empty() {
         match policy.on_unknown {
-            OnUnknown::Allow => (Disposition::Allowed, "policy on_unknown allow".into(), unknown),
-            OnUnknown::Reject => (Disposition::Reject, "policy on_unknown reject".into(), unknown),
+            OnUnknown::Allow => (
+                Disposition::Allowed,
+                "policy on_unknown allow".into(),
+                unknown,
+            ),
+            OnUnknown::Reject => (
+                Disposition::Reject,
+                "policy on_unknown reject".into(),
+                unknown,
+            ),
         }
     } else {
         (Disposition::Healthy, String::new(), Vec::new())
@@ -176,7 +184,11 @@ mod tests {
 
     fn gpu(minor: u32) -> Device {
         Device {
-            num: DevNum { typ: DevType::Char, major: 195, minor },
+            num: DevNum {
+                typ: DevType::Char,
+                major: 195,
+                minor,
+            },
             class: "nvidia-gpu".into(),
             container_path: Some(format!("/dev/nvidia{minor}").into()),
             host_path: Some(format!("/dev/nvidia{minor}").into()),
@@ -188,14 +200,20 @@ mod tests {
     }
 
     fn res(probe: &'static str, v: Verdict) -> ProbeResult {
-        ProbeResult { probe: probe.into(), verdict: v }
+        ProbeResult {
+            probe: probe.into(),
+            verdict: v,
+        }
     }
 
     #[test]
     fn healthy_device_is_healthy_with_warnings_kept() {
         let d = decide(
             gpu(0),
-            vec![res("node", Verdict::Healthy), res("sysfs", Verdict::Warn("link slow".into()))],
+            vec![
+                res("node", Verdict::Healthy),
+                res("sysfs", Verdict::Warn("link slow".into())),
+            ],
             &Policy::default(),
         );
         assert_eq!(d.disposition, Disposition::Healthy);
@@ -205,7 +223,12 @@ mod tests {
     #[test]
     fn unhealthy_follows_class_then_default() {
         let mut p = Policy::default();
-        let bad = || vec![res("quarantine", Verdict::Unhealthy("quarantined by operator: \"x\"".into()))];
+        let bad = || {
+            vec![res(
+                "quarantine",
+                Verdict::Unhealthy("quarantined by operator: \"x\"".into()),
+            )]
+        };
         assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Reject);
         p.classes.insert("nvidia-gpu".into(), Action::Warn);
         let d = decide(gpu(1), bad(), &p);
@@ -226,7 +249,10 @@ mod tests {
         p.on_unknown = OnUnknown::Reject;
         let d = decide(gpu(0), unk(), &p);
         assert_eq!(d.disposition, Disposition::Reject);
-        assert_eq!(reject_clause(&d), "/dev/nvidia0 (195:0): nvml unknown: library not found; policy on_unknown reject");
+        assert_eq!(
+            reject_clause(&d),
+            "/dev/nvidia0 (195:0): nvml unknown: library not found; policy on_unknown reject"
+        );
         let mut v = unk();
         v.push(res("node", Verdict::Unhealthy("gone".into())));
         assert_eq!(decide(gpu(0), v, &p).rule, "policy reject");
@@ -236,7 +262,10 @@ mod tests {
     fn reject_line_format_matches_contract() {
         let d = decide(
             gpu(1),
-            vec![res("quarantine", Verdict::Unhealthy("quarantined by operator: \"xid 79 seen\"".into()))],
+            vec![res(
+                "quarantine",
+                Verdict::Unhealthy("quarantined by operator: \"xid 79 seen\"".into()),
+            )],
             &Policy::default(),
         );
         assert_eq!(
@@ -245,7 +274,10 @@ mod tests {
         );
         let d2 = decide(
             gpu(2),
-            vec![res("node", Verdict::Unhealthy("a\nb".into())), res("sysfs", Verdict::Unhealthy("c".into()))],
+            vec![
+                res("node", Verdict::Unhealthy("a\nb".into())),
+                res("sysfs", Verdict::Unhealthy("c".into())),
+            ],
             &Policy::default(),
         );
         assert_eq!(
@@ -256,7 +288,8 @@ mod tests {
 
     #[test]
     fn policy_json_rejects_unknown_actions() {
-        let p: Policy = serde_json::from_str(r#"{"classes":{"block":"warn"},"on_unknown":"reject"}"#).unwrap();
+        let p: Policy =
+            serde_json::from_str(r#"{"classes":{"block":"warn"},"on_unknown":"reject"}"#).unwrap();
         assert_eq!(p.default, Action::Reject);
         assert_eq!(p.action_for("block"), Action::Warn);
         assert!(serde_json::from_str::<Policy>(r#"{"default":"explode"}"#).is_err());

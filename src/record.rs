@@ -34,10 +34,16 @@ impl PodInfo {
                 .map(|s| s.chars().take(256).collect::<String>())
         };
         PodInfo {
-            namespace: get("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"),
+            namespace: get(
+                "io.kubernetes.cri.sandbox-namespace",
+                "io.kubernetes.pod.namespace",
+            ),
             name: get("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
             uid: get("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"),
-            container: get("io.kubernetes.cri.container-name", "io.kubernetes.container.name"),
+            container: get(
+                "io.kubernetes.cri.container-name",
+                "io.kubernetes.container.name",
+            ),
         }
     }
 
@@ -154,7 +160,10 @@ mod tests {
         )
         .unwrap();
         let p = PodInfo::from_annotations(&spec, &BTreeMap::new());
-        assert_eq!((p.name.as_deref(), p.uid.as_deref()), (Some("p"), Some("u")));
+        assert_eq!(
+            (p.name.as_deref(), p.uid.as_deref()),
+            (Some("p"), Some("u"))
+        );
     }
 
     #[test]

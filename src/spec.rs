@@ -165,10 +165,16 @@ mod tests {
 
     #[test]
     fn parse_error_names_file_and_position() {
-        let e = Spec::parse(b"{\"linux\": {\"devices\": [1]}}", Path::new("/b/config.json"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("cannot parse /b/config.json: line 1 column"), "{e}");
+        let e = Spec::parse(
+            b"{\"linux\": {\"devices\": [1]}}",
+            Path::new("/b/config.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("cannot parse /b/config.json: line 1 column"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -34,8 +34,8 @@ impl State {
                 "empty (a runtime passes the container state as JSON)",
             ));
         }
-        let state: State = serde_json::from_slice(bytes)
-            .map_err(|e| Error::json("state on stdin", None, &e))?;
+        let state: State =
+            serde_json::from_slice(bytes).map_err(|e| Error::json("state on stdin", None, &e))?;
         if state.id.is_empty() {
             return Err(Error::invalid("state on stdin", "empty container id"));
         }
@@ -55,7 +55,9 @@ impl State {
 
     /// The pid as the kernel knows it; 0, negative and absurd values mean "none".
     pub fn pid(&self) -> Option<i32> {
-        self.pid.filter(|p| *p > 0 && *p <= i32::MAX as i64).map(|p| p as i32)
+        self.pid
+            .filter(|p| *p > 0 && *p <= i32::MAX as i64)
+            .map(|p| p as i32)
     }
 }
 
@@ -80,14 +82,18 @@ mod tests {
     fn empty_and_truncated_input_are_clear_errors() {
         let e = State::parse(b"").unwrap_err().to_string();
         assert!(e.starts_with("state on stdin: empty"), "{e}");
-        let e = State::parse(br#"{"id":"abc","bund"#).unwrap_err().to_string();
+        let e = State::parse(br#"{"id":"abc","bund"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("state on stdin: line 1 column"), "{e}");
     }
 
     #[test]
     fn missing_bundle_and_relative_bundle_are_refused() {
         assert!(State::parse(br#"{"id":"a"}"#).is_err());
-        let e = State::parse(br#"{"id":"a","bundle":"rel"}"#).unwrap_err().to_string();
+        let e = State::parse(br#"{"id":"a","bundle":"rel"}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not an absolute path"), "{e}");
     }
 

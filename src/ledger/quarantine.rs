@@ -72,7 +72,9 @@ impl Ledger {
     pub fn lookup(&self, num: DevNum) -> Lookup {
         let path = self.path(num);
         match read_regular_file(&path, MAX_ENTRY_BYTES, "quarantine entry") {
-            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Lookup::Clear,
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Lookup::Clear
+            }
             Err(e) => Lookup::Damaged {
                 path,
                 error: e.to_string(),
@@ -80,14 +82,21 @@ impl Ledger {
             Ok(bytes) => match serde_json::from_slice::<Entry>(&bytes) {
                 Ok(e) => Lookup::Cordoned(e),
                 Err(e) => Lookup::Damaged {
-                    error: Error::json("cannot parse quarantine entry", Some(&path), &e).to_string(),
+                    error: Error::json("cannot parse quarantine entry", Some(&path), &e)
+                        .to_string(),
                     path,
                 },
             },
         }
     }
 
-    pub fn cordon(&self, num: DevNum, device: Option<PathBuf>, reason: &str, by: &str) -> Result<Entry> {
+    pub fn cordon(
+        &self,
+        num: DevNum,
+        device: Option<PathBuf>,
+        reason: &str,
+        by: &str,
+    ) -> Result<Entry> {
         if reason.trim().is_empty() {
             return Err(Error::Usage("cordon needs --reason TEXT".into()));
         }
@@ -162,13 +171,24 @@ mod tests {
         Ledger::new(&d.join("quarantine"))
     }
 
-    const GPU1: DevNum = DevNum { typ: DevType::Char, major: 195, minor: 1 };
+    const GPU1: DevNum = DevNum {
+        typ: DevType::Char,
+        major: 195,
+        minor: 1,
+    };
 
     #[test]
     fn cordon_lookup_uncordon_roundtrip() {
         let l = ledger("rt");
         assert_eq!(l.lookup(GPU1), Lookup::Clear);
-        let e = l.cordon(GPU1, Some("/dev/nvidia1".into()), "xid 79 seen", "alice (uid 0)").unwrap();
+        let e = l
+            .cordon(
+                GPU1,
+                Some("/dev/nvidia1".into()),
+                "xid 79 seen",
+                "alice (uid 0)",
+            )
+            .unwrap();
         assert_eq!(l.lookup(GPU1), Lookup::Cordoned(e.clone()));
         assert!(l.path(GPU1).ends_with("c-195-1.json"));
         let mode = fs::metadata(l.path(GPU1)).unwrap().permissions().mode() & 0o777;
@@ -200,7 +220,11 @@ mod tests {
 
     #[test]
     fn file_names_roundtrip() {
-        let b = DevNum { typ: DevType::Block, major: 8, minor: 16 };
+        let b = DevNum {
+            typ: DevType::Block,
+            major: 8,
+            minor: 16,
+        };
         assert_eq!(num_from_file_name(&file_name(b)), Some(b));
         assert_eq!(num_from_file_name("x-1-2.json"), None);
         assert_eq!(num_from_file_name("c-1.json"), None);

@@ -114,7 +114,10 @@ mod tests {
 
     #[test]
     fn verdict_json_shape() {
-        let r = ProbeResult { probe: "node".into(), verdict: Verdict::Unhealthy("gone".into()) };
+        let r = ProbeResult {
+            probe: "node".into(),
+            verdict: Verdict::Unhealthy("gone".into()),
+        };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
             r#"{"probe":"node","status":"unhealthy","reason":"gone"}"#

@@ -57,7 +57,11 @@ mod tests {
 
     fn dev(host: Option<&str>, major: u32, minor: u32) -> Device {
         Device {
-            num: DevNum { typ: DevType::Char, major, minor },
+            num: DevNum {
+                typ: DevType::Char,
+                major,
+                minor,
+            },
             class: "char".into(),
             container_path: Some("/dev/x".into()),
             host_path: host.map(PathBuf::from),
@@ -70,7 +74,9 @@ mod tests {
 
     #[test]
     fn checks_existence_type_and_number() {
-        let p = NodeProbe { dev_root: "/dev".into() };
+        let p = NodeProbe {
+            dev_root: "/dev".into(),
+        };
         assert_eq!(p.check(&dev(Some("/dev/null"), 1, 3)), Verdict::Healthy);
         assert_eq!(
             p.check(&dev(Some("/dev/null"), 1, 5)),

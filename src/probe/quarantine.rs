@@ -17,9 +17,10 @@ impl Probe for QuarantineProbe<'_> {
     fn check(&self, device: &Device) -> Verdict {
         match self.ledger.lookup(device.num) {
             Lookup::Clear => Verdict::Healthy,
-            Lookup::Cordoned(e) => {
-                Verdict::Unhealthy(format!("quarantined by operator: {:?}", one_line(&e.reason)))
-            }
+            Lookup::Cordoned(e) => Verdict::Unhealthy(format!(
+                "quarantined by operator: {:?}",
+                one_line(&e.reason)
+            )),
             Lookup::Damaged { error, .. } => Verdict::Unhealthy(format!(
                 "quarantined by operator (entry unreadable: {error})"
             )),

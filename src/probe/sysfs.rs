@@ -52,7 +52,10 @@ impl Probe for SysfsProbe {
         let pci = chain.iter().find_map(|d| pci_ancestor(&self.sysfs_root, d));
 
         let mut findings = Vec::new();
-        let bound = chain.iter().chain(pci.iter()).any(|d| d.join("driver").exists());
+        let bound = chain
+            .iter()
+            .chain(pci.iter())
+            .any(|d| d.join("driver").exists());
         if !bound {
             let name = chain
                 .first()
@@ -100,7 +103,11 @@ pub fn pci_ancestor(sysfs_root: &Path, dir: &Path) -> Option<PathBuf> {
             return None;
         }
         let sub = fs::read_link(d.join("subsystem")).ok();
-        if sub.as_deref().and_then(Path::file_name).is_some_and(|n| n == "pci") {
+        if sub
+            .as_deref()
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == "pci")
+        {
             return Some(d.to_path_buf());
         }
         cur = d.parent();
@@ -124,7 +131,10 @@ fn block_state(hw: &Path) -> Verdict {
     match read_attr(&hw.join("state")) {
         Err(_) => Verdict::NotApplicable("no device state".into()),
         Ok(s) if s == "running" => Verdict::Healthy,
-        Ok(s) => Verdict::Unhealthy(format!("block device state is {:?}, not running", trunc(&s))),
+        Ok(s) => Verdict::Unhealthy(format!(
+            "block device state is {:?}, not running",
+            trunc(&s)
+        )),
     }
 }
 
@@ -176,7 +186,10 @@ fn pci_name(pci: &Path) -> String {
 fn aer(pci: &Path) -> Verdict {
     match aer_counts(pci) {
         None => Verdict::NotApplicable("no AER counters".into()),
-        Some(Err(e)) => Verdict::Unknown(format!("cannot read AER counters of {}: {e}", pci_name(pci))),
+        Some(Err(e)) => Verdict::Unknown(format!(
+            "cannot read AER counters of {}: {e}",
+            pci_name(pci)
+        )),
         Some(Ok((0, 0))) => Verdict::Healthy,
         Some(Ok((0, n))) => Verdict::Warn(format!(
             "PCIe AER: {n} non-fatal errors on {}",
@@ -245,7 +258,8 @@ pub(crate) mod tests {
 
     impl Tree {
         pub(crate) fn new(tag: &str) -> Tree {
-            let p = std::env::temp_dir().join(format!("devgate-sysfs-{tag}-{}", std::process::id()));
+            let p =
+                std::env::temp_dir().join(format!("devgate-sysfs-{tag}-{}", std::process::id()));
             let _ = fs::remove_dir_all(&p);
             fs::create_dir_all(p.join("dev/char")).unwrap();
             fs::create_dir_all(p.join("dev/block")).unwrap();
@@ -293,12 +307,17 @@ pub(crate) mod tests {
     fn missing_entry_and_virtual_device_are_not_applicable() {
         let t = Tree::new("na");
         t.chardev("1:5", "zero", None);
-        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        let p = SysfsProbe {
+            sysfs_root: t.0.clone(),
+        };
         assert_eq!(
             p.check(&dev(DevType::Char, 195, 0)),
             Verdict::NotApplicable("no sysfs entry for c 195:0".into())
         );
-        assert_eq!(p.check(&dev(DevType::Char, 1, 5)), Verdict::NotApplicable("virtual device".into()));
+        assert_eq!(
+            p.check(&dev(DevType::Char, 1, 5)),
+            Verdict::NotApplicable("virtual device".into())
+        );
     }
 
     #[test]
@@ -306,7 +325,9 @@ pub(crate) mod tests {
         let t = Tree::new("drv");
         let pci = t.pci("0000:3b:00.0", false);
         t.chardev("240:0", "accel0", Some(&pci));
-        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        let p = SysfsProbe {
+            sysfs_root: t.0.clone(),
+        };
         assert_eq!(
             p.check(&dev(DevType::Char, 240, 0)),
             Verdict::Unhealthy("no driver bound to 0000:3b:00.0".into())
@@ -320,11 +341,25 @@ pub(crate) mod tests {
         let t = Tree::new("aer");
         let pci = t.pci("0000:3b:00.0", true);
         t.chardev("240:0", "accel0", Some(&pci));
-        let p = SysfsProbe { sysfs_root: t.0.clone() };
-        t.write(&pci, "aer_dev_fatal", "Undefined 0\nDLP 0\nTOTAL_ERR_FATAL 0\n");
-        t.write(&pci, "aer_dev_nonfatal", "Undefined 0\nTOTAL_ERR_NONFATAL 0\n");
+        let p = SysfsProbe {
+            sysfs_root: t.0.clone(),
+        };
+        t.write(
+            &pci,
+            "aer_dev_fatal",
+            "Undefined 0\nDLP 0\nTOTAL_ERR_FATAL 0\n",
+        );
+        t.write(
+            &pci,
+            "aer_dev_nonfatal",
+            "Undefined 0\nTOTAL_ERR_NONFATAL 0\n",
+        );
         assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
-        t.write(&pci, "aer_dev_nonfatal", "Undefined 0\nTOTAL_ERR_NONFATAL 3\n");
+        t.write(
+            &pci,
+            "aer_dev_nonfatal",
+            "Undefined 0\nTOTAL_ERR_NONFATAL 3\n",
+        );
         assert_eq!(
             p.check(&dev(DevType::Char, 240, 0)),
             Verdict::Warn("PCIe AER: 3 non-fatal errors on 0000:3b:00.0".into())
@@ -336,9 +371,15 @@ pub(crate) mod tests {
         );
         t.write(&pci, "aer_dev_fatal", "DLP lots\n");
         let v = p.check(&dev(DevType::Char, 240, 0));
-        assert!(matches!(&v, Verdict::Unknown(r) if r.contains("bad count \"lots\"")), "{v:?}");
+        assert!(
+            matches!(&v, Verdict::Unknown(r) if r.contains("bad count \"lots\"")),
+            "{v:?}"
+        );
         t.write(&pci, "aer_dev_fatal", &"x".repeat(100_000));
-        assert!(matches!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Unknown(_)));
+        assert!(matches!(
+            p.check(&dev(DevType::Char, 240, 0)),
+            Verdict::Unknown(_)
+        ));
     }
 
     #[test]
@@ -346,7 +387,9 @@ pub(crate) mod tests {
         let t = Tree::new("link");
         let pci = t.pci("0000:3b:00.0", true);
         t.chardev("240:0", "accel0", Some(&pci));
-        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        let p = SysfsProbe {
+            sysfs_root: t.0.clone(),
+        };
         t.write(&pci, "current_link_speed", "16.0 GT/s PCIe\n");
         t.write(&pci, "max_link_speed", "16.0 GT/s PCIe\n");
         t.write(&pci, "current_link_width", "16\n");
@@ -378,12 +421,18 @@ pub(crate) mod tests {
         symlink(&disk, t.0.join("dev/block/8:16")).unwrap();
         symlink(disk.join("sdb1"), t.0.join("dev/block/8:17")).unwrap();
         t.write(&scsi, "state", "running\n");
-        let p = SysfsProbe { sysfs_root: t.0.clone() };
+        let p = SysfsProbe {
+            sysfs_root: t.0.clone(),
+        };
         assert_eq!(p.check(&dev(DevType::Block, 8, 16)), Verdict::Healthy);
         t.write(&scsi, "state", "offline\n");
         let want = Verdict::Unhealthy("block device state is \"offline\", not running".into());
         assert_eq!(p.check(&dev(DevType::Block, 8, 16)), want);
-        assert_eq!(p.check(&dev(DevType::Block, 8, 17)), want, "partition uses its disk");
+        assert_eq!(
+            p.check(&dev(DevType::Block, 8, 17)),
+            want,
+            "partition uses its disk"
+        );
         assert_eq!(
             pci_dir_for(&t.0, &dev(DevType::Block, 8, 16)).unwrap(),
             fs::canonicalize(&pci).unwrap()
@@ -392,9 +441,14 @@ pub(crate) mod tests {
 
     #[test]
     fn real_sysfs_zero_is_virtual() {
-        let p = SysfsProbe { sysfs_root: "/sys".into() };
+        let p = SysfsProbe {
+            sysfs_root: "/sys".into(),
+        };
         if Path::new("/sys/dev/char/1:5").exists() {
-            assert_eq!(p.check(&dev(DevType::Char, 1, 5)), Verdict::NotApplicable("virtual device".into()));
+            assert_eq!(
+                p.check(&dev(DevType::Char, 1, 5)),
+                Verdict::NotApplicable("virtual device".into())
+            );
         }
     }
 }
