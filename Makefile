@@ -23,8 +23,8 @@ lint:
 demo: build
 	./scripts/demo.sh $(BIN)
 
-bench: build
-	./benches/prestart.sh $(BIN)
+bench:
+	$(CARGO) bench --locked --bench prestart
 
 clean:
 	$(CARGO) clean

@@ -349,6 +349,14 @@ fn health_word(dec: &policy::DeviceDecision) -> &'static str {
     }
 }
 
+/// A serde enum's wire name, for text output that matches the JSON.
+fn word(v: &impl Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 fn explain(args: &Args, id: &str) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let Some(rec) = record::read_record(&config.state_dir, id)? else {

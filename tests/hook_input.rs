@@ -1,0 +1,199 @@
+//! Bad input to `devgate hook`: every case is one clear line on stderr, a non-zero exit
+//! and no panic.
+
+mod common;
+use common::*;
+use std::fs;
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn hook_with_stdin(env: &Env, stage: &str, stdin: &[u8]) -> Output {
+    let mut child = Command::new(devgate_bin())
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["hook", stage])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin_pipe = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    // A writer thread: devgate stops reading at its bound, which must not deadlock us.
+    let w = std::thread::spawn(move || {
+        let _ = stdin_pipe.write_all(&data);
+    });
+    let out = child.wait_with_output().unwrap();
+    w.join().unwrap();
+    out
+}
+
+/// Exactly one stderr line, starting with `want`, and a non-zero exit.
+fn assert_one_line_error(out: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{}", text(out));
+    assert!(
+        out.status.code().is_some(),
+        "killed by a signal: {}",
+        text(out)
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line: {err}");
+    assert!(
+        lines[0].starts_with(want),
+        "expected {want:?}, got {:?}",
+        lines[0]
+    );
+}
+
+#[test]
+fn empty_stdin() {
+    let env = Env::new("empty");
+    let out = hook_with_stdin(&env, "prestart", b"");
+    assert_one_line_error(&out, "devgate: error: prestart: state on stdin: empty");
+}
+
+#[test]
+fn truncated_state() {
+    let env = Env::new("trunc");
+    let out = hook_with_stdin(&env, "prestart", br#"{"ociVersion":"1.0.2","id":"x","bund"#);
+    assert_one_line_error(
+        &out,
+        "devgate: error: prestart: state on stdin: line 1 column",
+    );
+}
+
+#[test]
+fn oversized_state() {
+    let env = Env::new("big");
+    let big = vec![b' '; 3 << 20];
+    let out = hook_with_stdin(&env, "prestart", &big);
+    assert_one_line_error(
+        &out,
+        "devgate: error: prestart: state on stdin exceeds 1 MiB",
+    );
+}
+
+#[test]
+fn state_for_missing_bundle() {
+    let env = Env::new("nobundle");
+    let out = hook_with_stdin(
+        &env,
+        "prestart",
+        br#"{"ociVersion":"1.0.2","id":"x","status":"creating","pid":1,"bundle":"/nonexistent/bundle"}"#,
+    );
+    assert_one_line_error(
+        &out,
+        "devgate: error: prestart: cannot open bundle config /nonexistent/bundle/config.json: no such file",
+    );
+}
+
+#[test]
+fn huge_config_json() {
+    let env = Env::new("hugecfg");
+    let b = Bundle::new("hugecfg", &["true"]);
+    let mut f = fs::File::create(b.dir.join("config.json")).unwrap();
+    f.write_all(b"{\"annotations\":{\"pad\":\"").unwrap();
+    f.write_all(&vec![b'x'; 20 << 20]).unwrap();
+    f.write_all(b"\"}}").unwrap();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(&out, "devgate: error: prestart: bundle config");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exceeds 16 MiB"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn config_json_that_is_not_json() {
+    let env = Env::new("garbage");
+    let b = Bundle::new("garbage", &["true"]);
+    fs::write(b.dir.join("config.json"), b"\x00\xffnot json").unwrap();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(&out, "devgate: error: prestart: cannot parse ");
+}
+
+#[test]
+fn device_with_absurd_numbers() {
+    let env = Env::new("absurd");
+    let mut b = Bundle::new("absurd", &["true"]);
+    b.spec["linux"]["devices"] = serde_json::json!([
+        {"path": "/dev/x", "type": "c", "major": 4_000_000_000_i64, "minor": 1}
+    ]);
+    b.write();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(
+        &out,
+        "devgate: error: prestart: config.json linux.devices[0] /dev/x: major 4000000000 out of range 0-4095",
+    );
+    // a number that does not even fit the wide integer
+    b.spec["linux"]["devices"] = serde_json::json!([
+        {"path": "/dev/x", "type": "c", "major": 1e300, "minor": 1}
+    ]);
+    b.write();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(&out, "devgate: error: prestart: cannot parse ");
+}
+
+#[test]
+fn malformed_devgate_config_names_file_and_position() {
+    let env = Env::new("badcfg");
+    fs::write(
+        &env.config,
+        b"{\n  \"policy\": {\"default\": \"rejcet\"}\n}",
+    )
+    .unwrap();
+    let mut b = Bundle::new("badcfg", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.write();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(
+        &out,
+        &format!(
+            "devgate: error: prestart: config {}: line 2 column",
+            env.config.display()
+        ),
+    );
+}
+
+#[test]
+fn unknown_stage_and_bad_command_line() {
+    let env = Env::new("stage");
+    let out = hook_with_stdin(&env, "prestrat", b"{}");
+    assert_one_line_error(&out, "devgate: error: unknown hook stage \"prestrat\"");
+    let out = env.devgate(&["cordon", "/dev/zero"]);
+    assert_one_line_error(&out, "devgate: error: cordon needs --reason TEXT");
+    let out = env.devgate(&["cordon", "99999:1", "--reason", "x"]);
+    assert_one_line_error(
+        &out,
+        "devgate: error: device \"99999:1\": major 99999 out of range",
+    );
+}
+
+#[test]
+fn stages_with_nothing_to_do_exit_zero() {
+    let env = Env::new("noop");
+    let b = Bundle::new("noop", &["true"]);
+    b.write();
+    for stage in ["createContainer", "startContainer", "poststart", "poststop"] {
+        let out = hook_with_stdin(&env, stage, b.state_json("x").as_bytes());
+        assert_eq!(out.status.code(), Some(0), "{stage}: {}", text(&out));
+        assert!(out.stderr.is_empty(), "{stage}: {}", text(&out));
+    }
+}
+
+#[test]
+fn poststop_with_bundle_gone_exits_zero() {
+    let env = Env::new("ps-gone");
+    let out = hook_with_stdin(
+        &env,
+        "poststop",
+        br#"{"ociVersion":"1.0.2","id":"x","status":"stopped","bundle":"/nonexistent/bundle"}"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // but unreadable input to poststop itself is an error
+    let out = hook_with_stdin(&env, "poststop", b"{");
+    assert_one_line_error(&out, "devgate: error: poststop: state on stdin");
+}
