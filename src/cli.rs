@@ -376,8 +376,11 @@ fn explain(args: &Args, id: &str) -> Result<()> {
         return Ok(());
     }
     println!(
-        "container {} at {} ({}): {:?}",
-        rec.container_id, rec.stage, rec.time, rec.action
+        "container {} at {} ({}): {}",
+        rec.container_id,
+        rec.stage,
+        rec.time,
+        word(&rec.action)
     );
     if let (Some(ns), Some(name)) = (&rec.pod.namespace, &rec.pod.name) {
         println!(
@@ -386,20 +389,25 @@ fn explain(args: &Args, id: &str) -> Result<()> {
         );
     }
     for d in &rec.devices {
+        let rule = if d.rule.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", d.rule)
+        };
         println!(
-            "  {} class {}: {:?} {}",
+            "  {} class {}: {}{rule}",
             d.device.describe(),
             d.device.class,
-            d.disposition,
-            d.rule
+            word(&d.disposition)
         );
         for v in &d.verdicts {
-            println!(
+            let line = format!(
                 "    {:<11} {:<14} {}",
                 v.probe,
                 v.verdict.status(),
                 v.verdict.reason().unwrap_or("")
             );
+            println!("{}", line.trim_end());
         }
     }
     if let Some(m) = &rec.message {
