@@ -359,22 +359,55 @@ fn word(v: &impl Serialize) -> String {
 
 fn explain(args: &Args, id: &str) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
-    let Some(rec) = record::read_record(&config.state_dir, id)? else {
+    let rec = record::read_record(&config.state_dir, id)?;
+    let exit = record::read_exit(&config.state_dir, id)?;
+    if rec.is_none() && exit.is_none() {
         return Err(Error::invalid(
             format!("container {id}"),
             format!(
                 "no record under {} (devgate keeps records only for containers with devices)",
-                record::containers_dir(&config.state_dir).display()
+                config.state_dir.display()
             ),
         ));
-    };
+    }
     if args.json {
+        let v = serde_json::json!({ "start": rec, "stop": exit });
         println!(
             "{}",
-            serde_json::to_string_pretty(&rec).expect("record serializes")
+            serde_json::to_string_pretty(&v).expect("record serializes")
         );
         return Ok(());
     }
+    if let Some(rec) = &rec {
+        explain_start(rec);
+    }
+    match &exit {
+        None => println!(
+            "  stop: not recorded (still running, or stopped before devgate's poststop ran)"
+        ),
+        Some(x) => {
+            println!(
+                "  stopped at {}: {} device fault(s)",
+                x.stopped,
+                x.faults.len()
+            );
+            for f in &x.faults {
+                println!("    {}", f.line());
+            }
+            if let Some(t) = &x.termination_message {
+                let path = t
+                    .host_path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default();
+                println!("    termination message {path}: {}", t.note);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn explain_start(rec: &record::Decision) {
     println!(
         "container {} at {} ({}): {}",
         rec.container_id,
@@ -413,5 +446,4 @@ fn explain(args: &Args, id: &str) -> Result<()> {
     if let Some(m) = &rec.message {
         println!("  {m}");
     }
-    Ok(())
 }

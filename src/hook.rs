@@ -3,12 +3,14 @@
 use crate::config::Config;
 use crate::device::{self, Device};
 use crate::error::{Error, Result};
+use crate::fault::{self, DeviceSnapshot, Fault, Snapshot};
 use crate::ledger::quarantine::Ledger;
 use crate::policy::{self, DeviceDecision, Disposition};
 use crate::probe::{self, node::NodeProbe, quarantine::QuarantineProbe, sysfs::SysfsProbe, Probe};
-use crate::record::{self, ContainerAction, Decision, PodInfo};
+use crate::record::{self, ContainerAction, Decision, ExitRecord, PodInfo, StopLine};
 use crate::spec::Spec;
 use crate::state::State;
+use crate::termination;
 use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
@@ -81,7 +83,7 @@ pub fn run(
     if stage.gates() {
         gate(stage, &state, config_path, started)
     } else if stage == Stage::Poststop {
-        poststop(&state, config_path)
+        poststop(&state, config_path, started)
     } else {
         Ok(Report::default())
     }
@@ -112,6 +114,14 @@ fn gate(
     let (action, message, warnings) = summarize(&decisions);
 
     let (time_unix, time) = crate::ledger::now();
+    let snapshot = (action != ContainerAction::Reject).then(|| Snapshot {
+        time_unix,
+        kmsg_seq: None,
+        devices: decisions
+            .iter()
+            .map(|d| snapshot_of(&config, &ledger, &d.device))
+            .collect(),
+    });
     let decision = Decision {
         time,
         time_unix,
@@ -123,6 +133,7 @@ fn gate(
         message: message.clone(),
         elapsed_us: started.elapsed().as_micros() as u64,
         version: crate::VERSION.to_string(),
+        snapshot,
     };
     keep_records(&config, &decision);
 
@@ -224,8 +235,90 @@ fn keep_records(config: &Config, decision: &Decision) {
     }
 }
 
-/// poststop never fails the container's lifecycle; a bundle already gone is normal.
-fn poststop(state: &State, _config_path: Option<&Path>) -> Result<Report> {
-    log::debug!("poststop for {}", state.id);
-    Ok(Report::default())
+fn snapshot_of(config: &Config, ledger: &Ledger, device: &Device) -> DeviceSnapshot {
+    DeviceSnapshot {
+        num: device.num,
+        name: device.name(),
+        counters: fault::read_counters(config, ledger, device),
+    }
+}
+
+/// poststop: what went wrong with the container's devices while it ran. It never fails the
+/// lifecycle (the caller exits 0 on any error past reading stdin) and is idempotent: an
+/// exit record already present means an earlier call did the work.
+fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Result<Report> {
+    // The bundle may already be gone; then only devgate's own record can tell.
+    let spec = Spec::load(&state.bundle).ok();
+    if spec.as_ref().is_some_and(|s| !device::may_have_devices(s)) {
+        return Ok(Report::default());
+    }
+    let config = Config::load(config_path)?;
+    let Some(rec) = record::read_record(&config.state_dir, &state.id)? else {
+        return Ok(Report::default());
+    };
+    let Some(start) = &rec.snapshot else {
+        return Ok(Report::default()); // rejected: it never ran
+    };
+    if record::read_exit(&config.state_dir, &state.id)?.is_some() {
+        return Ok(Report::default());
+    }
+    let ledger = Ledger::new(&config.quarantine_dir);
+    let now: Vec<DeviceSnapshot> = rec
+        .devices
+        .iter()
+        .map(|d| snapshot_of(&config, &ledger, &d.device))
+        .collect();
+    let faults = fault::diff(start, &now, &[]);
+    let lines: Vec<String> = faults.iter().map(Fault::line).collect();
+
+    let termination_message = if faults.is_empty() {
+        None
+    } else {
+        let host = spec
+            .as_ref()
+            .and_then(|s| termination::host_file(s, &state.annotations));
+        Some(match host {
+            Some(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
+            None => termination::Outcome {
+                host_path: None,
+                written: false,
+                note: "no termination-message mount".into(),
+            },
+        })
+    };
+    let (stopped_unix, stopped) = crate::ledger::now();
+    let exit = ExitRecord {
+        container_id: state.id.clone(),
+        pod: rec.pod.clone(),
+        devices: rec.devices.iter().map(|d| d.device.clone()).collect(),
+        faults,
+        started: rec.time.clone(),
+        started_unix: rec.time_unix,
+        stopped: stopped.clone(),
+        stopped_unix,
+        termination_message,
+        version: crate::VERSION.to_string(),
+    };
+    if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
+        log::error!("cannot keep exit record: {e}");
+    }
+    if let Some(log_file) = &config.log_file {
+        let line = StopLine {
+            time: &stopped,
+            time_unix: stopped_unix,
+            stage: "poststop",
+            container_id: &state.id,
+            pod: &rec.pod,
+            faults: &exit.faults,
+            elapsed_us: started.elapsed().as_micros() as u64,
+            version: crate::VERSION,
+        };
+        if let Err(e) = record::append_log(log_file, &line) {
+            log::error!("cannot append decision log: {e}");
+        }
+    }
+    Ok(Report {
+        exit_code: 0,
+        stderr: lines,
+    })
 }

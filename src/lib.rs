@@ -16,3 +16,5 @@ pub mod spec;
 pub mod state;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub mod fault;
+pub mod termination;

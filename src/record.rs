@@ -80,15 +80,49 @@ pub struct Decision {
     pub message: Option<String>,
     pub elapsed_us: u64,
     pub version: String,
+    /// Counters at start, compared at poststop; absent for a rejected container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<crate::fault::Snapshot>,
+}
+
+/// What devgate found when a container stopped: `state_dir/exits/<id>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExitRecord {
+    pub container_id: String,
+    #[serde(default, skip_serializing_if = "PodInfo::is_empty")]
+    pub pod: PodInfo,
+    pub devices: Vec<crate::device::Device>,
+    pub faults: Vec<crate::fault::Fault>,
+    pub started: String,
+    pub started_unix: u64,
+    pub stopped: String,
+    pub stopped_unix: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_message: Option<crate::termination::Outcome>,
+    pub version: String,
+}
+
+/// The poststop log line.
+#[derive(Debug, Clone, Serialize)]
+pub struct StopLine<'a> {
+    pub time: &'a str,
+    pub time_unix: u64,
+    pub stage: &'static str,
+    pub container_id: &'a str,
+    #[serde(skip_serializing_if = "PodInfo::is_empty")]
+    pub pod: &'a PodInfo,
+    pub faults: &'a [crate::fault::Fault],
+    pub elapsed_us: u64,
+    pub version: &'static str,
 }
 
 /// Appends one line. O_APPEND keeps concurrent hooks' lines whole; the directory is
 /// checked so root never appends through a path someone else planted.
-pub fn append_log(log_file: &Path, decision: &Decision) -> Result<()> {
+pub fn append_log(log_file: &Path, entry: &impl Serialize) -> Result<()> {
     if let Some(dir) = log_file.parent() {
         ensure_private_dir(dir)?;
     }
-    let mut line = serde_json::to_vec(decision).expect("decision serializes");
+    let mut line = serde_json::to_vec(entry).expect("log entry serializes");
     line.push(b'\n');
     let mut f = OpenOptions::new()
         .append(true)
@@ -105,14 +139,92 @@ pub fn containers_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("containers")
 }
 
-fn record_path(state_dir: &Path, id: &str) -> Result<PathBuf> {
+pub fn exits_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("exits")
+}
+
+fn checked_id(id: &str) -> Result<&str> {
     if !is_safe_component(id) {
         return Err(Error::invalid(
             "container id",
             format!("{:?} is not usable as a file name", one_line_trunc(id)),
         ));
     }
-    Ok(containers_dir(state_dir).join(format!("{id}.json")))
+    Ok(id)
+}
+
+fn record_path(state_dir: &Path, id: &str) -> Result<PathBuf> {
+    Ok(containers_dir(state_dir).join(format!("{}.json", checked_id(id)?)))
+}
+
+fn exit_path(state_dir: &Path, id: &str) -> Result<PathBuf> {
+    Ok(exits_dir(state_dir).join(format!("{}.json", checked_id(id)?)))
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Option<T>> {
+    match read_regular_file(path, 4 << 20, what) {
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::json(format!("cannot parse {what}"), Some(path), &e)),
+    }
+}
+
+pub fn read_exit(state_dir: &Path, id: &str) -> Result<Option<ExitRecord>> {
+    read_json(&exit_path(state_dir, id)?, "exit record")
+}
+
+/// Writes the exit record, then trims the directory to the newest `keep` records.
+pub fn write_exit(state_dir: &Path, rec: &ExitRecord, keep: usize) -> Result<()> {
+    let path = exit_path(state_dir, &rec.container_id)?;
+    ensure_private_dir(&exits_dir(state_dir))?;
+    let mut json = serde_json::to_vec_pretty(rec).expect("exit record serializes");
+    json.push(b'\n');
+    fsutil::write_atomic(&path, &json, 0o644)?;
+    prune(&exits_dir(state_dir), keep.max(1));
+    Ok(())
+}
+
+/// Removes the oldest records (by modification time) beyond `keep`.
+fn prune(dir: &Path, keep: usize) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = rd
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.ends_with(".json") && !n.starts_with('.')
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if files.len() <= keep {
+        return;
+    }
+    files.sort();
+    for (_, p) in &files[..files.len() - keep] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// Every exit record, newest first, for metrics and `check`; damaged files are skipped.
+pub fn list_exits(state_dir: &Path) -> Vec<ExitRecord> {
+    let Ok(rd) = std::fs::read_dir(exits_dir(state_dir)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ExitRecord> = rd
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|e| {
+            read_json::<ExitRecord>(&e.path(), "exit record")
+                .ok()
+                .flatten()
+        })
+        .collect();
+    out.sort_by(|a, b| b.stopped_unix.cmp(&a.stopped_unix));
+    out
 }
 
 pub fn write_record(state_dir: &Path, decision: &Decision) -> Result<()> {
@@ -124,14 +236,7 @@ pub fn write_record(state_dir: &Path, decision: &Decision) -> Result<()> {
 }
 
 pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
-    let path = record_path(state_dir, id)?;
-    match read_regular_file(&path, 4 << 20, "container record") {
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::json("cannot parse container record", Some(&path), &e)),
-    }
+    read_json(&record_path(state_dir, id)?, "container record")
 }
 
 fn one_line_trunc(s: &str) -> String {
@@ -173,5 +278,30 @@ mod tests {
             assert!(record_path(&d, id).is_err(), "{id}");
         }
         assert!(read_record(&d, "absent").unwrap().is_none());
+    }
+
+    #[test]
+    fn exit_records_are_pruned_to_keep() {
+        let d = std::env::temp_dir().join(format!("devgate-exits-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for i in 0..5 {
+            let rec = ExitRecord {
+                container_id: format!("c{i}"),
+                pod: PodInfo::default(),
+                devices: vec![],
+                faults: vec![],
+                started: String::new(),
+                started_unix: 0,
+                stopped: String::new(),
+                stopped_unix: i,
+                termination_message: None,
+                version: String::new(),
+            };
+            write_exit(&d, &rec, 3).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(15));
+        }
+        let ids: Vec<String> = list_exits(&d).into_iter().map(|r| r.container_id).collect();
+        assert_eq!(ids, ["c4", "c3", "c2"]);
+        assert!(read_exit(&d, "c0").unwrap().is_none());
     }
 }

@@ -1,0 +1,413 @@
+//! Faults during a run: a snapshot of the counters that can change while a container runs,
+//! taken at prestart, compared with the live values at poststop. The comparison is pure;
+//! reading the counters is the thin layer around it.
+
+use crate::config::Config;
+use crate::device::{DevNum, Device};
+use crate::ledger::quarantine::{Ledger, Lookup};
+use crate::probe::sysfs;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// One device's changeable state at a moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCounters {
+    pub node_present: bool,
+    pub quarantined: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine_reason: Option<String>,
+    /// The PCI function behind the device, when sysfs knows one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aer_fatal: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aer_nonfatal: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuCounters>,
+}
+
+/// What NVML reports for a GPU that can change during a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuCounters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// NVML answered and the GPU was reachable.
+    pub reachable: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_volatile_uncorrectable: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows_uncorrectable: Option<u64>,
+    #[serde(default)]
+    pub remap_failure: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSnapshot {
+    #[serde(flatten)]
+    pub num: DevNum,
+    pub name: String,
+    pub counters: DeviceCounters,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub time_unix: u64,
+    /// The kernel log's next sequence number at start: XIDs at or after it happened during
+    /// the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kmsg_seq: Option<u64>,
+    pub devices: Vec<DeviceSnapshot>,
+}
+
+/// A kernel XID report, already attributed to a PCI bus id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidReport {
+    pub seq: u64,
+    pub pci: String,
+    pub xid: u32,
+    pub critical: bool,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// Short and machine-readable: `DeviceFault/XID79`, `DeviceFault/ECCUncorrectable`.
+    pub code: String,
+    /// The device as a person names it (container path, or host path).
+    pub device: String,
+    #[serde(flatten)]
+    pub num: DevNum,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_uuid: Option<String>,
+    /// One human line: `GPU has fallen off the bus`.
+    pub message: String,
+}
+
+impl Fault {
+    /// `DeviceFault/XID79 on /dev/nvidia1 (GPU-…): GPU has fallen off the bus`
+    pub fn line(&self) -> String {
+        let who = match &self.gpu_uuid {
+            Some(u) => format!("{} ({u})", self.device),
+            None => format!("{} ({})", self.device, self.num),
+        };
+        crate::policy::one_line(&format!(
+            "devgate: {} on {who}: {}",
+            self.code, self.message
+        ))
+    }
+}
+
+/// Reads one device's counters now. GPU counters are filled by the caller, which owns the
+/// (deadline-guarded) NVML session.
+pub fn read_counters(config: &Config, ledger: &Ledger, device: &Device) -> DeviceCounters {
+    let node_present = device
+        .host_path
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .and_then(|m| DevNum::from_metadata(&m))
+        == Some(device.num);
+    let (quarantined, quarantine_reason) = match ledger.lookup(device.num) {
+        Lookup::Clear => (false, None),
+        Lookup::Cordoned(e) => (true, Some(e.reason)),
+        Lookup::Damaged { .. } => (true, None),
+    };
+    let pci_dir: Option<PathBuf> = sysfs::pci_dir_for(&config.sysfs_root, device);
+    let (aer_fatal, aer_nonfatal) = match pci_dir.as_deref().and_then(sysfs::aer_counts) {
+        Some(Ok((f, n))) => (Some(f), Some(n)),
+        _ => (None, None),
+    };
+    DeviceCounters {
+        node_present,
+        quarantined,
+        quarantine_reason,
+        pci: pci_dir.and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())),
+        aer_fatal,
+        aer_nonfatal,
+        gpu: None,
+    }
+}
+
+/// What XIDs mean for a person; the table of which are critical lives with the XID probe.
+pub fn xid_message(xid: u32) -> &'static str {
+    match xid {
+        48 => "double-bit ECC error",
+        63 => "ECC page retirement or row remapping event",
+        64 => "ECC page retirement or row remapping failure",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "high single-bit ECC error rate",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        119 | 120 => "GSP firmware error",
+        _ => "GPU error reported by the driver",
+    }
+}
+
+/// The faults between a start snapshot and the live counters of the same devices.
+/// `xids` are the kernel reports read since the snapshot's kmsg position.
+pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec<Fault> {
+    let mut faults = Vec::new();
+    for before in &start.devices {
+        let Some(after) = now.iter().find(|d| d.num == before.num) else {
+            continue;
+        };
+        let (b, a) = (&before.counters, &after.counters);
+        let uuid = a
+            .gpu
+            .as_ref()
+            .and_then(|g| g.uuid.clone())
+            .or_else(|| b.gpu.as_ref().and_then(|g| g.uuid.clone()));
+        let mut push = |code: String, message: String| {
+            faults.push(Fault {
+                code,
+                device: before.name.clone(),
+                num: before.num,
+                gpu_uuid: uuid.clone(),
+                message,
+            })
+        };
+
+        // XIDs for this device's GPU, by PCI bus id, reported during the run.
+        let pci = b
+            .gpu
+            .as_ref()
+            .and_then(|g| g.pci_bus_id.as_deref())
+            .or(b.pci.as_deref())
+            .map(normalize_pci);
+        if let Some(pci) = &pci {
+            let mut seen = Vec::new();
+            for x in xids
+                .iter()
+                .filter(|x| x.critical && normalize_pci(&x.pci) == *pci)
+            {
+                if start.kmsg_seq.is_some_and(|s| x.seq < s) || seen.contains(&x.xid) {
+                    continue;
+                }
+                seen.push(x.xid);
+                push(
+                    format!("DeviceFault/XID{}", x.xid),
+                    xid_message(x.xid).to_string(),
+                );
+            }
+        }
+        if let (Some(gb), Some(ga)) = (&b.gpu, &a.gpu) {
+            if gb.reachable && !ga.reachable {
+                push(
+                    "DeviceFault/GPULost".into(),
+                    "GPU is lost: NVML cannot reach it".into(),
+                );
+            }
+            if let (Some(x), Some(y)) =
+                (gb.ecc_volatile_uncorrectable, ga.ecc_volatile_uncorrectable)
+            {
+                if y > x {
+                    push(
+                        "DeviceFault/ECCUncorrectable".into(),
+                        format!(
+                            "{} new volatile uncorrectable ECC errors ({x} -> {y})",
+                            y - x
+                        ),
+                    );
+                }
+            }
+            if !gb.remap_failure && ga.remap_failure {
+                push(
+                    "DeviceFault/RowRemapFailure".into(),
+                    "row remapping failed".into(),
+                );
+            }
+        }
+        if let (Some(x), Some(y)) = (b.aer_fatal, a.aer_fatal) {
+            if y > x {
+                push(
+                    "DeviceFault/AERFatal".into(),
+                    format!(
+                        "{} new PCIe AER fatal errors on {} ({x} -> {y})",
+                        y - x,
+                        a.pci.as_deref().unwrap_or("its PCI function")
+                    ),
+                );
+            }
+        }
+        if b.node_present && !a.node_present {
+            push(
+                "DeviceFault/NodeGone".into(),
+                "device node disappeared".into(),
+            );
+        }
+        if !b.quarantined && a.quarantined {
+            let why = a
+                .quarantine_reason
+                .as_deref()
+                .map(|r| format!("cordoned by operator during the run: {r:?}"))
+                .unwrap_or_else(|| "cordoned by operator during the run".into());
+            push("DeviceFault/Cordoned".into(), why);
+        }
+    }
+    faults
+}
+
+/// `0000:3B:00.0`, `00000000:3b:00.0` and `0000:3b:00` name one GPU.
+pub fn normalize_pci(s: &str) -> String {
+    let s = s.trim().to_ascii_lowercase();
+    let (domain, rest) = match s.matches(':').count() {
+        2 => {
+            let (d, r) = s.split_once(':').unwrap_or(("0", &s));
+            (d.trim_start_matches('0').to_string(), r.to_string())
+        }
+        _ => (String::new(), s.clone()),
+    };
+    let rest = rest.split('.').next().unwrap_or(&rest).to_string();
+    format!("{:0>4}:{rest}", domain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DevType;
+
+    const GPU1: DevNum = DevNum {
+        typ: DevType::Char,
+        major: 195,
+        minor: 1,
+    };
+
+    fn snap(counters: DeviceCounters) -> DeviceSnapshot {
+        DeviceSnapshot {
+            num: GPU1,
+            name: "/dev/nvidia1".into(),
+            counters,
+        }
+    }
+
+    fn gpu(ecc: u64, reachable: bool) -> Option<GpuCounters> {
+        Some(GpuCounters {
+            uuid: Some("GPU-1111".into()),
+            pci_bus_id: Some("00000000:3B:00.0".into()),
+            reachable,
+            ecc_volatile_uncorrectable: Some(ecc),
+            remapped_rows_uncorrectable: Some(0),
+            remap_failure: false,
+        })
+    }
+
+    fn base() -> DeviceCounters {
+        DeviceCounters {
+            node_present: true,
+            gpu: gpu(0, true),
+            aer_fatal: Some(0),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn no_change_no_fault() {
+        let start = Snapshot {
+            time_unix: 1,
+            kmsg_seq: Some(10),
+            devices: vec![snap(base())],
+        };
+        assert!(diff(&start, &[snap(base())], &[]).is_empty());
+    }
+
+    #[test]
+    fn each_change_is_its_own_fault() {
+        let start = Snapshot {
+            time_unix: 1,
+            kmsg_seq: Some(10),
+            devices: vec![snap(base())],
+        };
+        let mut now = base();
+        now.gpu = gpu(2, false);
+        now.aer_fatal = Some(1);
+        now.node_present = false;
+        now.quarantined = true;
+        now.quarantine_reason = Some("bad".into());
+        let xids = vec![
+            XidReport {
+                seq: 9,
+                pci: "0000:3b:00".into(),
+                xid: 48,
+                critical: true,
+                text: "old".into(),
+            },
+            XidReport {
+                seq: 11,
+                pci: "0000:3b:00".into(),
+                xid: 79,
+                critical: true,
+                text: "".into(),
+            },
+            XidReport {
+                seq: 12,
+                pci: "0000:3b:00".into(),
+                xid: 79,
+                critical: true,
+                text: "".into(),
+            },
+            XidReport {
+                seq: 13,
+                pci: "0000:3b:00".into(),
+                xid: 13,
+                critical: false,
+                text: "".into(),
+            },
+            XidReport {
+                seq: 14,
+                pci: "0000:af:00".into(),
+                xid: 79,
+                critical: true,
+                text: "".into(),
+            },
+        ];
+        let codes: Vec<String> = diff(&start, &[snap(now)], &xids)
+            .into_iter()
+            .map(|f| f.code)
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                "DeviceFault/XID79",
+                "DeviceFault/GPULost",
+                "DeviceFault/ECCUncorrectable",
+                "DeviceFault/AERFatal",
+                "DeviceFault/NodeGone",
+                "DeviceFault/Cordoned"
+            ]
+        );
+    }
+
+    #[test]
+    fn fault_line_format() {
+        let f = Fault {
+            code: "DeviceFault/XID79".into(),
+            device: "/dev/nvidia1".into(),
+            num: GPU1,
+            gpu_uuid: Some("GPU-1111".into()),
+            message: "GPU has fallen off the bus".into(),
+        };
+        assert_eq!(
+            f.line(),
+            "devgate: DeviceFault/XID79 on /dev/nvidia1 (GPU-1111): GPU has fallen off the bus"
+        );
+        let f = Fault {
+            gpu_uuid: None,
+            ..f
+        };
+        assert_eq!(
+            f.line(),
+            "devgate: DeviceFault/XID79 on /dev/nvidia1 (195:1): GPU has fallen off the bus"
+        );
+    }
+
+    #[test]
+    fn pci_ids_normalize() {
+        assert_eq!(normalize_pci("00000000:3B:00.0"), "0000:3b:00");
+        assert_eq!(normalize_pci("0000:3b:00"), "0000:3b:00");
+        assert_eq!(normalize_pci("3b:00.0"), "0000:3b:00");
+        assert_eq!(normalize_pci("0001:3b:00.1"), "0001:3b:00");
+    }
+}

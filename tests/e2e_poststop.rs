@@ -1,0 +1,254 @@
+//! poststop: faults during a run reach the termination message, the exit record and
+//! `devgate explain`; no fault leaves the app's message alone; unsafe files are refused.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A devgate env whose kubelet_pods_dir holds one container's termination-log file.
+fn env_with_pods(tag: &str) -> (Env, PathBuf, PathBuf) {
+    let pods = tempdir(&format!("{tag}-kubelet")).join("pods");
+    let env = Env::with(tag, json!({ "kubelet_pods_dir": pods }));
+    let c = pods.join("8f0c1a2e/containers/app");
+    fs::create_dir_all(&c).unwrap();
+    let log = c.join("termination-log");
+    fs::write(&log, b"").unwrap();
+    (env, pods, log)
+}
+
+fn bind_termination_log(b: &mut Bundle, host: &Path) {
+    b.spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/dev/termination-log", "type": "bind", "source": host,
+        "options": ["rbind", "rprivate", "rw"]
+    }));
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn fault_during_run_reaches_termination_message_exit_record_and_explain() {
+    require_root!();
+    let (env, _pods, log) = env_with_pods("fault");
+    let mut b = Bundle::new(
+        "fault",
+        &[
+            "sh",
+            "-c",
+            "echo 'app: CUDA error: unspecified launch failure' > /dev/termination-log; \
+                        while [ ! -e /out/go ]; do sleep 0.05; done; exit 3",
+        ],
+    );
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.add_hooks(&env, &["prestart", "poststop"]);
+    bind_termination_log(&mut b, &log);
+    b.write();
+    let id = unique_id("fault");
+    let root = b.dir.join("runtime-root");
+    let child = Command::new("runc")
+        .arg("--root")
+        .arg(&root)
+        .args(["run", "--bundle"])
+        .arg(&b.dir)
+        .arg(&id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the app's termination message", || {
+        fs::read_to_string(&log)
+            .map(|s| !s.is_empty())
+            .unwrap_or(false)
+    });
+    // The fault: an operator cordons the device while the container runs.
+    env.ok(&["cordon", "/dev/zero", "--reason", "xid 79 seen on this GPU"]);
+    fs::write(b.rootfs().join("out/go"), b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let _ = Command::new("runc")
+        .arg("--root")
+        .arg(&root)
+        .args(["delete", "--force", &id])
+        .output();
+
+    let msg = fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        msg,
+        "app: CUDA error: unspecified launch failure\n\
+         devgate: DeviceFault/Cordoned on /dev/zero (1:5): cordoned by operator during the run: \"xid 79 seen on this GPU\"\n"
+    );
+    let exit: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
+            .unwrap();
+    assert_eq!(exit["container_id"], id.as_str());
+    assert_eq!(exit["faults"][0]["code"], "DeviceFault/Cordoned");
+    assert_eq!(exit["termination_message"]["written"], true);
+    let explained = env.ok(&["explain", &id]);
+    assert!(explained.contains("1 device fault(s)"), "{explained}");
+    assert!(
+        explained.contains("devgate: DeviceFault/Cordoned on /dev/zero (1:5)"),
+        "{explained}"
+    );
+    let last = env.log_lines().pop().unwrap();
+    assert_eq!(last["stage"], "poststop");
+    assert_eq!(last["faults"][0]["code"], "DeviceFault/Cordoned");
+
+    // poststop run twice: still one record and one appended line
+    let state =
+        json!({"ociVersion": "1.0.2", "id": id, "status": "stopped", "bundle": b.dir}).to_string();
+    let again = hook(&env, "poststop", &state);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(fs::read_to_string(&log).unwrap(), msg);
+    assert_eq!(
+        fs::read_dir(env.dir.join("state/exits")).unwrap().count(),
+        1
+    );
+}
+
+#[test]
+fn no_fault_leaves_termination_message_untouched() {
+    require_root!();
+    let (env, _pods, log) = env_with_pods("nofault");
+    let mut b = Bundle::new(
+        "nofault",
+        &["sh", "-c", "echo 'app: done' > /dev/termination-log"],
+    );
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.add_hooks(&env, &["prestart", "poststop"]);
+    bind_termination_log(&mut b, &log);
+    let id = unique_id("nofault");
+    let out = runtime_run("runc", &b, &id);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read_to_string(&log).unwrap(), "app: done\n");
+    let exit: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
+            .unwrap();
+    assert_eq!(exit["faults"], json!([]));
+    assert!(exit.get("termination_message").is_none());
+}
+
+fn hook(env: &Env, stage: &str, state: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(devgate_bin())
+        .arg("--config")
+        .arg(&env.config)
+        .args(["hook", stage])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(state.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// prestart and poststop called directly, as a runtime would, with a cordon in between.
+fn run_with_fault(env: &Env, source: &Path) -> (std::process::Output, String) {
+    let mut b = Bundle::new("direct", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    bind_termination_log(&mut b, source);
+    b.write();
+    let id = unique_id("direct");
+    let state = b.state_json(&id);
+    let pre = hook(env, "prestart", &state);
+    assert!(pre.status.success(), "{}", text(&pre));
+    env.ok(&["cordon", "1:5", "--reason", "bad"]);
+    let post = hook(env, "poststop", &state);
+    env.ok(&["uncordon", "1:5"]);
+    (post, id)
+}
+
+#[test]
+fn termination_log_outside_pods_dir_is_not_written() {
+    let (env, _pods, _log) = env_with_pods("outside");
+    let outside = env.dir.join("outside-log");
+    fs::write(&outside, b"host file\n").unwrap();
+    let (post, id) = run_with_fault(&env, &outside);
+    assert!(post.status.success(), "{}", text(&post));
+    assert!(String::from_utf8_lossy(&post.stderr)
+        .contains("devgate: DeviceFault/Cordoned on /dev/zero"));
+    assert_eq!(fs::read(&outside).unwrap(), b"host file\n");
+    let exit: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
+            .unwrap();
+    assert_eq!(exit["termination_message"]["written"], false);
+    assert!(exit["termination_message"]["note"]
+        .as_str()
+        .unwrap()
+        .contains("not below kubelet_pods_dir"));
+}
+
+#[test]
+fn termination_log_symlink_and_fifo_are_not_written() {
+    let (env, pods, _log) = env_with_pods("symlink");
+    let target = env.dir.join("etc-shadow-lookalike");
+    fs::write(&target, b"secret\n").unwrap();
+    let link = pods.join("8f0c1a2e/containers/app/link-log");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let (post, _) = run_with_fault(&env, &link);
+    assert!(post.status.success(), "{}", text(&post));
+    assert_eq!(fs::read(&target).unwrap(), b"secret\n");
+
+    let fifo = pods.join("8f0c1a2e/containers/app/fifo-log");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let started = Instant::now();
+    let (post, id) = run_with_fault(&env, &fifo);
+    assert!(post.status.success(), "{}", text(&post));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "poststop blocked on a FIFO"
+    );
+    let exit: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
+            .unwrap();
+    assert!(
+        exit["termination_message"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("not a regular file"),
+        "{exit}"
+    );
+}
+
+#[test]
+fn full_app_message_is_kept_whole() {
+    let (env, _pods, log) = env_with_pods("full");
+    let app = vec![b'a'; 4096];
+    fs::write(&log, &app).unwrap();
+    let (post, _) = run_with_fault(&env, &log);
+    assert!(post.status.success(), "{}", text(&post));
+    assert_eq!(
+        fs::read(&log).unwrap(),
+        app,
+        "the app's 4096 bytes must stay as they are"
+    );
+
+    // nearly full: devgate's line is trimmed to fit within 4096 bytes
+    let app = vec![b'a'; 4050];
+    fs::write(&log, &app).unwrap();
+    let (_, _) = run_with_fault(&env, &log);
+    let got = fs::read(&log).unwrap();
+    assert_eq!(got.len(), 4096);
+    assert_eq!(&got[..4050], &app[..]);
+    let ours = String::from_utf8_lossy(&got[4050..]).into_owned();
+    assert!(
+        ours.starts_with("\ndevgate: DeviceFault/Cordoned on /dev/zero"),
+        "{ours:?}"
+    );
+    assert!(ours.ends_with('\n'), "{ours:?}");
+}
