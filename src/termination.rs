@@ -221,17 +221,24 @@ mod tests {
             "devgate: DeviceFault/XID79 on /dev/nvidia1 (GPU-1): GPU has fallen off the bus"
                 .to_string(),
         ];
-        assert_eq!(text_to_append(0, &line).unwrap(), format!("{}\n", line[0]));
         assert_eq!(
-            text_to_append(5, &line).unwrap(),
+            text_to_append(0, false, &line).unwrap(),
+            format!("{}\n", line[0])
+        );
+        assert_eq!(
+            text_to_append(5, false, &line).unwrap(),
             format!("\n{}\n", line[0])
         );
-        let t = text_to_append(KUBELET_LIMIT - 40, &line).unwrap();
+        assert_eq!(
+            text_to_append(5, true, &line).unwrap(),
+            format!("{}\n", line[0])
+        );
+        let t = text_to_append(KUBELET_LIMIT - 40, false, &line).unwrap();
         assert_eq!(t.len(), 40);
         assert!(t.starts_with("\ndevgate: DeviceFault/XID79"));
-        assert!(text_to_append(KUBELET_LIMIT - 10, &line).is_none());
-        assert!(text_to_append(KUBELET_LIMIT, &line).is_none());
-        assert!(text_to_append(KUBELET_LIMIT + 100, &line).is_none());
+        assert!(text_to_append(KUBELET_LIMIT - 10, false, &line).is_none());
+        assert!(text_to_append(KUBELET_LIMIT, true, &line).is_none());
+        assert!(text_to_append(KUBELET_LIMIT + 100, true, &line).is_none());
     }
 
     #[test]
