@@ -1,16 +1,16 @@
 //! The command line: `devgate hook STAGE` for runtimes, and a few operator commands.
 //! Thin over the library; every failure is one `devgate: error: ...` line.
 
-use crate::class;
 use crate::config::Config;
-use crate::device::{self, DevNum, Device, Source};
+use crate::device;
 use crate::error::{Error, Result};
 use crate::hook::{self, Stage};
-use crate::ledger::quarantine::{self, Ledger, Lookup};
-use crate::policy::{self, Disposition};
+use crate::inventory;
+use crate::ledger::quarantine::{self, Ledger};
+use crate::policy;
 use crate::record;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 pub const USAGE: &str = "\
@@ -22,7 +22,10 @@ commands:
   cordon DEVICE --reason TEXT  quarantine a device (a path under /dev, or MAJ:MIN)
   uncordon DEVICE            lift a quarantine
   status [--json]            the node's accelerators, spares and quarantined devices
-  explain CONTAINER_ID [--json]  what devgate decided for a container
+  explain CONTAINER_ID [--json]  what devgate decided for a container, and found at stop
+  check                      one-line node summary; exit 0 healthy, 1 unhealthy, 2 unknown
+                             (node-problem-detector custom plugin contract)
+  metrics --textfile PATH    write Prometheus text for node_exporter's textfile collector
   version                    print the version
 
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
@@ -33,6 +36,7 @@ struct Args {
     config: Option<PathBuf>,
     json: bool,
     reason: Option<String>,
+    textfile: Option<PathBuf>,
     positional: Vec<String>,
 }
 
@@ -49,6 +53,7 @@ fn parse_args(argv: &[String]) -> Result<Args> {
             "--config" => a.config = Some(PathBuf::from(value("--config")?)),
             "--reason" => a.reason = Some(value("--reason")?),
             "--json" => a.json = true,
+            "--textfile" => a.textfile = Some(PathBuf::from(value("--textfile")?)),
             "-h" | "--help" => a.positional.insert(0, "help".into()),
             s if s.starts_with("--config=") => a.config = Some(PathBuf::from(&s[9..])),
             s if s.starts_with("--reason=") => a.reason = Some(s[9..].to_string()),
@@ -71,6 +76,8 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         ["cordon", dev] => cordon(&args, dev),
         ["uncordon", dev] => uncordon(&args, dev),
         ["status"] => status(&args),
+        ["check"] => return check(&args),
+        ["metrics"] => metrics(&args),
         ["explain", id] => explain(&args, id),
         ["version"] => {
             println!("devgate {}", crate::VERSION);
@@ -161,149 +168,25 @@ fn uncordon(args: &Args, dev: &str) -> Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Serialize)]
-struct StatusRow {
-    #[serde(flatten)]
-    device: Device,
-    roles: Vec<&'static str>,
-    health: &'static str,
-    verdicts: Vec<crate::probe::ProbeResult>,
-    reasons: Vec<String>,
-    quarantine: Option<serde_json::Value>,
-    lease: Option<serde_json::Value>,
-}
-
-fn host_device(num: DevNum, class: &str, host: Option<PathBuf>) -> Device {
-    Device {
-        num,
-        class: class.to_string(),
-        container_path: None,
-        host_path: host,
-        source: Source::LinuxDevices,
-        file_mode: None,
-        uid: None,
-        gid: None,
-    }
-}
-
-/// The node's accelerator nodes under dev_root, found by class rule.
-fn accelerators(config: &Config, rules: &[class::ClassRule]) -> Vec<Device> {
-    let mut out = Vec::new();
-    let mut stack = vec![(config.dev_root.clone(), 0)];
-    let mut budget = 8192;
-    while let Some((dir, depth)) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            budget -= 1;
-            if budget == 0 {
-                return out;
-            }
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() && depth < 2 {
-                stack.push((e.path(), depth + 1));
-                continue;
-            }
-            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
-                continue;
-            };
-            let Some(num) = DevNum::from_metadata(&meta) else {
-                continue;
-            };
-            // Classify by the path as it would appear in a container (/dev/...).
-            let shown = Path::new("/dev")
-                .join(e.path().strip_prefix(&config.dev_root).unwrap_or(&e.path()));
-            let class = class::classify(rules, num.typ, num.major, num.minor, &[&shown]);
-            if rules.iter().any(|r| r.class == class && r.accelerator) {
-                out.push(host_device(num, class, Some(e.path())));
-            }
-        }
-    }
-    out.sort_by_key(|d| d.num);
-    out
-}
-
 fn status(args: &Args) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
-    let rules = config.class_rules();
-    let ledger = Ledger::new(&config.quarantine_dir);
-    let mut rows: Vec<(Device, Vec<&'static str>)> = accelerators(&config, &rules)
-        .into_iter()
-        .map(|d| (d, vec!["accelerator"]))
-        .collect();
-    let add =
-        |dev: Device, role: &'static str, rows: &mut Vec<(Device, Vec<&'static str>)>| match rows
-            .iter_mut()
-            .find(|(d, _)| d.num == dev.num)
-        {
-            Some((_, roles)) => roles.push(role),
-            None => rows.push((dev, vec![role])),
-        };
-    for (class, paths) in &config.spares {
-        for p in paths {
-            let num = std::fs::metadata(p)
-                .ok()
-                .and_then(|m| DevNum::from_metadata(&m));
-            match num {
-                Some(num) => add(host_device(num, class, Some(p.clone())), "spare", &mut rows),
-                None => eprintln!(
-                    "devgate: warning: spare {} (class {class}) is not a device node",
-                    p.display()
-                ),
-            }
-        }
-    }
-    for (num, _) in ledger.list()? {
-        let host = device::find_host_node(&config.dev_root, &config.sysfs_root, num, &[]);
-        let paths: Vec<&Path> = host.iter().map(PathBuf::as_path).collect();
-        let class = class::classify(&rules, num.typ, num.major, num.minor, &paths).to_string();
-        add(host_device(num, &class, host), "quarantined", &mut rows);
-    }
-
-    let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
-    let decisions = hook::decide_all(&config, &ledger, devices);
-    let out: Vec<StatusRow> = decisions
-        .into_iter()
-        .zip(rows)
-        .map(|(dec, (_, roles))| {
-            let q = match ledger.lookup(dec.device.num) {
-                Lookup::Clear => None,
-                Lookup::Cordoned(e) => serde_json::to_value(e).ok(),
-                Lookup::Damaged { path, error } => Some(serde_json::json!({
-                    "damaged": path, "error": error })),
-            };
-            let health = health_word(&dec);
-            let mut reasons = dec.reasons.clone();
-            reasons.extend(dec.warnings.iter().cloned());
-            StatusRow {
-                device: dec.device,
-                roles,
-                health,
-                verdicts: dec.verdicts,
-                reasons,
-                quarantine: q,
-                lease: None,
-            }
-        })
-        .collect();
-
+    let rows = inventory::collect(&config)?;
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&out).expect("status serializes")
+            serde_json::to_string_pretty(&rows).expect("status serializes")
         );
         return Ok(());
     }
-    if out.is_empty() {
-        println!("no accelerators, spares or quarantined devices");
+    if rows.is_empty() {
+        println!("no accelerators, spares, quarantined or assigned devices");
         return Ok(());
     }
     println!(
         "{:<24} {:<8} {:<12} {:<10} {:<24} QUARANTINE",
         "DEVICE", "NUMBER", "CLASS", "HEALTH", "ROLE"
     );
-    for r in &out {
+    for r in &rows {
         let q = r
             .quarantine
             .as_ref()
@@ -317,7 +200,7 @@ fn status(args: &Args) -> Result<()> {
             r.device.name(),
             r.device.num.to_string(),
             r.device.class,
-            r.health,
+            r.health.as_str(),
             r.roles.join(","),
             q
         );
@@ -328,25 +211,36 @@ fn status(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn health_word(dec: &policy::DeviceDecision) -> &'static str {
-    use crate::probe::Verdict;
-    if dec
-        .verdicts
-        .iter()
-        .any(|v| matches!(v.verdict, Verdict::Unhealthy(_)))
-    {
-        "unhealthy"
-    } else if dec
-        .verdicts
-        .iter()
-        .any(|v| matches!(v.verdict, Verdict::Unknown(_)))
-    {
-        "unknown"
-    } else if dec.disposition == Disposition::Healthy && dec.warnings.is_empty() {
-        "healthy"
-    } else {
-        "degraded"
+/// node-problem-detector custom plugin: one line, exit 0 / 1 / 2.
+fn check(args: &Args) -> i32 {
+    let rows = Config::load(args.config.as_deref()).and_then(|c| inventory::collect(&c));
+    match rows {
+        Ok(rows) => {
+            let (code, line) = inventory::check_summary(&rows);
+            println!("{}", policy::one_line(&line));
+            code
+        }
+        Err(e) => {
+            println!("devgate: unknown: {e}");
+            2
+        }
     }
+}
+
+fn metrics(args: &Args) -> Result<()> {
+    let path = args
+        .textfile
+        .as_deref()
+        .ok_or_else(|| Error::Usage("metrics needs --textfile PATH".into()))?;
+    let config = Config::load(args.config.as_deref())?;
+    let rows = inventory::collect(&config)?;
+    let exits = record::list_exits(&config.state_dir);
+    let text = inventory::metrics_text(&rows, &exits);
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Usage(format!("--textfile {}: no directory", path.display())))?;
+    crate::fsutil::check_dir(dir)?;
+    crate::fsutil::write_atomic(path, text.as_bytes(), 0o644)
 }
 
 /// A serde enum's wire name, for text output that matches the JSON.

@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 use crate::fault::{self, DeviceSnapshot, Fault, Snapshot};
 use crate::ledger::quarantine::Ledger;
 use crate::policy::{self, DeviceDecision, Disposition};
-use crate::probe::{self, node::NodeProbe, quarantine::QuarantineProbe, sysfs::SysfsProbe, Probe};
+use crate::probe::{
+    self, node::NodeProbe, quarantine::QuarantineProbe, sysfs::SysfsProbe, Probe, ProbeResult,
+};
 use crate::record::{self, ContainerAction, Decision, ExitRecord, PodInfo, StopLine};
 use crate::spec::Spec;
 use crate::state::State;
@@ -148,9 +150,9 @@ fn gate(
     Ok(report)
 }
 
-/// Probes every device and applies the policy. A device whose policy is remap cannot be
-/// remapped without a configured spare; it is rejected saying so.
-pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
+/// Runs every probe on every device. The probe list is built once per call; a probe that
+/// is expensive to open (NVML) is added only when some device needs it.
+pub fn probe_all(config: &Config, ledger: &Ledger, devices: &[Device]) -> Vec<Vec<ProbeResult>> {
     let node = NodeProbe {
         dev_root: config.dev_root.clone(),
     };
@@ -159,10 +161,17 @@ pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec
     };
     let quarantine = QuarantineProbe { ledger };
     let probes: [&dyn Probe; 3] = [&node, &sysfs, &quarantine];
+    devices.iter().map(|d| probe::run_all(&probes, d)).collect()
+}
+
+/// Probes every device and applies the policy. A device whose policy is remap cannot be
+/// remapped without a configured spare; it is rejected saying so.
+pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
+    let verdicts = probe_all(config, ledger, &devices);
     devices
         .into_iter()
-        .map(|d| {
-            let verdicts = probe::run_all(&probes, &d);
+        .zip(verdicts)
+        .map(|(d, verdicts)| {
             let mut dec = policy::decide(d, verdicts, &config.policy);
             if dec.disposition == Disposition::Remap {
                 let why = match config.spares.get(&dec.device.class) {

@@ -17,4 +17,5 @@ pub mod state;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub mod fault;
+pub mod inventory;
 pub mod termination;

@@ -223,7 +223,7 @@ pub fn list_exits(state_dir: &Path) -> Vec<ExitRecord> {
                 .flatten()
         })
         .collect();
-    out.sort_by(|a, b| b.stopped_unix.cmp(&a.stopped_unix));
+    out.sort_by_key(|r| std::cmp::Reverse(r.stopped_unix));
     out
 }
 

@@ -1,0 +1,102 @@
+//! The operator's node view: status, check (node-problem-detector contract), metrics.
+
+mod common;
+use common::*;
+use std::fs;
+
+fn with_gpus(tag: &str) -> (Env, std::path::PathBuf) {
+    let dev_root = tempdir(&format!("{tag}-dev"));
+    for i in 0..2u64 {
+        nix::sys::stat::mknod(
+            &dev_root.join(format!("nvidia{i}")),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, i),
+        )
+        .unwrap();
+    }
+    let env = Env::with(
+        tag,
+        serde_json::json!({ "dev_root": dev_root, "nvml_library": "/nonexistent/libnvidia-ml.so.1" }),
+    );
+    (env, dev_root)
+}
+
+#[test]
+fn check_follows_health_and_status_lists_gpus() {
+    require_root!();
+    let (env, dev_root) = with_gpus("check");
+    let out = env.devgate(&["check"]);
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    // NVML is absent here, so the GPUs may be healthy (no NVML probe) or unknown: never unhealthy.
+    assert!(
+        matches!(out.status.code(), Some(0) | Some(2)),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(line.lines().count(), 1, "{line}");
+
+    let node = dev_root.join("nvidia1");
+    env.ok(&["cordon", node.to_str().unwrap(), "--reason", "xid 79"]);
+    let out = env.devgate(&["check"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        line.starts_with("devgate: 1 of 2 devices unhealthy: "),
+        "{line}"
+    );
+    assert!(
+        line.contains("(195:1): quarantine: quarantined by operator: \"xid 79\""),
+        "{line}"
+    );
+
+    let status: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    let rows = status.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{status}");
+    assert_eq!(rows[1]["class"], "nvidia-gpu");
+    assert_eq!(rows[1]["health"], "unhealthy");
+    assert_eq!(
+        rows[1]["roles"],
+        serde_json::json!(["accelerator", "quarantined"])
+    );
+    assert_eq!(rows[1]["quarantine"]["reason"], "xid 79");
+
+    let textfile = env.dir.join("textfile/devgate.prom");
+    fs::create_dir_all(textfile.parent().unwrap()).unwrap();
+    env.ok(&["metrics", "--textfile", textfile.to_str().unwrap()]);
+    let prom = fs::read_to_string(&textfile).unwrap();
+    assert!(
+        prom.contains("devgate_device_quarantined{device=\""),
+        "{prom}"
+    );
+    assert!(
+        prom.contains("class=\"nvidia-gpu\",major_minor=\"195:1\"} 1\n"),
+        "{prom}"
+    );
+    assert!(prom.contains("devgate_exit_records 0\n"), "{prom}");
+
+    env.ok(&["uncordon", "195:1"]);
+    let out = env.devgate(&["check"]);
+    assert_ne!(out.status.code(), Some(1), "{}", text(&out));
+}
+
+#[test]
+fn metrics_refuses_world_writable_directory() {
+    let env = Env::new("metrics-dir");
+    let dir = env.dir.join("open");
+    fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let out = env.devgate(&[
+        "metrics",
+        "--textfile",
+        dir.join("x.prom").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("writable by group or others"),
+        "{}",
+        text(&out)
+    );
+    assert!(!dir.join("x.prom").exists());
+}
