@@ -23,6 +23,10 @@ commands:
   uncordon DEVICE            lift a quarantine
   status [--json]            the node's accelerators, spares and quarantined devices
   explain CONTAINER_ID [--json]  what devgate decided for a container
+  hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--stage S] [--out DIR]
+                             print (or write) the runtime configuration that runs devgate
+  install-host --root DIR [--prefix DIR] [--config-file PATH]
+                             copy devgate and its configuration onto a host (Kubernetes installer)
   version                    print the version
 
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
@@ -61,6 +65,10 @@ fn parse_args(argv: &[String]) -> Result<Args> {
 
 /// Runs the command and returns the exit status.
 pub fn main(argv: Vec<String>, started: Instant) -> i32 {
+    // hooks-config and install-host parse their own options (src/hooks_config.rs).
+    if let Some(code) = crate::hooks_config::cli(&argv) {
+        return code;
+    }
     let args = match parse_args(&argv) {
         Ok(a) => a,
         Err(e) => return fail(&e),
