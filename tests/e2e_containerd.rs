@@ -36,7 +36,10 @@ fn spec_from_shipped_base(env: &Env, rootfs: &Path, devices: &[(&str, u32, u32)]
         expect["hooks"][stage][0]["path"] = json!("/usr/bin/devgate");
         expect["hooks"][stage][0]["args"] = json!(["devgate", "hook", stage]);
     }
-    assert_eq!(expect, shipped, "generated base spec differs from the shipped one");
+    assert_eq!(
+        expect, shipped,
+        "generated base spec differs from the shipped one"
+    );
 
     let mut spec = generated;
     spec["process"]["args"] = json!(["sh", "-c", "echo ran"]);
@@ -44,13 +47,17 @@ fn spec_from_shipped_base(env: &Env, rootfs: &Path, devices: &[(&str, u32, u32)]
     spec["root"] = json!({"path": rootfs});
     let mut devs = Vec::new();
     for (path, major, minor) in devices {
-        devs.push(json!({"path": path, "type": "c", "major": major, "minor": minor,
-                         "fileMode": 0o666, "uid": 0, "gid": 0}));
+        devs.push(
+            json!({"path": path, "type": "c", "major": major, "minor": minor,
+                         "fileMode": 0o666, "uid": 0, "gid": 0}),
+        );
         spec["linux"]["resources"]["devices"]
             .as_array_mut()
             .unwrap()
-            .push(json!({"allow": true, "type": "c", "major": major, "minor": minor,
-                         "access": "rwm"}));
+            .push(
+                json!({"allow": true, "type": "c", "major": major, "minor": minor,
+                         "access": "rwm"}),
+            );
     }
     spec["linux"]["devices"] = Value::Array(devs);
     spec
@@ -69,7 +76,13 @@ fn containerd_ctr_run_with_base_spec_rejects_cordoned_and_runs_healthy() {
     fs::create_dir_all(&rootfs).unwrap();
     cd.ctr_ok(
         NS,
-        &["images", "mount", "--rw", TEST_IMAGE, rootfs.to_str().unwrap()],
+        &[
+            "images",
+            "mount",
+            "--rw",
+            TEST_IMAGE,
+            rootfs.to_str().unwrap(),
+        ],
     );
 
     let env = Env::new("ctr-env");
@@ -103,7 +116,10 @@ fn containerd_ctr_run_with_base_spec_rejects_cordoned_and_runs_healthy() {
         ),
         "{all}"
     );
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"), "{all}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("ran"),
+        "{all}"
+    );
     assert_eq!(env.log_lines()[1]["action"], "reject");
     let _ = cd.ctr(NS, &["containers", "rm", "cordoned"]);
 
