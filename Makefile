@@ -1,8 +1,18 @@
 # devgate — build, test, demo, bench, install.
-PREFIX  ?= /usr/local
-DESTDIR ?=
-CARGO   ?= cargo
-BIN      = target/release/devgate
+PREFIX     ?= /usr/local
+SYSCONFDIR ?= /etc
+DESTDIR    ?=
+CARGO      ?= cargo
+BIN         = target/release/devgate
+
+BINDIR      = $(PREFIX)/bin
+HOOKSDIR    = $(PREFIX)/share/containers/oci/hooks.d
+CONFIG      = $(SYSCONFDIR)/devgate/config.json
+BASESPEC    = $(SYSCONFDIR)/containerd/devgate-base-spec.json
+STATEDIR    = /var/lib/devgate/quarantine
+# devgate reads /etc/devgate/config.json by default; any other place is named in the hooks.
+CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
+GEN         = target/install
 
 .PHONY: all build test demo bench install uninstall deb rpm clean lint
 
@@ -25,6 +35,44 @@ demo: build
 
 bench:
 	$(CARGO) bench --locked --bench prestart
+
+# A config file is installed only where none exists; one that differs (the operator's) is
+# kept and the new version is put beside it as FILE.new.
+define install-conf
+	@if [ ! -e "$(2)" ]; then install -D -m 0644 "$(1)" "$(2)" && echo "installed $(2)"; \
+	elif cmp -s "$(1)" "$(2)"; then echo "unchanged $(2)"; \
+	else install -m 0644 "$(1)" "$(2).new" && echo "kept $(2); the new default is $(2).new"; fi
+endef
+
+# BIN=path installs an already built binary (tests do); otherwise the release build.
+install:
+ifeq ($(origin BIN),file)
+	$(CARGO) build --release --locked
+endif
+	rm -rf $(GEN) && mkdir -p $(GEN)
+	$(BIN) $(CONFIG_ARG) hooks-config --runtime podman --prefix $(PREFIX) --out $(GEN)/hooks.d
+	$(BIN) $(CONFIG_ARG) hooks-config --runtime containerd --prefix $(PREFIX) --out $(GEN)
+	install -D -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/devgate
+	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
+	install -m 0644 $(GEN)/hooks.d/devgate-prestart.json $(GEN)/hooks.d/devgate-poststop.json $(DESTDIR)$(HOOKSDIR)/
+	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
+	$(call install-conf,$(GEN)/devgate-base-spec.json,$(DESTDIR)$(BASESPEC))
+	install -d -m 0755 $(DESTDIR)$(STATEDIR)
+
+# Leaves the config, the containerd base spec if changed, and the quarantine ledger.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/devgate
+	rm -f $(DESTDIR)$(HOOKSDIR)/devgate-prestart.json $(DESTDIR)$(HOOKSDIR)/devgate-poststop.json
+	@if [ -e $(GEN)/devgate-base-spec.json ] && cmp -s $(GEN)/devgate-base-spec.json $(DESTDIR)$(BASESPEC); then \
+		rm -f $(DESTDIR)$(BASESPEC); else [ ! -e $(DESTDIR)$(BASESPEC) ] || echo "kept $(DESTDIR)$(BASESPEC)"; fi
+	@echo "kept $(DESTDIR)$(CONFIG) and $(DESTDIR)$(STATEDIR) (operator data)"
+
+# Packages land under target/: target/debian/*.deb, target/generate-rpm/*.rpm.
+deb:
+	$(CARGO) deb --locked
+
+rpm: build
+	$(CARGO) generate-rpm
 
 clean:
 	$(CARGO) clean

@@ -26,6 +26,10 @@ commands:
   check                      one-line node summary; exit 0 healthy, 1 unhealthy, 2 unknown
                              (node-problem-detector custom plugin contract)
   metrics --textfile PATH    write Prometheus text for node_exporter's textfile collector
+  hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--stage S] [--out DIR]
+                             print (or write) the runtime configuration that runs devgate
+  install-host --root DIR [--prefix DIR] [--config-file PATH]
+                             copy devgate and its configuration onto a host (Kubernetes installer)
   version                    print the version
 
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
@@ -66,6 +70,10 @@ fn parse_args(argv: &[String]) -> Result<Args> {
 
 /// Runs the command and returns the exit status.
 pub fn main(argv: Vec<String>, started: Instant) -> i32 {
+    // hooks-config and install-host parse their own options (src/hooks_config.rs).
+    if let Some(code) = crate::hooks_config::cli(&argv) {
+        return code;
+    }
     let args = match parse_args(&argv) {
         Ok(a) => a,
         Err(e) => return fail(&e),

@@ -8,6 +8,7 @@ pub mod device;
 pub mod error;
 pub mod fsutil;
 pub mod hook;
+pub mod hooks_config;
 pub mod ledger;
 pub mod policy;
 pub mod probe;

@@ -105,6 +105,14 @@ impl Env {
             .collect()
     }
 
+    /// The start decisions only (prestart / createRuntime lines), without poststop's.
+    pub fn decisions(&self) -> Vec<Value> {
+        self.log_lines()
+            .into_iter()
+            .filter(|l| l["stage"] != "poststop")
+            .collect()
+    }
+
     /// The hook entry runtimes run: devgate with this env's config.
     pub fn hook(&self, stage: &str) -> Value {
         json!({
@@ -280,4 +288,260 @@ pub fn unique_id(tag: &str) -> String {
         std::process::id(),
         SEQ.fetch_add(1, Ordering::SeqCst)
     )
+}
+
+// ---- Runtimes installed from packages (podman, containerd): tests/e2e_podman.rs,
+// ---- tests/e2e_containerd.rs, tests/e2e_cri.rs.
+
+/// A runtime binary these tests need: missing is a failure, not a skip, because CI must
+/// prove the shipped configuration against the real software.
+pub fn require_cmd(cmd: &str, package: &str) {
+    assert!(
+        have(cmd),
+        "{cmd} is not installed: .ci/run must install it (apt-get install {package})"
+    );
+}
+
+/// A tarball of a busybox rootfs, for `podman import`: no registry is reachable.
+pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
+    let rootfs = dir.join("image-rootfs");
+    for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "run", "out"] {
+        fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    fs::copy(busybox(), rootfs.join("bin/busybox")).unwrap();
+    for applet in [
+        "sh", "cat", "echo", "ls", "test", "sleep", "true", "false", "printf",
+    ] {
+        symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    let tar = dir.join("busybox-rootfs.tar");
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tar: {}", text(&out));
+    tar
+}
+
+/// The image name every runtime test imports; its default command sleeps, so it can also
+/// serve as CRI's sandbox ("pause") image.
+pub const TEST_IMAGE: &str = "localhost/devgate-busybox:test";
+
+/// Rootful podman with its own storage and config under one temp dir, runc as runtime.
+pub struct Podman {
+    pub dir: PathBuf,
+}
+
+impl Podman {
+    pub fn new(tag: &str) -> Podman {
+        require_cmd("podman", "podman");
+        require_cmd("runc", "runc");
+        let dir = tempdir(tag);
+        // This machine's podman needs default_ulimits = []; there is no systemd.
+        fs::write(
+            dir.join("containers.conf"),
+            "[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = \"cgroupfs\"\n\
+             events_logger = \"file\"\n",
+        )
+        .unwrap();
+        let p = Podman { dir };
+        let tar = busybox_rootfs_tar(&p.dir);
+        let out = p
+            .cmd()
+            .args(["import", "--change", r#"CMD ["/bin/sleep", "3600"]"#])
+            .arg(&tar)
+            .arg(TEST_IMAGE)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman import: {}", text(&out));
+        p
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("runroot"))
+            .args(["--storage-driver", "vfs", "--runtime", "runc"])
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `podman run --rm` with devgate's hooks from `hooks_dir`, no network.
+    pub fn run(&self, hooks_dir: &Path, extra: &[&str], command: &[&str]) -> Output {
+        self.cmd()
+            .arg("--hooks-dir")
+            .arg(hooks_dir)
+            .args(["run", "--rm", "--network", "none"])
+            .args(extra)
+            .arg(TEST_IMAGE)
+            .args(command)
+            .output()
+            .unwrap()
+    }
+
+    /// The image as a docker archive, for `ctr images import`.
+    pub fn save(&self, dest: &Path) {
+        let out = self
+            .cmd()
+            .args(["save", "--format", "docker-archive", "-o"])
+            .arg(dest)
+            .arg(TEST_IMAGE)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman save: {}", text(&out));
+    }
+}
+
+/// Writes a shell wrapper that records each call (its arguments and the state on stdin)
+/// in `trace`, then runs devgate with the same arguments and input. Hook files generated
+/// with `--bin` pointing at it show which stages a runtime really ran.
+pub fn tracing_wrapper(dir: &Path, real: &Path) -> (PathBuf, PathBuf) {
+    let trace = dir.join("hook-trace.log");
+    let wrapper = dir.join("devgate-traced");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nstate=$(cat)\nprintf '%s %s\\n' \"$*\" \"$state\" >> '{}'\n\
+             printf '%s' \"$state\" | exec '{}' \"$@\"\n",
+            trace.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    (wrapper, trace)
+}
+
+/// The stages the tracing wrapper saw for a container id.
+pub fn traced_stages(trace: &Path, id: &str) -> Vec<String> {
+    fs::read_to_string(trace)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&format!("\"id\":\"{id}\"")))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let i = words.iter().position(|w| *w == "hook")?;
+            words.get(i + 1).map(|s| s.to_string())
+        })
+        .collect()
+}
+
+/// `devgate hooks-config` with the test binary; returns what it printed.
+pub fn hooks_config(args: &[&str]) -> String {
+    let out = Command::new(devgate_bin())
+        .args(args)
+        .env_remove("DEVGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "devgate {args:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A private containerd: its own root, state, sockets and config under one temp dir, killed
+/// (and its mounts undone) when dropped.
+pub struct Containerd {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    child: std::process::Child,
+}
+
+impl Containerd {
+    /// `extra` is appended to the config (plugin sections); `top` goes before any table.
+    pub fn start(tag: &str, top: &str, extra: &str) -> Containerd {
+        require_cmd("containerd", "containerd");
+        require_cmd("ctr", "containerd");
+        require_cmd("containerd-shim-runc-v2", "containerd");
+        let dir = tempdir(tag);
+        let socket = dir.join("c.sock");
+        let config = format!(
+            "{top}\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
+             [ttrpc]\n  address = \"{sock}.ttrpc\"\n\n[debug]\n  address = \"\"\n\n\
+             [metrics]\n  address = \"\"\n\n{extra}\n",
+            root = dir.join("root").display(),
+            state = dir.join("state").display(),
+            sock = socket.display(),
+        );
+        fs::write(dir.join("config.toml"), &config).unwrap();
+        let log = fs::File::create(dir.join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let c = Containerd { dir, socket, child };
+        for _ in 0..200 {
+            if c.ctr("default", &["version"]).status.success() {
+                return c;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("containerd did not come up: {}", c.log());
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
+    pub fn ctr(&self, namespace: &str, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", namespace])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    pub fn ctr_ok(&self, namespace: &str, args: &[&str]) -> String {
+        let out = self.ctr(namespace, args);
+        assert!(out.status.success(), "ctr {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Imports the busybox test image (built by podman) into `namespace`.
+    pub fn import_test_image(&self, namespace: &str) {
+        let podman = Podman::new("img");
+        let archive = podman.dir.join("image.tar");
+        podman.save(&archive);
+        self.ctr_ok(namespace, &["images", "import", archive.to_str().unwrap()]);
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        unmount_under(&self.dir);
+    }
+}
+
+/// Lazily unmounts everything mounted under `dir`, deepest first.
+pub fn unmount_under(dir: &Path) {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+    }
 }
