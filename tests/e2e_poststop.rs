@@ -138,23 +138,7 @@ fn no_fault_leaves_termination_message_untouched() {
 }
 
 fn hook(env: &Env, stage: &str, state: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut child = Command::new(devgate_bin())
-        .arg("--config")
-        .arg(&env.config)
-        .args(["hook", stage])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(state.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    env.hook_stdin(stage, state.as_bytes())
 }
 
 /// prestart and poststop called directly, as a runtime would, with a cordon in between.

@@ -5,27 +5,10 @@ mod common;
 use common::*;
 use std::fs;
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 fn hook_with_stdin(env: &Env, stage: &str, stdin: &[u8]) -> Output {
-    let mut child = Command::new(devgate_bin())
-        .args(["--config"])
-        .arg(&env.config)
-        .args(["hook", stage])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin_pipe = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    // A writer thread: devgate stops reading at its bound, which must not deadlock us.
-    let w = std::thread::spawn(move || {
-        let _ = stdin_pipe.write_all(&data);
-    });
-    let out = child.wait_with_output().unwrap();
-    w.join().unwrap();
-    out
+    env.hook_stdin(stage, stdin)
 }
 
 /// Exactly one stderr line, starting with `want`, and a non-zero exit.

@@ -105,6 +105,30 @@ impl Env {
             .collect()
     }
 
+    /// `devgate hook STAGE` with `stdin` as the runtime's state. A writer thread feeds it:
+    /// devgate stops reading at its bound, which must not deadlock the test.
+    pub fn hook_stdin(&self, stage: &str, stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(devgate_bin())
+            .arg("--config")
+            .arg(&self.config)
+            .args(["hook", stage])
+            .env_remove("DEVGATE_CONFIG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        let data = stdin.to_vec();
+        let w = std::thread::spawn(move || {
+            let _ = pipe.write_all(&data);
+        });
+        let out = child.wait_with_output().unwrap();
+        w.join().unwrap();
+        out
+    }
+
     /// The start decisions only (prestart / createRuntime lines), without poststop's.
     pub fn decisions(&self) -> Vec<Value> {
         self.log_lines()
