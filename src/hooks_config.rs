@@ -366,6 +366,16 @@ fn install_host(o: &Opts) -> Result<()> {
     let target = target_of(o, "/usr/local")?;
     let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
 
+    // A config from --config-file is checked before anything on the host changes.
+    let given = match &o.config_file {
+        Some(src) => {
+            let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
+            let parsed = Config::parse(&text, src)?;
+            Some((src, text, parsed))
+        }
+        None => None,
+    };
+
     let exe = Path::new("/proc/self/exe");
     let bytes = fs::read(exe).map_err(|e| Error::io("cannot read own binary", exe, e))?;
     let bin = under(&target.bin);
@@ -398,10 +408,8 @@ fn install_host(o: &Opts) -> Result<()> {
         .parent()
         .ok_or_else(|| Error::invalid("config path", "has no parent"))?;
     ensure_dir(cfg_dir)?;
-    let config = match &o.config_file {
-        Some(src) => {
-            let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
-            let parsed = Config::parse(&text, src)?;
+    let config = match given {
+        Some((src, text, parsed)) => {
             write_atomic(&cfg_path, &text, 0o644)?;
             println!(
                 "devgate: installed {} from {}",
