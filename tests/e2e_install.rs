@@ -196,8 +196,75 @@ fn install_host_copies_binary_and_configuration_onto_a_host_root() {
         r#"{"policy":{"default":"reject"}}"#
     );
 
+    // Another hooks directory (CRI-O's vendor directory on a node whose /usr is writable).
+    let out = install_host(&root, &["--hooks-dir", "/usr/share/containers/oci/hooks.d"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(root
+        .join("usr/share/containers/oci/hooks.d/devgate-prestart.json")
+        .is_file());
+
     // Bad command lines are one-line errors.
     let out = install_host(Path::new("relative"), &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an absolute path"));
+}
+
+/// The DaemonSet's ConfigMap holds the default config, and its init container's command
+/// line is one install-host accepts (run here against a scratch root).
+#[test]
+fn daemonset_manifest_matches_the_installer() {
+    let yaml = fs::read_to_string(repo().join("packaging/kubernetes/daemonset.yaml")).unwrap();
+    let lines: Vec<&str> = yaml.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == "config.json: |")
+        .expect("ConfigMap key config.json");
+    let body: Vec<&str> = lines[start + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| &l[4..])
+        .collect();
+    let cm: Value = serde_json::from_str(&body.join("\n")).unwrap();
+    assert_eq!(cm, json(&repo().join("packaging/config.json")));
+
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == "- install-host")
+        .expect("install-host in the init container's command");
+    let args: Vec<&str> = lines[start..]
+        .iter()
+        .take_while(|l| l.trim_start().starts_with("- ") && !l.contains(':'))
+        .map(|l| l.trim_start().trim_start_matches("- "))
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "install-host",
+            "--root",
+            "/host",
+            "--prefix",
+            "/usr/local",
+            "--config-file",
+            "/etc/devgate-configmap/config.json"
+        ]
+    );
+    let root = tempdir("ds-host");
+    let cm_file = root.join("cm.json");
+    fs::write(&cm_file, body.join("\n")).unwrap();
+    let mut argv: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    argv[2] = root.join("host").display().to_string();
+    argv[6] = cm_file.display().to_string();
+    let out = Command::new(devgate_bin()).args(&argv).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(root.join("host/usr/local/bin/devgate").is_file());
+    // Every host path install-host wrote is one the DaemonSet mounts.
+    for p in [
+        "/host/usr/local/bin",
+        "/host/etc/containers/oci/hooks.d",
+        "/host/etc/containerd",
+        "/host/etc/devgate",
+        "/host/var/lib/devgate",
+    ] {
+        assert!(yaml.contains(&format!("mountPath: {p} ")), "{p}");
+    }
 }
