@@ -12,7 +12,7 @@ BASESPEC    = $(SYSCONFDIR)/containerd/devgate-base-spec.json
 STATEDIR    = /var/lib/devgate/quarantine
 # devgate reads /etc/devgate/config.json by default; any other place is named in the hooks.
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
-GEN         = target/install
+GEN        ?= target/install
 
 .PHONY: all build test demo bench install uninstall deb rpm clean lint
 

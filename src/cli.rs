@@ -28,7 +28,7 @@ commands:
   metrics --textfile PATH    write Prometheus text for node_exporter's textfile collector
   hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--stage S] [--out DIR]
                              print (or write) the runtime configuration that runs devgate
-  install-host --root DIR [--prefix DIR] [--config-file PATH]
+  install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]
                              copy devgate and its configuration onto a host (Kubernetes installer)
   version                    print the version
 

@@ -220,6 +220,7 @@ struct Opts {
     out: Option<PathBuf>,
     root: Option<PathBuf>,
     config_file: Option<PathBuf>,
+    hooks_dir: Option<PathBuf>,
     command: Option<String>,
 }
 
@@ -246,6 +247,7 @@ fn parse(argv: &[String]) -> Result<Opts> {
             "--out" => o.out = Some(value()?.into()),
             "--root" => o.root = Some(value()?.into()),
             "--config-file" => o.config_file = Some(value()?.into()),
+            "--hooks-dir" => o.hooks_dir = Some(value()?.into()),
             s if s.starts_with('-') => return Err(Error::Usage(format!("unknown option {s}"))),
             s if o.command.is_none() => o.command = Some(s.to_string()),
             s => return Err(Error::Usage(format!("unexpected argument {s:?}"))),
@@ -305,7 +307,7 @@ fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
 }
 
 fn hooks_config(o: &Opts) -> Result<()> {
-    if o.root.is_some() || o.config_file.is_some() {
+    if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() {
         return Err(Error::Usage(HOOKS_CONFIG_USAGE.into()));
     }
     let runtime =
@@ -350,7 +352,8 @@ fn hooks_config(o: &Opts) -> Result<()> {
 
 /// Lays devgate onto a host mounted at `--root` (the Kubernetes installer's entrypoint):
 /// the running binary to ROOT/PREFIX/bin/devgate, the oci-hooks files to
-/// ROOT/etc/containers/oci/hooks.d (read by CRI-O and podman), the containerd base spec to
+/// ROOT/etc/containers/oci/hooks.d (podman's and older CRI-O's override directory; another
+/// with `--hooks-dir`), the containerd base spec to
 /// ROOT/etc/containerd/devgate-base-spec.json, the quarantine directory, and the config:
 /// `--config-file` replaces ROOT/etc/devgate/config.json (a ConfigMap is the operator's
 /// config); without it the default is written only where none exists.
@@ -366,6 +369,16 @@ fn install_host(o: &Opts) -> Result<()> {
     let target = target_of(o, "/usr/local")?;
     let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
 
+    // A config from --config-file is checked before anything on the host changes.
+    let given = match &o.config_file {
+        Some(src) => {
+            let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
+            let parsed = Config::parse(&text, src)?;
+            Some((src, text, parsed))
+        }
+        None => None,
+    };
+
     let exe = Path::new("/proc/self/exe");
     let bytes = fs::read(exe).map_err(|e| Error::io("cannot read own binary", exe, e))?;
     let bin = under(&target.bin);
@@ -375,10 +388,9 @@ fn install_host(o: &Opts) -> Result<()> {
     write_atomic(&bin, &bytes, 0o755)?;
     println!("devgate: installed {}", bin.display());
 
-    for p in write_files(
-        &under(Path::new(HOST_HOOKS_DIR)),
-        &files(Runtime::Crio, &target)?,
-    )? {
+    let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
+    absolute("--hooks-dir", hooks_dir)?;
+    for p in write_files(&under(hooks_dir), &files(Runtime::Crio, &target)?)? {
         println!("devgate: installed {}", p.display());
     }
     for p in write_files(
@@ -398,10 +410,8 @@ fn install_host(o: &Opts) -> Result<()> {
         .parent()
         .ok_or_else(|| Error::invalid("config path", "has no parent"))?;
     ensure_dir(cfg_dir)?;
-    let config = match &o.config_file {
-        Some(src) => {
-            let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
-            let parsed = Config::parse(&text, src)?;
+    let config = match given {
+        Some((src, text, parsed)) => {
             write_atomic(&cfg_path, &text, 0o644)?;
             println!(
                 "devgate: installed {} from {}",

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Checks the packages `make deb` and `make rpm` built, then proves the .deb on this machine
+# (root): install, podman through the installed hook files, upgrade keeps an edited config,
+# remove keeps it, purge removes it. .ci/run calls this after `make test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail() { echo "check-packages: $*" >&2; exit 1; }
+
+deb=$(ls target/debian/devgate_*.deb 2>/dev/null | tail -1)
+rpm=$(ls target/generate-rpm/devgate-*.rpm 2>/dev/null | tail -1)
+[ -n "$deb" ] || fail "no .deb under target/debian (make deb)"
+[ -n "$rpm" ] || fail "no .rpm under target/generate-rpm (make rpm)"
+
+files="/usr/bin/devgate
+/usr/share/containers/oci/hooks.d/devgate-prestart.json
+/usr/share/containers/oci/hooks.d/devgate-poststop.json
+/etc/devgate/config.json
+/etc/containerd/devgate-base-spec.json
+/usr/share/devgate/containerd/config.toml"
+confs="/etc/containerd/devgate-base-spec.json
+/etc/devgate/config.json"
+
+deb_files=$(dpkg-deb -c "$deb" | awk '{print $6}' | sed 's#^\.##')
+for f in $files; do grep -qx "$f" <<<"$deb_files" || fail "$deb lacks $f"; done
+ctl=$(mktemp -d); dpkg-deb -e "$deb" "$ctl"
+[ "$(sort "$ctl/conffiles")" = "$confs" ] || fail "$deb conffiles: $(cat "$ctl/conffiles")"
+rm -rf "$ctl"
+
+if command -v rpm >/dev/null; then
+    rpm_files=$(rpm -qpl "$rpm")
+    for f in $files; do grep -qx "$f" <<<"$rpm_files" || fail "$rpm lacks $f"; done
+    [ "$(rpm -qpc "$rpm" | sort)" = "$confs" ] || fail "$rpm config files: $(rpm -qpc "$rpm")"
+else
+    fail "rpm is not installed: .ci/run must install it (apt-get install rpm)"
+fi
+
+trap 'dpkg --purge devgate >/dev/null 2>&1 || true' EXIT
+dpkg --purge devgate >/dev/null 2>&1 || true
+dpkg -i "$deb"
+[ -d /var/lib/devgate/quarantine ] || fail "postinst did not create /var/lib/devgate/quarantine"
+/usr/bin/devgate version
+DEVGATE_TEST_INSTALLED=1 cargo test --locked --test e2e_podman podman_with_installed_package_files \
+    -- --exact --nocapture
+
+# Upgrade (reinstall) keeps an operator's edited config; remove keeps it; purge removes it.
+echo '{"policy":{"default":"warn"}}' > /etc/devgate/config.json
+dpkg -i --force-confold "$deb"
+grep -q '"warn"' /etc/devgate/config.json || fail "reinstall replaced the edited config"
+dpkg -r devgate
+[ ! -e /usr/bin/devgate ] || fail "remove left /usr/bin/devgate"
+[ ! -e /usr/share/containers/oci/hooks.d/devgate-prestart.json ] || fail "remove left the hooks"
+grep -q '"warn"' /etc/devgate/config.json || fail "remove did not keep the config"
+dpkg --purge devgate
+[ ! -e /etc/devgate/config.json ] || fail "purge left /etc/devgate/config.json"
+[ ! -e /var/lib/devgate ] || fail "purge left /var/lib/devgate"
+echo "check-packages: ok ($deb, $rpm)"

@@ -1,0 +1,270 @@
+//! `make install DESTDIR=…` / `make uninstall` and `devgate install-host` (the Kubernetes
+//! installer's entrypoint) lay out the expected tree, with hook paths that exclude DESTDIR
+//! and the host root, and never replace an operator's config.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `make` with the test build as BIN; generated files go to a directory of the test's own
+/// (GEN), so tests running in parallel do not share target/install.
+fn make(dest: &Path, args: &[&str]) -> String {
+    let out = Command::new("make")
+        .arg("--no-print-directory")
+        .arg("-C")
+        .arg(repo())
+        .args(args)
+        .arg(format!("BIN={}", devgate_bin().display()))
+        .arg(format!("DESTDIR={}", dest.join("root").display()))
+        .arg(format!("GEN={}", dest.join("gen").display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "make {args:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(p: &Path) -> Value {
+    serde_json::from_str(&fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap()
+}
+
+fn assert_hook(v: &Value, bin: &str, args: &[&str]) {
+    assert_eq!(v["path"], bin, "{v}");
+    assert_eq!(v["args"], serde_json::json!(args), "{v}");
+}
+
+#[test]
+fn make_install_lays_out_the_tree_and_keeps_operator_config() {
+    assert!(
+        have("make"),
+        "make is not installed: .ci/run must install it"
+    );
+    let work = tempdir("destdir");
+    let dest = work.join("root");
+    make(&work, &["install", "PREFIX=/opt/dg"]);
+
+    let bin = dest.join("opt/dg/bin/devgate");
+    assert_eq!(fs::read(&bin).unwrap(), fs::read(devgate_bin()).unwrap());
+    assert_eq!(
+        fs::metadata(&bin).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    let hooks = dest.join("opt/dg/share/containers/oci/hooks.d");
+    for stage in ["prestart", "poststop"] {
+        let v = json(&hooks.join(format!("devgate-{stage}.json")));
+        assert_eq!(v["version"], "1.0.0");
+        assert_eq!(v["stages"], serde_json::json!([stage]));
+        assert_hook(
+            &v["hook"],
+            "/opt/dg/bin/devgate",
+            &["devgate", "hook", stage],
+        );
+    }
+    let config = dest.join("etc/devgate/config.json");
+    assert_eq!(
+        fs::read_to_string(&config).unwrap(),
+        fs::read_to_string(repo().join("packaging/config.json")).unwrap()
+    );
+    let spec = json(&dest.join("etc/containerd/devgate-base-spec.json"));
+    assert_hook(
+        &spec["hooks"]["prestart"][0],
+        "/opt/dg/bin/devgate",
+        &["devgate", "hook", "prestart"],
+    );
+    assert!(dest.join("var/lib/devgate/quarantine").is_dir());
+
+    // Reinstall over an operator's config: kept, the new default beside it.
+    fs::write(&config, r#"{"policy":{"default":"warn"}}"#).unwrap();
+    let said = make(&work, &["install", "PREFIX=/opt/dg"]);
+    assert!(said.contains("kept"), "{said}");
+    assert_eq!(
+        fs::read_to_string(&config).unwrap(),
+        r#"{"policy":{"default":"warn"}}"#
+    );
+    assert!(dest.join("etc/devgate/config.json.new").is_file());
+
+    // Uninstall removes what install put there, and leaves the operator's data.
+    make(&work, &["uninstall", "PREFIX=/opt/dg"]);
+    assert!(!bin.exists());
+    assert!(!hooks.join("devgate-prestart.json").exists());
+    assert!(!hooks.join("devgate-poststop.json").exists());
+    assert!(!dest.join("etc/containerd/devgate-base-spec.json").exists());
+    assert!(config.is_file());
+    assert!(dest.join("var/lib/devgate/quarantine").is_dir());
+}
+
+#[test]
+fn make_install_with_another_sysconfdir_names_the_config_in_the_hooks() {
+    let work = tempdir("destdir-etc");
+    let dest = work.join("root");
+    make(
+        &work,
+        &["install", "PREFIX=/opt/dg", "SYSCONFDIR=/opt/dg/etc"],
+    );
+    let v = json(&dest.join("opt/dg/share/containers/oci/hooks.d/devgate-prestart.json"));
+    assert_hook(
+        &v["hook"],
+        "/opt/dg/bin/devgate",
+        &[
+            "devgate",
+            "--config",
+            "/opt/dg/etc/devgate/config.json",
+            "hook",
+            "prestart",
+        ],
+    );
+    assert!(dest.join("opt/dg/etc/devgate/config.json").is_file());
+}
+
+fn install_host(root: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(devgate_bin())
+        .arg("install-host")
+        .arg("--root")
+        .arg(root)
+        .args(extra)
+        .env_remove("DEVGATE_CONFIG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn install_host_copies_binary_and_configuration_onto_a_host_root() {
+    let root = tempdir("host");
+    let out = install_host(&root, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let bin = root.join("usr/local/bin/devgate");
+    assert_eq!(fs::read(&bin).unwrap(), fs::read(devgate_bin()).unwrap());
+    assert_eq!(
+        fs::metadata(&bin).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    for stage in ["prestart", "poststop"] {
+        let v = json(&root.join(format!("etc/containers/oci/hooks.d/devgate-{stage}.json")));
+        assert_hook(
+            &v["hook"],
+            "/usr/local/bin/devgate",
+            &["devgate", "hook", stage],
+        );
+    }
+    let spec = json(&root.join("etc/containerd/devgate-base-spec.json"));
+    assert_hook(
+        &spec["hooks"]["poststop"][0],
+        "/usr/local/bin/devgate",
+        &["devgate", "hook", "poststop"],
+    );
+    let config = root.join("etc/devgate/config.json");
+    assert_eq!(
+        fs::read_to_string(&config).unwrap(),
+        fs::read_to_string(repo().join("packaging/config.json")).unwrap()
+    );
+    assert!(root.join("var/lib/devgate/quarantine").is_dir());
+
+    // An operator's config on the host is kept on a rerun (upgrade).
+    let mine = r#"{"policy":{"default":"warn"}}"#;
+    fs::write(&config, mine).unwrap();
+    let out = install_host(&root, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read_to_string(&config).unwrap(), mine);
+
+    // --config-file (a ConfigMap) replaces it, but only with a config devgate accepts.
+    let cm = root.join("configmap.json");
+    fs::write(&cm, r#"{"policy":{"default":"reject"}}"#).unwrap();
+    let out = install_host(&root, &["--config-file", cm.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::read_to_string(&config).unwrap(),
+        r#"{"policy":{"default":"reject"}}"#
+    );
+    fs::write(&cm, r#"{"polcy":{}}"#).unwrap();
+    let out = install_host(&root, &["--config-file", cm.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("devgate: error: "), "{err}");
+    assert!(err.contains("unknown field `polcy`"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(
+        fs::read_to_string(&config).unwrap(),
+        r#"{"policy":{"default":"reject"}}"#
+    );
+
+    // Another hooks directory (CRI-O's vendor directory on a node whose /usr is writable).
+    let out = install_host(&root, &["--hooks-dir", "/usr/share/containers/oci/hooks.d"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(root
+        .join("usr/share/containers/oci/hooks.d/devgate-prestart.json")
+        .is_file());
+
+    // Bad command lines are one-line errors.
+    let out = install_host(Path::new("relative"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an absolute path"));
+}
+
+/// The DaemonSet's ConfigMap holds the default config, and its init container's command
+/// line is one install-host accepts (run here against a scratch root).
+#[test]
+fn daemonset_manifest_matches_the_installer() {
+    let yaml = fs::read_to_string(repo().join("packaging/kubernetes/daemonset.yaml")).unwrap();
+    let lines: Vec<&str> = yaml.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == "config.json: |")
+        .expect("ConfigMap key config.json");
+    let body: Vec<&str> = lines[start + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| &l[4..])
+        .collect();
+    let cm: Value = serde_json::from_str(&body.join("\n")).unwrap();
+    assert_eq!(cm, json(&repo().join("packaging/config.json")));
+
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == "- install-host")
+        .expect("install-host in the init container's command");
+    let args: Vec<&str> = lines[start..]
+        .iter()
+        .take_while(|l| l.trim_start().starts_with("- ") && !l.contains(':'))
+        .map(|l| l.trim_start().trim_start_matches("- "))
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "install-host",
+            "--root",
+            "/host",
+            "--prefix",
+            "/usr/local",
+            "--config-file",
+            "/etc/devgate-configmap/config.json"
+        ]
+    );
+    let root = tempdir("ds-host");
+    let cm_file = root.join("cm.json");
+    fs::write(&cm_file, body.join("\n")).unwrap();
+    let mut argv: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    argv[2] = root.join("host").display().to_string();
+    argv[6] = cm_file.display().to_string();
+    let out = Command::new(devgate_bin()).args(&argv).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(root.join("host/usr/local/bin/devgate").is_file());
+    // Every host path install-host wrote is one the DaemonSet mounts.
+    for p in [
+        "/host/usr/local/bin",
+        "/host/etc/containers/oci/hooks.d",
+        "/host/etc/containerd",
+        "/host/etc/devgate",
+        "/host/var/lib/devgate",
+    ] {
+        assert!(yaml.contains(&format!("mountPath: {p} ")), "{p}");
+    }
+}
