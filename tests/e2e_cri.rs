@@ -254,11 +254,54 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     let log = fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
     assert!(log.contains(" stdout F ran"), "{log}");
     assert_eq!(env.decisions().last().unwrap()["action"], "allow");
-    // TODO(poststop, issue 5): run a container, inject a device fault while it runs (cordon
-    // /dev/zero, or the kmsg/NVML fixtures), and assert that termination_message(&st) —
-    // the host file of the termination-message mount, read as kubelet reads it — ends with
-    // devgate's `devgate: DeviceFault/...` line. Today poststop writes nothing there.
+    // No fault during that run: kubelet's termination file is untouched.
     assert_eq!(termination_message(&st), "");
+    cri_ok(&cd, "RemoveContainer", json!({"container_id": cid}));
+
+    // A device fault during the run: the app writes its own message and waits; the
+    // operator cordons its device; the app exits. What kubelet reads as the termination
+    // message (the host file of the termination-message mount) ends with devgate's line.
+    let go = work.join("go");
+    let mut req = pod.container(
+        "trainer-3",
+        &[
+            "sh",
+            "-c",
+            "echo 'app: CUDA error' > /dev/termination-log; \
+                       while [ ! -e /go/now ]; do sleep 0.05; done; exit 1",
+        ],
+    );
+    fs::create_dir_all(&go).unwrap();
+    req["config"]["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"container_path": "/go", "host_path": go}));
+    let cid = cri_ok(&cd, "CreateContainer", req)["container_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    cri_ok(&cd, "StartContainer", json!({"container_id": cid}));
+    let st = cri_ok(&cd, "ContainerStatus", json!({"container_id": cid}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while termination_message(&st).is_empty() {
+        assert!(Instant::now() < deadline, "the app never wrote its message");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    env.ok(&["cordon", "/dev/zero", "--reason", "xid 79 during run"]);
+    fs::write(go.join("now"), "").unwrap();
+    let st = wait_exited(&cd, &cid);
+    assert_eq!(st["exit_code"], 1, "{st}");
+    // poststop runs when containerd deletes the task, just after the exit is reported.
+    let want = "app: CUDA error\ndevgate: DeviceFault/Cordoned on /dev/zero (1:5): \
+                cordoned by operator during the run: \"xid 79 during run\"\n";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while termination_message(&st) != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(termination_message(&st), want, "{}", cd.log());
+    let explained = env.ok(&["explain", &cid]);
+    assert!(explained.contains("DeviceFault/Cordoned"), "{explained}");
+    env.ok(&["uncordon", "/dev/zero"]);
     cri_ok(&cd, "RemoveContainer", json!({"container_id": cid}));
 
     cri_ok(&cd, "StopPodSandbox", json!({"pod_sandbox_id": pod.id}));

@@ -64,8 +64,14 @@ fn podman_rejects_cordoned_device_runs_healthy_and_runs_poststop() {
         "{}",
         fs::read_to_string(&trace).unwrap_or_default()
     );
-    // TODO(exit records, issue 5): assert state_dir/exits/<id>.json exists and
-    // `devgate explain <id>` shows the stop, once poststop writes them.
+    // poststop left an exit record (no fault), and explain shows the stop
+    let exit: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
+            .unwrap();
+    assert_eq!(exit["container_id"], id.as_str());
+    assert_eq!(exit["faults"], serde_json::json!([]));
+    let explained = env.ok(&["explain", &id]);
+    assert!(explained.contains("stopped at "), "{explained}");
 
     // cordoned: podman's error carries devgate's line; the process never ran
     env.ok(&["cordon", "/dev/zero", "--reason", "podman test"]);
