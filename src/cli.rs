@@ -171,6 +171,53 @@ struct StatusRow {
     reasons: Vec<String>,
     quarantine: Option<serde_json::Value>,
     lease: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<GpuStatus>,
+}
+
+/// What NVML and the kernel log say about one GPU, check by check.
+#[derive(Debug, Serialize)]
+struct GpuStatus {
+    minor: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<u32>,
+    uuid: Option<String>,
+    pci_bus_id: Option<String>,
+    checks: Vec<crate::probe::nvml::Check>,
+}
+
+fn gpu_status(gpu: &hook::GpuContext, dec: &policy::DeviceDecision) -> Option<GpuStatus> {
+    use crate::probe::nvml;
+    use crate::probe::Verdict;
+    if dec.device.class != class::NVIDIA_GPU {
+        return None;
+    }
+    let minor = dec.device.num.minor;
+    let facts = gpu.nvml.gpu_by_minor(minor);
+    let mut checks = match (&gpu.nvml.gpus, facts) {
+        (_, Some(g)) => nvml::evaluate(g, gpu.limits),
+        (Err(why), None) => vec![nvml::Check {
+            check: "nvml",
+            verdict: Verdict::Unknown(why.clone()),
+        }],
+        (Ok(_), None) => vec![nvml::Check {
+            check: "nvml",
+            verdict: Verdict::Unhealthy(format!("no GPU with minor number {minor}")),
+        }],
+    };
+    if let Some(x) = dec.verdicts.iter().find(|v| v.probe == "xid") {
+        checks.push(nvml::Check {
+            check: "xid",
+            verdict: x.verdict.clone(),
+        });
+    }
+    Some(GpuStatus {
+        minor,
+        index: facts.map(|g| g.index),
+        uuid: facts.and_then(|g| g.uuid.value().cloned()),
+        pci_bus_id: facts.and_then(|g| g.pci_bus_id.value().map(|p| nvml::display_bus_id(p))),
+        checks,
+    })
 }
 
 fn host_device(num: DevNum, class: &str, host: Option<PathBuf>) -> Device {
@@ -262,7 +309,8 @@ fn status(args: &Args) -> Result<()> {
     }
 
     let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
-    let decisions = hook::decide_all(&config, &ledger, devices);
+    let gpu = hook::GpuContext::for_devices(&config, &devices);
+    let decisions = hook::decide_with(&config, &ledger, devices, gpu.as_ref());
     let out: Vec<StatusRow> = decisions
         .into_iter()
         .zip(rows)
@@ -274,6 +322,7 @@ fn status(args: &Args) -> Result<()> {
                     "damaged": path, "error": error })),
             };
             let health = health_word(&dec);
+            let gpu = gpu.as_ref().and_then(|g| gpu_status(g, &dec));
             let mut reasons = dec.reasons.clone();
             reasons.extend(dec.warnings.iter().cloned());
             StatusRow {
@@ -284,6 +333,7 @@ fn status(args: &Args) -> Result<()> {
                 reasons,
                 quarantine: q,
                 lease: None,
+                gpu,
             }
         })
         .collect();
@@ -323,6 +373,22 @@ fn status(args: &Args) -> Result<()> {
         );
         for reason in &r.reasons {
             println!("    {}", policy::one_line(reason));
+        }
+        if let Some(g) = &r.gpu {
+            println!(
+                "    gpu minor {} uuid {} pci {}",
+                g.minor,
+                g.uuid.as_deref().unwrap_or("?"),
+                g.pci_bus_id.as_deref().unwrap_or("?")
+            );
+            for c in &g.checks {
+                println!(
+                    "      {:<14} {:<14} {}",
+                    c.check,
+                    c.verdict.status(),
+                    policy::one_line(c.verdict.reason().unwrap_or(""))
+                );
+            }
         }
     }
     Ok(())

@@ -5,13 +5,15 @@ use crate::device::{self, Device};
 use crate::error::{Error, Result};
 use crate::ledger::quarantine::Ledger;
 use crate::policy::{self, DeviceDecision, Disposition};
+use crate::probe::nvml::{self, NvmlProbe, Snapshot};
+use crate::probe::xid::{self, KmsgScan, XidProbe, XidTable};
 use crate::probe::{self, node::NodeProbe, quarantine::QuarantineProbe, sysfs::SysfsProbe, Probe};
 use crate::record::{self, ContainerAction, Decision, PodInfo};
 use crate::spec::Spec;
 use crate::state::State;
 use std::io::Read;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -98,18 +100,36 @@ fn gate(
         return Ok(Report::default());
     }
     let config = Config::load(config_path)?;
-    let devices = device::discover(
-        &spec,
-        &config.class_rules(),
-        &config.dev_root,
-        &config.sysfs_root,
-    )?;
+    let rules = config.class_rules();
+    let mut devices = device::discover(&spec, &rules, &config.dev_root, &config.sysfs_root)?;
+    let selectors = device::gpu_selectors(&spec);
+    let gpu = (!selectors.is_empty() || has_gpu(&devices)).then(|| GpuContext::gather(&config));
+    let mut selector_warnings = Vec::new();
+    if let Some(g) = &gpu {
+        let nodes = nvml::gpu_minor_nodes(&config.dev_root);
+        let (chosen, unresolved) = nvml::resolve_selectors(&selectors, &g.nvml, &nodes);
+        for (minor, source) in chosen {
+            let d =
+                device::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
+            if !devices.iter().any(|e| e.num == d.num) {
+                devices.push(d);
+            }
+        }
+        selector_warnings = unresolved
+            .iter()
+            .map(|u| policy::one_line(&format!("devgate: warning: {u}")))
+            .collect();
+    }
     if devices.is_empty() {
-        return Ok(Report::default());
+        return Ok(Report {
+            exit_code: 0,
+            stderr: selector_warnings,
+        });
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let decisions = decide_all(&config, &ledger, devices);
-    let (action, message, warnings) = summarize(&decisions);
+    let decisions = decide_with(&config, &ledger, devices, gpu.as_ref());
+    let (action, message, mut warnings) = summarize(&decisions);
+    warnings.extend(selector_warnings);
 
     let (time_unix, time) = crate::ledger::now();
     let decision = Decision {
@@ -137,9 +157,59 @@ fn gate(
     Ok(report)
 }
 
-/// Probes every device and applies the policy. A device whose policy is remap cannot be
-/// remapped without a configured spare; it is rejected saying so.
+/// What the GPU probes read once per hook call: NVML's answer and the kernel log.
+pub struct GpuContext {
+    pub nvml: Snapshot,
+    pub kmsg: std::result::Result<KmsgScan, String>,
+    pub xid_table: XidTable,
+    pub limits: nvml::Limits,
+}
+
+impl GpuContext {
+    /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path`.
+    pub fn gather(config: &Config) -> GpuContext {
+        let timeout = Duration::from_millis(config.probe_timeout_ms);
+        let nvml = Snapshot::take(&config.nvml_library, timeout);
+        let limits = xid::ReadLimits {
+            deadline: timeout,
+            ..xid::ReadLimits::default()
+        };
+        GpuContext {
+            nvml,
+            kmsg: xid::read_kmsg(&config.kmsg_path, limits),
+            // validated when the config was loaded
+            xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
+            limits: nvml::Limits {
+                max_volatile_uncorrectable_ecc: config.gpu.max_volatile_uncorrectable_ecc,
+            },
+        }
+    }
+
+    /// Only a GPU opens NVML: containers without one never load the library.
+    pub fn for_devices(config: &Config, devices: &[Device]) -> Option<GpuContext> {
+        has_gpu(devices).then(|| GpuContext::gather(config))
+    }
+}
+
+fn has_gpu(devices: &[Device]) -> bool {
+    devices.iter().any(|d| d.class == crate::class::NVIDIA_GPU)
+}
+
+/// Probes every device and applies the policy, opening NVML when a device is a GPU.
 pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
+    let gpu = GpuContext::for_devices(config, &devices);
+    decide_with(config, ledger, devices, gpu.as_ref())
+}
+
+/// Probes every device and applies the policy. The NVML and XID probes run only when a
+/// device has an NVIDIA class and the caller gathered their context. A device whose
+/// policy is remap cannot be remapped without a configured spare; it is rejected saying so.
+pub fn decide_with(
+    config: &Config,
+    ledger: &Ledger,
+    devices: Vec<Device>,
+    gpu: Option<&GpuContext>,
+) -> Vec<DeviceDecision> {
     let node = NodeProbe {
         dev_root: config.dev_root.clone(),
     };
@@ -147,7 +217,26 @@ pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec
         sysfs_root: config.sysfs_root.clone(),
     };
     let quarantine = QuarantineProbe { ledger };
-    let probes: [&dyn Probe; 3] = [&node, &sysfs, &quarantine];
+    let nvidia = devices
+        .iter()
+        .any(|d| crate::class::is_nvidia_class(&d.class));
+    let gpu = gpu.filter(|_| nvidia);
+    let nvml_probe = gpu.map(|g| NvmlProbe {
+        snapshot: &g.nvml,
+        limits: g.limits,
+    });
+    let xid_probe = gpu.map(|g| XidProbe {
+        scan: &g.kmsg,
+        table: &g.xid_table,
+        nvml: &g.nvml,
+    });
+    let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &quarantine];
+    if let Some(p) = &nvml_probe {
+        probes.push(p);
+    }
+    if let Some(p) = &xid_probe {
+        probes.push(p);
+    }
     devices
         .into_iter()
         .map(|d| {
