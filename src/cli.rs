@@ -382,12 +382,13 @@ fn status(args: &Args) -> Result<()> {
                 g.pci_bus_id.as_deref().unwrap_or("?")
             );
             for c in &g.checks {
-                println!(
+                let line = format!(
                     "      {:<14} {:<14} {}",
                     c.check,
                     c.verdict.status(),
                     policy::one_line(c.verdict.reason().unwrap_or(""))
                 );
+                println!("{}", line.trim_end());
             }
         }
     }

@@ -454,7 +454,9 @@ pub fn evaluate(g: &GpuFacts, limits: Limits) -> Vec<Check> {
             below(l, "PCIe link width x", "x")
         }),
     ];
-    push("pcie_link", Verdict::worst(pcie.to_vec()));
+    let mut pcie = pcie.to_vec();
+    pcie.dedup(); // a lost GPU fails both the same way; say it once
+    push("pcie_link", Verdict::worst(pcie));
     out
 }
 
@@ -740,12 +742,16 @@ mod tests {
         let mut g = healthy(2);
         g.remapped_rows = Reading::Lost;
         g.throttle_reasons = Reading::Lost;
+        g.pcie_gen = Reading::Lost;
+        g.pcie_width = Reading::Lost;
         assert_eq!(
             verdict(&g),
             Verdict::Unhealthy(
                 "nvml: GPU GPU-00000002-0000-0000-0000-000000000000 (0000:3b:00.0) has fallen off the bus".into()
             )
         );
+        let pcie = &evaluate(&g, L)[5];
+        assert_eq!(pcie.verdict, Verdict::Unhealthy("GPU is lost".into()));
         let u = GpuFacts::unreachable(5, "GPU is lost".into(), true);
         assert!(u.is_lost());
         assert_eq!(

@@ -515,6 +515,7 @@ impl Probe for XidProbe<'_> {
             Verdict::Healthy
         } else {
             let mut shown = blocking.clone();
+            shown.sort();
             shown.dedup();
             shown.truncate(8);
             Verdict::Unknown(format!(

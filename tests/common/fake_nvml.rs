@@ -17,7 +17,7 @@ fn root() -> PathBuf {
 fn build(features: &[&str], name: &str) -> PathBuf {
     let target = root().join("target/fake-nvml");
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "--quiet", "--manifest-path"])
+    cmd.args(["build", "--quiet", "--locked", "--manifest-path"])
         .arg(root().join("tests/fake-nvml/Cargo.toml"))
         .arg("--target-dir")
         .arg(&target);
