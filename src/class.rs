@@ -55,6 +55,15 @@ fn rule(
 pub const CHAR: &str = "char";
 pub const BLOCK: &str = "block";
 pub const NVIDIA_GPU: &str = "nvidia-gpu";
+/// NVIDIA's fixed char major: GPUs, nvidiactl and nvidia-modeset.
+pub const NVIDIA_MAJOR: u32 = 195;
+/// Every class of the NVIDIA driver's nodes; a container with one of these gets the GPU
+/// probes (NVML, XID).
+pub const NVIDIA_CLASSES: [&str; 4] = [NVIDIA_GPU, "nvidia-ctl", "nvidia-uvm", "nvidia-caps"];
+
+pub fn is_nvidia_class(class: &str) -> bool {
+    NVIDIA_CLASSES.contains(&class)
+}
 
 /// The built-in table. NVIDIA's char major is fixed at 195: minors 0–253 are GPUs,
 /// 254 is nvidia-modeset and 255 nvidiactl. nvidia-uvm and nvidia-caps get a major at load

@@ -215,6 +215,23 @@ fn status(args: &Args) -> Result<()> {
         for reason in &r.reasons {
             println!("    {}", policy::one_line(reason));
         }
+        if let Some(g) = &r.gpu {
+            println!(
+                "    gpu minor {} uuid {} pci {}",
+                g.minor,
+                g.uuid.as_deref().unwrap_or("?"),
+                g.pci_bus_id.as_deref().unwrap_or("?")
+            );
+            for c in &g.checks {
+                let line = format!(
+                    "      {:<14} {:<14} {}",
+                    c.check,
+                    c.verdict.status(),
+                    policy::one_line(c.verdict.reason().unwrap_or(""))
+                );
+                println!("{}", line.trim_end());
+            }
+        }
     }
     Ok(())
 }

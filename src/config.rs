@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_PATH: &str = "/etc/devgate/config.json";
 pub const ENV_CONFIG: &str = "DEVGATE_CONFIG";
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Runtimes give a hook some seconds in all; a probe deadline past a minute is a typo.
+const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -138,6 +140,31 @@ impl Config {
                 }
             }
         }
+        let lib = self.nvml_library.as_os_str();
+        if lib.is_empty()
+            || (!self.nvml_library.is_absolute() && lib.as_encoded_bytes().contains(&b'/'))
+        {
+            // A relative path would be resolved against whatever directory the runtime
+            // runs hooks in; a bare name goes through the loader's own search path.
+            return Err(Error::invalid(
+                &what,
+                format!(
+                    "nvml_library {:?} must be an absolute path or a bare library name",
+                    self.nvml_library
+                ),
+            ));
+        }
+        if !(1..=MAX_PROBE_TIMEOUT_MS).contains(&self.probe_timeout_ms) {
+            return Err(Error::invalid(
+                &what,
+                format!(
+                    "probe_timeout_ms {} out of range 1-{MAX_PROBE_TIMEOUT_MS}",
+                    self.probe_timeout_ms
+                ),
+            ));
+        }
+        crate::probe::xid::XidTable::new(&self.gpu.xid_actions)
+            .map_err(|e| Error::invalid(&what, e))?;
         for r in &self.device_classes {
             if r.major.is_none() && r.path.is_none() {
                 return Err(Error::invalid(
@@ -202,6 +229,47 @@ mod tests {
             e.contains("dev_root \"dev\" is not an absolute path"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn gpu_keys_are_validated() {
+        let c = Config::parse(
+            br#"{"nvml_library":"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1","probe_timeout_ms":500,
+                 "gpu":{"max_volatile_uncorrectable_ecc":3,"xid_actions":{"79":"warn","31":"unhealthy"}}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap();
+        assert_eq!(c.probe_timeout_ms, 500);
+        assert_eq!(c.gpu.max_volatile_uncorrectable_ecc, 3);
+        assert_eq!(
+            Config::default().nvml_library,
+            Path::new("libnvidia-ml.so.1")
+        );
+        for (bad, says) in [
+            (
+                r#"{"nvml_library":"lib/libnvidia-ml.so"}"#,
+                "must be an absolute path or a bare library name",
+            ),
+            (r#"{"nvml_library":""}"#, "must be an absolute path"),
+            (
+                r#"{"probe_timeout_ms":0}"#,
+                "probe_timeout_ms 0 out of range 1-60000",
+            ),
+            (
+                r#"{"gpu":{"xid_actions":{"79":"panic"}}}"#,
+                "gpu.xid_actions.79: \"panic\" is not one of",
+            ),
+            (
+                r#"{"gpu":{"xid_actions":{"seventy":"warn"}}}"#,
+                "is not an XID number",
+            ),
+            (r#"{"gpu":{"max_ecc":1}}"#, "unknown field `max_ecc`"),
+        ] {
+            let e = Config::parse(bad.as_bytes(), Path::new("/c.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

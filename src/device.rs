@@ -91,6 +91,10 @@ pub enum Source {
     LinuxDevices,
     BindMount,
     CgroupRule,
+    /// A GPU named by `NVIDIA_VISIBLE_DEVICES` in the container's process.env.
+    NvidiaVisibleDevices,
+    /// A GPU named by a CDI annotation (`cdi.k8s.io/…: nvidia.com/gpu=…`).
+    CdiAnnotation,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,7 +274,7 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
 /// True when the spec may assign any device: the cheap test that lets a container with no
 /// devices skip loading devgate's config at all.
 pub fn may_have_devices(spec: &Spec) -> bool {
-    if !spec.devices().is_empty() {
+    if !spec.devices().is_empty() || !gpu_selectors(spec).is_empty() {
         return true;
     }
     let mut c = Vec::new();
@@ -328,6 +332,106 @@ pub fn discover(
         });
     }
     Ok(devices)
+}
+
+/// A GPU as NVIDIA's container tooling names it; NVML turns it into a minor number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelector {
+    All,
+    Index(u32),
+    /// `GPU-…`, compared without regard to case.
+    Uuid(String),
+}
+
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+const CDI_GPU_KIND: &str = "nvidia.com/gpu=";
+/// More selectors than GPUs on any node is a hostile spec; the rest are ignored.
+const MAX_SELECTORS: usize = 256;
+
+/// The GPUs a container selects through `NVIDIA_VISIBLE_DEVICES` or CDI annotations in
+/// config.json. This is the only way a container's environment reaches devgate: as a list
+/// of GPUs to check, never as configuration. `void`, `none` and empty select nothing;
+/// MIG instances (`0:1`) select their parent GPU; MIG UUIDs are not resolvable and skipped.
+pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
+    let mut out = Vec::new();
+    if let Some(v) = spec.env(NVIDIA_VISIBLE_DEVICES) {
+        for token in v.split(',') {
+            if let Some(s) = parse_selector(token) {
+                out.push((s, Source::NvidiaVisibleDevices));
+            }
+        }
+    }
+    for (k, v) in &spec.annotations {
+        if !k.starts_with(CDI_ANNOTATION_PREFIX) {
+            continue;
+        }
+        for token in v.split(',') {
+            if let Some(name) = token.trim().strip_prefix(CDI_GPU_KIND) {
+                if let Some(s) = parse_selector(name) {
+                    out.push((s, Source::CdiAnnotation));
+                }
+            }
+        }
+    }
+    out.truncate(MAX_SELECTORS);
+    out
+}
+
+fn parse_selector(token: &str) -> Option<GpuSelector> {
+    let t = token.trim();
+    if t.is_empty() || t.len() > 96 {
+        return None;
+    }
+    match t {
+        "all" => return Some(GpuSelector::All),
+        "void" | "none" => return None,
+        _ => {}
+    }
+    // `2` or the MIG form `2:1`: both mean GPU index 2.
+    let index = t.split_once(':').map(|(gpu, _)| gpu).unwrap_or(t);
+    if !index.is_empty() && index.len() <= 4 && index.bytes().all(|b| b.is_ascii_digit()) {
+        return index.parse().ok().map(GpuSelector::Index);
+    }
+    if t.len() > 4 && t[..4].eq_ignore_ascii_case("GPU-") {
+        return Some(GpuSelector::Uuid(t.to_string()));
+    }
+    None
+}
+
+/// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
+pub fn selected_gpu(
+    minor: u32,
+    source: Source,
+    rules: &[ClassRule],
+    dev_root: &Path,
+    sysfs_root: &Path,
+) -> Device {
+    let num = DevNum {
+        typ: DevType::Char,
+        major: class::NVIDIA_MAJOR,
+        minor,
+    };
+    let container_path = PathBuf::from(format!("/dev/nvidia{minor}"));
+    let hints = vec![dev_root.join(format!("nvidia{minor}"))];
+    let host_path = find_host_node(dev_root, sysfs_root, num, &hints);
+    let class = {
+        let paths: Vec<&Path> = [Some(container_path.as_path()), host_path.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        class::classify(rules, num.typ, num.major, num.minor, &paths).to_string()
+    };
+    Device {
+        num,
+        class,
+        container_path: Some(container_path),
+        host_path,
+        source,
+        file_mode: None,
+        uid: None,
+        gid: None,
+    }
 }
 
 /// Paths to try first for a device's host node: its container path re-rooted under
@@ -599,6 +703,59 @@ mod tests {
         assert_eq!(d.describe(), "/dev/gpu0 (195:1)");
         d.host_path = Some("/dev/nvidia1".into());
         assert_eq!(d.describe(), "/dev/gpu0 (host /dev/nvidia1, 195:1)");
+    }
+
+    #[test]
+    fn gpu_selectors_from_env_and_cdi() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0, GPU-AbC-1,3:1,MIG-xyz,,junk,99999"]},
+                "annotations":{"cdi.k8s.io/devgate":"nvidia.com/gpu=2,vendor.com/x=1, nvidia.com/gpu=all",
+                               "other/key":"nvidia.com/gpu=5"}}"#,
+        );
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Index(0), Source::NvidiaVisibleDevices),
+                (
+                    GpuSelector::Uuid("GPU-AbC-1".into()),
+                    Source::NvidiaVisibleDevices
+                ),
+                (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
+                (GpuSelector::Index(2), Source::CdiAnnotation),
+                (GpuSelector::All, Source::CdiAnnotation),
+            ]
+        );
+        assert!(may_have_devices(&s));
+        for none in ["void", "none", ""] {
+            let s = spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES={none}"]}}}}"#
+            ));
+            assert!(gpu_selectors(&s).is_empty(), "{none:?}");
+            assert!(!may_have_devices(&s));
+        }
+        // the last assignment wins, as in execve's environment
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=all","NVIDIA_VISIBLE_DEVICES=void"]}}"#,
+        );
+        assert!(gpu_selectors(&s).is_empty());
+    }
+
+    #[test]
+    fn selected_gpu_is_an_nvidia_gpu_device() {
+        let d = selected_gpu(
+            3,
+            Source::CdiAnnotation,
+            &class::builtin(),
+            Path::new("/nonexistent-dev"),
+            Path::new("/nonexistent-sys"),
+        );
+        assert_eq!(d.class, "nvidia-gpu");
+        assert_eq!(d.describe(), "/dev/nvidia3 (195:3)");
+        assert_eq!(d.host_path, None);
+        assert_eq!(
+            serde_json::to_value(d.source).unwrap(),
+            serde_json::json!("cdi-annotation")
+        );
     }
 
     #[test]

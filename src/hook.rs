@@ -3,9 +3,11 @@
 use crate::config::Config;
 use crate::device::{self, Device};
 use crate::error::{Error, Result};
-use crate::fault::{self, DeviceSnapshot, Fault, Snapshot};
+use crate::fault::{self, DeviceSnapshot, Fault, GpuCounters, Snapshot, XidReport};
 use crate::ledger::quarantine::Ledger;
 use crate::policy::{self, DeviceDecision, Disposition};
+use crate::probe::nvml::{self, NvmlProbe};
+use crate::probe::xid::{self, KmsgScan, XidAction, XidProbe, XidTable};
 use crate::probe::{
     self, node::NodeProbe, quarantine::QuarantineProbe, sysfs::SysfsProbe, Probe, ProbeResult,
 };
@@ -15,7 +17,7 @@ use crate::state::State;
 use crate::termination;
 use std::io::Read;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -102,26 +104,44 @@ fn gate(
         return Ok(Report::default());
     }
     let config = Config::load(config_path)?;
-    let devices = device::discover(
-        &spec,
-        &config.class_rules(),
-        &config.dev_root,
-        &config.sysfs_root,
-    )?;
+    let rules = config.class_rules();
+    let mut devices = device::discover(&spec, &rules, &config.dev_root, &config.sysfs_root)?;
+    let selectors = device::gpu_selectors(&spec);
+    let gpu = (!selectors.is_empty() || has_gpu(&devices)).then(|| GpuContext::gather(&config));
+    let mut selector_warnings = Vec::new();
+    if let Some(g) = &gpu {
+        let nodes = nvml::gpu_minor_nodes(&config.dev_root);
+        let (chosen, unresolved) = nvml::resolve_selectors(&selectors, &g.nvml, &nodes);
+        for (minor, source) in chosen {
+            let d =
+                device::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
+            if !devices.iter().any(|e| e.num == d.num) {
+                devices.push(d);
+            }
+        }
+        selector_warnings = unresolved
+            .iter()
+            .map(|u| policy::one_line(&format!("devgate: warning: {u}")))
+            .collect();
+    }
     if devices.is_empty() {
-        return Ok(Report::default());
+        return Ok(Report {
+            exit_code: 0,
+            stderr: selector_warnings,
+        });
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let decisions = decide_all(&config, &ledger, devices);
-    let (action, message, warnings) = summarize(&decisions);
+    let decisions = decide_with(&config, &ledger, devices, gpu.as_ref());
+    let (action, message, mut warnings) = summarize(&decisions);
+    warnings.extend(selector_warnings);
 
     let (time_unix, time) = crate::ledger::now();
     let snapshot = (action != ContainerAction::Reject).then(|| Snapshot {
         time_unix,
-        kmsg_seq: None,
+        kmsg_seq: gpu.as_ref().and_then(next_kmsg_seq),
         devices: decisions
             .iter()
-            .map(|d| snapshot_of(&config, &ledger, &d.device))
+            .map(|d| snapshot_of(&config, &ledger, &d.device, gpu.as_ref()))
             .collect(),
     });
     let decision = Decision {
@@ -150,9 +170,59 @@ fn gate(
     Ok(report)
 }
 
-/// Runs every probe on every device. The probe list is built once per call; a probe that
-/// is expensive to open (NVML) is added only when some device needs it.
-pub fn probe_all(config: &Config, ledger: &Ledger, devices: &[Device]) -> Vec<Vec<ProbeResult>> {
+/// What the GPU probes read once per hook call: NVML's answer and the kernel log.
+pub struct GpuContext {
+    pub nvml: nvml::Snapshot,
+    pub kmsg: std::result::Result<KmsgScan, String>,
+    pub xid_table: XidTable,
+    pub limits: nvml::Limits,
+}
+
+impl GpuContext {
+    /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path`.
+    pub fn gather(config: &Config) -> GpuContext {
+        let timeout = Duration::from_millis(config.probe_timeout_ms);
+        let nvml = nvml::Snapshot::take(&config.nvml_library, timeout);
+        let limits = xid::ReadLimits {
+            deadline: timeout,
+            ..xid::ReadLimits::default()
+        };
+        GpuContext {
+            nvml,
+            kmsg: xid::read_kmsg(&config.kmsg_path, limits),
+            // validated when the config was loaded
+            xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
+            limits: nvml::Limits {
+                max_volatile_uncorrectable_ecc: config.gpu.max_volatile_uncorrectable_ecc,
+            },
+        }
+    }
+
+    /// Only a GPU opens NVML: containers without one never load the library.
+    pub fn for_devices(config: &Config, devices: &[Device]) -> Option<GpuContext> {
+        has_gpu(devices).then(|| GpuContext::gather(config))
+    }
+}
+
+fn has_gpu(devices: &[Device]) -> bool {
+    devices.iter().any(|d| d.class == crate::class::NVIDIA_GPU)
+}
+
+/// Probes every device and applies the policy, opening NVML when a device is a GPU.
+pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
+    let gpu = GpuContext::for_devices(config, &devices);
+    decide_with(config, ledger, devices, gpu.as_ref())
+}
+
+/// Runs every probe on every device. The probe list is built once per call; the NVML and
+/// XID probes join it only when a device has an NVIDIA class and the caller gathered their
+/// context.
+pub fn probe_all(
+    config: &Config,
+    ledger: &Ledger,
+    devices: &[Device],
+    gpu: Option<&GpuContext>,
+) -> Vec<Vec<ProbeResult>> {
     let node = NodeProbe {
         dev_root: config.dev_root.clone(),
     };
@@ -160,14 +230,38 @@ pub fn probe_all(config: &Config, ledger: &Ledger, devices: &[Device]) -> Vec<Ve
         sysfs_root: config.sysfs_root.clone(),
     };
     let quarantine = QuarantineProbe { ledger };
-    let probes: [&dyn Probe; 3] = [&node, &sysfs, &quarantine];
+    let nvidia = devices
+        .iter()
+        .any(|d| crate::class::is_nvidia_class(&d.class));
+    let gpu = gpu.filter(|_| nvidia);
+    let nvml_probe = gpu.map(|g| NvmlProbe {
+        snapshot: &g.nvml,
+        limits: g.limits,
+    });
+    let xid_probe = gpu.map(|g| XidProbe {
+        scan: &g.kmsg,
+        table: &g.xid_table,
+        nvml: &g.nvml,
+    });
+    let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &quarantine];
+    if let Some(p) = &nvml_probe {
+        probes.push(p);
+    }
+    if let Some(p) = &xid_probe {
+        probes.push(p);
+    }
     devices.iter().map(|d| probe::run_all(&probes, d)).collect()
 }
 
 /// Probes every device and applies the policy. A device whose policy is remap cannot be
 /// remapped without a configured spare; it is rejected saying so.
-pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
-    let verdicts = probe_all(config, ledger, &devices);
+pub fn decide_with(
+    config: &Config,
+    ledger: &Ledger,
+    devices: Vec<Device>,
+    gpu: Option<&GpuContext>,
+) -> Vec<DeviceDecision> {
+    let verdicts = probe_all(config, ledger, &devices, gpu);
     devices
         .into_iter()
         .zip(verdicts)
@@ -244,12 +338,62 @@ fn keep_records(config: &Config, decision: &Decision) {
     }
 }
 
-fn snapshot_of(config: &Config, ledger: &Ledger, device: &Device) -> DeviceSnapshot {
+fn snapshot_of(
+    config: &Config,
+    ledger: &Ledger,
+    device: &Device,
+    gpu: Option<&GpuContext>,
+) -> DeviceSnapshot {
+    let mut counters = fault::read_counters(config, ledger, device);
+    if device.class == crate::class::NVIDIA_GPU {
+        counters.gpu = gpu.and_then(|g| gpu_counters(&g.nvml, device.num.minor));
+    }
     DeviceSnapshot {
         num: device.num,
         name: device.name(),
-        counters: fault::read_counters(config, ledger, device),
+        counters,
     }
+}
+
+/// NVML's changeable figures for /dev/nvidia`minor`. None when NVML gave no answer at all
+/// (library missing, deadline): then no GPU fault can be claimed either way.
+fn gpu_counters(snapshot: &nvml::Snapshot, minor: u32) -> Option<GpuCounters> {
+    let gpus = snapshot.gpus.as_ref().ok()?;
+    let Some(g) = snapshot.gpu_by_minor(minor) else {
+        // NVML answered but no GPU has this minor any more: it fell off the bus.
+        return (!gpus.is_empty()).then(GpuCounters::default);
+    };
+    let rows = g.remapped_rows.value();
+    Some(GpuCounters {
+        uuid: g.uuid.value().cloned(),
+        pci_bus_id: g.pci_bus_id.value().cloned(),
+        reachable: !g.is_lost(),
+        ecc_volatile_uncorrectable: g.volatile_uncorrectable_ecc.value().copied(),
+        remapped_rows_uncorrectable: rows.map(|r| u64::from(r.uncorrectable)),
+        remap_failure: rows.is_some_and(|r| r.failure),
+    })
+}
+
+/// The first kernel log sequence number after what devgate saw at start.
+fn next_kmsg_seq(gpu: &GpuContext) -> Option<u64> {
+    gpu.kmsg.as_ref().ok()?.last_seq.map(|s| s + 1)
+}
+
+/// XID reports in the kernel log, classified by the operator's table.
+fn xid_reports(gpu: &GpuContext) -> Vec<XidReport> {
+    let Ok(scan) = &gpu.kmsg else {
+        return Vec::new();
+    };
+    scan.events
+        .iter()
+        .map(|e| XidReport {
+            seq: e.seq,
+            pci: e.pci.to_string(),
+            xid: e.xid,
+            critical: gpu.xid_table.action(e.xid) == XidAction::Unhealthy,
+            text: e.text.clone(),
+        })
+        .collect()
 }
 
 /// poststop: what went wrong with the container's devices while it ran. It never fails the
@@ -272,12 +416,15 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
         return Ok(Report::default());
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let now: Vec<DeviceSnapshot> = rec
-        .devices
+    let devices: Vec<Device> = rec.devices.iter().map(|d| d.device.clone()).collect();
+    // NVML and the kernel log are read again only for a container that had a GPU.
+    let gpu = GpuContext::for_devices(&config, &devices);
+    let now: Vec<DeviceSnapshot> = devices
         .iter()
-        .map(|d| snapshot_of(&config, &ledger, &d.device))
+        .map(|d| snapshot_of(&config, &ledger, d, gpu.as_ref()))
         .collect();
-    let faults = fault::diff(start, &now, &[]);
+    let xids = gpu.as_ref().map(xid_reports).unwrap_or_default();
+    let faults = fault::diff(start, &now, &xids);
     let lines: Vec<String> = faults.iter().map(Fault::line).collect();
 
     let termination_message = if faults.is_empty() {
@@ -299,7 +446,7 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     let exit = ExitRecord {
         container_id: state.id.clone(),
         pod: rec.pod.clone(),
-        devices: rec.devices.iter().map(|d| d.device.clone()).collect(),
+        devices,
         faults,
         started: rec.time.clone(),
         started_unix: rec.time_unix,

@@ -8,6 +8,7 @@ use crate::device::{self, DevNum, Device, Source};
 use crate::error::Result;
 use crate::hook;
 use crate::ledger::quarantine::{Ledger, Lookup};
+use crate::probe::nvml;
 use crate::probe::{ProbeResult, Verdict};
 use crate::record;
 use serde::Serialize;
@@ -24,6 +25,55 @@ pub struct Row {
     pub reasons: Vec<String>,
     pub quarantine: Option<serde_json::Value>,
     pub lease: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuStatus>,
+}
+
+/// What NVML and the kernel log say about one GPU, check by check.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuStatus {
+    pub minor: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub checks: Vec<nvml::Check>,
+}
+
+fn gpu_status(
+    gpu: &hook::GpuContext,
+    device: &Device,
+    verdicts: &[ProbeResult],
+) -> Option<GpuStatus> {
+    if device.class != class::NVIDIA_GPU {
+        return None;
+    }
+    let minor = device.num.minor;
+    let facts = gpu.nvml.gpu_by_minor(minor);
+    let mut checks = match (&gpu.nvml.gpus, facts) {
+        (_, Some(g)) => nvml::evaluate(g, gpu.limits),
+        (Err(why), None) => vec![nvml::Check {
+            check: "nvml",
+            verdict: Verdict::Unknown(why.clone()),
+        }],
+        (Ok(_), None) => vec![nvml::Check {
+            check: "nvml",
+            verdict: Verdict::Unhealthy(format!("no GPU with minor number {minor}")),
+        }],
+    };
+    if let Some(x) = verdicts.iter().find(|v| v.probe == "xid") {
+        checks.push(nvml::Check {
+            check: "xid",
+            verdict: x.verdict.clone(),
+        });
+    }
+    Some(GpuStatus {
+        minor,
+        index: facts.map(|g| g.index),
+        uuid: facts.and_then(|g| g.uuid.value().cloned()),
+        pci_bus_id: facts.and_then(|g| g.pci_bus_id.value().map(|p| nvml::display_bus_id(p))),
+        checks,
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -175,7 +225,8 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
     }
 
     let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
-    let verdicts = hook::probe_all(config, &ledger, &devices);
+    let gpu = hook::GpuContext::for_devices(config, &devices);
+    let verdicts = hook::probe_all(config, &ledger, &devices, gpu.as_ref());
     Ok(rows
         .into_iter()
         .zip(verdicts)
@@ -193,6 +244,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
                 .filter_map(|r| r.verdict.reason().map(|why| format!("{}: {why}", r.probe)))
                 .collect();
             Row {
+                gpu: gpu.as_ref().and_then(|g| gpu_status(g, &device, &verdicts)),
                 health: Health::of(&verdicts),
                 device,
                 roles,
@@ -354,6 +406,7 @@ mod tests {
             reasons: vec![reason.into()],
             quarantine: None,
             lease: None,
+            gpu: None,
         }
     }
 

@@ -16,5 +16,15 @@ fn main() {
         })
         .init();
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    std::process::exit(devgate::cli::main(argv, started));
+    let code = devgate::cli::main(argv, started);
+    if devgate::probe::nvml::abandoned() {
+        // An NVML call is still stuck on its thread: exit() would run the library's
+        // destructors under it, and those may wait on it forever. Nothing devgate wrote
+        // needs atexit: records are fsynced, stdout and stderr are flushed here.
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        // SAFETY: _exit ends the process at once; no Rust state is used after it.
+        unsafe { libc::_exit(code) }
+    }
+    std::process::exit(code);
 }

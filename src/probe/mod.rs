@@ -2,8 +2,10 @@
 //! probes never call each other, and the hook runs every probe on every device.
 
 pub mod node;
+pub mod nvml;
 pub mod quarantine;
 pub mod sysfs;
+pub mod xid;
 
 use crate::device::Device;
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,8 @@
 //! Shared test scaffolding: busybox bundles, devgate configs, and the real runtimes.
 #![allow(dead_code)]
 
+pub mod fake_nvml;
+
 use serde_json::{json, Value};
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};

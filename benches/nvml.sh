@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Prestart wall time for a container with 8 GPUs on the fake NVML library, with and without
+# the NVML/XID step. "Without" is the same 8 devices (same nodes, same node/sysfs/quarantine
+# probes) classed as a non-NVIDIA class through device_classes, so only the GPU probes are
+# left out. Needs root (mknod). Uses hyperfine when installed, else a plain loop.
+#
+#   benches/nvml.sh [path/to/devgate] [runs]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-target/release/devgate}
+RUNS=${2:-200}
+[ -x "$BIN" ] || cargo build --release --locked
+cargo build --quiet --locked --manifest-path tests/fake-nvml/Cargo.toml --target-dir target/fake-nvml --release
+LIB=$PWD/target/fake-nvml/release/libfake_nvml.so
+
+W=$(mktemp -d /tmp/devgate-bench-nvml.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+mkdir -p "$W/dev" "$W/bundle"
+devices=""
+gpus=""
+buses=(1b 3b 5e 86 af d8 19 39)
+for i in 0 1 2 3 4 5 6 7; do
+    mknod "$W/dev/nvidia$i" c 195 "$i"
+    devices+="{\"path\":\"/dev/nvidia$i\",\"type\":\"c\",\"major\":195,\"minor\":$i},"
+    gpus+="{\"uuid\":\"GPU-0000000$i-1111-2222-3333-444444444444\",\"pci_bus_id\":\"00000000:${buses[$i]^^}:00.0\",\"minor\":$i},"
+done
+echo "{\"linux\":{\"devices\":[${devices%,}]}}" > "$W/bundle/config.json"
+echo "{\"driver_version\":\"550.54.15\",\"gpus\":[${gpus%,}]}" > "$W/fake.json"
+# A kernel log of realistic size with a few NVRM lines, as a file: /dev/kmsg differs per host.
+for i in $(seq 1 5000); do echo "6,$i,$((i * 1000)),-;usb 1-1: some kernel chatter line number $i"; done > "$W/kmsg"
+echo "4,5001,5001000,-;NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception" >> "$W/kmsg"
+
+common="\"dev_root\":\"$W/dev\",\"state_dir\":\"$W/state\",\"quarantine_dir\":\"$W/q\",\"kmsg_path\":\"$W/kmsg\",\"nvml_library\":\"$LIB\""
+echo "{$common}" > "$W/with.json"
+echo "{$common,\"device_classes\":[{\"class\":\"bench-gpu\",\"major\":195,\"minors\":[0,253]}]}" > "$W/without.json"
+echo "{\"ociVersion\":\"1.0.2\",\"id\":\"bench\",\"status\":\"creating\",\"pid\":1,\"bundle\":\"$W/bundle\"}" > "$W/state.json"
+export FAKE_NVML_CONFIG=$W/fake.json
+
+# Both must allow; a bench of a failing path measures the wrong thing.
+for c in with without; do
+    "$BIN" --config "$W/$c.json" hook prestart < "$W/state.json" || { echo "prestart failed ($c)" >&2; exit 1; }
+done
+
+if command -v hyperfine >/dev/null; then
+    # The hook reads its state on stdin, so each run goes through sh; hyperfine measures
+    # and subtracts the shell's own start-up.
+    hyperfine --warmup 20 --runs "$RUNS" --shell=sh \
+        -n "8 GPUs, NVML + XID" "$BIN --config $W/with.json hook prestart < $W/state.json" \
+        -n "8 GPUs, NVML step excluded" "$BIN --config $W/without.json hook prestart < $W/state.json"
+else
+    for c in with without; do
+        start=$(date +%s%N)
+        for _ in $(seq "$RUNS"); do "$BIN" --config "$W/$c.json" hook prestart < "$W/state.json"; done
+        end=$(date +%s%N)
+        echo "$c NVML: $(( (end - start) / RUNS / 1000 )) us per prestart (mean of $RUNS)"
+    done
+fi

@@ -1,0 +1,73 @@
+//! GPUs end to end under the real runc: a container given /dev/nvidia1 (a char node 195:1
+//! under a test dev_root, and in the container through linux.devices) is rejected with
+//! NVML's reason in runc's error when the fake NVML reports that GPU broken, and starts
+//! when it reports it healthy.
+
+mod common;
+use common::fake_nvml::{self, *};
+use common::*;
+use serde_json::json;
+use std::fs;
+
+fn gpu_bundle(env: &Env, tag: &str, fake_config: &std::path::Path) -> Bundle {
+    let mut b = Bundle::new(
+        tag,
+        &["sh", "-c", "test -c /dev/nvidia1 && echo ran > /out/ran"],
+    );
+    b.add_device("/dev/nvidia1", "c", 195, 1);
+    b.add_hooks(env, &["prestart", "poststop"]);
+    // runc gives a hook only the environment its entry names; the fake reads its GPUs
+    // from this file.
+    for stage in ["prestart", "poststop"] {
+        for h in b.spec["hooks"][stage].as_array_mut().unwrap() {
+            h["env"] = json!([format!("FAKE_NVML_CONFIG={}", fake_config.display())]);
+        }
+    }
+    b
+}
+
+#[test]
+fn runc_rejects_a_broken_gpu_with_nvmls_reason_and_starts_a_healthy_one() {
+    require_root!();
+    let dir = tempdir("e2e-nvml");
+    let dev_root = dir.join("dev");
+    fs::create_dir_all(&dev_root).unwrap();
+    make_gpu_nodes(&dev_root, 8);
+    let kmsg = dir.join("kmsg");
+    fs::write(&kmsg, "").unwrap();
+    let env = Env::with(
+        "e2e-nvml",
+        json!({"dev_root": dev_root, "nvml_library": fake_nvml::lib(), "kmsg_path": kmsg}),
+    );
+
+    // GPU 1 has a failed row remap
+    let broken = write_scenario(
+        &dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    let b = gpu_bundle(&env, "nvml-bad", &broken);
+    let out = runtime_run("runc", &b, &unique_id("bad"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    let reason = format!(
+        "devgate: rejected /dev/nvidia1 (host {}/nvidia1, 195:1): nvml: GPU {} (0000:3b:00.0): row remapping failed (3 uncorrectable rows, 0 correctable); policy reject",
+        dev_root.display(),
+        uuid(1)
+    );
+    assert!(all.contains(&reason), "{all}");
+    assert!(!b.marker().exists(), "the container ran although rejected");
+    let last = env.decisions().pop().expect("a decision log line");
+    assert_eq!(last["action"], "reject");
+
+    // the same GPU healthy: the container starts and sees its device
+    let healthy = write_scenario(&dir, "healthy", &healthy_node());
+    let b = gpu_bundle(&env, "nvml-good", &healthy);
+    let out = runtime_run("runc", &b, &unique_id("good"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+    assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
+}
