@@ -56,7 +56,7 @@ pub struct DeviceSnapshot {
 pub struct Snapshot {
     pub time_unix: u64,
     /// The kernel log's next sequence number at start: XIDs at or after it happened during
-    /// the run.
+    /// the run. None when the log could not be read at start: then no XID is blamed on it. None when the log could not be read at start: then no XID is blamed on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kmsg_seq: Option<u64>,
     pub devices: Vec<DeviceSnapshot>,
@@ -177,13 +177,13 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
             .and_then(|g| g.pci_bus_id.as_deref())
             .or(b.pci.as_deref())
             .map(normalize_pci);
-        if let Some(pci) = &pci {
+        if let (Some(pci), Some(from)) = (&pci, start.kmsg_seq) {
             let mut seen = Vec::new();
             for x in xids
                 .iter()
                 .filter(|x| x.critical && normalize_pci(&x.pci) == *pci)
             {
-                if start.kmsg_seq.is_some_and(|s| x.seq < s) || seen.contains(&x.xid) {
+                if x.seq < from || seen.contains(&x.xid) {
                     continue;
                 }
                 seen.push(x.xid);
@@ -378,6 +378,23 @@ mod tests {
                 "DeviceFault/Cordoned"
             ]
         );
+    }
+
+    #[test]
+    fn unreadable_kernel_log_at_start_blames_no_xid() {
+        let start = Snapshot {
+            time_unix: 1,
+            kmsg_seq: None,
+            devices: vec![snap(base())],
+        };
+        let xids = vec![XidReport {
+            seq: 11,
+            pci: "0000:3b:00".into(),
+            xid: 79,
+            critical: true,
+            text: "".into(),
+        }];
+        assert!(diff(&start, &[snap(base())], &xids).is_empty());
     }
 
     #[test]

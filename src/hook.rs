@@ -374,9 +374,10 @@ fn gpu_counters(snapshot: &nvml::Snapshot, minor: u32) -> Option<GpuCounters> {
     })
 }
 
-/// The first kernel log sequence number after what devgate saw at start.
+/// The first kernel log sequence number after what devgate saw at start; None when the
+/// log could not be read, so that poststop never blames a run for older reports.
 fn next_kmsg_seq(gpu: &GpuContext) -> Option<u64> {
-    gpu.kmsg.as_ref().ok()?.last_seq.map(|s| s + 1)
+    Some(gpu.kmsg.as_ref().ok()?.last_seq.map_or(0, |s| s + 1))
 }
 
 /// XID reports in the kernel log, classified by the operator's table.
