@@ -710,6 +710,63 @@ x,y,z;not numbers\n\
     }
 
     #[test]
+    fn probe_needs_the_gpus_address_only_when_a_report_would_block() {
+        use crate::device::{DevNum, DevType, Source};
+        let gpu = Device {
+            num: DevNum {
+                typ: DevType::Char,
+                major: 195,
+                minor: 1,
+            },
+            class: NVIDIA_GPU.into(),
+            container_path: Some("/dev/nvidia1".into()),
+            host_path: None,
+            source: Source::LinuxDevices,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        };
+        let no_nvml = Snapshot {
+            gpus: Err("cannot load x".into()),
+            driver_version: None,
+            elapsed_us: 0,
+        };
+        let table = XidTable::default();
+        let scan = Ok(scan_bytes(FIXTURE.as_bytes(), ReadLimits::default()));
+        let p = XidProbe {
+            scan: &scan,
+            table: &table,
+            nvml: &no_nvml,
+        };
+        assert_eq!(
+            p.check(&gpu),
+            Verdict::Unknown(
+                "3 reset-class XID reports on the node (xid 48 on 0000:86:00, xid 79 on 0000:3b:00) and the PCI address of minor 1 is unknown".into()
+            )
+        );
+        let quiet = Ok(scan_bytes(
+            b"4,1,1,-;NVRM: Xid (PCI:0000:3b:00): 13, app\n",
+            ReadLimits::default(),
+        ));
+        let p = XidProbe {
+            scan: &quiet,
+            table: &table,
+            nvml: &no_nvml,
+        };
+        assert_eq!(p.check(&gpu), Verdict::Healthy);
+        let unreadable = Err("cannot open kernel log /dev/kmsg: permission denied".to_string());
+        let p = XidProbe {
+            scan: &unreadable,
+            table: &table,
+            nvml: &no_nvml,
+        };
+        assert_eq!(p.check(&gpu).status(), "unknown");
+        let mut ctl = gpu.clone();
+        ctl.class = "nvidia-ctl".into();
+        assert_eq!(p.check(&ctl).status(), "not_applicable");
+    }
+
+    #[test]
     fn pci_addresses_normalise() {
         let a = PciAddr::parse("00000000:3B:00.0").unwrap();
         let b = PciAddr::parse("0000:3b:00").unwrap();
