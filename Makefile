@@ -14,7 +14,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test demo bench install uninstall deb rpm clean lint
+.PHONY: all build test demo bench bench-nvml install uninstall deb rpm clean lint
 
 all: build
 
@@ -35,6 +35,10 @@ demo: build
 
 bench:
 	$(CARGO) bench --locked --bench prestart
+
+# 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
+bench-nvml: build
+	./benches/nvml.sh $(BIN)
 
 # A config file is installed only where none exists; one that differs (the operator's) is
 # kept and the new version is put beside it as FILE.new.

@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::device::{DevNum, Device};
 use crate::ledger::quarantine::{Ledger, Lookup};
-use crate::probe::sysfs;
+use crate::probe::{sysfs, xid};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -130,22 +130,6 @@ pub fn read_counters(config: &Config, ledger: &Ledger, device: &Device) -> Devic
     }
 }
 
-/// What XIDs mean for a person; the table of which are critical lives with the XID probe.
-pub fn xid_message(xid: u32) -> &'static str {
-    match xid {
-        48 => "double-bit ECC error",
-        63 => "ECC page retirement or row remapping event",
-        64 => "ECC page retirement or row remapping failure",
-        74 => "NVLink error",
-        79 => "GPU has fallen off the bus",
-        92 => "high single-bit ECC error rate",
-        94 => "contained ECC error",
-        95 => "uncontained ECC error",
-        119 | 120 => "GSP firmware error",
-        _ => "GPU error reported by the driver",
-    }
-}
-
 /// The faults between a start snapshot and the live counters of the same devices.
 /// `xids` are the kernel reports read since the snapshot's kmsg position.
 pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec<Fault> {
@@ -189,7 +173,9 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
                 seen.push(x.xid);
                 push(
                     format!("DeviceFault/XID{}", x.xid),
-                    xid_message(x.xid).to_string(),
+                    xid::describe_xid(x.xid)
+                        .unwrap_or("GPU error reported by the driver")
+                        .to_string(),
                 );
             }
         }

@@ -510,7 +510,7 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
     let out = n.prestart(&spec_with_gpus(&[0, 1]), &healthy_node());
     n.rejected(
         &out,
-        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 79 (fallen off the bus) on 0000:3b:00 reported 1 time since the driver loaded, last at 5.002000 s after boot (kmsg seq 1002): \"pid=4242, name=python, GPU has fallen off the bus.\"; GPU reset or reboot required; policy reject",
+        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time since the driver loaded, last at 5.002000 s after boot (kmsg seq 1002): \"pid=4242, name=python, GPU has fallen off the bus.\"; GPU reset or reboot required; policy reject",
     );
     // the driver was loaded again after it: the GPU was re-initialised
     fs::write(

@@ -379,7 +379,7 @@ pub const XID_TABLE: &[(u32, XidAction, &str)] = &[
         "row remapping or page retirement failure",
     ),
     (74, XidAction::Unhealthy, "NVLink error"),
-    (79, XidAction::Unhealthy, "fallen off the bus"),
+    (79, XidAction::Unhealthy, "GPU has fallen off the bus"),
     (92, XidAction::Unhealthy, "high single-bit ECC error rate"),
     (94, XidAction::Unhealthy, "contained ECC error"),
     (95, XidAction::Unhealthy, "uncontained ECC error"),
@@ -624,7 +624,7 @@ x,y,z;not numbers\n\
         assert_eq!(
             v,
             Verdict::Unhealthy(
-                "xid: xid 79 (fallen off the bus) on 0000:3b:00 reported 2 times since the driver loaded, last at 12.345678 s after boot (kmsg seq 300): \"pid=1234, name=python3, GPU has fallen off the bus.\"; GPU reset or reboot required".into()
+                "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 2 times since the driver loaded, last at 12.345678 s after boot (kmsg seq 300): \"pid=1234, name=python3, GPU has fallen off the bus.\"; GPU reset or reboot required".into()
             )
         );
         // application XID 31 alone: ignored
