@@ -4,7 +4,7 @@
 //! when it reports it healthy.
 
 mod common;
-use common::fake_nvml::{self, *};
+use common::fake_nvml::*;
 use common::*;
 use serde_json::json;
 use std::fs;
@@ -29,20 +29,13 @@ fn gpu_bundle(env: &Env, tag: &str, fake_config: &std::path::Path) -> Bundle {
 #[test]
 fn runc_rejects_a_broken_gpu_with_nvmls_reason_and_starts_a_healthy_one() {
     require_root!();
-    let dir = tempdir("e2e-nvml");
-    let dev_root = dir.join("dev");
-    fs::create_dir_all(&dev_root).unwrap();
-    make_gpu_nodes(&dev_root, 8);
-    let kmsg = dir.join("kmsg");
-    fs::write(&kmsg, "").unwrap();
-    let env = Env::with(
-        "e2e-nvml",
-        json!({"dev_root": dev_root, "nvml_library": fake_nvml::lib(), "kmsg_path": kmsg}),
-    );
+    let node = GpuNode::new("e2e-nvml");
+    let (dir, dev_root) = (&node.dir, &node.dev_root);
+    let env = Env::with("e2e-nvml", node.config());
 
     // GPU 1 has a failed row remap
     let broken = write_scenario(
-        &dir,
+        dir,
         "broken",
         &node_with(
             1,
@@ -64,7 +57,7 @@ fn runc_rejects_a_broken_gpu_with_nvmls_reason_and_starts_a_healthy_one() {
     assert_eq!(last["action"], "reject");
 
     // the same GPU healthy: the container starts and sees its device
-    let healthy = write_scenario(&dir, "healthy", &healthy_node());
+    let healthy = write_scenario(dir, "healthy", &healthy_node());
     let b = gpu_bundle(&env, "nvml-good", &healthy);
     let out = runtime_run("runc", &b, &unique_id("good"));
     assert!(out.status.success(), "{}", text(&out));

@@ -6,7 +6,7 @@ use common::*;
 use serde_json::json;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 /// A devgate env whose kubelet_pods_dir holds one container's termination-log file.
@@ -27,14 +27,6 @@ fn bind_termination_log(b: &mut Bundle, host: &Path) {
     }));
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn fault_during_run_reaches_termination_message_exit_record_and_explain() {
     require_root!();
@@ -51,20 +43,8 @@ fn fault_during_run_reaches_termination_message_exit_record_and_explain() {
     b.add_device("/dev/zero", "c", 1, 5);
     b.add_hooks(&env, &["prestart", "poststop"]);
     bind_termination_log(&mut b, &log);
-    b.write();
     let id = unique_id("fault");
-    let root = b.dir.join("runtime-root");
-    let child = Command::new("runc")
-        .arg("--root")
-        .arg(&root)
-        .args(["run", "--bundle"])
-        .arg(&b.dir)
-        .arg(&id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let running = Running::start(&b, &id);
     wait_for("the app's termination message", || {
         fs::read_to_string(&log)
             .map(|s| !s.is_empty())
@@ -73,13 +53,8 @@ fn fault_during_run_reaches_termination_message_exit_record_and_explain() {
     // The fault: an operator cordons the device while the container runs.
     env.ok(&["cordon", "/dev/zero", "--reason", "xid 79 seen on this GPU"]);
     fs::write(b.rootfs().join("out/go"), b"").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = running.wait();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    let _ = Command::new("runc")
-        .arg("--root")
-        .arg(&root)
-        .args(["delete", "--force", &id])
-        .output();
 
     let msg = fs::read_to_string(&log).unwrap();
     assert_eq!(

@@ -3,24 +3,20 @@
 //! termination message, the exit record and `devgate explain` carry both faults.
 
 mod common;
-use common::fake_nvml::{self, *};
+use common::fake_nvml::*;
 use common::*;
 use serde_json::json;
 use std::fs;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 #[test]
 fn xid_and_ecc_during_run_reach_termination_message() {
     require_root!();
-    let dir = tempdir("ps-gpu");
-    let dev_root = dir.join("dev");
-    fs::create_dir_all(&dev_root).unwrap();
-    make_gpu_nodes(&dev_root, 8);
-    let kmsg = dir.join("kmsg");
+    let node = GpuNode::new("ps-gpu");
+    let (dir, kmsg) = (&node.dir, &node.kmsg);
     // an old XID on another GPU, before the container starts: never this run's fault
     fs::write(
-        &kmsg,
+        kmsg,
         "4,990,1000000,-;NVRM: Xid (PCI:0000:5e:00): 79, pid=1, old\n",
     )
     .unwrap();
@@ -29,12 +25,10 @@ fn xid_and_ecc_during_run_reach_termination_message() {
     fs::create_dir_all(&term_dir).unwrap();
     let term = term_dir.join("termination-log");
     fs::write(&term, "").unwrap();
-    let env = Env::with(
-        "ps-gpu",
-        json!({"dev_root": dev_root, "nvml_library": fake_nvml::lib(), "kmsg_path": kmsg,
-               "kubelet_pods_dir": pods}),
-    );
-    let scenario = write_scenario(&dir, "node", &healthy_node());
+    let mut cfg = node.config();
+    cfg["kubelet_pods_dir"] = json!(pods);
+    let env = Env::with("ps-gpu", cfg);
+    let scenario = write_scenario(dir, "node", &healthy_node());
 
     let mut b = Bundle::new(
         "ps-gpu",
@@ -55,45 +49,22 @@ fn xid_and_ecc_during_run_reach_termination_message() {
     b.spec["mounts"].as_array_mut().unwrap().push(json!({
         "destination": "/dev/termination-log", "type": "bind", "source": term,
         "options": ["rbind", "rprivate", "rw"]}));
-    b.write();
-
     let id = unique_id("gpu");
-    let root = b.dir.join("runtime-root");
-    let child = Command::new("runc")
-        .arg("--root")
-        .arg(&root)
-        .args(["run", "--bundle"])
-        .arg(&b.dir)
-        .arg(&id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while fs::read_to_string(&term).unwrap_or_default().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the container never wrote its message"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let running = Running::start(&b, &id);
+    wait_for("the container's own message", || {
+        !fs::read_to_string(&term).unwrap_or_default().is_empty()
+    });
     // The faults, during the run.
-    let mut log = fs::read_to_string(&kmsg).unwrap();
+    let mut log = fs::read_to_string(kmsg).unwrap();
     log.push_str("3,991,9000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n");
-    fs::write(&kmsg, log).unwrap();
+    fs::write(kmsg, log).unwrap();
     write_scenario(
-        &dir,
+        dir,
         "node",
         &node_with(1, json!({"volatile_uncorrectable_ecc": 2})),
     );
     fs::write(b.rootfs().join("out/go"), "").unwrap();
-    let out = child.wait_with_output().unwrap();
-    let _ = Command::new("runc")
-        .arg("--root")
-        .arg(&root)
-        .args(["delete", "--force", &id])
-        .output();
+    let out = running.wait();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
 
     let msg = fs::read_to_string(&term).unwrap();
@@ -124,17 +95,10 @@ fn xid_and_ecc_during_run_reach_termination_message() {
 #[test]
 fn gpu_lost_during_run_is_a_fault() {
     require_root!();
-    let dir = tempdir("ps-lost");
-    let dev_root = dir.join("dev");
-    fs::create_dir_all(&dev_root).unwrap();
-    make_gpu_nodes(&dev_root, 8);
-    let kmsg = dir.join("kmsg");
-    fs::write(&kmsg, "").unwrap();
-    let env = Env::with(
-        "ps-lost",
-        json!({"dev_root": dev_root, "nvml_library": fake_nvml::lib(), "kmsg_path": kmsg}),
-    );
-    let scenario = write_scenario(&dir, "node", &healthy_node());
+    let node = GpuNode::new("ps-lost");
+    let dir = &node.dir;
+    let env = Env::with("ps-lost", node.config());
+    let scenario = write_scenario(dir, "node", &healthy_node());
     let mut b = Bundle::new("ps-lost", &["true"]);
     b.add_device("/dev/nvidia1", "c", 195, 1);
     b.write();
@@ -159,7 +123,7 @@ fn gpu_lost_during_run_is_a_fault() {
     };
     let pre = hook("prestart");
     assert!(pre.status.success(), "{}", text(&pre));
-    write_scenario(&dir, "node", &node_with(1, json!({"lost": true})));
+    write_scenario(dir, "node", &node_with(1, json!({"lost": true})));
     let post = hook("poststop");
     assert!(post.status.success(), "{}", text(&post));
     assert!(

@@ -114,3 +114,31 @@ pub fn make_gpu_nodes(dev_root: &Path, n: u32) {
         .unwrap();
     }
 }
+
+/// A test node's GPU side: a dir, a dev_root with /dev/nvidia0..7, an empty kernel log.
+pub struct GpuNode {
+    pub dir: PathBuf,
+    pub dev_root: PathBuf,
+    pub kmsg: PathBuf,
+}
+
+impl GpuNode {
+    pub fn new(tag: &str) -> GpuNode {
+        let dir = super::tempdir(tag);
+        let dev_root = dir.join("dev");
+        fs::create_dir_all(&dev_root).unwrap();
+        make_gpu_nodes(&dev_root, 8);
+        let kmsg = dir.join("kmsg");
+        fs::write(&kmsg, "").unwrap();
+        GpuNode {
+            dir,
+            dev_root,
+            kmsg,
+        }
+    }
+
+    /// The config keys that point devgate at this node and the fake NVML.
+    pub fn config(&self) -> Value {
+        json!({"dev_root": self.dev_root, "nvml_library": lib(), "kmsg_path": self.kmsg})
+    }
+}

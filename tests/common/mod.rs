@@ -299,6 +299,59 @@ pub fn runtime_run(runtime: &str, bundle: &Bundle, id: &str) -> Output {
     out
 }
 
+/// A `runc run` in the background, for tests that act while the container runs.
+pub struct Running {
+    child: std::process::Child,
+    root: PathBuf,
+    pub id: String,
+}
+
+impl Running {
+    pub fn start(bundle: &Bundle, id: &str) -> Running {
+        bundle.write();
+        let root = bundle.dir.join("runtime-root");
+        let child = Command::new("runc")
+            .arg("--root")
+            .arg(&root)
+            .args(["run", "--bundle"])
+            .arg(&bundle.dir)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Running {
+            child,
+            root,
+            id: id.to_string(),
+        }
+    }
+
+    /// Waits for the container to exit, then deletes what runc left.
+    pub fn wait(self) -> Output {
+        let out = self.child.wait_with_output().unwrap();
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&self.root)
+            .args(["delete", "--force", &self.id])
+            .output();
+        out
+    }
+}
+
+/// Polls `cond` every 50 ms for up to 20 s.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub fn text(out: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
