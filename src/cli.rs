@@ -261,6 +261,18 @@ fn status(args: &Args) -> Result<()> {
         add(host_device(num, &class, host), "quarantined", &mut rows);
     }
 
+    // Leases of spares no longer configured still show.
+    let leases = crate::ledger::lease::Leases::new(&config.state_dir);
+    let lease_slots = leases.list().unwrap_or_else(|e| {
+        eprintln!("devgate: warning: cannot list leases: {e}");
+        Vec::new()
+    });
+    for (num, slot) in &lease_slots {
+        if let crate::ledger::lease::Slot::Held(l) = slot {
+            add(host_device(*num, &l.class, Some(l.spare_path.clone())), "spare", &mut rows);
+        }
+    }
+
     let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
     let decisions = hook::decide_all(&config, &ledger, devices);
     let out: Vec<StatusRow> = decisions
@@ -274,6 +286,7 @@ fn status(args: &Args) -> Result<()> {
                     "damaged": path, "error": error })),
             };
             let health = health_word(&dec);
+            let lease = lease_json(&lease_slots, dec.device.num);
             let mut reasons = dec.reasons.clone();
             reasons.extend(dec.warnings.iter().cloned());
             StatusRow {
@@ -283,7 +296,7 @@ fn status(args: &Args) -> Result<()> {
                 verdicts: dec.verdicts,
                 reasons,
                 quarantine: q,
-                lease: None,
+                lease,
             }
         })
         .collect();
@@ -324,8 +337,48 @@ fn status(args: &Args) -> Result<()> {
         for reason in &r.reasons {
             println!("    {}", policy::one_line(reason));
         }
+        if let Some(l) = &r.lease {
+            println!("    {}", policy::one_line(&lease_text(l)));
+        } else if r.roles.contains(&"spare") {
+            println!("    spare, free");
+        }
     }
     Ok(())
+}
+
+fn lease_json(slots: &[(DevNum, crate::ledger::lease::Slot)], num: DevNum) -> Option<serde_json::Value> {
+    use crate::ledger::lease::Slot;
+    match slots.iter().find(|(n, _)| *n == num).map(|(_, s)| s) {
+        Some(Slot::Held(l)) => serde_json::to_value(l).ok(),
+        Some(Slot::Damaged { path, error }) => {
+            Some(serde_json::json!({ "damaged": path, "error": error }))
+        }
+        _ => None,
+    }
+}
+
+fn lease_text(l: &serde_json::Value) -> String {
+    let s = |k: &str| l.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
+    if l.get("damaged").is_some() {
+        return format!("lease file {} is damaged: {}", s("damaged"), s("error"));
+    }
+    let num = |k: &str| {
+        l.get(k)
+            .and_then(|v| serde_json::from_value::<DevNum>(v.clone()).ok())
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "?".into())
+    };
+    format!(
+        "leased to {} (pid {}) since {}, standing in for {}{}",
+        s("container_id"),
+        l.get("pid").and_then(|v| v.as_i64()).unwrap_or(0),
+        s("since"),
+        num("replaces"),
+        l.get("container_path")
+            .and_then(|v| v.as_str())
+            .map(|p| format!(" at {p}"))
+            .unwrap_or_default()
+    )
 }
 
 fn health_word(dec: &policy::DeviceDecision) -> &'static str {
@@ -392,6 +445,25 @@ fn explain(args: &Args, id: &str) -> Result<()> {
                 v.verdict.status(),
                 v.verdict.reason().unwrap_or("")
             );
+        }
+    }
+    for r in &rec.remaps {
+        println!(
+            "  remapped {} ({}) -> {} ({}): {}",
+            r.container_path
+                .as_deref()
+                .or(r.host_path.as_deref())
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| format!("{} {}", r.device.typ.letter(), r.device)),
+            r.device,
+            r.spare_path.display(),
+            r.spare,
+            policy::one_line(&r.reason)
+        );
+        println!("    cgroup: {}", r.cgroup);
+        println!("    node:   {}", policy::one_line(&r.node));
+        if let Some(from) = &r.reclaimed_from {
+            println!("    lease reclaimed from {from}, which no longer exists");
         }
     }
     if let Some(m) = &rec.message {

@@ -108,7 +108,8 @@ fn gate(
         return Ok(Report::default());
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let decisions = decide_all(&config, &ledger, devices);
+    let mut decisions = decide_all(&config, &ledger, devices);
+    let applied = crate::remap::apply(&config, state, &spec, &ledger, &mut decisions);
     let (action, message, warnings) = summarize(&decisions);
 
     let (time_unix, time) = crate::ledger::now();
@@ -123,13 +124,15 @@ fn gate(
         message: message.clone(),
         elapsed_us: started.elapsed().as_micros() as u64,
         version: crate::VERSION.to_string(),
+        remaps: applied.remaps,
     };
     keep_records(&config, &decision);
 
     let mut report = Report {
         exit_code: 0,
-        stderr: warnings,
+        stderr: applied.lines,
     };
+    report.stderr.extend(warnings);
     if action == ContainerAction::Reject {
         report.exit_code = 1;
         report.stderr.extend(message);
@@ -137,8 +140,8 @@ fn gate(
     Ok(report)
 }
 
-/// Probes every device and applies the policy. A device whose policy is remap cannot be
-/// remapped without a configured spare; it is rejected saying so.
+/// Probes every device and applies the policy. A device whose disposition is Remap is
+/// left for `remap::apply`, which remaps it or rejects it saying why.
 pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
     let node = NodeProbe {
         dev_root: config.dev_root.clone(),
@@ -152,21 +155,7 @@ pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec
         .into_iter()
         .map(|d| {
             let verdicts = probe::run_all(&probes, &d);
-            let mut dec = policy::decide(d, verdicts, &config.policy);
-            if dec.disposition == Disposition::Remap {
-                let why = match config.spares.get(&dec.device.class) {
-                    None => format!(
-                        "remap impossible: no spare configured for class {}",
-                        dec.device.class
-                    ),
-                    Some(_) => {
-                        "remap impossible: remapping is not supported by this build".to_string()
-                    }
-                };
-                dec.disposition = Disposition::Reject;
-                dec.reasons.push(why);
-            }
-            dec
+            policy::decide(d, verdicts, &config.policy)
         })
         .collect()
 }
@@ -201,6 +190,11 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (ContainerAction, Option<Strin
     }
     let action = if decisions
         .iter()
+        .any(|d| d.disposition == Disposition::Remap)
+    {
+        ContainerAction::Remap
+    } else if decisions
+        .iter()
         .any(|d| d.disposition == Disposition::Allowed)
         || !warnings.is_empty()
     {
@@ -225,7 +219,13 @@ fn keep_records(config: &Config, decision: &Decision) {
 }
 
 /// poststop never fails the container's lifecycle; a bundle already gone is normal.
-fn poststop(state: &State, _config_path: Option<&Path>) -> Result<Report> {
+fn poststop(state: &State, config_path: Option<&Path>) -> Result<Report> {
     log::debug!("poststop for {}", state.id);
+    match Config::load(config_path) {
+        Ok(config) => {
+            crate::remap::release(&config, &state.id);
+        }
+        Err(e) => log::error!("poststop for {}: cannot release spares: {e}", state.id),
+    }
     Ok(Report::default())
 }

@@ -1,6 +1,7 @@
 //! devgate: an OCI runtime hook that checks the devices assigned to a container before it
 //! starts, and tells kubelet and operators why when a device is the reason it cannot.
 
+pub mod cgroup;
 pub mod class;
 pub mod cli;
 pub mod config;
@@ -9,9 +10,11 @@ pub mod error;
 pub mod fsutil;
 pub mod hook;
 pub mod ledger;
+pub mod nsdev;
 pub mod policy;
 pub mod probe;
 pub mod record;
+pub mod remap;
 pub mod spec;
 pub mod state;
 

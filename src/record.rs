@@ -80,6 +80,9 @@ pub struct Decision {
     pub message: Option<String>,
     pub elapsed_us: u64,
     pub version: String,
+    /// Devices swapped for spares, what was edited and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remaps: Vec<crate::remap::RemapRecord>,
 }
 
 /// Appends one line. O_APPEND keeps concurrent hooks' lines whole; the directory is
