@@ -281,3 +281,4 @@ pub fn unique_id(tag: &str) -> String {
         SEQ.fetch_add(1, Ordering::SeqCst)
     )
 }
+pub mod fake;
