@@ -269,7 +269,11 @@ fn status(args: &Args) -> Result<()> {
     });
     for (num, slot) in &lease_slots {
         if let crate::ledger::lease::Slot::Held(l) = slot {
-            add(host_device(*num, &l.class, Some(l.spare_path.clone())), "spare", &mut rows);
+            add(
+                host_device(*num, &l.class, Some(l.spare_path.clone())),
+                "spare",
+                &mut rows,
+            );
         }
     }
 
@@ -346,7 +350,10 @@ fn status(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn lease_json(slots: &[(DevNum, crate::ledger::lease::Slot)], num: DevNum) -> Option<serde_json::Value> {
+fn lease_json(
+    slots: &[(DevNum, crate::ledger::lease::Slot)],
+    num: DevNum,
+) -> Option<serde_json::Value> {
     use crate::ledger::lease::Slot;
     match slots.iter().find(|(n, _)| *n == num).map(|(_, s)| s) {
         Some(Slot::Held(l)) => serde_json::to_value(l).ok(),

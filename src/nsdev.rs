@@ -197,9 +197,7 @@ unsafe fn child(
                 break 'run E_NOTDEV;
             }
             let is = |d: (libc::mode_t, u32, u32)| {
-                fmt == d.0
-                    && libc::major(st.st_rdev) == d.1
-                    && libc::minor(st.st_rdev) == d.2
+                fmt == d.0 && libc::major(st.st_rdev) == d.1 && libc::minor(st.st_rdev) == d.2
             };
             if is(spare) {
                 break 'run ALREADY;
@@ -219,8 +217,13 @@ unsafe fn child(
                 r[1] = errno();
                 break 'run E_MKNOD;
             }
-            if libc::fchownat(dir, tmp.as_ptr(), st.st_uid, st.st_gid, libc::AT_SYMLINK_NOFOLLOW)
-                != 0
+            if libc::fchownat(
+                dir,
+                tmp.as_ptr(),
+                st.st_uid,
+                st.st_gid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            ) != 0
             {
                 r[1] = errno();
                 libc::unlinkat(dir, tmp.as_ptr(), 0);
@@ -254,7 +257,11 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: fds is a valid two-int array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(Error::io("cannot create pipe", "pipe2", std::io::Error::last_os_error()));
+        return Err(Error::io(
+            "cannot create pipe",
+            "pipe2",
+            std::io::Error::last_os_error(),
+        ));
     }
     // SAFETY: both fds were just created and are owned only here.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
@@ -320,7 +327,11 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
     let rootfs = CString::new(edit.rootfs.as_os_str().as_bytes())
         .map_err(|_| Error::invalid(&ctx, "rootfs path contains NUL"))?;
     let tmp = CString::new(format!(".devgate-remap-{}", std::process::id())).expect("no NUL");
-    let expect = (s_ifmt(edit.expect.typ), edit.expect.major, edit.expect.minor);
+    let expect = (
+        s_ifmt(edit.expect.typ),
+        edit.expect.major,
+        edit.expect.minor,
+    );
     let spare = (s_ifmt(edit.spare.typ), edit.spare.major, edit.spare.minor);
     let (rd, wr) = pipe()?;
     let deadline = Instant::now() + edit.timeout;
@@ -329,7 +340,11 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
     // and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(Error::io("cannot fork", &ns_path, std::io::Error::last_os_error()));
+        return Err(Error::io(
+            "cannot fork",
+            &ns_path,
+            std::io::Error::last_os_error(),
+        ));
     }
     if pid == 0 {
         // SAFETY: in the child of fork.
@@ -358,7 +373,10 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
     let r = report.map_err(|m| {
         Error::invalid(
             &ctx,
-            format!("the /dev edit in the mount namespace of pid {} failed: {m}", edit.pid),
+            format!(
+                "the /dev edit in the mount namespace of pid {} failed: {m}",
+                edit.pid
+            ),
         )
     })?;
 
@@ -369,7 +387,11 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
         }
         p.display().to_string()
     };
-    let os = |e: i32| std::io::Error::from_raw_os_error(e).to_string().to_lowercase();
+    let os = |e: i32| {
+        std::io::Error::from_raw_os_error(e)
+            .to_string()
+            .to_lowercase()
+    };
     let found = format!("{}:{}", r[6], r[7]);
     let msg = match r[0] {
         OK | ALREADY => {
@@ -476,13 +498,29 @@ mod tests {
         mknod(&r.join("dev/zero"), 1, 5, 0o640);
         std::os::unix::fs::chown(r.join("dev/zero"), Some(7), Some(9)).unwrap();
         let out = replace_node(&edit(&r, Path::new("/dev/zero"))).unwrap();
-        assert_eq!(out, Replaced { mode: 0o640, uid: 7, gid: 9, already: false });
+        assert_eq!(
+            out,
+            Replaced {
+                mode: 0o640,
+                uid: 7,
+                gid: 9,
+                already: false
+            }
+        );
         let m = fs::symlink_metadata(r.join("dev/zero")).unwrap();
         assert_eq!(DevNum::from_metadata(&m), Some(num(1, 7)));
         assert_eq!((m.mode() & 0o7777, m.uid(), m.gid()), (0o640, 7, 9));
-        assert_eq!(fs::read_dir(r.join("dev")).unwrap().count(), 1, "no temp left");
+        assert_eq!(
+            fs::read_dir(r.join("dev")).unwrap().count(),
+            1,
+            "no temp left"
+        );
         // twice is a no-op
-        assert!(replace_node(&edit(&r, Path::new("/dev/zero"))).unwrap().already);
+        assert!(
+            replace_node(&edit(&r, Path::new("/dev/zero")))
+                .unwrap()
+                .already
+        );
     }
 
     #[test]
@@ -497,16 +535,27 @@ mod tests {
         mknod(&outside.join("zero"), 1, 5, 0o666);
         fs::remove_dir(r.join("dev")).unwrap();
         std::os::unix::fs::symlink(&outside, r.join("dev")).unwrap();
-        let e = replace_node(&edit(&r, Path::new("/dev/zero"))).unwrap_err().to_string();
-        assert!(e.contains("/dev is a symlink in the container's rootfs"), "{e}");
+        let e = replace_node(&edit(&r, Path::new("/dev/zero")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/dev is a symlink in the container's rootfs"),
+            "{e}"
+        );
         // the final node a symlink to a host-looking path
         fs::remove_file(r.join("dev")).unwrap();
         fs::create_dir(r.join("dev")).unwrap();
         std::os::unix::fs::symlink(outside.join("zero"), r.join("dev/zero")).unwrap();
-        let e = replace_node(&edit(&r, Path::new("/dev/zero"))).unwrap_err().to_string();
+        let e = replace_node(&edit(&r, Path::new("/dev/zero")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/dev/zero is a symlink"), "{e}");
         let m = fs::symlink_metadata(outside.join("zero")).unwrap();
-        assert_eq!(DevNum::from_metadata(&m), Some(num(1, 5)), "outside untouched");
+        assert_eq!(
+            DevNum::from_metadata(&m),
+            Some(num(1, 5)),
+            "outside untouched"
+        );
         assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
     }
 
@@ -517,14 +566,25 @@ mod tests {
         }
         let r = rootfs("wrong");
         mknod(&r.join("dev/zero"), 1, 3, 0o666);
-        let e = replace_node(&edit(&r, Path::new("/dev/zero"))).unwrap_err().to_string();
-        assert!(e.contains("node is 1:3, not the device being replaced (1:5)"), "{e}");
-        let e = replace_node(&edit(&r, Path::new("/dev/nope"))).unwrap_err().to_string();
+        let e = replace_node(&edit(&r, Path::new("/dev/zero")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("node is 1:3, not the device being replaced (1:5)"),
+            "{e}"
+        );
+        let e = replace_node(&edit(&r, Path::new("/dev/nope")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no node at this path"), "{e}");
         fs::write(r.join("dev/file"), b"").unwrap();
-        let e = replace_node(&edit(&r, Path::new("/dev/file/x"))).unwrap_err().to_string();
+        let e = replace_node(&edit(&r, Path::new("/dev/file/x")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/dev/file is not a directory"), "{e}");
-        let e = replace_node(&edit(&r, Path::new("/dev/../../etc/passwd"))).unwrap_err().to_string();
+        let e = replace_node(&edit(&r, Path::new("/dev/../../etc/passwd")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'..'"), "{e}");
     }
 }

@@ -118,7 +118,11 @@ pub fn healthy_spares(
             if reasons.is_empty() {
                 reasons = bad.iter().map(|s| s.to_string()).collect();
             }
-            why.push(format!("{} unhealthy: {}", path.display(), reasons.join("; ")));
+            why.push(format!(
+                "{} unhealthy: {}",
+                path.display(),
+                reasons.join("; ")
+            ));
             continue;
         }
         ok.push((num, path.clone()));
@@ -294,7 +298,10 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
 }
 
 fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
-    for d in decisions.iter_mut().filter(|d| d.disposition == Disposition::Remap) {
+    for d in decisions
+        .iter_mut()
+        .filter(|d| d.disposition == Disposition::Remap)
+    {
         d.disposition = Disposition::Reject;
         d.reasons.push(format!("remap impossible: {why}"));
     }
@@ -310,11 +317,20 @@ pub fn apply(
     ledger: &Ledger,
     decisions: &mut [DeviceDecision],
 ) -> Applied {
-    if !decisions.iter().any(|d| d.disposition == Disposition::Remap) {
+    if !decisions
+        .iter()
+        .any(|d| d.disposition == Disposition::Remap)
+    {
         return Applied::default();
     }
-    if decisions.iter().any(|d| d.disposition == Disposition::Reject) {
-        fail_all(decisions, "not attempted, the container is rejected for another device");
+    if decisions
+        .iter()
+        .any(|d| d.disposition == Disposition::Reject)
+    {
+        fail_all(
+            decisions,
+            "not attempted, the container is rejected for another device",
+        );
         return Applied::default();
     }
     let Some(pid) = state.pid() else {
@@ -353,18 +369,18 @@ pub fn apply(
     };
     let mut out = Applied::default();
     let mut failed = None;
-    for i in 0..decisions.len() {
-        if decisions[i].disposition != Disposition::Remap {
+    for (i, dec) in decisions.iter_mut().enumerate() {
+        if dec.disposition != Disposition::Remap {
             continue;
         }
-        match remap_one(&mut cx, &decisions[i]) {
+        match remap_one(&mut cx, dec) {
             Ok(r) => {
-                out.lines.push(r.line(&decisions[i].device));
+                out.lines.push(r.line(&dec.device));
                 out.remaps.push(r);
             }
             Err(m) => {
-                decisions[i].disposition = Disposition::Reject;
-                decisions[i].reasons.push(format!("remap impossible: {m}"));
+                dec.disposition = Disposition::Reject;
+                dec.reasons.push(format!("remap impossible: {m}"));
                 failed = Some(i);
                 break;
             }
@@ -428,12 +444,18 @@ mod tests {
     fn unhealthy_and_missing_spares_are_named() {
         let dir = std::env::temp_dir().join(format!("devgate-remap-sp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let mut config = Config::default();
-        config.quarantine_dir = dir.join("q");
-        config.state_dir = dir.join("s");
+        let mut config = Config {
+            quarantine_dir: dir.join("q"),
+            state_dir: dir.join("s"),
+            ..Config::default()
+        };
         config.spares.insert(
             "char".into(),
-            vec!["/dev/full".into(), "/dev/urandom".into(), "/nonexistent/x".into()],
+            vec![
+                "/dev/full".into(),
+                "/dev/urandom".into(),
+                "/nonexistent/x".into(),
+            ],
         );
         let ledger = Ledger::new(&config.quarantine_dir);
         let full = spare_device(Path::new("/dev/full"), "char").unwrap().num;
@@ -441,7 +463,11 @@ mod tests {
         let (ok, why) = healthy_spares(&config, &ledger, "char", &[]);
         assert_eq!(ok.len(), 1, "{ok:?} {why:?}");
         assert_eq!(ok[0].1, PathBuf::from("/dev/urandom"));
-        assert!(why.iter().any(|w| w.starts_with("/dev/full unhealthy: quarantined")), "{why:?}");
+        assert!(
+            why.iter()
+                .any(|w| w.starts_with("/dev/full unhealthy: quarantined")),
+            "{why:?}"
+        );
         assert!(why.iter().any(|w| w.contains("/nonexistent/x")), "{why:?}");
         let (ok, _) = healthy_spares(&config, &ledger, "char", &[ok[0].0]);
         assert!(ok.is_empty());

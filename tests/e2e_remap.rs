@@ -54,7 +54,10 @@ fn runc_v1_remap_zero_to_full_and_back() {
     }
     let env = remap_env("rm-v1", &["/dev/full"]);
     env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
-    let mut b = Bundle::new("rm-v1", &["sh", "-c", &format!("({PROBE_SCRIPT}) > /out/ran")]);
+    let mut b = Bundle::new(
+        "rm-v1",
+        &["sh", "-c", &format!("({PROBE_SCRIPT}) > /out/ran")],
+    );
     b.add_device("/dev/zero", "c", 1, 5);
     // runc drops a successful hook's stderr; keep it through a shell.
     let hook_err = env.dir.join("prestart.err");
@@ -66,10 +69,15 @@ fn runc_v1_remap_zero_to_full_and_back() {
     let all = text(&out);
     assert!(out.status.success(), "{all}");
     let stderr = read(&hook_err);
-    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("devgate: remapped")).collect();
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("devgate: remapped"))
+        .collect();
     assert_eq!(
         lines,
-        vec![r#"devgate: remapped /dev/zero (1:5) -> /dev/full (1:7): quarantined by operator: "x""#],
+        vec![
+            r#"devgate: remapped /dev/zero (1:5) -> /dev/full (1:7): quarantined by operator: "x""#
+        ],
         "{all}"
     );
 
@@ -89,20 +97,38 @@ fn runc_v1_remap_zero_to_full_and_back() {
         "{}",
         read(&b.rootfs().join("out/bad.err"))
     );
-    assert!(ran.contains("open-spare=ok"), "{ran}\n{}", read(&b.rootfs().join("out/spare.err")));
+    assert!(
+        ran.contains("open-spare=ok"),
+        "{ran}\n{}",
+        read(&b.rootfs().join("out/spare.err"))
+    );
 
     // recorded: log line, record, explain
     let last = env.log_lines().pop().expect("a decision line");
     assert_eq!(last["action"], "remap", "{last}");
-    assert_eq!(last["remaps"][0]["spare"], json!({"type": "c", "major": 1, "minor": 7}));
+    assert_eq!(
+        last["remaps"][0]["spare"],
+        json!({"type": "c", "major": 1, "minor": 7})
+    );
     assert_eq!(last["remaps"][0]["spare_path"], "/dev/full");
-    assert!(last["remaps"][0]["cgroup"].as_str().unwrap().starts_with("cgroup v1 /sys/fs/cgroup/devices/"), "{last}");
+    assert!(
+        last["remaps"][0]["cgroup"]
+            .as_str()
+            .unwrap()
+            .starts_with("cgroup v1 /sys/fs/cgroup/devices/"),
+        "{last}"
+    );
     let explained = env.ok(&["explain", &id]);
     assert!(
-        explained.contains(r#"remapped /dev/zero (1:5) -> /dev/full (1:7): quarantined by operator: "x""#),
+        explained.contains(
+            r#"remapped /dev/zero (1:5) -> /dev/full (1:7): quarantined by operator: "x""#
+        ),
         "{explained}"
     );
-    assert!(explained.contains("/dev/zero is now c 1:7 (mode 666, uid 0, gid 0)"), "{explained}");
+    assert!(
+        explained.contains("/dev/zero is now c 1:7 (mode 666, uid 0, gid 0)"),
+        "{explained}"
+    );
 
     // poststop gave the spare back
     let status: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
@@ -125,14 +151,23 @@ fn runc_v1_remap_zero_to_full_and_back() {
     let out = runtime_run("runc", &b, &unique_id("v1c"));
     let all = text(&out) + &read(&hook_err);
     assert!(!out.status.success(), "{all}");
-    assert!(says(&all, r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no free healthy spare of class char (/dev/full unhealthy: quarantined by operator: "spare bad"); policy remap"#), "{all}");
+    assert!(
+        says(
+            &all,
+            r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no free healthy spare of class char (/dev/full unhealthy: quarantined by operator: "spare bad"); policy remap"#
+        ),
+        "{all}"
+    );
     assert!(!b.marker().exists(), "the process ran although rejected");
 }
 
 #[test]
 fn runc_remap_without_spare_configured_is_rejected() {
     require_root!();
-    let env = Env::with("rm-nospare", json!({"policy": {"classes": {"char": "remap"}}}));
+    let env = Env::with(
+        "rm-nospare",
+        json!({"policy": {"classes": {"char": "remap"}}}),
+    );
     env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
     let mut b = Bundle::new("rm-nospare", &["sh", "-c", "echo ran > /out/ran"]);
     b.add_device("/dev/zero", "c", 1, 5);
@@ -140,7 +175,13 @@ fn runc_remap_without_spare_configured_is_rejected() {
     let out = runtime_run("runc", &b, &unique_id("ns"));
     let all = text(&out);
     assert!(!out.status.success(), "{all}");
-    assert!(says(&all, r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no spare configured for class char; policy remap"#), "{all}");
+    assert!(
+        says(
+            &all,
+            r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no spare configured for class char; policy remap"#
+        ),
+        "{all}"
+    );
     assert!(!b.marker().exists());
 }
 
@@ -158,14 +199,20 @@ fn runc_rootfs_with_dev_symlink_is_rejected_and_host_untouched() {
     // the container's /dev is a symlink to /etc, a host-looking path
     fs::remove_dir(b.rootfs().join("dev")).unwrap();
     std::os::unix::fs::symlink("/etc", b.rootfs().join("dev")).unwrap();
-    let host_etc_before: Vec<_> = fs::read_dir("/etc").unwrap().map(|e| e.unwrap().file_name()).collect();
+    let host_etc_before: Vec<_> = fs::read_dir("/etc")
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     let out = runtime_run("runc", &b, &unique_id("sym"));
     let all = text(&out);
     assert!(!out.status.success(), "{all}");
     assert!(says(&all, "devgate: rejected /dev/zero (1:5): quarantined by operator: \"x\"; remap impossible: cannot replace the node in the container: container path /dev/zero: /dev is a symlink in the container's rootfs; devgate never follows a container's symlinks; policy remap"), "{all}");
     assert!(!b.marker().exists());
     // nothing on the host changed: /etc has the same names, /dev/zero is still 1:5
-    let host_etc_after: Vec<_> = fs::read_dir("/etc").unwrap().map(|e| e.unwrap().file_name()).collect();
+    let host_etc_after: Vec<_> = fs::read_dir("/etc")
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(host_etc_before.len(), host_etc_after.len());
     assert!(!Path::new("/etc/zero").exists());
     let z = fs::metadata("/dev/zero").unwrap();
@@ -214,12 +261,21 @@ fn thirty_two_prestarts_two_spares() {
     let env = remap_env("rm-conc", &["/dev/full", "/dev/urandom"]);
     env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
     let tag = std::process::id();
-    let fakes: Vec<FakeContainer> = (0..32).map(|i| FakeContainer::new(&format!("c{tag}-{i}"))).collect();
+    let fakes: Vec<FakeContainer> = (0..32)
+        .map(|i| FakeContainer::new(&format!("c{tag}-{i}")))
+        .collect();
     let mut kids: Vec<Child> = fakes.iter().map(|_| hook(&env, "prestart")).collect();
     for (k, f) in kids.iter_mut().zip(&fakes) {
-        k.stdin.take().unwrap().write_all(f.state_json().as_bytes()).unwrap();
+        k.stdin
+            .take()
+            .unwrap()
+            .write_all(f.state_json().as_bytes())
+            .unwrap();
     }
-    let outs: Vec<_> = kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| k.wait_with_output().unwrap())
+        .collect();
     let mut winners = Vec::new();
     for (i, o) in outs.iter().enumerate() {
         let err = String::from_utf8_lossy(&o.stderr);
@@ -240,7 +296,10 @@ fn thirty_two_prestarts_two_spares() {
     assert_eq!(winners.len(), 2, "exactly two remaps");
     let leases = lease_files(&env);
     assert_eq!(leases.len(), 2, "{leases:?}");
-    let holders: Vec<&str> = leases.iter().map(|(_, v)| v["container_id"].as_str().unwrap()).collect();
+    let holders: Vec<&str> = leases
+        .iter()
+        .map(|(_, v)| v["container_id"].as_str().unwrap())
+        .collect();
     assert_ne!(holders[0], holders[1], "one spare each");
     let mut nodes = Vec::new();
     for (i, f) in fakes.iter().enumerate() {
@@ -260,13 +319,22 @@ fn thirty_two_prestarts_two_spares() {
 
     // status shows both leases
     let status: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
-    let leased: Vec<&Value> = status.as_array().unwrap().iter().filter(|r| !r["lease"].is_null()).collect();
+    let leased: Vec<&Value> = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["lease"].is_null())
+        .collect();
     assert_eq!(leased.len(), 2, "{status}");
 
     // every poststop at once: both spares free
     let mut kids: Vec<Child> = fakes.iter().map(|_| hook(&env, "poststop")).collect();
     for (k, f) in kids.iter_mut().zip(&fakes) {
-        k.stdin.take().unwrap().write_all(f.state_json().as_bytes()).unwrap();
+        k.stdin
+            .take()
+            .unwrap()
+            .write_all(f.state_json().as_bytes())
+            .unwrap();
     }
     for k in kids {
         let o = k.wait_with_output().unwrap();
@@ -275,7 +343,11 @@ fn thirty_two_prestarts_two_spares() {
     assert!(lease_files(&env).is_empty());
     // and poststop again is harmless
     let mut k = hook(&env, "poststop");
-    k.stdin.take().unwrap().write_all(fakes[winners[0]].state_json().as_bytes()).unwrap();
+    k.stdin
+        .take()
+        .unwrap()
+        .write_all(fakes[winners[0]].state_json().as_bytes())
+        .unwrap();
     assert!(k.wait_with_output().unwrap().status.success());
 }
 
@@ -307,7 +379,11 @@ fn killed_at_random_during_lease_writes_leaves_a_ledger_that_parses() {
     for (j, stage) in ["prestart", "poststop"].iter().enumerate() {
         let t = std::time::Instant::now();
         let mut k = hook(&env, stage);
-        k.stdin.take().unwrap().write_all(f.state_json().as_bytes()).unwrap();
+        k.stdin
+            .take()
+            .unwrap()
+            .write_all(f.state_json().as_bytes())
+            .unwrap();
         assert!(k.wait_with_output().unwrap().status.success());
         span[j] = t.elapsed().as_micros() as u64 + 1;
     }
@@ -316,7 +392,11 @@ fn killed_at_random_during_lease_writes_leaves_a_ledger_that_parses() {
     for i in 0..ROUNDS {
         let stage = if i % 2 == 0 { "prestart" } else { "poststop" };
         let mut k = hook(&env, stage);
-        k.stdin.take().unwrap().write_all(f.state_json().as_bytes()).unwrap();
+        k.stdin
+            .take()
+            .unwrap()
+            .write_all(f.state_json().as_bytes())
+            .unwrap();
         std::thread::sleep(Duration::from_micros(rand(&mut seed) % span[i % 2]));
         if k.try_wait().unwrap().is_none() {
             killed += 1;
@@ -331,16 +411,27 @@ fn killed_at_random_during_lease_writes_leaves_a_ledger_that_parses() {
         }
     }
     eprintln!("{killed} of {ROUNDS} hooks killed while running (spans {span:?} us)");
-    assert!(killed > 0, "no hook was ever killed mid-run; the test proved nothing");
+    assert!(
+        killed > 0,
+        "no hook was ever killed mid-run; the test proved nothing"
+    );
     // the ledger still works: a clean prestart remaps, a clean poststop frees
     let mut k = hook(&env, "prestart");
-    k.stdin.take().unwrap().write_all(f.state_json().as_bytes()).unwrap();
+    k.stdin
+        .take()
+        .unwrap()
+        .write_all(f.state_json().as_bytes())
+        .unwrap();
     let o = k.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(f.node(), (1, 7));
     assert_eq!(lease_files(&env).len(), 1);
     let mut k = hook(&env, "poststop");
-    k.stdin.take().unwrap().write_all(f.state_json().as_bytes()).unwrap();
+    k.stdin
+        .take()
+        .unwrap()
+        .write_all(f.state_json().as_bytes())
+        .unwrap();
     assert!(k.wait_with_output().unwrap().status.success());
     assert!(lease_files(&env).is_empty());
     let strays: Vec<_> = fs::read_dir(env.dir.join("state/leases"))
@@ -349,5 +440,8 @@ fn killed_at_random_during_lease_writes_leaves_a_ledger_that_parses() {
         .map(|e| e.file_name())
         .filter(|n| n.to_string_lossy().contains(".tmp."))
         .collect();
-    assert!(strays.is_empty(), "temp files left after a clean run: {strays:?}");
+    assert!(
+        strays.is_empty(),
+        "temp files left after a clean run: {strays:?}"
+    );
 }

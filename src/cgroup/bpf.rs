@@ -222,7 +222,13 @@ mod tests {
     use super::*;
     use oci_spec::runtime::LinuxDeviceCgroupBuilder;
 
-    fn rule(allow: bool, t: Option<LinuxDeviceType>, maj: Option<i64>, min: Option<i64>, acc: &str) -> LinuxDeviceCgroup {
+    fn rule(
+        allow: bool,
+        t: Option<LinuxDeviceType>,
+        maj: Option<i64>,
+        min: Option<i64>,
+        acc: &str,
+    ) -> LinuxDeviceCgroup {
         let mut b = LinuxDeviceCgroupBuilder::default().allow(allow).access(acc);
         if let Some(t) = t {
             b = b.typ(t);
@@ -285,14 +291,22 @@ mod tests {
         assert_eq!(emulate(&p, DEV_CHAR, W, 10, 5), Some(0));
         assert_eq!(emulate(&p, DEV_CHAR, W, 10, 6), Some(1));
         // an allow-all as the last rule ends the program right there
-        let p = program(&[rule(false, None, None, None, "rwm"), rule(true, Some(A), Some(-1), None, "")]).unwrap();
+        let p = program(&[
+            rule(false, None, None, None, "rwm"),
+            rule(true, Some(A), Some(-1), None, ""),
+        ])
+        .unwrap();
         assert_eq!(p.len(), 6 + 2);
         assert_eq!(emulate(&p, DEV_BLOCK, R | W | M, 259, 0), Some(1));
         // no rules: deny everything
         let p = program(&[]).unwrap();
         assert_eq!(emulate(&p, DEV_CHAR, R, 1, 3), Some(0));
         // 'u' is char, 'p' is no device at all
-        let p = program(&[rule(true, Some(LinuxDeviceType::U), Some(4), Some(1), "rw"), rule(true, Some(LinuxDeviceType::P), None, None, "rwm")]).unwrap();
+        let p = program(&[
+            rule(true, Some(LinuxDeviceType::U), Some(4), Some(1), "rw"),
+            rule(true, Some(LinuxDeviceType::P), None, None, "rwm"),
+        ])
+        .unwrap();
         assert_eq!(emulate(&p, DEV_CHAR, R, 4, 1), Some(1));
         assert_eq!(emulate(&p, DEV_CHAR, R, 4, 2), Some(0));
         let _ = Blk;

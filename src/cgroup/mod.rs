@@ -179,10 +179,7 @@ pub fn locate_from(proc_cgroup: &str, mountinfo: &str) -> std::result::Result<Lo
             path: l.path.clone(),
         });
     }
-    if let Some(l) = lines
-        .iter()
-        .find(|l| l.id == 0 && l.controllers.is_empty())
-    {
+    if let Some(l) = lines.iter().find(|l| l.id == 0 && l.controllers.is_empty()) {
         let m = mounts
             .iter()
             .find(|m| m.fstype == "cgroup2")
@@ -332,8 +329,11 @@ mod tests {
     #[test]
     fn refuses_odd_paths_and_missing_mounts() {
         assert!(locate_from("5:devices:/a/../../etc\n", MOUNTINFO).is_err());
-        let e = locate_from("5:devices:/t\n", "41 31 0:38 / /u rw - cgroup2 cgroup2 rw\n")
-            .unwrap_err();
+        let e = locate_from(
+            "5:devices:/t\n",
+            "41 31 0:38 / /u rw - cgroup2 cgroup2 rw\n",
+        )
+        .unwrap_err();
         assert!(e.contains("no devices controller is mounted"), "{e}");
         assert!(locate_from("garbage\n", MOUNTINFO).is_err());
         assert!(locate_from("", "").is_err());
@@ -341,7 +341,8 @@ mod tests {
 
     #[test]
     fn mountinfo_unescapes_and_tolerates_garbage() {
-        let m = parse_mountinfo("1 2 0:1 / /a\\040b rw shared:1 - cgroup cg rw,devices\nbad line\n");
+        let m =
+            parse_mountinfo("1 2 0:1 / /a\\040b rw shared:1 - cgroup cg rw,devices\nbad line\n");
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].mount_point, PathBuf::from("/a b"));
         assert_eq!(unescape("x\\"), "x\\");

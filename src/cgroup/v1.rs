@@ -35,9 +35,9 @@ pub struct ListEntry {
 
 impl ListEntry {
     fn covers(&self, n: DevNum) -> bool {
-        self.typ.is_none_or(|t| t == n.typ)
-            && self.major.is_none_or(|m| m == n.major)
-            && self.minor.is_none_or(|m| m == n.minor)
+        self.typ.map_or(true, |t| t == n.typ)
+            && self.major.map_or(true, |m| m == n.major)
+            && self.minor.map_or(true, |m| m == n.minor)
     }
 }
 
@@ -70,7 +70,11 @@ pub fn parse_list(text: &str) -> Vec<ListEntry> {
 }
 
 /// What devices.list says about the change; `Err` says what is still wrong.
-pub fn check_list(entries: &[ListEntry], bad: DevNum, spare: DevNum) -> std::result::Result<(), String> {
+pub fn check_list(
+    entries: &[ListEntry],
+    bad: DevNum,
+    spare: DevNum,
+) -> std::result::Result<(), String> {
     // A default-allow cgroup lists only `a *:* rwm` and hides its deny exceptions; the
     // kernel accepted the deny write, which is all there is to see.
     let allow_all = entries.len() == 1
@@ -81,7 +85,8 @@ pub fn check_list(entries: &[ListEntry], bad: DevNum, spare: DevNum) -> std::res
         return Ok(());
     }
     // `c *:* m` (every runtime's default) lets mknod through; opening is what matters.
-    let opens = |e: &&ListEntry| e.covers(bad) && (e.access.contains('r') || e.access.contains('w'));
+    let opens =
+        |e: &&ListEntry| e.covers(bad) && (e.access.contains('r') || e.access.contains('w'));
     if let Some(e) = entries.iter().find(opens) {
         return Err(format!(
             "{} {} is still allowed by the rule {} {}:{} {}",
@@ -123,7 +128,10 @@ pub fn remap(dir: &Path, bad: DevNum, spare: DevNum) -> Result<()> {
     write_file(dir, "devices.allow", &rule(spare, "rwm"))?;
     let entries = read_list(dir)?;
     check_list(&entries, bad, spare).map_err(|m| {
-        Error::invalid(format!("devices cgroup {}", dir.join("devices.list").display()), m)
+        Error::invalid(
+            format!("devices cgroup {}", dir.join("devices.list").display()),
+            m,
+        )
     })
 }
 
@@ -163,7 +171,10 @@ mod tests {
         }
         let root = Path::new("/sys/fs/cgroup/devices");
         if !root.join("devices.allow").exists() {
-            eprintln!("skipped: no v1 devices controller mounted at {}", root.display());
+            eprintln!(
+                "skipped: no v1 devices controller mounted at {}",
+                root.display()
+            );
             return;
         }
         let dir = root.join(format!("devgate-unit-{}", std::process::id()));
@@ -177,6 +188,9 @@ mod tests {
         let _ = std::fs::remove_dir(&dir);
         let list = res.unwrap();
         assert!(!list.iter().any(|e| e.covers(ZERO)), "{list:?}");
-        assert!(list.iter().any(|e| e.covers(FULL) && e.access == "rwm"), "{list:?}");
+        assert!(
+            list.iter().any(|e| e.covers(FULL) && e.access == "rwm"),
+            "{list:?}"
+        );
     }
 }

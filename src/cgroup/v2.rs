@@ -159,7 +159,10 @@ pub fn load(prog: &[bpf::Insn]) -> std::result::Result<OwnedFd, String> {
             let text = String::from_utf8_lossy(&log);
             let text = text.trim_end_matches('\0').trim();
             let tail: Vec<&str> = text.lines().rev().take(3).collect();
-            let mut msg = format!("BPF_PROG_LOAD of a {}-instruction device program: {e}", insns.len());
+            let mut msg = format!(
+                "BPF_PROG_LOAD of a {}-instruction device program: {e}",
+                insns.len()
+            );
             if !tail.is_empty() {
                 msg.push_str(": verifier: ");
                 msg.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" / "));
@@ -217,16 +220,29 @@ pub fn replace(dir: &Path, rules: &[LinuxDeviceCgroup]) -> Result<Replaced> {
         .iter()
         .map(|id| {
             prog_fd(*id).map_err(|e| {
-                Error::io(format!("cannot open attached device program {id} of"), dir, e)
+                Error::io(
+                    format!("cannot open attached device program {id} of"),
+                    dir,
+                    e,
+                )
             })
         })
         .collect::<Result<_>>()?;
     if old.is_empty() || flags & BPF_F_ALLOW_MULTI != 0 {
-        attach(&cg, &fd, BPF_F_ALLOW_MULTI)
-            .map_err(|e| Error::io("cannot attach device program (BPF_F_ALLOW_MULTI) to", dir, e))?;
+        attach(&cg, &fd, BPF_F_ALLOW_MULTI).map_err(|e| {
+            Error::io(
+                "cannot attach device program (BPF_F_ALLOW_MULTI) to",
+                dir,
+                e,
+            )
+        })?;
         for (id, f) in old.iter().zip(&olds) {
             detach(&cg, f).map_err(|e| {
-                Error::io(format!("cannot detach the old device program {id} from"), dir, e)
+                Error::io(
+                    format!("cannot detach the old device program {id} from"),
+                    dir,
+                    e,
+                )
             })?;
         }
     } else {
@@ -251,6 +267,11 @@ pub fn attach_new(dir: &Path, rules: &[LinuxDeviceCgroup]) -> Result<()> {
     let prog = bpf::program(rules).map_err(|m| Error::invalid("device rules", m))?;
     let cg = open_cgroup(dir)?;
     let fd = load(&prog).map_err(|m| Error::invalid(format!("cgroup {}", dir.display()), m))?;
-    attach(&cg, &fd, BPF_F_ALLOW_MULTI)
-        .map_err(|e| Error::io("cannot attach device program (BPF_F_ALLOW_MULTI) to", dir, e))
+    attach(&cg, &fd, BPF_F_ALLOW_MULTI).map_err(|e| {
+        Error::io(
+            "cannot attach device program (BPF_F_ALLOW_MULTI) to",
+            dir,
+            e,
+        )
+    })
 }

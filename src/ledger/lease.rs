@@ -47,6 +47,7 @@ pub enum Slot {
 
 /// What a request for one spare among several came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // one per hook call
 pub enum Outcome {
     /// `reclaimed` is the lease of a container that no longer exists, taken over.
     Leased {
@@ -142,7 +143,10 @@ impl Leases {
             if Instant::now() >= deadline {
                 return Err(Error::invalid(
                     format!("lease lock {}", path.display()),
-                    format!("still held by another devgate after {} s", timeout.as_secs()),
+                    format!(
+                        "still held by another devgate after {} s",
+                        timeout.as_secs()
+                    ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -225,7 +229,11 @@ impl Leases {
                     ));
                     continue;
                 }
-                Slot::Held(h) if h.container_id == want.container_id && h.replaces == want.replaces && holder_alive(&h) => {
+                Slot::Held(h)
+                    if h.container_id == want.container_id
+                        && h.replaces == want.replaces
+                        && holder_alive(&h) =>
+                {
                     return Ok(Outcome::Leased {
                         lease: h,
                         reclaimed: None,
@@ -315,7 +323,10 @@ mod tests {
     }
 
     fn cands() -> Vec<(DevNum, PathBuf)> {
-        vec![(num(6), "/dev/nvidia6".into()), (num(7), "/dev/nvidia7".into())]
+        vec![
+            (num(6), "/dev/nvidia6".into()),
+            (num(7), "/dev/nvidia7".into()),
+        ]
     }
 
     fn leased(o: Outcome) -> Lease {
@@ -348,7 +359,10 @@ mod tests {
         assert!(!l.release(num(6), "b").unwrap(), "b does not hold 6");
         assert_eq!(l.release_container("a").unwrap().len(), 1);
         assert!(l.release_container("a").unwrap().is_empty(), "idempotent");
-        assert_eq!(leased(l.acquire(&cands(), &want("c", me)).unwrap()).spare, num(6));
+        assert_eq!(
+            leased(l.acquire(&cands(), &want("c", me)).unwrap()).spare,
+            num(6)
+        );
     }
 
     #[test]
@@ -360,19 +374,31 @@ mod tests {
         let mut w = want("gone", dead);
         w.pid_start = Some(1);
         leased(l.acquire(&cands()[..1], &w).unwrap());
-        match l.acquire(&cands()[..1], &want("new", std::process::id() as i32)).unwrap() {
-            Outcome::Leased { lease, reclaimed, .. } => {
+        match l
+            .acquire(&cands()[..1], &want("new", std::process::id() as i32))
+            .unwrap()
+        {
+            Outcome::Leased {
+                lease, reclaimed, ..
+            } => {
                 assert_eq!(lease.container_id, "new");
                 assert_eq!(reclaimed.unwrap().container_id, "gone");
             }
             o => panic!("{o:?}"),
         }
         fs::write(l.path(num(7)), b"{\"spare\": ").unwrap();
-        match l.acquire(&cands()[1..], &want("x", std::process::id() as i32)).unwrap() {
+        match l
+            .acquire(&cands()[1..], &want("x", std::process::id() as i32))
+            .unwrap()
+        {
             Outcome::NoneFree(w) => assert!(w[0].contains("is damaged"), "{w:?}"),
             o => panic!("{o:?}"),
         }
-        assert_eq!(fs::read(l.path(num(7))).unwrap(), b"{\"spare\": ", "never overwritten");
+        assert_eq!(
+            fs::read(l.path(num(7))).unwrap(),
+            b"{\"spare\": ",
+            "never overwritten"
+        );
         assert!(matches!(l.list().unwrap()[1].1, Slot::Damaged { .. }));
         // a stray temp file of a dead writer is swept under the lock
         fs::write(l.dir.join(".c-195-6.json.tmp.99999"), b"x").unwrap();
