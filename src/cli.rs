@@ -269,6 +269,9 @@ fn status(args: &Args) -> Result<()> {
     });
     for (num, slot) in &lease_slots {
         if let crate::ledger::lease::Slot::Held(l) = slot {
+            if rows.iter().any(|(d, _)| d.num == *num) {
+                continue;
+            }
             add(
                 host_device(*num, &l.class, Some(l.spare_path.clone())),
                 "spare",

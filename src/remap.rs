@@ -165,6 +165,19 @@ pub fn systemd_running() -> bool {
     Path::new("/run/systemd/system").is_dir()
 }
 
+/// The rule list a v2 replacement program is built from: the container's own rules, the
+/// rules runc appends to every container, then the remaps (deny bad, allow spare), last so
+/// that they win.
+pub fn v2_rules(
+    spec_rules: &[oci_spec::runtime::LinuxDeviceCgroup],
+    changes: &[oci_spec::runtime::LinuxDeviceCgroup],
+) -> Vec<oci_spec::runtime::LinuxDeviceCgroup> {
+    let mut rules = spec_rules.to_vec();
+    rules.extend(cgroup::runtime_default_rules());
+    rules.extend(changes.iter().cloned());
+    rules
+}
+
 struct Ctx<'a> {
     config: &'a Config,
     state: &'a State,
@@ -233,9 +246,7 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
         Location::V2 { dir, .. } => {
             cx.changes.push(cgroup::device_rule(false, d.num, "rwm"));
             cx.changes.push(cgroup::device_rule(true, spare, "rwm"));
-            let mut rules = cx.spec.device_rules().to_vec();
-            rules.extend(cgroup::runtime_default_rules());
-            rules.extend(cx.changes.iter().cloned());
+            let rules = v2_rules(cx.spec.device_rules(), &cx.changes);
             cgroup::v2::replace(dir, &rules)
                 .map(|r| {
                     format!(
@@ -422,6 +433,34 @@ pub fn release(config: &Config, container_id: &str) -> Vec<Lease> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v2_rules_deny_the_bad_device_even_where_runc_allows_it() {
+        use crate::cgroup::bpf::{
+            self, ACC_MKNOD as M, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C,
+        };
+        use crate::device::DevType;
+        let n = |minor| DevNum {
+            typ: DevType::Char,
+            major: 1,
+            minor,
+        };
+        let spec: Vec<oci_spec::runtime::LinuxDeviceCgroup> = serde_json::from_str(
+            r#"[{"allow":false,"access":"rwm"},{"allow":true,"type":"c","major":1,"minor":5,"access":"rwm"}]"#,
+        )
+        .unwrap();
+        // 1:5 is in runc's defaults too: the change must come after them
+        let changes = [
+            cgroup::device_rule(false, n(5), "rwm"),
+            cgroup::device_rule(true, n(7), "rwm"),
+        ];
+        let p = bpf::program(&v2_rules(&spec, &changes)).unwrap();
+        assert_eq!(bpf::emulate(&p, C, R | W, 1, 5), Some(0));
+        assert_eq!(bpf::emulate(&p, C, M, 1, 5), Some(0));
+        assert_eq!(bpf::emulate(&p, C, R | W, 1, 7), Some(1));
+        assert_eq!(bpf::emulate(&p, C, R | W, 1, 3), Some(1), "/dev/null kept");
+        assert_eq!(bpf::emulate(&p, C, R | W, 136, 0), Some(1), "pts kept");
+    }
 
     #[test]
     fn systemd_scope_refused_only_when_systemd_runs() {
