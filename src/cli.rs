@@ -232,6 +232,11 @@ fn status(args: &Args) -> Result<()> {
                 println!("{}", line.trim_end());
             }
         }
+        if let Some(l) = &r.lease {
+            println!("    {}", policy::one_line(&lease_text(l)));
+        } else if r.roles.contains(&"spare") {
+            println!("    spare, free");
+        }
     }
     Ok(())
 }
@@ -362,7 +367,50 @@ fn explain_start(rec: &record::Decision) {
             println!("{}", line.trim_end());
         }
     }
+    for r in &rec.remaps {
+        println!(
+            "  remapped {} ({}) -> {} ({}): {}",
+            r.container_path
+                .as_deref()
+                .or(r.host_path.as_deref())
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| format!("{} {}", r.device.typ.letter(), r.device)),
+            r.device,
+            r.spare_path.display(),
+            r.spare,
+            policy::one_line(&r.reason)
+        );
+        println!("    cgroup: {}", r.cgroup);
+        println!("    node:   {}", policy::one_line(&r.node));
+        if let Some(from) = &r.reclaimed_from {
+            println!("    lease reclaimed from {from}, which no longer exists");
+        }
+    }
     if let Some(m) = &rec.message {
         println!("  {m}");
     }
+}
+
+fn lease_text(l: &serde_json::Value) -> String {
+    let s = |k: &str| l.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
+    if l.get("damaged").is_some() {
+        return format!("lease file {} is damaged: {}", s("damaged"), s("error"));
+    }
+    let num = |k: &str| {
+        l.get(k)
+            .and_then(|v| serde_json::from_value::<crate::device::DevNum>(v.clone()).ok())
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "?".into())
+    };
+    format!(
+        "leased to {} (pid {}) since {}, standing in for {}{}",
+        s("container_id"),
+        l.get("pid").and_then(|v| v.as_i64()).unwrap_or(0),
+        s("since"),
+        num("replaces"),
+        l.get("container_path")
+            .and_then(|v| v.as_str())
+            .map(|p| format!(" at {p}"))
+            .unwrap_or_default()
+    )
 }

@@ -131,7 +131,8 @@ fn gate(
         });
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let decisions = decide_with(&config, &ledger, devices, gpu.as_ref());
+    let mut decisions = decide_with(&config, &ledger, devices, gpu.as_ref());
+    let applied = crate::remap::apply(&config, state, &spec, &ledger, &mut decisions);
     let (action, message, mut warnings) = summarize(&decisions);
     warnings.extend(selector_warnings);
 
@@ -139,9 +140,9 @@ fn gate(
     let snapshot = (action != ContainerAction::Reject).then(|| Snapshot {
         time_unix,
         kmsg_seq: gpu.as_ref().and_then(next_kmsg_seq),
-        devices: decisions
+        devices: in_use(&decisions, &applied.remaps)
             .iter()
-            .map(|d| snapshot_of(&config, &ledger, &d.device, gpu.as_ref()))
+            .map(|d| snapshot_of(&config, &ledger, d, gpu.as_ref()))
             .collect(),
     });
     let decision = Decision {
@@ -156,13 +157,15 @@ fn gate(
         elapsed_us: started.elapsed().as_micros() as u64,
         version: crate::VERSION.to_string(),
         snapshot,
+        remaps: applied.remaps,
     };
     keep_records(&config, &decision);
 
     let mut report = Report {
         exit_code: 0,
-        stderr: warnings,
+        stderr: applied.lines,
     };
+    report.stderr.extend(warnings);
     if action == ContainerAction::Reject {
         report.exit_code = 1;
         report.stderr.extend(message);
@@ -253,8 +256,8 @@ pub fn probe_all(
     devices.iter().map(|d| probe::run_all(&probes, d)).collect()
 }
 
-/// Probes every device and applies the policy. A device whose policy is remap cannot be
-/// remapped without a configured spare; it is rejected saying so.
+/// Probes every device and applies the policy. A device whose disposition is Remap is
+/// left for `remap::apply`, which remaps it or rejects it saying why.
 pub fn decide_with(
     config: &Config,
     ledger: &Ledger,
@@ -265,23 +268,7 @@ pub fn decide_with(
     devices
         .into_iter()
         .zip(verdicts)
-        .map(|(d, verdicts)| {
-            let mut dec = policy::decide(d, verdicts, &config.policy);
-            if dec.disposition == Disposition::Remap {
-                let why = match config.spares.get(&dec.device.class) {
-                    None => format!(
-                        "remap impossible: no spare configured for class {}",
-                        dec.device.class
-                    ),
-                    Some(_) => {
-                        "remap impossible: remapping is not supported by this build".to_string()
-                    }
-                };
-                dec.disposition = Disposition::Reject;
-                dec.reasons.push(why);
-            }
-            dec
-        })
+        .map(|(d, verdicts)| policy::decide(d, verdicts, &config.policy))
         .collect()
 }
 
@@ -315,6 +302,11 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (ContainerAction, Option<Strin
     }
     let action = if decisions
         .iter()
+        .any(|d| d.disposition == Disposition::Remap)
+    {
+        ContainerAction::Remap
+    } else if decisions
+        .iter()
         .any(|d| d.disposition == Disposition::Allowed)
         || !warnings.is_empty()
     {
@@ -336,6 +328,21 @@ fn keep_records(config: &Config, decision: &Decision) {
             log::error!("cannot append decision log: {e}");
         }
     }
+}
+
+/// The devices the container runs on: a remapped device's spare stands in for it.
+fn in_use(decisions: &[DeviceDecision], remaps: &[crate::remap::RemapRecord]) -> Vec<Device> {
+    decisions
+        .iter()
+        .map(|d| match remaps.iter().find(|r| r.device == d.device.num) {
+            Some(r) => Device {
+                num: r.spare,
+                host_path: Some(r.spare_path.clone()),
+                ..d.device.clone()
+            },
+            None => d.device.clone(),
+        })
+        .collect()
 }
 
 fn snapshot_of(
@@ -407,6 +414,8 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
         return Ok(Report::default());
     }
     let config = Config::load(config_path)?;
+    // Spares go back first: whatever else fails below, a lease must not outlive its container.
+    crate::remap::release(&config, &state.id);
     let Some(rec) = record::read_record(&config.state_dir, &state.id)? else {
         return Ok(Report::default());
     };
@@ -417,7 +426,7 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
         return Ok(Report::default());
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let devices: Vec<Device> = rec.devices.iter().map(|d| d.device.clone()).collect();
+    let devices = in_use(&rec.devices, &rec.remaps);
     // NVML and the kernel log are read again only for a container that had a GPU.
     let gpu = GpuContext::for_devices(&config, &devices);
     let now: Vec<DeviceSnapshot> = devices

@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::device::{self, DevNum, Device, Source};
 use crate::error::Result;
 use crate::hook;
+use crate::ledger::lease::{Leases, Slot};
 use crate::ledger::quarantine::{Ledger, Lookup};
 use crate::probe::nvml;
 use crate::probe::{ProbeResult, Verdict};
@@ -223,6 +224,19 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
     for d in assigned(config) {
         add(d, "assigned");
     }
+    // Leases of spares no longer configured still show.
+    let slots = Leases::new(&config.state_dir).list().unwrap_or_else(|e| {
+        log::warn!("cannot list leases: {e}");
+        Vec::new()
+    });
+    for (num, slot) in &slots {
+        if let Slot::Held(l) = slot {
+            add(
+                host_device(*num, &l.class, Some(l.spare_path.clone())),
+                "spare",
+            );
+        }
+    }
 
     let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
     let gpu = hook::GpuContext::for_devices(config, &devices);
@@ -244,6 +258,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
                 .filter_map(|r| r.verdict.reason().map(|why| format!("{}: {why}", r.probe)))
                 .collect();
             Row {
+                lease: lease_json(&slots, device.num),
                 gpu: gpu.as_ref().and_then(|g| gpu_status(g, &device, &verdicts)),
                 health: Health::of(&verdicts),
                 device,
@@ -251,10 +266,19 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
                 verdicts,
                 reasons,
                 quarantine,
-                lease: None,
             }
         })
         .collect())
+}
+
+fn lease_json(slots: &[(DevNum, Slot)], num: DevNum) -> Option<serde_json::Value> {
+    match slots.iter().find(|(n, _)| *n == num).map(|(_, s)| s) {
+        Some(Slot::Held(l)) => serde_json::to_value(l).ok(),
+        Some(Slot::Damaged { path, error }) => {
+            Some(serde_json::json!({ "damaged": path, "error": error }))
+        }
+        _ => None,
+    }
 }
 
 /// node-problem-detector's custom plugin contract: 0 ok, 1 problem, 2 unknown, and one

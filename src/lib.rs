@@ -1,6 +1,7 @@
 //! devgate: an OCI runtime hook that checks the devices assigned to a container before it
 //! starts, and tells kubelet and operators why when a device is the reason it cannot.
 
+pub mod cgroup;
 pub mod class;
 pub mod cli;
 pub mod config;
@@ -10,9 +11,11 @@ pub mod fsutil;
 pub mod hook;
 pub mod hooks_config;
 pub mod ledger;
+pub mod nsdev;
 pub mod policy;
 pub mod probe;
 pub mod record;
+pub mod remap;
 pub mod spec;
 pub mod state;
 

@@ -83,6 +83,9 @@ pub struct Decision {
     /// Counters at start, compared at poststop; absent for a rejected container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<crate::fault::Snapshot>,
+    /// Devices swapped for spares, what was edited and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remaps: Vec<crate::remap::RemapRecord>,
 }
 
 /// What devgate found when a container stopped: `state_dir/exits/<id>.json`.

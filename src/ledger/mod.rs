@@ -1,6 +1,7 @@
 //! devgate's files on the node: the operator's quarantine (cordon) ledger and, under
 //! state_dir, per-container records. Every write is atomic and every directory checked.
 
+pub mod lease;
 pub mod quarantine;
 
 /// Seconds since the epoch, and the same instant as RFC 3339 UTC for people.

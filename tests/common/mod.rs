@@ -624,3 +624,4 @@ pub fn unmount_under(dir: &Path) {
         let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+pub mod fake;
