@@ -14,7 +14,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test demo bench bench-nvml install uninstall deb rpm clean lint
+.PHONY: all build test demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
 
 all: build
 
@@ -35,6 +35,10 @@ demo: build
 
 bench:
 	$(CARGO) bench --locked --bench prestart
+
+# Time a remap adds to `runc run` (root).
+bench-remap: build
+	./benches/remap.sh $(BIN)
 
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build
