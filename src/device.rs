@@ -95,6 +95,8 @@ pub enum Source {
     NvidiaVisibleDevices,
     /// A GPU named by a CDI annotation (`cdi.k8s.io/…: nvidia.com/gpu=…`).
     CdiAnnotation,
+    /// Not a container's: a node on the host (an accelerator, a spare, a quarantined device).
+    Host,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +118,20 @@ pub struct Device {
 }
 
 impl Device {
+    /// A device known by its host node alone, assigned to no container.
+    pub fn on_host(num: DevNum, class: &str, host_path: Option<PathBuf>) -> Device {
+        Device {
+            num,
+            class: class.to_string(),
+            container_path: None,
+            host_path,
+            source: Source::Host,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        }
+    }
+
     /// How a person names this device: the container path, else the host path, else c MAJ:MIN.
     pub fn name(&self) -> String {
         match (&self.container_path, &self.host_path) {

@@ -132,7 +132,7 @@ fn gate(
     }
     let ledger = Ledger::new(&config.quarantine_dir);
     let mut decisions = decide_with(&config, &ledger, devices, gpu.as_ref());
-    let applied = crate::remap::apply(&config, state, &spec, &ledger, &mut decisions);
+    let applied = crate::remap::apply(&config, state, &spec, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = summarize(&decisions);
     warnings.extend(selector_warnings);
 
@@ -209,12 +209,6 @@ impl GpuContext {
 
 fn has_gpu(devices: &[Device]) -> bool {
     devices.iter().any(|d| d.class == crate::class::NVIDIA_GPU)
-}
-
-/// Probes every device and applies the policy, opening NVML when a device is a GPU.
-pub fn decide_all(config: &Config, ledger: &Ledger, devices: Vec<Device>) -> Vec<DeviceDecision> {
-    let gpu = GpuContext::for_devices(config, &devices);
-    decide_with(config, ledger, devices, gpu.as_ref())
 }
 
 /// Runs every probe on every device. The probe list is built once per call; the NVML and

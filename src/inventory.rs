@@ -4,7 +4,7 @@
 
 use crate::class::{self, ClassRule};
 use crate::config::Config;
-use crate::device::{self, DevNum, Device, Source};
+use crate::device::{self, DevNum, Device};
 use crate::error::Result;
 use crate::hook;
 use crate::ledger::lease::{Leases, Slot};
@@ -111,19 +111,6 @@ impl Health {
     }
 }
 
-fn host_device(num: DevNum, class: &str, host: Option<PathBuf>) -> Device {
-    Device {
-        num,
-        class: class.to_string(),
-        container_path: None,
-        host_path: host,
-        source: Source::LinuxDevices,
-        file_mode: None,
-        uid: None,
-        gid: None,
-    }
-}
-
 const SCAN_BUDGET: usize = 8192;
 
 /// Accelerator nodes under dev_root, classified by the path they would have in /dev.
@@ -156,7 +143,7 @@ fn accelerators(config: &Config, rules: &[ClassRule]) -> Vec<Device> {
                 Path::new("/dev").join(path.strip_prefix(&config.dev_root).unwrap_or(&path));
             let class = class::classify(rules, num.typ, num.major, num.minor, &[&shown]);
             if rules.iter().any(|r| r.class == class && r.accelerator) {
-                out.push(host_device(num, class, Some(path)));
+                out.push(Device::on_host(num, class, Some(path)));
             }
         }
     }
@@ -210,7 +197,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
                 .ok()
                 .and_then(|m| DevNum::from_metadata(&m))
             {
-                Some(num) => add(host_device(num, class, Some(p.clone())), "spare"),
+                Some(num) => add(Device::on_host(num, class, Some(p.clone())), "spare"),
                 None => log::warn!("spare {} (class {class}) is not a device node", p.display()),
             }
         }
@@ -219,7 +206,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
         let host = device::find_host_node(&config.dev_root, &config.sysfs_root, num, &[]);
         let paths: Vec<&Path> = host.iter().map(PathBuf::as_path).collect();
         let class = class::classify(&rules, num.typ, num.major, num.minor, &paths).to_string();
-        add(host_device(num, &class, host), "quarantined");
+        add(Device::on_host(num, &class, host), "quarantined");
     }
     for d in assigned(config) {
         add(d, "assigned");
@@ -232,7 +219,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
     for (num, slot) in &slots {
         if let Slot::Held(l) = slot {
             add(
-                host_device(*num, &l.class, Some(l.spare_path.clone())),
+                Device::on_host(*num, &l.class, Some(l.spare_path.clone())),
                 "spare",
             );
         }
@@ -415,7 +402,7 @@ mod tests {
 
     fn row(health: Health, reason: &str) -> Row {
         Row {
-            device: host_device(
+            device: Device::on_host(
                 DevNum {
                     typ: DevType::Char,
                     major: 195,

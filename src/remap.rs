@@ -5,9 +5,9 @@
 
 use crate::cgroup::{self, Location};
 use crate::config::Config;
-use crate::device::{DevNum, Device, Source};
+use crate::device::{DevNum, Device};
 use crate::error::{Error, Result};
-use crate::hook;
+use crate::hook::{self, GpuContext};
 use crate::ledger::lease::{self, Lease, Leases, Outcome};
 use crate::ledger::quarantine::Ledger;
 use crate::nsdev;
@@ -69,16 +69,7 @@ fn spare_device(path: &Path, class: &str) -> std::result::Result<Device, String>
     let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let num = DevNum::from_metadata(&meta)
         .ok_or_else(|| format!("{} is not a device node", path.display()))?;
-    Ok(Device {
-        num,
-        class: class.to_string(),
-        container_path: None,
-        host_path: Some(path.to_path_buf()),
-        source: Source::LinuxDevices,
-        file_mode: None,
-        uid: None,
-        gid: None,
-    })
+    Ok(Device::on_host(num, class, Some(path.to_path_buf())))
 }
 
 /// The configured spares of `class` that pass every probe, and a clause for each that
@@ -89,22 +80,29 @@ pub fn healthy_spares(
     ledger: &Ledger,
     class: &str,
     exclude: &[DevNum],
+    gpu: Option<&GpuContext>,
 ) -> (Vec<(DevNum, PathBuf)>, Vec<String>) {
-    let mut ok = Vec::new();
     let mut why = Vec::new();
+    let mut devices = Vec::new();
     for path in config.spares.get(class).map(Vec::as_slice).unwrap_or(&[]) {
-        let dev = match spare_device(path, class) {
-            Ok(d) => d,
-            Err(m) => {
-                why.push(format!("spare {m}"));
-                continue;
-            }
-        };
-        if exclude.contains(&dev.num) {
-            continue;
+        match spare_device(path, class) {
+            Ok(d) if exclude.contains(&d.num) => {}
+            Ok(d) => devices.push(d),
+            Err(m) => why.push(format!("spare {m}")),
         }
-        let num = dev.num;
-        let dec = hook::decide_all(config, ledger, vec![dev]).remove(0);
+    }
+    // One probe pass for every spare, on the gate's NVML answer when it has one: NVML is
+    // opened at most once per hook call.
+    let owned;
+    let gpu = match gpu {
+        Some(g) => Some(g),
+        None => {
+            owned = GpuContext::for_devices(config, &devices);
+            owned.as_ref()
+        }
+    };
+    let mut ok = Vec::new();
+    for dec in hook::decide_with(config, ledger, devices, gpu) {
         let bad: Vec<&str> = dec
             .verdicts
             .iter()
@@ -113,6 +111,7 @@ pub fn healthy_spares(
                 _ => None,
             })
             .collect();
+        let path = dec.device.host_path.clone().unwrap_or_default();
         if !bad.is_empty() || dec.disposition == Disposition::Reject {
             let mut reasons = dec.reasons.clone();
             if reasons.is_empty() {
@@ -125,7 +124,7 @@ pub fn healthy_spares(
             ));
             continue;
         }
-        ok.push((num, path.clone()));
+        ok.push((dec.device.num, path));
     }
     (ok, why)
 }
@@ -183,6 +182,7 @@ struct Ctx<'a> {
     state: &'a State,
     spec: &'a Spec,
     ledger: &'a Ledger,
+    gpu: Option<&'a GpuContext>,
     leases: Leases,
     pid: i32,
     loc: Location,
@@ -199,7 +199,7 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
     }
     let mut exclude = cx.taken.clone();
     exclude.push(d.num);
-    let (cands, mut why) = healthy_spares(cx.config, cx.ledger, &d.class, &exclude);
+    let (cands, mut why) = healthy_spares(cx.config, cx.ledger, &d.class, &exclude, cx.gpu);
     let (time_unix, time) = crate::ledger::now();
     let want = Lease {
         spare: d.num,
@@ -326,6 +326,7 @@ pub fn apply(
     state: &State,
     spec: &Spec,
     ledger: &Ledger,
+    gpu: Option<&GpuContext>,
     decisions: &mut [DeviceDecision],
 ) -> Applied {
     if !decisions
@@ -371,6 +372,7 @@ pub fn apply(
         state,
         spec,
         ledger,
+        gpu,
         leases: Leases::new(&config.state_dir),
         pid,
         loc,
@@ -499,7 +501,7 @@ mod tests {
         let ledger = Ledger::new(&config.quarantine_dir);
         let full = spare_device(Path::new("/dev/full"), "char").unwrap().num;
         ledger.cordon(full, None, "bad spare", "t").unwrap();
-        let (ok, why) = healthy_spares(&config, &ledger, "char", &[]);
+        let (ok, why) = healthy_spares(&config, &ledger, "char", &[], None);
         assert_eq!(ok.len(), 1, "{ok:?} {why:?}");
         assert_eq!(ok[0].1, PathBuf::from("/dev/urandom"));
         assert!(
@@ -508,7 +510,7 @@ mod tests {
             "{why:?}"
         );
         assert!(why.iter().any(|w| w.contains("/nonexistent/x")), "{why:?}");
-        let (ok, _) = healthy_spares(&config, &ledger, "char", &[ok[0].0]);
+        let (ok, _) = healthy_spares(&config, &ledger, "char", &[ok[0].0], None);
         assert!(ok.is_empty());
     }
 }
