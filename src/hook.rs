@@ -314,6 +314,9 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (ContainerAction, Option<Strin
 /// Records are for people after the fact; failing to write one must not change whether a
 /// container starts, so errors are logged, not returned.
 fn keep_records(config: &Config, decision: &Decision) {
+    if let Err(e) = record::remove_exit(&config.state_dir, &decision.container_id) {
+        log::error!("cannot remove the previous run's exit record: {e}");
+    }
     if let Err(e) = record::write_record(&config.state_dir, decision) {
         log::error!("cannot keep container record: {e}");
     }

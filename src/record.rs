@@ -174,6 +174,13 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<
     }
 }
 
+/// A container id can be used again (`runc run demo` twice): a new start makes the exit
+/// record of the id's previous run stale, and a poststop that finds one must not take it
+/// for its own.
+pub fn remove_exit(state_dir: &Path, id: &str) -> Result<bool> {
+    fsutil::remove_durable(&exit_path(state_dir, id)?)
+}
+
 pub fn read_exit(state_dir: &Path, id: &str) -> Result<Option<ExitRecord>> {
     read_json(&exit_path(state_dir, id)?, "exit record")
 }

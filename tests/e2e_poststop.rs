@@ -211,3 +211,36 @@ fn full_app_message_is_kept_whole() {
     );
     assert!(ours.ends_with('\n'), "{ours:?}");
 }
+
+#[test]
+fn a_reused_container_id_gets_its_own_exit_record() {
+    let (env, _pods, log) = env_with_pods("reuse");
+    let mut b = Bundle::new("reuse", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    bind_termination_log(&mut b, &log);
+    b.write();
+    let state = b.state_json("same-id");
+    let exit_file = env.dir.join("state/exits/same-id.json");
+
+    // first run: no fault
+    assert!(hook(&env, "prestart", &state).status.success());
+    assert!(hook(&env, "poststop", &state).status.success());
+    let first: serde_json::Value = serde_json::from_slice(&fs::read(&exit_file).unwrap()).unwrap();
+    assert_eq!(first["faults"], json!([]));
+
+    // the same id starts again: the old exit record is gone until this run stops
+    assert!(hook(&env, "prestart", &state).status.success());
+    assert!(
+        !exit_file.exists(),
+        "a stale exit record would make this run's poststop a no-op"
+    );
+    env.ok(&["cordon", "1:5", "--reason", "second run"]);
+    let post = hook(&env, "poststop", &state);
+    assert!(post.status.success(), "{}", text(&post));
+    let second: serde_json::Value = serde_json::from_slice(&fs::read(&exit_file).unwrap()).unwrap();
+    assert_eq!(
+        second["faults"][0]["code"], "DeviceFault/Cordoned",
+        "{second}"
+    );
+    assert!(fs::read_to_string(&log).unwrap().contains("second run"));
+}
