@@ -270,18 +270,33 @@ pub fn have(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The runtime's command line. crun 1.8 refuses a hybrid cgroup layout whose cgroup2
+/// hierarchy still has a controller (hugetlb here), so crun runs in a private mount
+/// namespace whose /sys/fs/cgroup is a plain cgroup2 mount, without managing cgroups: the
+/// gate needs none, and nothing outside that namespace changes.
+fn runtime_cmd(runtime: &str, root: &Path) -> Command {
+    if runtime == "crun" {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount -t cgroup2 none /sys/fs/cgroup && exec "$0" "$@""#)
+            .arg("crun")
+            .arg("--root")
+            .arg(root)
+            .arg("--cgroup-manager=disabled");
+        cmd
+    } else {
+        let mut cmd = Command::new(runtime);
+        cmd.arg("--root").arg(root);
+        cmd
+    }
+}
+
 /// `runc run` (or crun) to completion, with its own state root so tests never meet the
 /// node's containers.
 pub fn runtime_run(runtime: &str, bundle: &Bundle, id: &str) -> Output {
     bundle.write();
     let root = bundle.dir.join("runtime-root");
-    let mut cmd = Command::new(runtime);
-    cmd.arg("--root").arg(&root);
-    if runtime == "crun" {
-        // crun refuses this machine's hybrid cgroup layout; the gate needs no cgroup.
-        cmd.arg("--cgroup-manager=disabled");
-    }
-    let out = cmd
+    let out = runtime_cmd(runtime, &root)
         .args(["run", "--bundle"])
         .arg(&bundle.dir)
         .arg(id)
@@ -289,9 +304,7 @@ pub fn runtime_run(runtime: &str, bundle: &Bundle, id: &str) -> Output {
         .output()
         .unwrap();
     // Best-effort cleanup of a container left behind by a failed start.
-    let _ = Command::new(runtime)
-        .arg("--root")
-        .arg(&root)
+    let _ = runtime_cmd(runtime, &root)
         .args(["delete", "--force", id])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
