@@ -116,12 +116,20 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    match hook::run(
-        stage,
-        args.config.as_deref(),
-        std::io::stdin().lock(),
-        started,
-    ) {
+    // A bug must not turn into a backtrace in kubelet's event or a failed poststop: the
+    // panic hook (main.rs) prints one line, and the stage decides the exit.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        hook::run(
+            stage,
+            args.config.as_deref(),
+            std::io::stdin().lock(),
+            started,
+        )
+    }));
+    let Ok(result) = run else {
+        return if stage == Stage::Poststop { 0 } else { 2 };
+    };
+    match result {
         Ok(report) => {
             for line in &report.stderr {
                 eprintln!("{line}");
@@ -132,9 +140,7 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             eprintln!("devgate: error: {stage}: {e}", stage = stage.name());
             // poststop must not fail the lifecycle once its own input was readable; the
             // error is still printed for the runtime's log.
-            if stage == Stage::Poststop
-                && !matches!(e, Error::TooLarge { .. } | Error::Parse { path: None, .. })
-            {
+            if stage == Stage::Poststop && !matches!(e, Error::Input(_)) {
                 0
             } else {
                 2

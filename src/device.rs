@@ -409,7 +409,8 @@ fn parse_selector(token: &str) -> Option<GpuSelector> {
     if !index.is_empty() && index.len() <= 4 && index.bytes().all(|b| b.is_ascii_digit()) {
         return index.parse().ok().map(GpuSelector::Index);
     }
-    if t.len() > 4 && t[..4].eq_ignore_ascii_case("GPU-") {
+    // Compared as bytes: the token is the container's and may split a UTF-8 character.
+    if t.len() > 4 && t.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-") {
         return Some(GpuSelector::Uuid(t.to_string()));
     }
     None
@@ -581,6 +582,25 @@ pub fn parse_device_arg(arg: &str, sysfs_root: &Path) -> Result<(DevNum, Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selectors_with_multibyte_characters_do_not_panic() {
+        for t in ["aé€x", "GPé-x", "€€€€€", "GPU-é"] {
+            let _ = parse_selector(t);
+        }
+        assert!(matches!(
+            parse_selector("gpu-1234"),
+            Some(GpuSelector::Uuid(_))
+        ));
+        let s = Spec::parse(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=aé€x"]},
+                "annotations":{"cdi.k8s.io/x":"nvidia.com/gpu=aé€x"}}"#
+                .as_bytes(),
+            Path::new("/c"),
+        )
+        .unwrap();
+        assert!(gpu_selectors(&s).is_empty());
+    }
     use std::path::Path;
 
     fn spec(json: &str) -> Spec {

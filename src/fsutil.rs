@@ -120,6 +120,9 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
         name.to_string_lossy(),
         std::process::id()
     ));
+    // A writer killed mid-write leaves its temp file; a later writer with the same pid must
+    // not be blocked by it. The directory is root's (checked by the caller), so the name is.
+    let _ = fs::remove_file(&tmp);
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)

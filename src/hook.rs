@@ -83,7 +83,7 @@ pub fn run(
 ) -> Result<Report> {
     // Always drain stdin: a runtime that writes the state into a pipe nobody reads can see
     // EPIPE and report a failure that is not there.
-    let state = State::read(input)?;
+    let state = State::read(input).map_err(|e| Error::Input(Box::new(e)))?;
     if stage.gates() {
         gate(stage, &state, config_path, started)
     } else if stage == Stage::Poststop {

@@ -15,6 +15,10 @@ fn main() {
             )
         })
         .init();
+    std::panic::set_hook(Box::new(|info| {
+        let line = format!("devgate: error: internal error, please report: {info}");
+        eprintln!("{}", devgate::policy::one_line(&line));
+    }));
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let code = devgate::cli::main(argv, started);
     if devgate::probe::nvml::abandoned() {

@@ -168,6 +168,55 @@ fn stages_with_nothing_to_do_exit_zero() {
 }
 
 #[test]
+fn poststop_fails_only_on_its_own_input() {
+    let env = Env::new("ps-input");
+    for bad in [
+        &b""[..],
+        b"{",
+        br#"{"id":"","bundle":"/b"}"#,
+        br#"{"id":"a","bundle":"rel"}"#,
+    ] {
+        let out = hook_with_stdin(&env, "poststop", bad);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{:?}: {}",
+            String::from_utf8_lossy(bad),
+            text(&out)
+        );
+    }
+    // a readable state with a broken devgate config: poststop says so and exits 0
+    let mut b = Bundle::new("ps-input", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.write();
+    fs::write(&env.config, vec![b' '; 2 << 20]).unwrap();
+    let out = hook_with_stdin(&env, "poststop", b.state_json("x").as_bytes());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).starts_with("devgate: error: poststop: config"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn hostile_gpu_selector_is_not_a_panic() {
+    let env = Env::new("selector");
+    let mut b = Bundle::new("selector", &["true"]);
+    b.spec["process"]["env"] = serde_json::json!(["NVIDIA_VISIBLE_DEVICES=aé€x"]);
+    b.write();
+    for stage in ["prestart", "poststop"] {
+        let out = hook_with_stdin(&env, stage, b.state_json("x").as_bytes());
+        assert_eq!(out.status.code(), Some(0), "{stage}: {}", text(&out));
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+            "{}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
 fn poststop_with_bundle_gone_exits_zero() {
     let env = Env::new("ps-gone");
     let out = hook_with_stdin(

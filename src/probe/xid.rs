@@ -12,7 +12,7 @@
 //!   so reports logged before the newest load record no longer count.
 //!
 //! A GPU reset with `nvidia-smi -r` under a loaded driver logs nothing devgate can rely on;
-//! docs/gpu.md says how an operator clears a report then.
+//! README.md (GPUs: NVML and XID reports) says how an operator clears a report then.
 
 use super::{Probe, Verdict};
 use crate::class::NVIDIA_GPU;
