@@ -150,6 +150,7 @@ fn gate(
         time_unix,
         stage: stage.name().to_string(),
         container_id: state.id.clone(),
+        pid: state.pid(),
         pod: PodInfo::from_annotations(&spec, &state.annotations),
         devices: decisions,
         action,

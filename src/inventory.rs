@@ -166,8 +166,8 @@ fn assigned(config: &Config) -> Vec<Device> {
         let Ok(Some(rec)) = record::read_record(&config.state_dir, id) else {
             continue;
         };
-        if rec.snapshot.is_none() || matches!(record::read_exit(&config.state_dir, id), Ok(Some(_)))
-        {
+        let stopped = matches!(record::read_exit(&config.state_dir, id), Ok(Some(_)));
+        if rec.snapshot.is_none() || stopped || (rec.pid.is_some() && !rec.is_alive()) {
             continue;
         }
         out.extend(rec.devices.into_iter().map(|d| d.device));

@@ -71,6 +71,10 @@ pub struct Decision {
     pub time_unix: u64,
     pub stage: String,
     pub container_id: String,
+    /// The container's pid at start, from the runtime state: tells a live container's
+    /// record from a dead one's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
     #[serde(default, skip_serializing_if = "PodInfo::is_empty")]
     pub pod: PodInfo,
     pub devices: Vec<DeviceDecision>,
@@ -192,12 +196,28 @@ pub fn write_exit(state_dir: &Path, rec: &ExitRecord, keep: usize) -> Result<()>
     let mut json = serde_json::to_vec_pretty(rec).expect("exit record serializes");
     json.push(b'\n');
     fsutil::write_atomic(&path, &json, 0o644)?;
-    prune(&exits_dir(state_dir), keep.max(1));
+    prune(&exits_dir(state_dir), keep.max(1), |_| false);
+    // Start records of containers that are gone (rejected ones never get an exit record)
+    // are trimmed alike; a live container's record is never removed, its poststop needs it.
+    prune(&containers_dir(state_dir), keep.max(1), |p| {
+        read_json::<Decision>(p, "container record")
+            .ok()
+            .flatten()
+            .is_some_and(|d| d.is_alive())
+    });
     Ok(())
 }
 
-/// Removes the oldest records (by modification time) beyond `keep`.
-fn prune(dir: &Path, keep: usize) {
+impl Decision {
+    /// The container's process still exists (as far as a pid can tell).
+    pub fn is_alive(&self) -> bool {
+        self.pid
+            .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+    }
+}
+
+/// Removes the oldest files (by modification time) beyond `keep`, except those `spare` keeps.
+fn prune(dir: &Path, keep: usize, spare: impl Fn(&Path) -> bool) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
@@ -215,7 +235,9 @@ fn prune(dir: &Path, keep: usize) {
     }
     files.sort();
     for (_, p) in &files[..files.len() - keep] {
-        let _ = std::fs::remove_file(p);
+        if !spare(p) {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -313,5 +335,56 @@ mod tests {
         let ids: Vec<String> = list_exits(&d).into_iter().map(|r| r.container_id).collect();
         assert_eq!(ids, ["c4", "c3", "c2"]);
         assert!(read_exit(&d, "c0").unwrap().is_none());
+    }
+
+    fn decision(id: &str, pid: Option<i32>) -> Decision {
+        Decision {
+            time: String::new(),
+            time_unix: 0,
+            stage: "prestart".into(),
+            container_id: id.into(),
+            pid,
+            pod: PodInfo::default(),
+            devices: vec![],
+            action: ContainerAction::Reject,
+            message: None,
+            elapsed_us: 0,
+            version: String::new(),
+            snapshot: None,
+            remaps: vec![],
+        }
+    }
+
+    #[test]
+    fn start_records_of_gone_containers_are_pruned_live_ones_kept() {
+        let d = std::env::temp_dir().join(format!("devgate-recs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        // oldest first: a live container (this test's own pid), then three dead ones
+        write_record(&d, &decision("live", Some(std::process::id() as i32))).unwrap();
+        for i in 0..3 {
+            std::thread::sleep(std::time::Duration::from_millis(15));
+            write_record(&d, &decision(&format!("dead{i}"), Some(i32::MAX))).unwrap();
+        }
+        let exit = ExitRecord {
+            container_id: "dead2".into(),
+            pod: PodInfo::default(),
+            devices: vec![],
+            faults: vec![],
+            started: String::new(),
+            started_unix: 0,
+            stopped: String::new(),
+            stopped_unix: 0,
+            termination_message: None,
+            version: String::new(),
+        };
+        write_exit(&d, &exit, 2).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(containers_dir(&d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["dead1.json", "dead2.json", "live.json"]);
+        assert!(decision("x", Some(std::process::id() as i32)).is_alive());
+        assert!(!decision("x", Some(i32::MAX)).is_alive());
     }
 }
