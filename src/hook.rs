@@ -382,7 +382,12 @@ fn gpu_counters(snapshot: &nvml::Snapshot, minor: u32) -> Option<GpuCounters> {
 /// The first kernel log sequence number after what devgate saw at start; None when the
 /// log could not be read, so that poststop never blames a run for older reports.
 fn next_kmsg_seq(gpu: &GpuContext) -> Option<u64> {
-    Some(gpu.kmsg.as_ref().ok()?.last_seq.map_or(0, |s| s + 1))
+    let scan = gpu.kmsg.as_ref().ok()?;
+    // A read cut short does not know where the log ends.
+    if scan.truncated {
+        return None;
+    }
+    Some(scan.last_seq.map_or(0, |s| s + 1))
 }
 
 /// XID reports in the kernel log, classified by the operator's table.

@@ -636,7 +636,7 @@ pub fn remapped_rows_of(snapshot: &Snapshot, minor: u32) -> Option<RemappedRows>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub fn healthy(index: u32) -> GpuFacts {

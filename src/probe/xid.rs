@@ -502,7 +502,15 @@ impl Probe for XidProbe<'_> {
             Err(e) => return Verdict::Unknown(e.clone()),
         };
         if let Some(pci) = self.nvml.pci_of_minor(device.num.minor) {
-            return evaluate(scan.active(), &pci, self.table);
+            return match evaluate(scan.active(), &pci, self.table) {
+                // The log is read oldest first: a read cut short missed the newest
+                // records, which are the ones that matter.
+                Verdict::Healthy if scan.truncated => Verdict::Unknown(format!(
+                    "kernel log read stopped after {} records; newer XID reports not seen",
+                    scan.records
+                )),
+                v => v,
+            };
         }
         // Without the GPU's address a report cannot be pinned on it; only reports that
         // would block make that matter.
@@ -764,6 +772,43 @@ x,y,z;not numbers\n\
         let mut ctl = gpu.clone();
         ctl.class = "nvidia-ctl".into();
         assert_eq!(p.check(&ctl).status(), "not_applicable");
+    }
+
+    #[test]
+    fn a_cut_short_read_is_unknown_not_healthy() {
+        use crate::device::{DevNum, DevType};
+        let num = DevNum {
+            typ: DevType::Char,
+            major: 195,
+            minor: 1,
+        };
+        let gpu = Device::on_host(num, NVIDIA_GPU, None);
+        let nvml = Snapshot {
+            gpus: Ok(vec![crate::probe::nvml::tests::healthy(1)]),
+            driver_version: None,
+            elapsed_us: 0,
+        };
+        let table = XidTable::default();
+        let mut scan = scan_bytes(
+            b"4,1,1,-;NVRM: Xid (PCI:0000:2b:00): 13, app\n",
+            ReadLimits::default(),
+        );
+        let p = |scan: &Result<KmsgScan, String>| {
+            XidProbe {
+                scan,
+                table: &table,
+                nvml: &nvml,
+            }
+            .check(&gpu)
+        };
+        assert_eq!(p(&Ok(scan.clone())), Verdict::Healthy);
+        scan.truncated = true;
+        assert_eq!(
+            p(&Ok(scan)),
+            Verdict::Unknown(
+                "kernel log read stopped after 1 records; newer XID reports not seen".into()
+            )
+        );
     }
 
     #[test]
