@@ -62,7 +62,7 @@ endif
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime containerd --prefix $(PREFIX) --out $(GEN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/devgate
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
-	install -m 0644 $(GEN)/hooks.d/devgate-prestart.json $(GEN)/hooks.d/devgate-poststop.json $(DESTDIR)$(HOOKSDIR)/
+	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
 	$(call install-conf,$(GEN)/devgate-base-spec.json,$(DESTDIR)$(BASESPEC))
 	install -d -m 0755 $(DESTDIR)$(STATEDIR)
@@ -70,7 +70,7 @@ endif
 # Leaves the config, the containerd base spec if changed, and the quarantine ledger.
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/devgate
-	rm -f $(DESTDIR)$(HOOKSDIR)/devgate-prestart.json $(DESTDIR)$(HOOKSDIR)/devgate-poststop.json
+	rm -f $(DESTDIR)$(HOOKSDIR)/devgate.json
 	@if [ -e $(GEN)/devgate-base-spec.json ] && cmp -s $(GEN)/devgate-base-spec.json $(DESTDIR)$(BASESPEC); then \
 		rm -f $(DESTDIR)$(BASESPEC); else [ ! -e $(DESTDIR)$(BASESPEC) ] || echo "kept $(DESTDIR)$(BASESPEC)"; fi
 	@echo "kept $(DESTDIR)$(CONFIG) and $(DESTDIR)$(STATEDIR) (operator data)"

@@ -13,8 +13,7 @@ rpm=$(ls target/generate-rpm/devgate-*.rpm 2>/dev/null | tail -1)
 [ -n "$rpm" ] || fail "no .rpm under target/generate-rpm (make rpm)"
 
 files="/usr/bin/devgate
-/usr/share/containers/oci/hooks.d/devgate-prestart.json
-/usr/share/containers/oci/hooks.d/devgate-poststop.json
+/usr/share/containers/oci/hooks.d/devgate.json
 /etc/devgate/config.json
 /etc/containerd/devgate-base-spec.json
 /usr/share/devgate/containerd/config.toml"
@@ -49,7 +48,7 @@ dpkg -i --force-confold "$deb"
 grep -q '"warn"' /etc/devgate/config.json || fail "reinstall replaced the edited config"
 dpkg -r devgate
 [ ! -e /usr/bin/devgate ] || fail "remove left /usr/bin/devgate"
-[ ! -e /usr/share/containers/oci/hooks.d/devgate-prestart.json ] || fail "remove left the hooks"
+[ ! -e /usr/share/containers/oci/hooks.d/devgate.json ] || fail "remove left the hooks"
 grep -q '"warn"' /etc/devgate/config.json || fail "remove did not keep the config"
 dpkg --purge devgate
 [ ! -e /etc/devgate/config.json ] || fail "purge left /etc/devgate/config.json"

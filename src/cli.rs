@@ -9,6 +9,7 @@ use crate::inventory;
 use crate::ledger::quarantine::{self, Ledger};
 use crate::policy;
 use crate::record;
+use crate::state::State;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,7 +19,8 @@ usage: devgate [--config PATH] COMMAND
 
 commands:
   hook STAGE                 run as an OCI hook (prestart, createRuntime, createContainer,
-                             startContainer, poststart, poststop); the state is read on stdin
+                             startContainer, poststart, poststop, or auto: the stage from
+                             the state's status); the state is read on stdin
   cordon DEVICE --reason TEXT  quarantine a device (a path under /dev, or MAJ:MIN)
   uncordon DEVICE            lift a quarantine
   status [--json]            the node's accelerators, spares and quarantined devices
@@ -26,7 +28,7 @@ commands:
   check                      one-line node summary; exit 0 healthy, 1 unhealthy, 2 unknown
                              (node-problem-detector custom plugin contract)
   metrics --textfile PATH    write Prometheus text for node_exporter's textfile collector
-  hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--stage S] [--out DIR]
+  hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--out DIR]
                              print (or write) the runtime configuration that runs devgate
   install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]
                              copy devgate and its configuration onto a host (Kubernetes installer)
@@ -112,19 +114,27 @@ fn fail(e: &Error) -> i32 {
 }
 
 fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
-    let stage = match Stage::parse(stage) {
-        Ok(s) => s,
-        Err(e) => return fail(&e),
+    // `auto` takes the stage from the state's status (one oci-hooks file, two stages).
+    let named = match stage {
+        "auto" => None,
+        s => match Stage::parse(s) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(&e),
+        },
     };
+    let state = match State::read(std::io::stdin().lock()) {
+        Ok(s) => s,
+        Err(e) => {
+            // Unreadable input is the one error that fails even poststop.
+            eprintln!("devgate: error: {stage}: {e}");
+            return 2;
+        }
+    };
+    let stage = named.unwrap_or_else(|| Stage::from_status(&state.status));
     // A bug must not turn into a backtrace in kubelet's event or a failed poststop: the
     // panic hook (main.rs) prints one line, and the stage decides the exit.
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        hook::run(
-            stage,
-            args.config.as_deref(),
-            std::io::stdin().lock(),
-            started,
-        )
+        hook::run(stage, &state, args.config.as_deref(), started)
     }));
     let Ok(result) = run else {
         return if stage == Stage::Poststop { 0 } else { 2 };
@@ -140,7 +150,7 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             eprintln!("devgate: error: {stage}: {e}", stage = stage.name());
             // poststop must not fail the lifecycle once its own input was readable; the
             // error is still printed for the runtime's log.
-            if stage == Stage::Poststop && !matches!(e, Error::Input(_)) {
+            if stage == Stage::Poststop {
                 0
             } else {
                 2

@@ -29,9 +29,6 @@ pub enum Error {
     Usage(String),
     /// A directory or file failed the ownership/permission check.
     Unsafe { path: PathBuf, msg: String },
-    /// The hook's own input (the state on stdin) could not be used: the one error that
-    /// makes even poststop fail.
-    Input(Box<Error>),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -106,7 +103,6 @@ impl fmt::Display for Error {
             Error::Invalid { what, msg } => write!(f, "{what}: {msg}"),
             Error::Usage(msg) => write!(f, "{msg}"),
             Error::Unsafe { path, msg } => write!(f, "unsafe path {}: {msg}", path.display()),
-            Error::Input(e) => write!(f, "{e}"),
         }
     }
 }

@@ -15,7 +15,6 @@ use crate::record::{self, ContainerAction, Decision, ExitRecord, PodInfo, StopLi
 use crate::spec::Spec;
 use crate::state::State;
 use crate::termination;
-use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -39,6 +38,18 @@ impl Stage {
         ("poststop", Stage::Poststop),
     ];
 
+    /// The stage a runtime is in from the state's status, for `devgate hook auto`: an
+    /// oci-hooks(5) file has one argument list for all its stages. Every runtime passes
+    /// `stopped` to poststop (runc `creating`, crun `created` to prestart); a status devgate
+    /// does not know gates, so that no start slips through ungated.
+    pub fn from_status(status: &str) -> Stage {
+        match status {
+            "stopped" => Stage::Poststop,
+            "running" | "paused" => Stage::Poststart,
+            _ => Stage::Prestart,
+        }
+    }
+
     pub fn parse(s: &str) -> Result<Stage> {
         Stage::ALL
             .iter()
@@ -47,7 +58,7 @@ impl Stage {
             .ok_or_else(|| {
                 let names: Vec<&str> = Stage::ALL.iter().map(|(n, _)| *n).collect();
                 Error::Usage(format!(
-                    "unknown hook stage {s:?}; expected one of {}",
+                    "unknown hook stage {s:?}; expected auto or one of {}",
                     names.join(", ")
                 ))
             })
@@ -75,19 +86,19 @@ pub struct Report {
     pub stderr: Vec<String>,
 }
 
+/// One hook call, once the state is read (the caller reads stdin first, always: a
+/// runtime that writes the state into a pipe nobody reads can see EPIPE and report a
+/// failure that is not there).
 pub fn run(
     stage: Stage,
+    state: &State,
     config_path: Option<&Path>,
-    input: impl Read,
     started: Instant,
 ) -> Result<Report> {
-    // Always drain stdin: a runtime that writes the state into a pipe nobody reads can see
-    // EPIPE and report a failure that is not there.
-    let state = State::read(input).map_err(|e| Error::Input(Box::new(e)))?;
     if stage.gates() {
-        gate(stage, &state, config_path, started)
+        gate(stage, state, config_path, started)
     } else if stage == Stage::Poststop {
-        poststop(&state, config_path, started)
+        poststop(state, config_path, started)
     } else {
         Ok(Report::default())
     }

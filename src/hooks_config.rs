@@ -2,9 +2,9 @@
 //! prefix so node image builders never hand-edit paths:
 //!
 //! - CRI-O and podman read oci-hooks(5) files (version 1.0.0) from hooks.d directories. One
-//!   file holds one hook with one argument list for all its stages, and devgate needs the
-//!   stage as an argument, so devgate ships two files: `devgate-prestart.json` and
-//!   `devgate-poststop.json`.
+//!   file holds one hook with one argument list for all its stages, so `devgate.json` runs
+//!   `devgate hook auto` for prestart and poststop, and devgate takes the stage from the
+//!   state's status (`stopped` at poststop).
 //! - containerd has no hooks directory: its CRI plugin starts every container from a base
 //!   runtime spec (`base_runtime_spec` in config.toml), so devgate ships a full default spec,
 //!   as containerd 1.6 generates it, with devgate's hooks added.
@@ -25,9 +25,11 @@ use std::path::{Path, PathBuf};
 /// The PATH a runtime gives devgate; fixed, so a runtime's own environment cannot choose
 /// what devgate (root) executes.
 pub const HOOK_PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// Seconds before the runtime kills the hook. devgate's own probe deadline
-/// (probe_timeout_ms, 2 s by default) keeps it far below this.
-pub const HOOK_TIMEOUT_S: i64 = 10;
+/// Seconds before the runtime kills the hook. devgate's own deadlines at their defaults
+/// (NVML and the kernel log 2 s each, the lease lock 3 s, the /dev edit 3 s) add up to 10 s
+/// in the worst case; the margin keeps a slow node from turning devgate's clear reject
+/// line into a bare "hook timed out".
+pub const HOOK_TIMEOUT_S: i64 = 30;
 /// The stages devgate is installed for.
 pub const STAGES: [&str; 2] = ["prestart", "poststop"];
 /// The default config packages and installers lay down (never over an existing one).
@@ -110,11 +112,11 @@ pub fn hook(target: &Target, stage: &str) -> Result<Hook> {
 }
 
 #[derive(Serialize)]
-struct OciHooksFile<'a> {
+struct OciHooksFile {
     version: &'static str,
     hook: Hook,
     when: When,
-    stages: [&'a str; 1],
+    stages: [&'static str; 2],
 }
 
 #[derive(Serialize)]
@@ -129,20 +131,18 @@ pub struct File {
     pub content: String,
 }
 
-pub fn oci_hooks_file_name(stage: &str) -> String {
-    format!("devgate-{stage}.json")
-}
+pub const OCI_HOOKS_FILE_NAME: &str = "devgate.json";
 
-/// One oci-hooks(5) file for one stage, matching every container.
-pub fn oci_hooks_file(target: &Target, stage: &str) -> Result<File> {
+/// The oci-hooks(5) file: prestart and poststop, matching every container.
+pub fn oci_hooks_file(target: &Target) -> Result<File> {
     let f = OciHooksFile {
         version: "1.0.0",
-        hook: hook(target, stage)?,
+        hook: hook(target, "auto")?,
         when: When { always: true },
-        stages: [stage],
+        stages: STAGES,
     };
     Ok(File {
-        name: oci_hooks_file_name(stage),
+        name: OCI_HOOKS_FILE_NAME.into(),
         content: pretty(&f),
     })
 }
@@ -176,9 +176,7 @@ fn pretty(v: &impl Serialize) -> String {
 /// Every file a runtime needs.
 pub fn files(runtime: Runtime, target: &Target) -> Result<Vec<File>> {
     match runtime {
-        Runtime::Crio | Runtime::Podman => {
-            STAGES.iter().map(|s| oci_hooks_file(target, s)).collect()
-        }
+        Runtime::Crio | Runtime::Podman => Ok(vec![oci_hooks_file(target)?]),
         Runtime::Containerd => Ok(vec![containerd_base_spec(target)?]),
     }
 }
@@ -205,7 +203,7 @@ fn ensure_dir(dir: &Path) -> Result<()> {
 
 const HOOKS_CONFIG_USAGE: &str =
     "usage: devgate [--config PATH] hooks-config --runtime crio|podman|containerd \
-[--prefix DIR | --bin PATH] [--stage prestart|poststop] [--out DIR]";
+[--prefix DIR | --bin PATH] [--out DIR]";
 const INSTALL_HOST_USAGE: &str =
     "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH]";
 
@@ -216,7 +214,6 @@ struct Opts {
     runtime: Option<String>,
     prefix: Option<PathBuf>,
     bin: Option<PathBuf>,
-    stage: Option<String>,
     out: Option<PathBuf>,
     root: Option<PathBuf>,
     config_file: Option<PathBuf>,
@@ -243,7 +240,6 @@ fn parse(argv: &[String]) -> Result<Opts> {
             "--runtime" => o.runtime = Some(value()?),
             "--prefix" => o.prefix = Some(value()?.into()),
             "--bin" => o.bin = Some(value()?.into()),
-            "--stage" => o.stage = Some(value()?),
             "--out" => o.out = Some(value()?.into()),
             "--root" => o.root = Some(value()?.into()),
             "--config-file" => o.config_file = Some(value()?.into()),
@@ -315,36 +311,17 @@ fn hooks_config(o: &Opts) -> Result<()> {
             Error::Usage(format!("--runtime is required\n{HOOKS_CONFIG_USAGE}"))
         })?)?;
     let target = target_of(o, "/usr")?;
-    let mut all = files(runtime, &target)?;
-    if let Some(stage) = &o.stage {
-        if runtime == Runtime::Containerd {
-            return Err(Error::Usage(
-                "--stage applies to crio and podman; containerd's base spec holds both stages"
-                    .into(),
-            ));
-        }
-        if !STAGES.contains(&stage.as_str()) {
-            return Err(Error::Usage(format!(
-                "--stage {stage:?}: devgate is installed for prestart and poststop"
-            )));
-        }
-        all.retain(|f| f.name == oci_hooks_file_name(stage));
-    }
+    let all = files(runtime, &target)?;
     match &o.out {
         Some(dir) => {
             for p in write_files(dir, &all)? {
                 println!("{}", p.display());
             }
         }
-        None if all.len() == 1 => print!("{}", all[0].content),
         None => {
-            return Err(Error::Usage(format!(
-                "{} writes two files: give --out DIR, or --stage prestart|poststop to print one",
-                match runtime {
-                    Runtime::Crio => "crio",
-                    _ => "podman",
-                }
-            )))
+            for f in &all {
+                print!("{}", f.content);
+            }
         }
     }
     Ok(())
@@ -358,7 +335,7 @@ fn hooks_config(o: &Opts) -> Result<()> {
 /// `--config-file` replaces ROOT/etc/devgate/config.json (a ConfigMap is the operator's
 /// config); without it the default is written only where none exists.
 fn install_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.stage.is_some() || o.out.is_some() {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() {
         return Err(Error::Usage(INSTALL_HOST_USAGE.into()));
     }
     let root = o
@@ -450,22 +427,20 @@ mod tests {
     }
 
     #[test]
-    fn oci_hooks_files_follow_oci_hooks_5() {
-        for stage in STAGES {
-            let f = oci_hooks_file(&usr(), stage).unwrap();
-            assert_eq!(f.name, format!("devgate-{stage}.json"));
-            let v: Value = serde_json::from_str(&f.content).unwrap();
-            assert_eq!(v["version"], "1.0.0");
-            assert_eq!(v["hook"]["path"], "/usr/bin/devgate");
-            assert_eq!(
-                v["hook"]["args"],
-                serde_json::json!(["devgate", "hook", stage])
-            );
-            assert_eq!(v["hook"]["env"], serde_json::json!([HOOK_PATH_ENV]));
-            assert_eq!(v["hook"]["timeout"], HOOK_TIMEOUT_S);
-            assert_eq!(v["when"], serde_json::json!({"always": true}));
-            assert_eq!(v["stages"], serde_json::json!([stage]));
-        }
+    fn oci_hooks_file_follows_oci_hooks_5() {
+        let f = oci_hooks_file(&usr()).unwrap();
+        assert_eq!(f.name, "devgate.json");
+        let v: Value = serde_json::from_str(&f.content).unwrap();
+        assert_eq!(v["version"], "1.0.0");
+        assert_eq!(v["hook"]["path"], "/usr/bin/devgate");
+        assert_eq!(
+            v["hook"]["args"],
+            serde_json::json!(["devgate", "hook", "auto"])
+        );
+        assert_eq!(v["hook"]["env"], serde_json::json!([HOOK_PATH_ENV]));
+        assert_eq!(v["hook"]["timeout"], HOOK_TIMEOUT_S);
+        assert_eq!(v["when"], serde_json::json!({"always": true}));
+        assert_eq!(v["stages"], serde_json::json!(["prestart", "poststop"]));
     }
 
     #[test]
@@ -565,7 +540,7 @@ mod tests {
         let t = Target::for_prefix(Path::new("/opt")).unwrap();
         let fs2 = files(Runtime::Crio, &t).unwrap();
         let written = write_files(&dir, &fs2).unwrap();
-        assert_eq!(written.len(), 2);
+        assert_eq!(written.len(), 1);
         for f in &fs2 {
             assert_eq!(fs::read_to_string(dir.join(&f.name)).unwrap(), f.content);
         }
@@ -573,7 +548,7 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names.len(), 2, "no temp files left: {names:?}");
+        assert_eq!(names, ["devgate.json"], "no temp files left");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

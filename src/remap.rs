@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How long the /dev edit in the container's mount namespace may take.
-pub const NODE_TIMEOUT: Duration = Duration::from_secs(5);
+pub const NODE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What was done for one remapped device; kept in the decision log and the record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

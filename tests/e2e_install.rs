@@ -58,16 +58,14 @@ fn make_install_lays_out_the_tree_and_keeps_operator_config() {
         0o755
     );
     let hooks = dest.join("opt/dg/share/containers/oci/hooks.d");
-    for stage in ["prestart", "poststop"] {
-        let v = json(&hooks.join(format!("devgate-{stage}.json")));
-        assert_eq!(v["version"], "1.0.0");
-        assert_eq!(v["stages"], serde_json::json!([stage]));
-        assert_hook(
-            &v["hook"],
-            "/opt/dg/bin/devgate",
-            &["devgate", "hook", stage],
-        );
-    }
+    let v = json(&hooks.join("devgate.json"));
+    assert_eq!(v["version"], "1.0.0");
+    assert_eq!(v["stages"], serde_json::json!(["prestart", "poststop"]));
+    assert_hook(
+        &v["hook"],
+        "/opt/dg/bin/devgate",
+        &["devgate", "hook", "auto"],
+    );
     let config = dest.join("etc/devgate/config.json");
     assert_eq!(
         fs::read_to_string(&config).unwrap(),
@@ -94,8 +92,7 @@ fn make_install_lays_out_the_tree_and_keeps_operator_config() {
     // Uninstall removes what install put there, and leaves the operator's data.
     make(&work, &["uninstall", "PREFIX=/opt/dg"]);
     assert!(!bin.exists());
-    assert!(!hooks.join("devgate-prestart.json").exists());
-    assert!(!hooks.join("devgate-poststop.json").exists());
+    assert!(!hooks.join("devgate.json").exists());
     assert!(!dest.join("etc/containerd/devgate-base-spec.json").exists());
     assert!(config.is_file());
     assert!(dest.join("var/lib/devgate/quarantine").is_dir());
@@ -109,7 +106,7 @@ fn make_install_with_another_sysconfdir_names_the_config_in_the_hooks() {
         &work,
         &["install", "PREFIX=/opt/dg", "SYSCONFDIR=/opt/dg/etc"],
     );
-    let v = json(&dest.join("opt/dg/share/containers/oci/hooks.d/devgate-prestart.json"));
+    let v = json(&dest.join("opt/dg/share/containers/oci/hooks.d/devgate.json"));
     assert_hook(
         &v["hook"],
         "/opt/dg/bin/devgate",
@@ -118,7 +115,7 @@ fn make_install_with_another_sysconfdir_names_the_config_in_the_hooks() {
             "--config",
             "/opt/dg/etc/devgate/config.json",
             "hook",
-            "prestart",
+            "auto",
         ],
     );
     assert!(dest.join("opt/dg/etc/devgate/config.json").is_file());
@@ -147,14 +144,12 @@ fn install_host_copies_binary_and_configuration_onto_a_host_root() {
         fs::metadata(&bin).unwrap().permissions().mode() & 0o777,
         0o755
     );
-    for stage in ["prestart", "poststop"] {
-        let v = json(&root.join(format!("etc/containers/oci/hooks.d/devgate-{stage}.json")));
-        assert_hook(
-            &v["hook"],
-            "/usr/local/bin/devgate",
-            &["devgate", "hook", stage],
-        );
-    }
+    let v = json(&root.join("etc/containers/oci/hooks.d/devgate.json"));
+    assert_hook(
+        &v["hook"],
+        "/usr/local/bin/devgate",
+        &["devgate", "hook", "auto"],
+    );
     let spec = json(&root.join("etc/containerd/devgate-base-spec.json"));
     assert_hook(
         &spec["hooks"]["poststop"][0],
@@ -200,7 +195,7 @@ fn install_host_copies_binary_and_configuration_onto_a_host_root() {
     let out = install_host(&root, &["--hooks-dir", "/usr/share/containers/oci/hooks.d"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(root
-        .join("usr/share/containers/oci/hooks.d/devgate-prestart.json")
+        .join("usr/share/containers/oci/hooks.d/devgate.json")
         .is_file());
 
     // Bad command lines are one-line errors.

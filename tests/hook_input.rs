@@ -217,6 +217,24 @@ fn hostile_gpu_selector_is_not_a_panic() {
 }
 
 #[test]
+fn auto_takes_the_stage_from_the_state_status() {
+    let env = Env::new("auto");
+    let gone = |status: &str| {
+        format!(
+            r#"{{"ociVersion":"1.0.2","id":"x","status":"{status}","bundle":"/nonexistent/b"}}"#
+        )
+    };
+    // stopped: poststop, which tolerates a bundle already gone
+    let out = hook_with_stdin(&env, "auto", gone("stopped").as_bytes());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // runc passes creating, crun created: the gate, which needs the bundle
+    for status in ["creating", "created", "something-new"] {
+        let out = hook_with_stdin(&env, "auto", gone(status).as_bytes());
+        assert_one_line_error(&out, "devgate: error: prestart: cannot open bundle config");
+    }
+}
+
+#[test]
 fn poststop_with_bundle_gone_exits_zero() {
     let env = Env::new("ps-gone");
     let out = hook_with_stdin(

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const MAX_LEASE_BYTES: u64 = 64 << 10;
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
@@ -214,6 +214,23 @@ impl Leases {
     /// hook ran twice); one leased to a container that is gone is reclaimed.
     pub fn acquire(&self, candidates: &[(DevNum, PathBuf)], want: &Lease) -> Result<Outcome> {
         let _g = self.lock(LOCK_TIMEOUT)?;
+        // The same container asking again (prestart and createRuntime both configured, or
+        // a rerun) gets the spare it already holds, wherever it stands in the list: taking
+        // an earlier one that has come free since would lease two and mismatch the node.
+        for (num, _) in candidates {
+            if let Slot::Held(h) = self.lookup(*num) {
+                if h.container_id == want.container_id
+                    && h.replaces == want.replaces
+                    && holder_alive(&h)
+                {
+                    return Ok(Outcome::Leased {
+                        lease: h,
+                        reclaimed: None,
+                        reused: true,
+                    });
+                }
+            }
+        }
         let mut why = Vec::new();
         for (num, path) in candidates {
             let mut lease = want.clone();
@@ -228,17 +245,6 @@ impl Leases {
                         p.display()
                     ));
                     continue;
-                }
-                Slot::Held(h)
-                    if h.container_id == want.container_id
-                        && h.replaces == want.replaces
-                        && holder_alive(&h) =>
-                {
-                    return Ok(Outcome::Leased {
-                        lease: h,
-                        reclaimed: None,
-                        reused: true,
-                    });
                 }
                 Slot::Held(h) if holder_alive(&h) => {
                     why.push(format!(
@@ -334,6 +340,33 @@ mod tests {
             Outcome::Leased { lease, .. } => lease,
             Outcome::NoneFree(w) => panic!("none free: {w:?}"),
         }
+    }
+
+    #[test]
+    fn asking_again_returns_the_held_spare_even_when_an_earlier_one_came_free() {
+        let l = leases("again");
+        let me = std::process::id() as i32;
+        assert_eq!(
+            leased(l.acquire(&cands(), &want("a", me)).unwrap()).spare,
+            num(6)
+        );
+        assert_eq!(
+            leased(l.acquire(&cands(), &want("b", me)).unwrap()).spare,
+            num(7)
+        );
+        l.release_container("a").unwrap(); // 6 comes free
+        match l.acquire(&cands(), &want("b", me)).unwrap() {
+            Outcome::Leased { lease, reused, .. } => assert!(reused && lease.spare == num(7)),
+            o => panic!("{o:?}"),
+        }
+        let held: Vec<DevNum> = l
+            .list()
+            .unwrap()
+            .into_iter()
+            .filter(|(_, s)| matches!(s, Slot::Held(_)))
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(held, [num(7)], "b must not hold two spares");
     }
 
     #[test]

@@ -511,7 +511,8 @@ pub fn tracing_wrapper(dir: &Path, real: &Path) -> (PathBuf, PathBuf) {
     (wrapper, trace)
 }
 
-/// The stages the tracing wrapper saw for a container id.
+/// The calls the tracing wrapper saw for a container id, as `ARG/STATUS`: the stage
+/// argument devgate was given and the state's status (`auto/creating`, `auto/stopped`).
 pub fn traced_stages(trace: &Path, id: &str) -> Vec<String> {
     fs::read_to_string(trace)
         .unwrap_or_default()
@@ -520,7 +521,8 @@ pub fn traced_stages(trace: &Path, id: &str) -> Vec<String> {
         .filter_map(|l| {
             let words: Vec<&str> = l.split_whitespace().collect();
             let i = words.iter().position(|w| *w == "hook")?;
-            words.get(i + 1).map(|s| s.to_string())
+            let status = l.split("\"status\":\"").nth(1)?.split('"').next()?;
+            words.get(i + 1).map(|s| format!("{s}/{status}"))
         })
         .collect()
 }
