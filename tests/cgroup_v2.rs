@@ -62,10 +62,9 @@ fn v2_device_program_attach_then_replace_takes_effect() {
     if let Err(e) = v2::attach_new(&dir, &runtime_rules) {
         let _ = std::fs::remove_dir(&dir);
         let msg = e.to_string();
-        if msg.contains("operation not permitted")
-            || msg.contains("invalid argument")
-            || msg.contains("function not implemented")
-        {
+        // Only a kernel without bpf(2) or one that forbids it to root is a reason to skip;
+        // EINVAL would be devgate's own attach layout or flags, and fails the test.
+        if msg.contains("operation not permitted") || msg.contains("function not implemented") {
             eprintln!("skipped: the kernel refuses cgroup device programs here: {msg}");
             return;
         }
