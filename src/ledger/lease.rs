@@ -5,7 +5,8 @@
 //! A lease file that cannot be read is never overwritten and never reclaimed: it may be
 //! the only record that a container uses the spare. The operator removes it.
 
-use crate::device::{DevNum, DevType};
+use super::{file_name, num_from_file_name};
+use crate::device::DevNum;
 use crate::error::{Error, Result};
 use crate::fsutil::{ensure_private_dir, read_regular_file, remove_durable, write_atomic};
 use serde::{Deserialize, Serialize};
@@ -57,25 +58,6 @@ pub enum Outcome {
     },
     /// No candidate was free: why, one clause per candidate.
     NoneFree(Vec<String>),
-}
-
-pub fn file_name(num: DevNum) -> String {
-    format!("{}-{}-{}.json", num.typ.letter(), num.major, num.minor)
-}
-
-fn num_from_file_name(name: &str) -> Option<DevNum> {
-    let stem = name.strip_suffix(".json")?;
-    let mut it = stem.splitn(3, '-');
-    let typ = match it.next()? {
-        "c" => DevType::Char,
-        "b" => DevType::Block,
-        _ => return None,
-    };
-    Some(DevNum {
-        typ,
-        major: it.next()?.parse().ok()?,
-        minor: it.next()?.parse().ok()?,
-    })
 }
 
 /// The start time of a process, or None when it does not exist.
@@ -298,6 +280,7 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::DevType;
 
     fn leases(tag: &str) -> Leases {
         let d = std::env::temp_dir().join(format!("devgate-lease-{tag}-{}", std::process::id()));

@@ -4,6 +4,30 @@
 pub mod lease;
 pub mod quarantine;
 
+use crate::device::{DevNum, DevType};
+
+/// Both ledgers keep one file per device, named by type and major:minor: `c-195-1.json`.
+pub fn file_name(num: DevNum) -> String {
+    format!("{}-{}-{}.json", num.typ.letter(), num.major, num.minor)
+}
+
+/// The device a ledger file is for; None for anything else in the directory (temp files
+/// start with '.', notes an operator left).
+pub fn num_from_file_name(name: &str) -> Option<DevNum> {
+    let stem = name.strip_suffix(".json")?;
+    let mut it = stem.splitn(3, '-');
+    let typ = match it.next()? {
+        "c" => DevType::Char,
+        "b" => DevType::Block,
+        _ => return None,
+    };
+    Some(DevNum {
+        typ,
+        major: it.next()?.parse().ok()?,
+        minor: it.next()?.parse().ok()?,
+    })
+}
+
 /// Seconds since the epoch, and the same instant as RFC 3339 UTC for people.
 pub fn now() -> (u64, String) {
     let secs = std::time::SystemTime::now()

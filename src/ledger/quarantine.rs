@@ -3,7 +3,8 @@
 //! and who. A damaged file still quarantines its device — losing an operator's cordon to a
 //! bad write would put a pod back on a broken GPU.
 
-use crate::device::{DevNum, DevType};
+use super::{file_name, num_from_file_name};
+use crate::device::DevNum;
 use crate::error::{Error, Result};
 use crate::fsutil::{ensure_private_dir, read_regular_file, remove_durable, write_atomic};
 use serde::{Deserialize, Serialize};
@@ -25,25 +26,6 @@ pub struct Entry {
     pub since: String,
     pub since_unix: u64,
     pub by: String,
-}
-
-pub fn file_name(num: DevNum) -> String {
-    format!("{}-{}-{}.json", num.typ.letter(), num.major, num.minor)
-}
-
-fn num_from_file_name(name: &str) -> Option<DevNum> {
-    let stem = name.strip_suffix(".json")?;
-    let mut it = stem.splitn(3, '-');
-    let typ = match it.next()? {
-        "c" => DevType::Char,
-        "b" => DevType::Block,
-        _ => return None,
-    };
-    Some(DevNum {
-        typ,
-        major: it.next()?.parse().ok()?,
-        minor: it.next()?.parse().ok()?,
-    })
 }
 
 pub struct Ledger {
@@ -163,6 +145,7 @@ pub fn who() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::DevType;
     use std::os::unix::fs::PermissionsExt;
 
     fn ledger(tag: &str) -> Ledger {
