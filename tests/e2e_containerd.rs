@@ -20,16 +20,7 @@ fn spec_from_shipped_base(env: &Env, rootfs: &Path, devices: &[(&str, u32, u32)]
         .unwrap(),
     )
     .unwrap();
-    let generated: Value = serde_json::from_str(&hooks_config(&[
-        "--config",
-        env.config.to_str().unwrap(),
-        "hooks-config",
-        "--runtime",
-        "containerd",
-        "--bin",
-        devgate_bin().to_str().unwrap(),
-    ]))
-    .unwrap();
+    let generated: Value = serde_json::from_str(&containerd_base_spec_for(env)).unwrap();
     // Only the hook path and the config argument differ from what ships.
     let mut expect = generated.clone();
     for stage in ["prestart", "poststop"] {

@@ -169,19 +169,7 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     let kubelet_pods = work.join("kubelet/pods");
     let env = Env::with("cri-env", json!({"kubelet_pods_dir": kubelet_pods}));
     let base_spec = work.join("devgate-base-spec.json");
-    fs::write(
-        &base_spec,
-        hooks_config(&[
-            "--config",
-            env.config.to_str().unwrap(),
-            "hooks-config",
-            "--runtime",
-            "containerd",
-            "--bin",
-            devgate_bin().to_str().unwrap(),
-        ]),
-    )
-    .unwrap();
+    fs::write(&base_spec, containerd_base_spec_for(&env)).unwrap();
     let cd = start_containerd(&base_spec);
     cd.import_test_image("k8s.io");
     let v = cri_ok(&cd, "Version", json!({}));

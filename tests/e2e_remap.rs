@@ -10,7 +10,7 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 fn remap_env(tag: &str, spares: &[&str]) -> Env {
@@ -223,16 +223,7 @@ fn runc_rootfs_with_dev_symlink_is_rejected_and_host_untouched() {
 }
 
 fn hook(env: &Env, stage: &str) -> Child {
-    Command::new(devgate_bin())
-        .args(["--config"])
-        .arg(&env.config)
-        .args(["hook", stage])
-        .env_remove("DEVGATE_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    env.hook_cmd(stage).spawn().unwrap()
 }
 
 fn lease_files(env: &Env) -> Vec<(String, Value)> {

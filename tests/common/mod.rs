@@ -107,20 +107,24 @@ impl Env {
             .collect()
     }
 
-    /// `devgate hook STAGE` with `stdin` as the runtime's state. A writer thread feeds it:
-    /// devgate stops reading at its bound, which must not deadlock the test.
-    pub fn hook_stdin(&self, stage: &str, stdin: &[u8]) -> Output {
-        use std::io::Write;
-        let mut child = Command::new(devgate_bin())
-            .arg("--config")
+    /// `devgate hook STAGE` as a runtime starts it, all three streams piped.
+    pub fn hook_cmd(&self, stage: &str) -> Command {
+        let mut c = Command::new(devgate_bin());
+        c.arg("--config")
             .arg(&self.config)
             .args(["hook", stage])
             .env_remove("DEVGATE_CONFIG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// `devgate hook STAGE` with `stdin` as the runtime's state. A writer thread feeds it:
+    /// devgate stops reading at its bound, which must not deadlock the test.
+    pub fn hook_stdin(&self, stage: &str, stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = self.hook_cmd(stage).spawn().unwrap();
         let mut pipe = child.stdin.take().unwrap();
         let data = stdin.to_vec();
         let w = std::thread::spawn(move || {
@@ -525,6 +529,19 @@ pub fn traced_stages(trace: &Path, id: &str) -> Vec<String> {
             words.get(i + 1).map(|s| format!("{s}/{status}"))
         })
         .collect()
+}
+
+/// The containerd base runtime spec `hooks-config` generates for the test build and `env`.
+pub fn containerd_base_spec_for(env: &Env) -> String {
+    hooks_config(&[
+        "--config",
+        env.config.to_str().unwrap(),
+        "hooks-config",
+        "--runtime",
+        "containerd",
+        "--bin",
+        devgate_bin().to_str().unwrap(),
+    ])
 }
 
 /// `devgate hooks-config` with the test binary; returns what it printed.
