@@ -5,7 +5,8 @@
 use crate::config::Config;
 use crate::device::{DevNum, Device};
 use crate::ledger::quarantine::{Ledger, Lookup};
-use crate::probe::{sysfs, xid};
+use crate::probe::sysfs;
+use crate::probe::xid::{self, PciAddr};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -160,12 +161,12 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
             .as_ref()
             .and_then(|g| g.pci_bus_id.as_deref())
             .or(b.pci.as_deref())
-            .map(normalize_pci);
-        if let (Some(pci), Some(from)) = (&pci, start.kmsg_seq) {
+            .and_then(PciAddr::parse);
+        if let (Some(pci), Some(from)) = (pci, start.kmsg_seq) {
             let mut seen = Vec::new();
             for x in xids
                 .iter()
-                .filter(|x| x.critical && normalize_pci(&x.pci) == *pci)
+                .filter(|x| x.critical && PciAddr::parse(&x.pci).is_some_and(|a| a.same_slot(&pci)))
             {
                 if x.seq < from || seen.contains(&x.xid) {
                     continue;
@@ -234,20 +235,6 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
         }
     }
     faults
-}
-
-/// `0000:3B:00.0`, `00000000:3b:00.0` and `0000:3b:00` name one GPU.
-pub fn normalize_pci(s: &str) -> String {
-    let s = s.trim().to_ascii_lowercase();
-    let (domain, rest) = match s.matches(':').count() {
-        2 => {
-            let (d, r) = s.split_once(':').unwrap_or(("0", &s));
-            (d.trim_start_matches('0').to_string(), r.to_string())
-        }
-        _ => (String::new(), s.clone()),
-    };
-    let rest = rest.split('.').next().unwrap_or(&rest).to_string();
-    format!("{:0>4}:{rest}", domain)
 }
 
 #[cfg(test)]
@@ -407,10 +394,13 @@ mod tests {
     }
 
     #[test]
-    fn pci_ids_normalize() {
-        assert_eq!(normalize_pci("00000000:3B:00.0"), "0000:3b:00");
-        assert_eq!(normalize_pci("0000:3b:00"), "0000:3b:00");
-        assert_eq!(normalize_pci("3b:00.0"), "0000:3b:00");
-        assert_eq!(normalize_pci("0001:3b:00.1"), "0001:3b:00");
+    fn pci_ids_in_every_spelling_name_one_slot() {
+        let slot = |s: &str| PciAddr::parse(s).unwrap();
+        let gpu = slot("0000:3b:00");
+        for same in ["00000000:3B:00.0", "0000:3b:00", "3b:00.0"] {
+            assert!(slot(same).same_slot(&gpu), "{same}");
+        }
+        assert!(!slot("0001:3b:00.1").same_slot(&gpu));
+        assert!(slot("0001:3b:00.1").same_slot(&slot("0001:3b:00")));
     }
 }
