@@ -312,24 +312,27 @@ mod tests {
         assert!(read_record(&d, "absent").unwrap().is_none());
     }
 
+    fn exit(id: &str, stopped_unix: u64) -> ExitRecord {
+        ExitRecord {
+            container_id: id.into(),
+            pod: PodInfo::default(),
+            devices: vec![],
+            faults: vec![],
+            started: String::new(),
+            started_unix: 0,
+            stopped: String::new(),
+            stopped_unix,
+            termination_message: None,
+            version: String::new(),
+        }
+    }
+
     #[test]
     fn exit_records_are_pruned_to_keep() {
         let d = std::env::temp_dir().join(format!("devgate-exits-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         for i in 0..5 {
-            let rec = ExitRecord {
-                container_id: format!("c{i}"),
-                pod: PodInfo::default(),
-                devices: vec![],
-                faults: vec![],
-                started: String::new(),
-                started_unix: 0,
-                stopped: String::new(),
-                stopped_unix: i,
-                termination_message: None,
-                version: String::new(),
-            };
-            write_exit(&d, &rec, 3).unwrap();
+            write_exit(&d, &exit(&format!("c{i}"), i), 3).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(15));
         }
         let ids: Vec<String> = list_exits(&d).into_iter().map(|r| r.container_id).collect();
@@ -365,19 +368,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(15));
             write_record(&d, &decision(&format!("dead{i}"), Some(i32::MAX))).unwrap();
         }
-        let exit = ExitRecord {
-            container_id: "dead2".into(),
-            pod: PodInfo::default(),
-            devices: vec![],
-            faults: vec![],
-            started: String::new(),
-            started_unix: 0,
-            stopped: String::new(),
-            stopped_unix: 0,
-            termination_message: None,
-            version: String::new(),
-        };
-        write_exit(&d, &exit, 2).unwrap();
+        write_exit(&d, &exit("dead2", 0), 2).unwrap();
         let mut left: Vec<String> = std::fs::read_dir(containers_dir(&d))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
