@@ -67,6 +67,22 @@ impl PciAddr {
         })
     }
 
+    /// The driver's own form in an XID line: `DDDD:BB:DD` (domain 4 or 8 hex digits), or
+    /// the legacy `BB:DD`-less-domain forms old drivers wrote; no function, no spaces.
+    pub fn parse_exact(s: &str) -> Option<PciAddr> {
+        if s.contains('.') || s.bytes().any(|b| b.is_ascii_whitespace()) {
+            return None;
+        }
+        let a = PciAddr::parse(s)?;
+        let parts: Vec<&str> = s.split(':').collect();
+        let widths_ok = match parts.as_slice() {
+            [d, b, v] => (d.len() == 4 || d.len() == 8) && b.len() == 2 && v.len() == 2,
+            [b, v] => b.len() == 2 && v.len() == 2,
+            _ => false,
+        };
+        widths_ok.then_some(a)
+    }
+
     pub fn same_slot(&self, other: &PciAddr) -> bool {
         (self.domain, self.bus, self.device) == (other.domain, other.bus, other.device)
     }
@@ -231,6 +247,10 @@ impl Scanner {
         };
         self.scan.records += 1;
         self.scan.last_seq = Some(rec.seq);
+        // Only the driver's own records are parsed further (and only they cost more).
+        if !rec.is_driver() {
+            return;
+        }
         if is_driver_load(rec.msg) {
             self.scan.last_driver_load = Some(rec.seq);
         }
@@ -263,40 +283,98 @@ impl Scanner {
 /// `pri,seq,ts_usec,flags[,…];message`, as /dev/kmsg writes each record.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Record<'a> {
+    /// `facility << 3 | level`; facility 0 is the kernel's own.
+    pub pri: u32,
     pub seq: u64,
     pub ts_usec: u64,
     pub msg: &'a str,
 }
 
+impl Record<'_> {
+    /// A record the NVIDIA driver itself logged: kernel facility, message beginning with
+    /// `NVRM: `. Userspace cannot log with facility 0 (the kernel turns a write to
+    /// /dev/kmsg into LOG_USER), and a message that merely contains `NVRM: ` (a segfault
+    /// report naming a binary, an OOM kill naming a command) does not begin with it.
+    pub fn is_driver(&self) -> bool {
+        self.pri >> 3 == 0 && self.msg.starts_with(DRIVER_TAG)
+    }
+}
+
+const DRIVER_TAG: &str = "NVRM: ";
+
 pub fn parse_record(line: &str) -> Option<Record<'_>> {
     let (prefix, msg) = line.split_once(';')?;
     let mut f = prefix.split(',');
-    let _pri: u32 = f.next()?.parse().ok()?;
+    let pri: u32 = f.next()?.parse().ok()?;
     let seq: u64 = f.next()?.parse().ok()?;
     let ts_usec: u64 = f.next()?.parse().ok()?;
-    Some(Record { seq, ts_usec, msg })
+    Some(Record {
+        pri,
+        seq,
+        ts_usec,
+        msg,
+    })
 }
 
-fn is_driver_load(msg: &str) -> bool {
-    msg.contains("NVRM: loading NVIDIA UNIX")
+/// `NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  …` or
+/// `NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  …`, in full: the
+/// tag, an architecture or `Open`, `Kernel Module`, then a version of digits and dots.
+/// Only a driver record (`Record::is_driver`) is passed here.
+pub fn is_driver_load(msg: &str) -> bool {
+    let Some(rest) = msg.strip_prefix("NVRM: loading NVIDIA UNIX ") else {
+        return false;
+    };
+    let Some((_, after)) = rest.split_once("Kernel Module") else {
+        return false;
+    };
+    let after = after.trim_start();
+    let after = after
+        .strip_prefix("for ")
+        .and_then(|a| a.split_once(' ').map(|(_, v)| v.trim_start()))
+        .unwrap_or(after);
+    let version: &str = after.split(' ').next().unwrap_or("");
+    !version.is_empty()
+        && version.bytes().any(|b| b.is_ascii_digit())
+        && version.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }
 
 const MAX_TEXT: usize = 160;
 
-/// `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`
-/// Old drivers write the address without `PCI:`.
+/// A driver record that parses in full as an XID report:
+/// `NVRM: Xid (PCI:DOMAIN:BUS:DEV[ GPU-I:n[ GPU-CI:n]]): N[, text]`.
+/// Old drivers write the address without `PCI:`. Anything else is not an XID, whatever it
+/// contains (`caused by previous Xid`, NVSwitch `SXid`, `_kgspLogXid119:`).
 pub fn parse_xid(msg: &str) -> Option<(PciAddr, u32, String)> {
-    const TAG: &str = "NVRM: Xid (";
-    let rest = &msg[msg.find(TAG)? + TAG.len()..];
-    let (addr, rest) = rest.split_once("):")?;
-    let pci = PciAddr::parse(addr.strip_prefix("PCI:").unwrap_or(addr))?;
-    let rest = rest.trim_start();
+    let rest = msg.strip_prefix("NVRM: Xid (")?;
+    let (inside, rest) = rest.split_once("): ")?;
+    let mut parts = inside.split(' ');
+    let addr = parts.next()?;
+    let pci = PciAddr::parse_exact(addr.strip_prefix("PCI:").unwrap_or(addr))?;
+    // MIG: ` GPU-I:n`, then optionally ` GPU-CI:n`, in that order and nothing more.
+    for tag in ["GPU-I:", "GPU-CI:"] {
+        match parts.next() {
+            None => break,
+            Some(p) => {
+                let n = p.strip_prefix(tag)?;
+                if n.is_empty() || n.len() > 4 || !n.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
+            }
+        }
+    }
+    if parts.next().is_some() {
+        return None;
+    }
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 6 {
         return None;
     }
     let xid: u32 = rest[..digits].parse().ok()?;
-    let text = rest[digits..]
+    let tail = &rest[digits..];
+    if !(tail.is_empty() || tail.starts_with(',')) {
+        return None;
+    }
+    let text = tail
         .trim_start_matches(',')
         .trim()
         .chars()
@@ -569,6 +647,68 @@ x,y,z;not numbers\n\
 4,306,12800000,-;NVRM: Xid (PCI:0000:af:00): 99999999, absurd number\n\
 4,307,12900000,-;NVRM: Xid (PCI:0000:af:00";
 
+    /// Lines an attacker can get into the kernel log: a segfault report naming a binary
+    /// whose file name is an NVRM line, an OOM kill, a userspace write to /dev/kmsg (any
+    /// facility but 0), and near-misses of the XID grammar. None counts.
+    #[test]
+    fn forged_and_near_miss_lines_never_count() {
+        let log = "\
+6,1,1,-;gpujob[3700]: segfault at 0 ip 0000000000401000 sp 00007ffd error 4 in NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus[401000+1000]\n\
+3,2,2,-;Out of memory: Killed process 77 (NVRM: Xid (PCI:0000:3b:00): 79, x)\n\
+14,3,3,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n\
+12,4,4,-;NVRM: Xid (PCI:0000:3b:00): 48, DBE\n\
+4,5,5,-; NVRM: Xid (PCI:0000:3b:00): 79, leading space\n\
+4,6,6,-;NVRM: Xid (PCI:0000:3b:00): 79x, trailing junk\n\
+4,7,7,-;NVRM: Xid (PCI:0000:3b:00 evil): 79, extra token\n\
+4,8,8,-;NVRM: Xid (PCI:0000:3b:00.0): 79, function given\n\
+4,9,9,-;NVRM: GPU at PCI:0000:3b:00: GPU-5b4b8bd5-52a5-4e0c-8a2b-3d0b0e0ea3d1\n\
+4,10,10,-;NVRM: Xid (PCI:0000:3b:00): 13, caused by previous Xid 79\n\
+4,11,11,-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 04 egress\n\
+";
+        let s = scan_bytes(log.as_bytes(), ReadLimits::default());
+        assert_eq!(s.records, 11);
+        let xids: Vec<(u64, u32)> = s.events.iter().map(|e| (e.seq, e.xid)).collect();
+        // Only seq 10 is a real driver XID report (13); its text mentions 79 harmlessly.
+        assert_eq!(xids, vec![(10, 13)]);
+        assert_eq!(s.last_driver_load, None);
+    }
+
+    #[test]
+    fn a_forged_driver_load_hides_nothing() {
+        let log = "\
+4,1,1,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n\
+6,2,2,-;NVRM: loading N[99]: segfault at 0 ip 0 sp 0 error 4 in NVRM: loading NVIDIA UNIX x86_64 Kernel Module 1[1+1]\n\
+14,3,3,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023\n\
+4,4,4,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n\
+";
+        let s = scan_bytes(log.as_bytes(), ReadLimits::default());
+        assert_eq!(s.last_driver_load, None);
+        assert_eq!(s.active().count(), 1);
+        assert!(is_driver_load(
+            "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:15:33 UTC 2024"
+        ));
+        assert!(is_driver_load(
+            "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023"
+        ));
+    }
+
+    #[test]
+    fn mig_suffixes_and_legacy_addresses_parse() {
+        let (pci, xid, _) =
+            parse_xid("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 43, pid=1, Ch 00000010").unwrap();
+        assert_eq!((pci.bus, xid), (1, 43));
+        let (_, xid, _) =
+            parse_xid("NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:01): 31, pid=2").unwrap();
+        assert_eq!(xid, 31);
+        assert!(parse_xid("NVRM: Xid (PCI:0000:01:00 GPU-CI:01): 31, pid=2").is_none());
+        let (pci, xid, _) = parse_xid("NVRM: Xid (0000:86:00): 48, DBE").unwrap();
+        assert_eq!((pci.bus, xid), (0x86, 48));
+        assert_eq!(
+            parse_xid("NVRM: Xid (PCI:0000:86:00): 79").map(|x| x.1),
+            Some(79)
+        );
+    }
+
     #[test]
     fn fixture_parses_records_xids_and_driver_loads() {
         let s = scan_bytes(FIXTURE.as_bytes(), ReadLimits::default());
@@ -708,13 +848,13 @@ x,y,z;not numbers\n\
     #[test]
     fn binary_garbage_never_panics() {
         let mut junk: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
-        junk.extend_from_slice("\n4,9,9,-;NVRM: Xid (PCI:ffff:ff:1f.7): 79, é\u{0}\n".as_bytes());
+        junk.extend_from_slice("\n4,9,9,-;NVRM: Xid (PCI:ffff:ff:1f): 79, é\u{0}\n".as_bytes());
         junk.extend_from_slice(b"4,10,10,-;NVRM: Xid (PCI:0000:3b:00): \n");
         junk.extend_from_slice(b"4,11,10,-;NVRM: Xid (PCI:0000:3b:00)\n");
         junk.extend_from_slice(b";;;\n,,,;\n18446744073709551616,1,1,-;x\n");
         let s = scan_bytes(&junk, ReadLimits::default());
         assert_eq!(s.events.len(), 1);
-        assert_eq!(s.events[0].pci.to_string(), "ffff:ff:1f.7");
+        assert_eq!(s.events[0].pci.to_string(), "ffff:ff:1f");
     }
 
     #[test]
