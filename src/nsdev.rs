@@ -1,12 +1,20 @@
 //! The /dev edit inside a container: replace the node at the container's path with a node
-//! for another major:minor, same mode, uid and gid.
+//! for another major:minor, same mode (less set-id bits), uid and gid.
 //!
-//! setns(CLONE_NEWNS) is refused to a multi-threaded process, so the edit runs in a forked
-//! child. The child makes raw system calls only (no allocation, no locks), which keeps it
-//! correct whatever threads the parent had. It walks the path one component at a time from
-//! the container's root with O_PATH|O_NOFOLLOW|O_DIRECTORY and refuses a symlink anywhere:
-//! a container's symlinks are never resolved. The new node is made under a temporary name in
-//! the same directory and renamed over the old one, so the path always names a node.
+//! The property this module keeps: once the new node exists, no name another process can
+//! replace is resolved again, and every step is checked with fstat.
+//! - The container's process is held by a pidfd from the start, so a pid reused while
+//!   devgate probed can never send the edit into another process.
+//! - setns(CLONE_NEWNS) is refused to a multi-threaded process, so the edit runs in a forked
+//!   child that enters the namespace with setns(pidfd). The child makes raw system calls only
+//!   (no allocation, no locks), which keeps it correct whatever threads the parent had.
+//! - The directory is reached with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS), one
+//!   component at a time: a container's symlinks are never resolved.
+//! - The new node is made in a fresh directory only root can write, with an unpredictable
+//!   name, under umask 0 with its final mode (no chmod, which would follow a symlink), owned
+//!   through an O_PATH fd (fchownat AT_EMPTY_PATH), checked with fstat, then renamed over the
+//!   old node from that private directory. A process sharing the container's /dev (a
+//!   sibling container's emptyDir) can swap names in /dev but never the private directory's.
 //!
 //! Where the root is: at runc's prestart/createRuntime the container process has not pivoted
 //! yet (its root is still the mount namespace's `/`), and the rootfs sits at its host path
@@ -19,6 +27,7 @@ use crate::error::{Error, Result};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -27,6 +36,9 @@ use std::time::{Duration, Instant};
 pub struct NodeEdit<'a> {
     /// The container's process (runtime state pid).
     pub pid: i32,
+    /// A pidfd for `pid` opened before devgate probed, when the caller has one; otherwise
+    /// one is opened here.
+    pub pidfd: Option<RawFd>,
     /// The rootfs as the runtime mounted it (config.json root.path against the bundle).
     pub rootfs: &'a Path,
     pub container_path: &'a Path,
@@ -45,26 +57,94 @@ pub struct Replaced {
     pub already: bool,
 }
 
-const OK: i32 = 0;
-const ALREADY: i32 = 1;
-const E_SETNS: i32 = 2;
-const E_PROCROOT: i32 = 3;
-const E_ROOTFS: i32 = 4;
-const E_STAT: i32 = 5;
-const E_SYMLINK: i32 = 6;
-const E_NOTDIR: i32 = 7;
-const E_OPEN: i32 = 8;
-const E_MISSING: i32 = 9;
-const E_NOTDEV: i32 = 10;
-const E_MISMATCH: i32 = 11;
-const E_MKNOD: i32 = 12;
-const E_CHOWN: i32 = 13;
-const E_CHMOD: i32 = 14;
-const E_RENAME: i32 = 15;
-const E_UMASK: i32 = 16;
+/// The child's last step: where it stopped, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+enum Step {
+    Done = 0,
+    Already,
+    EnterNs,
+    ProcRoot,
+    Rootfs,
+    Symlink,
+    NotDir,
+    Open,
+    Stat,
+    Missing,
+    NotDev,
+    Mismatch,
+    PrivateDir,
+    Mknod,
+    NewNode,
+    Chown,
+    Verify,
+    Rename,
+}
 
-/// What the child reports: code, errno, component index, mode, uid, gid, major, minor.
-type Report = [i32; 8];
+impl Step {
+    const ALL: [Step; 18] = [
+        Step::Done,
+        Step::Already,
+        Step::EnterNs,
+        Step::ProcRoot,
+        Step::Rootfs,
+        Step::Symlink,
+        Step::NotDir,
+        Step::Open,
+        Step::Stat,
+        Step::Missing,
+        Step::NotDev,
+        Step::Mismatch,
+        Step::PrivateDir,
+        Step::Mknod,
+        Step::NewNode,
+        Step::Chown,
+        Step::Verify,
+        Step::Rename,
+    ];
+
+    fn from_code(c: i32) -> Option<Step> {
+        Step::ALL.iter().copied().find(|s| *s as i32 == c)
+    }
+}
+
+/// What the child writes to its pipe: plain integers, because the child cannot allocate.
+/// The parent turns it into a `Step` and a `Found` at once.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+struct Wire {
+    step: i32,
+    errno: i32,
+    /// The path component the walk stopped at.
+    component: i32,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    major: u32,
+    minor: u32,
+}
+
+/// What the child saw of the node.
+#[derive(Debug, Clone, Copy)]
+struct Found {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    major: u32,
+    minor: u32,
+}
+
+/// Everything the child needs, prepared before fork.
+struct ChildInput<'a> {
+    pidfd: RawFd,
+    proc_root: RawFd,
+    out: RawFd,
+    rootfs: &'a CStr,
+    comps: &'a [CString],
+    private: &'a CStr,
+    expect: (libc::mode_t, u32, u32),
+    spare: (libc::mode_t, u32, u32),
+}
 
 fn s_ifmt(t: DevType) -> libc::mode_t {
     match t {
@@ -102,153 +182,222 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
+const NEW: &CStr = c"n";
+
+/// struct open_how of openat2(2); libc's is non-exhaustive.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// openat2(2) of one plain name below `dir`, never through a symlink or a magic link.
+///
+/// # Safety
+/// `name` is a valid C string; raw system call only.
+unsafe fn open_beneath(dir: RawFd, name: &CStr, flags: i32) -> RawFd {
+    let how = OpenHow {
+        flags: (flags | libc::O_PATH | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    libc::syscall(
+        libc::SYS_openat2,
+        dir,
+        name.as_ptr(),
+        &how as *const OpenHow,
+        std::mem::size_of::<OpenHow>(),
+    ) as RawFd
+}
+
+/// The base directory of the walk: the process's root once it has pivoted, else the
+/// rootfs at its path in the namespace. Called after setns.
+///
+/// # Safety
+/// Raw system calls on valid fds and C strings.
+unsafe fn base_dir(inp: &ChildInput, w: &mut Wire) -> std::result::Result<RawFd, Step> {
+    let mut a: libc::stat = std::mem::zeroed();
+    let mut b: libc::stat = std::mem::zeroed();
+    if libc::fstat(inp.proc_root, &mut a) != 0 || libc::stat(c"/".as_ptr(), &mut b) != 0 {
+        w.errno = errno();
+        return Err(Step::ProcRoot);
+    }
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
+        return Ok(inp.proc_root);
+    }
+    // The rootfs path is the runtime's (bundle + root.path), a host path: it may hold the
+    // host's own symlinks. Everything below it is the container's.
+    let fd = libc::open(
+        inp.rootfs.as_ptr(),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+    );
+    if fd < 0 {
+        w.errno = errno();
+        return Err(Step::Rootfs);
+    }
+    Ok(fd)
+}
+
+/// Walks to the directory holding the node, one openat2 per component.
+///
+/// # Safety
+/// Raw system calls on valid fds and C strings.
+unsafe fn walk_to_parent(
+    mut dir: RawFd,
+    comps: &[CString],
+    w: &mut Wire,
+) -> std::result::Result<RawFd, Step> {
+    for (i, c) in comps[..comps.len() - 1].iter().enumerate() {
+        w.component = i as i32;
+        let fd = open_beneath(dir, c, libc::O_DIRECTORY);
+        if fd < 0 {
+            w.errno = errno();
+            return Err(match w.errno {
+                libc::ELOOP => Step::Symlink,
+                libc::ENOTDIR => Step::NotDir,
+                _ => Step::Open,
+            });
+        }
+        dir = fd;
+    }
+    w.component = comps.len() as i32 - 1;
+    Ok(dir)
+}
+
+/// Makes the spare's node in a private directory of `dir`, owned and checked through its
+/// fd, and renames it over `name`. Nothing here resolves a name another process can
+/// replace: `private` is a fresh root-only directory, reached through its own fd.
+///
+/// # Safety
+/// Raw system calls on valid fds and C strings.
+unsafe fn swap_in(
+    dir: RawFd,
+    name: &CStr,
+    inp: &ChildInput,
+    st: &libc::stat,
+    w: &mut Wire,
+) -> Step {
+    // Set-id and sticky bits mean nothing on a device node, and chown would clear them.
+    let mode = st.st_mode & 0o777;
+    let spare = inp.spare;
+    if libc::mkdirat(dir, inp.private.as_ptr(), 0o700) != 0 {
+        w.errno = errno();
+        return Step::PrivateDir;
+    }
+    let fail = |w: &mut Wire, step: Step, pd: RawFd| {
+        w.errno = errno();
+        if pd >= 0 {
+            libc::unlinkat(pd, NEW.as_ptr(), 0);
+        }
+        libc::unlinkat(dir, inp.private.as_ptr(), libc::AT_REMOVEDIR);
+        step
+    };
+    let pd = open_beneath(dir, inp.private, libc::O_DIRECTORY);
+    if pd < 0 {
+        return fail(w, Step::PrivateDir, -1);
+    }
+    let mut ps: libc::stat = std::mem::zeroed();
+    if libc::fstat(pd, &mut ps) != 0
+        || ps.st_mode & libc::S_IFMT != libc::S_IFDIR
+        || ps.st_mode & 0o7777 != 0o700
+        || ps.st_uid != 0
+    {
+        return fail(w, Step::PrivateDir, -1);
+    }
+    // umask is 0: the node is born with its final mode.
+    if libc::mknodat(
+        pd,
+        NEW.as_ptr(),
+        spare.0 | mode,
+        libc::makedev(spare.1, spare.2),
+    ) != 0
+    {
+        return fail(w, Step::Mknod, pd);
+    }
+    let nd = open_beneath(pd, NEW, 0);
+    let mut ns: libc::stat = std::mem::zeroed();
+    let is_spare = |s: &libc::stat| {
+        s.st_mode & libc::S_IFMT == spare.0
+            && libc::major(s.st_rdev) == spare.1
+            && libc::minor(s.st_rdev) == spare.2
+    };
+    if nd < 0 || libc::fstat(nd, &mut ns) != 0 || !is_spare(&ns) {
+        return fail(w, Step::NewNode, pd);
+    }
+    if libc::fchownat(nd, c"".as_ptr(), st.st_uid, st.st_gid, libc::AT_EMPTY_PATH) != 0 {
+        return fail(w, Step::Chown, pd);
+    }
+    if libc::fstat(nd, &mut ns) != 0
+        || !is_spare(&ns)
+        || ns.st_mode & 0o7777 != mode
+        || (ns.st_uid, ns.st_gid) != (st.st_uid, st.st_gid)
+        || ns.st_nlink != 1
+    {
+        return fail(w, Step::Verify, pd);
+    }
+    // rename never follows its last component; both ends are relative to fds checked above.
+    if libc::renameat(pd, NEW.as_ptr(), dir, name.as_ptr()) != 0 {
+        return fail(w, Step::Rename, pd);
+    }
+    libc::unlinkat(dir, inp.private.as_ptr(), libc::AT_REMOVEDIR);
+    w.mode = mode;
+    Step::Done
+}
+
 /// The child. Raw system calls on memory prepared before fork; never returns.
 ///
 /// # Safety
 /// Called only in the child of fork(2).
-#[allow(clippy::too_many_arguments)]
-unsafe fn child(
-    ns: RawFd,
-    out: RawFd,
-    proc_root: &CStr,
-    rootfs: &CStr,
-    comps: &[CString],
-    tmp: &CStr,
-    expect: (libc::mode_t, u32, u32),
-    spare: (libc::mode_t, u32, u32),
-) -> ! {
-    let mut r: Report = [0; 8];
-    let code = 'run: {
+unsafe fn child(inp: &ChildInput) -> ! {
+    let mut w = Wire::default();
+    let step = 'run: {
         libc::umask(0);
-        if libc::setns(ns, libc::CLONE_NEWNS) != 0 {
-            r[1] = errno();
-            break 'run E_SETNS;
+        if libc::setns(inp.pidfd, libc::CLONE_NEWNS) != 0 {
+            w.errno = errno();
+            break 'run Step::EnterNs;
         }
-        let pr = libc::open(
-            proc_root.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        );
-        if pr < 0 {
-            r[1] = errno();
-            break 'run E_PROCROOT;
-        }
-        let mut a: libc::stat = std::mem::zeroed();
-        let mut b: libc::stat = std::mem::zeroed();
-        if libc::fstat(pr, &mut a) != 0 || libc::stat(c"/".as_ptr(), &mut b) != 0 {
-            r[1] = errno();
-            break 'run E_PROCROOT;
-        }
-        let mut dir = if a.st_dev == b.st_dev && a.st_ino == b.st_ino {
-            let fd = libc::open(
-                rootfs.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            );
-            if fd < 0 {
-                r[1] = errno();
-                break 'run E_ROOTFS;
-            }
-            fd
-        } else {
-            pr
+        let base = match base_dir(inp, &mut w) {
+            Ok(fd) => fd,
+            Err(s) => break 'run s,
         };
-        let last = comps.len() - 1;
-        for (i, c) in comps.iter().enumerate() {
-            r[2] = i as i32;
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) != 0 {
-                r[1] = errno();
-                break 'run if r[1] == libc::ENOENT && i == last {
-                    E_MISSING
-                } else {
-                    E_STAT
-                };
-            }
-            let fmt = st.st_mode & libc::S_IFMT;
-            if fmt == libc::S_IFLNK {
-                break 'run E_SYMLINK;
-            }
-            if i < last {
-                if fmt != libc::S_IFDIR {
-                    break 'run E_NOTDIR;
-                }
-                let fd = libc::openat(
-                    dir,
-                    c.as_ptr(),
-                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                );
-                if fd < 0 {
-                    r[1] = errno();
-                    break 'run if r[1] == libc::ELOOP || r[1] == libc::ENOTDIR {
-                        E_SYMLINK
-                    } else {
-                        E_OPEN
-                    };
-                }
-                dir = fd;
-                continue;
-            }
-            // The node itself.
-            r[3] = (st.st_mode & 0o7777) as i32;
-            r[4] = st.st_uid as i32;
-            r[5] = st.st_gid as i32;
-            r[6] = libc::major(st.st_rdev) as i32;
-            r[7] = libc::minor(st.st_rdev) as i32;
-            if fmt != libc::S_IFCHR && fmt != libc::S_IFBLK {
-                break 'run E_NOTDEV;
-            }
-            let is = |d: (libc::mode_t, u32, u32)| {
-                fmt == d.0 && libc::major(st.st_rdev) == d.1 && libc::minor(st.st_rdev) == d.2
+        let dir = match walk_to_parent(base, inp.comps, &mut w) {
+            Ok(fd) => fd,
+            Err(s) => break 'run s,
+        };
+        let name = &inp.comps[inp.comps.len() - 1];
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) != 0 {
+            w.errno = errno();
+            break 'run if w.errno == libc::ENOENT {
+                Step::Missing
+            } else {
+                Step::Stat
             };
-            if is(spare) {
-                break 'run ALREADY;
-            }
-            if !is(expect) {
-                break 'run E_MISMATCH;
-            }
-            let mode = st.st_mode & 0o7777;
-            libc::unlinkat(dir, tmp.as_ptr(), 0);
-            if libc::mknodat(
-                dir,
-                tmp.as_ptr(),
-                spare.0 | mode,
-                libc::makedev(spare.1, spare.2),
-            ) != 0
-            {
-                r[1] = errno();
-                break 'run E_MKNOD;
-            }
-            if libc::fchownat(
-                dir,
-                tmp.as_ptr(),
-                st.st_uid,
-                st.st_gid,
-                libc::AT_SYMLINK_NOFOLLOW,
-            ) != 0
-            {
-                r[1] = errno();
-                libc::unlinkat(dir, tmp.as_ptr(), 0);
-                break 'run E_CHOWN;
-            }
-            // chown may clear mode bits; the temp name is a node this child just made.
-            if libc::fchmodat(dir, tmp.as_ptr(), mode, 0) != 0 {
-                r[1] = errno();
-                libc::unlinkat(dir, tmp.as_ptr(), 0);
-                break 'run E_CHMOD;
-            }
-            if libc::renameat(dir, tmp.as_ptr(), dir, c.as_ptr()) != 0 {
-                r[1] = errno();
-                libc::unlinkat(dir, tmp.as_ptr(), 0);
-                break 'run E_RENAME;
-            }
-            break 'run OK;
         }
-        E_UMASK
+        let fmt = st.st_mode & libc::S_IFMT;
+        (w.mode, w.uid, w.gid) = (st.st_mode & 0o7777, st.st_uid, st.st_gid);
+        (w.major, w.minor) = (libc::major(st.st_rdev), libc::minor(st.st_rdev));
+        if fmt == libc::S_IFLNK {
+            break 'run Step::Symlink;
+        }
+        if fmt != libc::S_IFCHR && fmt != libc::S_IFBLK {
+            break 'run Step::NotDev;
+        }
+        let is = |d: (libc::mode_t, u32, u32)| fmt == d.0 && (w.major, w.minor) == (d.1, d.2);
+        if is(inp.spare) {
+            break 'run Step::Already;
+        }
+        if !is(inp.expect) {
+            break 'run Step::Mismatch;
+        }
+        swap_in(dir, name, inp, &st, &mut w)
     };
-    r[0] = code;
+    w.step = step as i32;
     libc::write(
-        out,
-        r.as_ptr() as *const libc::c_void,
-        std::mem::size_of::<Report>(),
+        inp.out,
+        &w as *const Wire as *const libc::c_void,
+        std::mem::size_of::<Wire>(),
     );
     libc::_exit(0)
 }
@@ -267,12 +416,36 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Reads the child's report, or gives up at the deadline.
-fn read_report(fd: &OwnedFd, deadline: Instant) -> std::result::Result<Report, String> {
-    let mut r: Report = [0; 8];
-    let want = std::mem::size_of::<Report>();
+/// A pidfd for `pid` (pidfd_open, Linux 5.3).
+pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain system call; the returned fd is owned here.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as RawFd;
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// True while the process behind `pidfd` has not exited. A file under /proc/PID opened
+/// before this returns true belongs to that process, not to a later one with its pid.
+pub fn pidfd_alive(pidfd: RawFd) -> bool {
+    // SAFETY: signal 0 only checks; null siginfo is allowed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd,
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}
+
+/// Waits up to `deadline` for the pipe to fill `buf`.
+fn read_full(fd: &OwnedFd, buf: &mut [u8], deadline: Instant) -> std::result::Result<(), String> {
     let mut got = 0usize;
-    while got < want {
+    while got < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err("timed out".into());
@@ -283,22 +456,25 @@ fn read_report(fd: &OwnedFd, deadline: Instant) -> std::result::Result<Report, S
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n < 0 {
-            if errno() == libc::EINTR {
-                continue;
-            }
+        let n = unsafe {
+            libc::poll(
+                &mut p,
+                1,
+                left.as_millis().clamp(1, i32::MAX as u128) as i32,
+            )
+        };
+        if n < 0 && errno() != libc::EINTR {
             return Err(format!("poll: {}", std::io::Error::last_os_error()));
         }
-        if n == 0 {
+        if n <= 0 {
             continue;
         }
-        // SAFETY: reads into the report's remaining bytes.
+        // SAFETY: reads into the buffer's remaining bytes.
         let k = unsafe {
             libc::read(
                 fd.as_raw_fd(),
-                (r.as_mut_ptr() as *mut u8).add(got) as *mut libc::c_void,
-                want - got,
+                buf[got..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - got,
             )
         };
         if k < 0 {
@@ -312,28 +488,91 @@ fn read_report(fd: &OwnedFd, deadline: Instant) -> std::result::Result<Report, S
         }
         got += k as usize;
     }
-    Ok(r)
+    Ok(())
+}
+
+fn read_report(fd: &OwnedFd, deadline: Instant) -> std::result::Result<Wire, String> {
+    let mut buf = [0u8; std::mem::size_of::<Wire>()];
+    read_full(fd, &mut buf, deadline)?;
+    // SAFETY: Wire is repr(C) plain integers; every bit pattern is valid.
+    Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr() as *const Wire) })
+}
+
+/// Reaps the child, waiting at most a short while: a child stuck in an uninterruptible
+/// system call (a hung filesystem) cannot be killed, and devgate must not hang with it.
+fn reap(child: i32) {
+    let until = Instant::now() + Duration::from_millis(500);
+    loop {
+        let mut status = 0;
+        // SAFETY: reaps our own child without blocking.
+        let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+        if r != 0 || Instant::now() >= until {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// 16 hex digits from the kernel's random pool: the private directory's name. Not a
+/// defence on its own (inotify sees any name); it only keeps names from colliding.
+fn random_name() -> CString {
+    let mut b = [0u8; 8];
+    // SAFETY: fills the buffer; a short read leaves zeros, which is still a valid name.
+    unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    CString::new(format!(".devgate-{hex}")).expect("hex has no NUL")
 }
 
 /// Replaces the node at `edit.container_path` inside the container with one for the spare.
 pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
-    let shown = edit.container_path.display().to_string();
-    let ctx = format!("container path {shown}");
+    let ctx = format!("container path {}", edit.container_path.display());
     let comps = components(edit.container_path).map_err(|m| Error::invalid(&ctx, m))?;
-    let ns_path = PathBuf::from(format!("/proc/{}/ns/mnt", edit.pid));
-    let ns = std::fs::File::open(&ns_path)
-        .map_err(|e| Error::io("cannot open mount namespace", &ns_path, e))?;
-    let proc_root = CString::new(format!("/proc/{}/root", edit.pid)).expect("no NUL");
     let rootfs = CString::new(edit.rootfs.as_os_str().as_bytes())
         .map_err(|_| Error::invalid(&ctx, "rootfs path contains NUL"))?;
-    let tmp = CString::new(format!(".devgate-remap-{}", std::process::id())).expect("no NUL");
-    let expect = (
-        s_ifmt(edit.expect.typ),
-        edit.expect.major,
-        edit.expect.minor,
-    );
-    let spare = (s_ifmt(edit.spare.typ), edit.spare.major, edit.spare.minor);
+    let proc_root_path = PathBuf::from(format!("/proc/{}/root", edit.pid));
+    let owned_pidfd;
+    let pidfd = match edit.pidfd {
+        Some(fd) => fd,
+        None => {
+            owned_pidfd = pidfd_open(edit.pid)
+                .map_err(|e| Error::io("cannot open a pidfd", &proc_root_path, e))?;
+            owned_pidfd.as_raw_fd()
+        }
+    };
+    let proc_root = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(&proc_root_path)
+        .map_err(|e| Error::io("cannot open the root of the container", &proc_root_path, e))?;
+    if !pidfd_alive(pidfd) {
+        return Err(Error::invalid(
+            &ctx,
+            format!(
+                "container process {} exited before its /dev could be edited",
+                edit.pid
+            ),
+        ));
+    }
+    let private = random_name();
+    let inp = ChildInput {
+        pidfd,
+        proc_root: proc_root.as_raw_fd(),
+        out: -1,
+        rootfs: &rootfs,
+        comps: &comps,
+        private: &private,
+        expect: (
+            s_ifmt(edit.expect.typ),
+            edit.expect.major,
+            edit.expect.minor,
+        ),
+        spare: (s_ifmt(edit.spare.typ), edit.spare.major, edit.spare.minor),
+    };
     let (rd, wr) = pipe()?;
+    let inp = ChildInput {
+        out: wr.as_raw_fd(),
+        ..inp
+    };
     let deadline = Instant::now() + edit.timeout;
 
     // SAFETY: the child only makes async-signal-safe system calls on memory prepared above
@@ -342,24 +581,13 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
     if pid < 0 {
         return Err(Error::io(
             "cannot fork",
-            &ns_path,
+            &proc_root_path,
             std::io::Error::last_os_error(),
         ));
     }
     if pid == 0 {
         // SAFETY: in the child of fork.
-        unsafe {
-            child(
-                ns.as_raw_fd(),
-                wr.as_raw_fd(),
-                &proc_root,
-                &rootfs,
-                &comps,
-                &tmp,
-                expect,
-                spare,
-            )
-        }
+        unsafe { child(&inp) }
     }
     drop(wr);
     let report = read_report(&rd, deadline);
@@ -367,10 +595,8 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
         // SAFETY: pid is our child.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    let mut status = 0;
-    // SAFETY: reaps our own child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    let r = report.map_err(|m| {
+    reap(pid);
+    let w = report.map_err(|m| {
         Error::invalid(
             &ctx,
             format!(
@@ -379,7 +605,30 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
             ),
         )
     })?;
+    let found = Found {
+        mode: w.mode,
+        uid: w.uid,
+        gid: w.gid,
+        major: w.major,
+        minor: w.minor,
+    };
+    match Step::from_code(w.step) {
+        Some(Step::Done) | Some(Step::Already) => Ok(Replaced {
+            mode: found.mode,
+            uid: found.uid,
+            gid: found.gid,
+            already: w.step == Step::Already as i32,
+        }),
+        Some(step) => Err(Error::invalid(ctx, failure(edit, &comps, step, &w, found))),
+        None => Err(Error::invalid(
+            ctx,
+            format!("the /dev edit failed (code {})", w.step),
+        )),
+    }
+}
 
+/// The one-line cause of a failed edit.
+fn failure(edit: &NodeEdit, comps: &[CString], step: Step, w: &Wire, found: Found) -> String {
     let upto = |i: i32| {
         let mut p = PathBuf::from("/");
         for c in comps.iter().take(i.max(0) as usize + 1) {
@@ -387,55 +636,52 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
         }
         p.display().to_string()
     };
-    let os = |e: i32| {
-        std::io::Error::from_raw_os_error(e)
-            .to_string()
-            .to_lowercase()
-    };
-    let found = format!("{}:{}", r[6], r[7]);
-    let msg = match r[0] {
-        OK | ALREADY => {
-            return Ok(Replaced {
-                mode: r[3] as u32,
-                uid: r[4] as u32,
-                gid: r[5] as u32,
-                already: r[0] == ALREADY,
-            })
-        }
-        E_SETNS => format!("cannot enter the mount namespace of pid {}: {}", edit.pid, os(r[1])),
-        E_PROCROOT => format!("cannot open the root of pid {}: {}", edit.pid, os(r[1])),
-        E_ROOTFS => format!(
-            "cannot open the rootfs {} in the container's mount namespace: {}",
-            edit.rootfs.display(),
-            os(r[1])
+    let os = std::io::Error::from_raw_os_error(w.errno)
+        .to_string()
+        .to_lowercase();
+    match step {
+        Step::Done | Step::Already => String::new(),
+        Step::EnterNs => format!("cannot enter the mount namespace of pid {}: {os}", edit.pid),
+        Step::ProcRoot => format!("cannot open the root of pid {}: {os}", edit.pid),
+        Step::Rootfs => format!(
+            "cannot open the rootfs {} in the container's mount namespace: {os}",
+            edit.rootfs.display()
         ),
-        E_SYMLINK => format!(
+        Step::Symlink => format!(
             "{} is a symlink in the container's rootfs; devgate never follows a container's symlinks",
-            upto(r[2])
+            upto(w.component)
         ),
-        E_NOTDIR => format!("{} is not a directory in the container's rootfs", upto(r[2])),
-        E_STAT | E_OPEN => format!("cannot open {} in the container: {}", upto(r[2]), os(r[1])),
-        E_MISSING => "the container has no node at this path".to_string(),
-        E_NOTDEV => "the container's node is not a device node".to_string(),
-        E_MISMATCH => format!(
-            "the container's node is {found}, not the device being replaced ({})",
-            edit.expect
+        Step::NotDir => format!(
+            "{} is not a directory in the container's rootfs",
+            upto(w.component)
         ),
-        E_MKNOD => format!("cannot create the spare's node: {}", os(r[1])),
-        E_CHOWN => format!("cannot set the owner of the spare's node: {}", os(r[1])),
-        E_CHMOD => format!("cannot set the mode of the spare's node: {}", os(r[1])),
-        E_RENAME => format!(
-            "cannot rename the spare's node over the old one: {}{}",
-            os(r[1]),
-            if r[1] == libc::EBUSY {
+        Step::Open | Step::Stat => {
+            format!("cannot open {} in the container: {os}", upto(w.component))
+        }
+        Step::Missing => "the container has no node at this path".to_string(),
+        Step::NotDev => "the container's node is not a device node".to_string(),
+        Step::Mismatch => format!(
+            "the container's node is {}:{}, not the device being replaced ({})",
+            found.major, found.minor, edit.expect
+        ),
+        Step::PrivateDir => format!(
+            "cannot make a private directory beside the node: {os} (or it was tampered with)"
+        ),
+        Step::Mknod => format!("cannot create the spare's node: {os}"),
+        Step::NewNode => "the spare's new node changed under devgate; edit abandoned".to_string(),
+        Step::Chown => format!("cannot set the owner of the spare's node: {os}"),
+        Step::Verify => {
+            "the spare's new node is not as made (mode, owner or links); edit abandoned".to_string()
+        }
+        Step::Rename => format!(
+            "cannot rename the spare's node over the old one: {os}{}",
+            if w.errno == libc::EBUSY {
                 " (the node is a mount point, e.g. a bind-mounted device)"
             } else {
                 ""
             }
         ),
-        other => format!("the /dev edit failed (code {other})"),
-    };
-    Err(Error::invalid(ctx, msg))
+    }
 }
 
 #[cfg(test)]
@@ -470,6 +716,7 @@ mod tests {
     fn edit<'a>(root: &'a Path, path: &'a Path) -> NodeEdit<'a> {
         NodeEdit {
             pid: std::process::id() as i32,
+            pidfd: None,
             rootfs: root,
             container_path: path,
             expect: num(1, 5),
@@ -586,5 +833,111 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("'..'"), "{e}");
+    }
+
+    /// A process sharing the container's /dev swaps every devgate name it sees for a
+    /// symlink to a host file, in a loop, over 1000 edits: no host file changes.
+    #[test]
+    fn racing_swaps_never_reach_a_host_file() {
+        if !root_only() {
+            return;
+        }
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let r = rootfs("race");
+        let outside = r.with_extension("host");
+        let _ = fs::remove_dir_all(&outside);
+        fs::create_dir_all(&outside).unwrap();
+        let host_file = outside.join("shadow");
+        fs::write(&host_file, b"root:x:0:0\n").unwrap();
+        fs::set_permissions(&host_file, fs::Permissions::from_mode(0o600)).unwrap();
+        mknod(&outside.join("zero"), 1, 5, 0o600);
+        mknod(&r.join("dev/zero"), 1, 5, 0o666);
+        let snapshot = |p: &Path| {
+            let m = fs::symlink_metadata(p).unwrap();
+            (m.mode(), m.uid(), m.gid(), m.nlink(), m.rdev())
+        };
+        let before = (
+            snapshot(&host_file),
+            snapshot(&outside.join("zero")),
+            snapshot(&outside),
+        );
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let attacker = {
+            let (stop, dev, outside) = (stop.clone(), r.join("dev"), outside.clone());
+            std::thread::spawn(move || {
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(rd) = fs::read_dir(&dev) else { continue };
+                    for e in rd.flatten() {
+                        let name = e.file_name();
+                        if !name.to_string_lossy().starts_with(".devgate-") {
+                            continue;
+                        }
+                        let p = e.path();
+                        // a temp node made directly in /dev (what an unsafe edit does)
+                        if e.file_type().is_ok_and(|t| !t.is_dir() && !t.is_symlink())
+                            && fs::remove_file(&p).is_ok()
+                        {
+                            let _ = std::os::unix::fs::symlink(outside.join("shadow"), &p);
+                            swaps += 1;
+                            continue;
+                        }
+                        // the new node inside the private directory
+                        let n = p.join("n");
+                        if fs::remove_file(&n).is_ok() {
+                            let _ = std::os::unix::fs::symlink(outside.join("shadow"), &n);
+                            swaps += 1;
+                        }
+                        // the private directory itself
+                        let away = dev.join(format!("moved-{swaps}"));
+                        if fs::rename(&p, &away).is_ok() {
+                            let _ = std::os::unix::fs::symlink(&outside, &p);
+                            swaps += 1;
+                        }
+                    }
+                }
+                swaps
+            })
+        };
+        let mut ok = 0;
+        for i in 0..1000 {
+            let (from, to) = if i % 2 == 0 { (5, 7) } else { (7, 5) };
+            let e = NodeEdit {
+                expect: num(1, from),
+                spare: num(1, to),
+                ..edit(&r, Path::new("/dev/zero"))
+            };
+            match replace_node(&e) {
+                Ok(_) => ok += 1,
+                Err(_) => {
+                    // Put the expected node back so the next round has work to do.
+                    let z = r.join("dev/zero");
+                    let _ = fs::remove_file(&z);
+                    mknod(&z, 1, to, 0o666);
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = attacker.join().unwrap();
+        let after = (
+            snapshot(&host_file),
+            snapshot(&outside.join("zero")),
+            snapshot(&outside),
+        );
+        assert_eq!(
+            before, after,
+            "a host file changed ({ok} edits, {swaps} swaps)"
+        );
+        assert_eq!(fs::read(&host_file).unwrap(), b"root:x:0:0\n");
+        let names: Vec<_> = fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "nothing new outside: {names:?}");
+        assert!(ok > 0, "no edit succeeded at all");
+        let _ = fs::remove_dir_all(&r);
+        let _ = fs::remove_dir_all(&outside);
     }
 }

@@ -263,6 +263,7 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
         None => Ok((cg, "no container path (a cgroup rule only)".to_string())),
         Some(cp) => nsdev::replace_node(&nsdev::NodeEdit {
             pid: cx.pid,
+            pidfd: None,
             rootfs: &cx.rootfs,
             container_path: cp,
             expect: d.num,
