@@ -99,6 +99,24 @@ pub enum Source {
     Host,
 }
 
+impl Source {
+    /// Named by the container's env or annotations, not granted by the spec.
+    pub fn is_selector(self) -> bool {
+        matches!(self, Source::NvidiaVisibleDevices | Source::CdiAnnotation)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Source::LinuxDevices => "linux.devices",
+            Source::BindMount => "a device bind mount",
+            Source::CgroupRule => "a device cgroup rule",
+            Source::NvidiaVisibleDevices => "NVIDIA_VISIBLE_DEVICES",
+            Source::CdiAnnotation => "a CDI annotation",
+            Source::Host => "the host",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Device {
     #[serde(flatten)]

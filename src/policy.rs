@@ -122,9 +122,21 @@ pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> De
         let d = match action {
             Action::Allow | Action::Warn => Disposition::Allowed,
             Action::Reject => Disposition::Reject,
+            // Only a device the spec grants (linux.devices, a device rule, a bind mount) may
+            // be swapped: a GPU named only by env or an annotation was never allocated to
+            // the pod, and a spare granted for it would widen the pod's devices.
+            Action::Remap if device.source.is_selector() => Disposition::Reject,
             Action::Remap => Disposition::Remap,
         };
-        (d, format!("policy {}", action.as_str()), bad)
+        let rule = if action == Action::Remap && device.source.is_selector() {
+            format!(
+                "policy remap; not remapped: named only by {}, not granted by the spec",
+                device.source.describe()
+            )
+        } else {
+            format!("policy {}", action.as_str())
+        };
+        (d, rule, bad)
     } else if !unknown.is_empty() {
         match policy.on_unknown {
             OnUnknown::Allow => (
@@ -236,6 +248,19 @@ mod tests {
         assert_eq!(d.rule, "policy warn");
         p.classes.insert("nvidia-gpu".into(), Action::Remap);
         assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Remap);
+        // a GPU named only by env or a CDI annotation is gated, never remapped
+        for src in [Source::NvidiaVisibleDevices, Source::CdiAnnotation] {
+            let d = decide(
+                Device {
+                    source: src,
+                    ..gpu(1)
+                },
+                bad(),
+                &p,
+            );
+            assert_eq!(d.disposition, Disposition::Reject, "{src:?}");
+            assert!(d.rule.contains("not remapped"), "{}", d.rule);
+        }
         p.default = Action::Allow;
         p.classes.clear();
         assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Allowed);
