@@ -2,8 +2,8 @@
 //! a process moved into it, a runtime-like program attached, then replaced by devgate's;
 //! opens from inside the cgroup are checked before and after.
 
-use devgate::cgroup::{self, v2};
-use devgate::device::{DevNum, DevType};
+use devgate::action::cgroup::{self, v2};
+use devgate::model::device::{DevNum, DevType};
 use oci_spec::runtime::LinuxDeviceCgroupBuilder;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -3,9 +3,10 @@
 //! hardware, which must have a driver bound; PCI functions also report AER error counters
 //! and their link training; SCSI-backed block devices report a state.
 
-use super::{Probe, Verdict};
-use crate::device::{DevType, Device};
 use crate::fsutil::read_attr;
+use crate::model::device::{DevType, Device};
+use crate::model::verdict::Verdict;
+use crate::probe::Probe;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -251,7 +252,7 @@ fn trunc(s: &str) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::device::{DevNum, Source};
+    use crate::model::device::{DevNum, Source};
     use std::os::unix::fs::symlink;
 
     pub(crate) struct Tree(pub PathBuf);
