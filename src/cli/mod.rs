@@ -19,7 +19,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 usage: devgate [--config PATH] COMMAND
 
 commands:

@@ -5,8 +5,8 @@
 //! class in the device cgroup rules. The devices every runtime gives every container are
 //! not assigned devices unless `linux.devices` lists them.
 
-pub mod devnode;
-pub mod gpu;
+pub(crate) mod devnode;
+pub(crate) mod gpu;
 
 use crate::error::{Error, Result};
 use crate::model::class::{self, ClassRule};

@@ -52,16 +52,17 @@ fn rule(
 }
 
 /// Class names that are generic fallbacks rather than a known kind of device.
-pub const CHAR: &str = "char";
-pub const BLOCK: &str = "block";
-pub const NVIDIA_GPU: &str = "nvidia-gpu";
+pub(crate) const CHAR: &str = "char";
+pub(crate) const BLOCK: &str = "block";
+pub(crate) const NVIDIA_GPU: &str = "nvidia-gpu";
 /// NVIDIA's fixed char major: GPUs, nvidiactl and nvidia-modeset.
-pub const NVIDIA_MAJOR: u32 = 195;
+pub(crate) const NVIDIA_MAJOR: u32 = 195;
 /// Every class of the NVIDIA driver's nodes; a container with one of these gets the GPU
 /// probes (NVML, XID).
-pub const NVIDIA_CLASSES: [&str; 4] = [NVIDIA_GPU, "nvidia-ctl", "nvidia-uvm", "nvidia-caps"];
+pub(crate) const NVIDIA_CLASSES: [&str; 4] =
+    [NVIDIA_GPU, "nvidia-ctl", "nvidia-uvm", "nvidia-caps"];
 
-pub fn is_nvidia_class(class: &str) -> bool {
+pub(crate) fn is_nvidia_class(class: &str) -> bool {
     NVIDIA_CLASSES.contains(&class)
 }
 
@@ -108,7 +109,7 @@ pub fn builtin() -> Vec<ClassRule> {
 }
 
 /// The class of a device, from the first matching rule; otherwise `char` or `block`.
-pub fn classify<'a>(
+pub(crate) fn classify<'a>(
     rules: &'a [ClassRule],
     typ: DevType,
     major: u32,
@@ -137,10 +138,11 @@ pub fn classify<'a>(
     }
 }
 
-pub fn is_known_class(class: &str) -> bool {
+pub(crate) fn is_known_class(class: &str) -> bool {
     class != CHAR && class != BLOCK
 }
 
+#[cfg(test)]
 pub fn rule_for<'a>(rules: &'a [ClassRule], class: &str) -> Option<&'a ClassRule> {
     rules.iter().find(|r| r.class == class)
 }

@@ -9,8 +9,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// The kernel's dev_t keeps 12 bits of major and 20 of minor.
-pub const MAX_MAJOR: i64 = (1 << 12) - 1;
-pub const MAX_MINOR: i64 = (1 << 20) - 1;
+pub(crate) const MAX_MAJOR: i64 = (1 << 12) - 1;
+pub(crate) const MAX_MINOR: i64 = (1 << 20) - 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum DevType {
@@ -21,21 +21,21 @@ pub enum DevType {
 }
 
 impl DevType {
-    pub fn letter(self) -> char {
+    pub(crate) fn letter(self) -> char {
         match self {
             DevType::Char => 'c',
             DevType::Block => 'b',
         }
     }
 
-    pub fn sysfs_dir(self) -> &'static str {
+    pub(crate) fn sysfs_dir(self) -> &'static str {
         match self {
             DevType::Char => "char",
             DevType::Block => "block",
         }
     }
 
-    pub fn of_metadata(meta: &fs::Metadata) -> Option<DevType> {
+    pub(crate) fn of_metadata(meta: &fs::Metadata) -> Option<DevType> {
         let ft = meta.file_type();
         if ft.is_char_device() {
             Some(DevType::Char)
@@ -57,7 +57,7 @@ pub struct DevNum {
 }
 
 impl DevNum {
-    pub fn from_metadata(meta: &fs::Metadata) -> Option<DevNum> {
+    pub(crate) fn from_metadata(meta: &fs::Metadata) -> Option<DevNum> {
         let typ = DevType::of_metadata(meta)?;
         let rdev = meta.rdev();
         Some(DevNum {
@@ -69,7 +69,7 @@ impl DevNum {
 
     /// sysfs's directory for this number: `SYSFS/dev/{char,block}/MAJ:MIN`, a link to the
     /// device's own directory.
-    pub fn sysfs_path(&self, sysfs_root: &Path) -> PathBuf {
+    pub(crate) fn sysfs_path(&self, sysfs_root: &Path) -> PathBuf {
         sysfs_root
             .join("dev")
             .join(self.typ.sysfs_dir())
@@ -77,7 +77,7 @@ impl DevNum {
     }
 
     /// `MAJ:MIN` as sysfs and the device cgroup write it.
-    pub fn mm(&self) -> String {
+    pub(crate) fn mm(&self) -> String {
         format!("{}:{}", self.major, self.minor)
     }
 }
@@ -122,7 +122,7 @@ pub struct Device {
 
 impl Device {
     /// A device known by its host node alone, assigned to no container.
-    pub fn on_host(num: DevNum, class: &str, host_path: Option<PathBuf>) -> Device {
+    pub(crate) fn on_host(num: DevNum, class: &str, host_path: Option<PathBuf>) -> Device {
         Device {
             num,
             class: class.to_string(),
@@ -156,7 +156,7 @@ impl Device {
 
 /// The devices every runtime creates in every container (runc's and crun's defaults, and
 /// the pts/tun rules they add). Majors 136–143 are the Unix98 pty slaves.
-pub fn is_default_device(n: DevNum) -> bool {
+pub(crate) fn is_default_device(n: DevNum) -> bool {
     if n.typ != DevType::Char {
         return false;
     }

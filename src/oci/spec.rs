@@ -9,7 +9,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,7 +53,7 @@ pub struct Mount {
 }
 
 impl Mount {
-    pub fn is_bind(&self) -> bool {
+    pub(crate) fn is_bind(&self) -> bool {
         self.typ.as_deref() == Some("bind")
             || self.options.iter().any(|o| o == "bind" || o == "rbind")
     }
@@ -112,7 +112,7 @@ impl Spec {
         self.linux.as_ref().map(|l| &l.devices[..]).unwrap_or(&[])
     }
 
-    pub fn device_rules(&self) -> &[LinuxDeviceCgroup] {
+    pub(crate) fn device_rules(&self) -> &[LinuxDeviceCgroup] {
         self.linux
             .as_ref()
             .and_then(|l| l.resources.as_ref())

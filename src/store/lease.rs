@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const MAX_LEASE_BYTES: u64 = 64 << 10;
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
@@ -61,7 +61,7 @@ pub enum Outcome {
 }
 
 /// The start time of a process, or None when it does not exist.
-pub fn pid_start(pid: i32) -> Option<u64> {
+pub(crate) fn pid_start(pid: i32) -> Option<u64> {
     if pid <= 0 {
         return None;
     }
@@ -71,7 +71,7 @@ pub fn pid_start(pid: i32) -> Option<u64> {
 }
 
 /// Whether the lease's holder still exists: its pid is alive and is the same process.
-pub fn holder_alive(l: &Lease) -> bool {
+pub(crate) fn holder_alive(l: &Lease) -> bool {
     match (pid_start(l.pid), l.pid_start) {
         (None, _) => false,
         (Some(now), Some(then)) => now == then,
@@ -100,7 +100,7 @@ impl Leases {
     }
 
     /// Takes the ledger lock, waiting at most `timeout`.
-    pub fn lock(&self, timeout: Duration) -> Result<Locked> {
+    pub(crate) fn lock(&self, timeout: Duration) -> Result<Locked> {
         ensure_private_dir(&self.dir)?;
         let path = self.dir.join(".lock");
         let f = OpenOptions::new()
@@ -147,7 +147,7 @@ impl Leases {
         Ok(Locked { _file: f })
     }
 
-    pub fn lookup(&self, num: DevNum) -> Slot {
+    pub(crate) fn lookup(&self, num: DevNum) -> Slot {
         let path = self.path(num);
         match read_json::<Lease>(&path, MAX_LEASE_BYTES, "lease") {
             Ok(None) => Slot::Free,
@@ -186,7 +186,11 @@ impl Leases {
     /// Leases the first free candidate to `want.container_id`, under the lock. A spare
     /// already leased to this same container for this same device is returned as it is (the
     /// hook ran twice); one leased to a container that is gone is reclaimed.
-    pub fn acquire(&self, candidates: &[(DevNum, PathBuf)], want: &Lease) -> Result<Outcome> {
+    pub(crate) fn acquire(
+        &self,
+        candidates: &[(DevNum, PathBuf)],
+        want: &Lease,
+    ) -> Result<Outcome> {
         let _g = self.lock(LOCK_TIMEOUT)?;
         // The same container asking again (prestart and createRuntime both configured, or
         // a rerun) gets the spare it already holds, wherever it stands in the list: taking
@@ -242,7 +246,7 @@ impl Leases {
     }
 
     /// Releases one spare if `container_id` holds it; true when a lease was removed.
-    pub fn release(&self, num: DevNum, container_id: &str) -> Result<bool> {
+    pub(crate) fn release(&self, num: DevNum, container_id: &str) -> Result<bool> {
         let _g = self.lock(LOCK_TIMEOUT)?;
         match self.lookup(num) {
             Slot::Held(l) if l.container_id == container_id => remove_durable(&self.path(num)),
@@ -251,7 +255,7 @@ impl Leases {
     }
 
     /// Releases every lease `container_id` holds; idempotent.
-    pub fn release_container(&self, container_id: &str) -> Result<Vec<Lease>> {
+    pub(crate) fn release_container(&self, container_id: &str) -> Result<Vec<Lease>> {
         if !self.dir.exists() {
             return Ok(Vec::new());
         }

@@ -3,7 +3,7 @@
 //! here: bounded reads, atomic writes, and every directory checked.
 
 pub mod lease;
-pub mod quarantine;
+pub(crate) mod quarantine;
 pub(crate) mod records;
 
 use crate::error::{Error, Result};

@@ -177,6 +177,7 @@ pub fn encode(prog: &[Insn]) -> Vec<u64> {
 
 /// Runs a program over one request; the test's independent reading of the instructions.
 /// Returns `None` on an instruction it does not know or a jump out of the program.
+#[cfg(test)]
 pub fn emulate(prog: &[Insn], typ: u32, access: u32, major: u32, minor: u32) -> Option<u64> {
     let ctx = [(access << 16) | typ, major, minor];
     let mut r = [0u64; 11];

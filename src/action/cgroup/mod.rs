@@ -24,6 +24,7 @@ pub enum Location {
 }
 
 impl Location {
+    #[cfg(test)]
     pub fn dir(&self) -> &Path {
         match self {
             Location::V1 { dir, .. } | Location::V2 { dir, .. } => dir,

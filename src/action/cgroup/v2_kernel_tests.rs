@@ -1,9 +1,10 @@
 //! The cgroup v2 device program for real: a cgroup under this machine's cgroup2 hierarchy,
 //! a process moved into it, a runtime-like program attached, then replaced by devgate's;
-//! opens from inside the cgroup are checked before and after.
+//! opens from inside the cgroup are checked before and after. (Root only; run by
+//! `cargo test` as root in CI.)
 
-use devgate::action::cgroup::{self, v2};
-use devgate::model::device::{DevNum, DevType};
+use crate::action::cgroup::{self, v2};
+use crate::model::device::{DevNum, DevType};
 use oci_spec::runtime::LinuxDeviceCgroupBuilder;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
