@@ -15,7 +15,7 @@ use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
-use crate::probe::nvidia::{self, nvml, GpuContext};
+use crate::probe::nvidia::{self, GpuContext};
 use crate::probe::probe_all;
 use crate::report::fault::{self, Fault};
 use crate::report::record::{self, Decision, ExitRecord, PodInfo, StopLine};
@@ -64,7 +64,7 @@ fn assigned(
     let mut warnings = Vec::new();
     if let Some(g) = &ctx {
         let nodes = gpu::gpu_minor_nodes(&config.dev_root);
-        let (chosen, unresolved) = nvml::resolve_selectors(&selectors, &g.nvml, &nodes);
+        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&selectors, &g.nvml, &nodes);
         for (minor, source) in chosen {
             let d = gpu::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
             if !devices.iter().any(|e| e.num == d.num) {

@@ -7,12 +7,13 @@ use crate::config::Config;
 use crate::discover::devnode::parse_device_arg;
 use crate::error::{Error, Result};
 use crate::fsutil::{check_dir, write_atomic};
-use crate::model::device::DevNum;
 use crate::model::text::one_line;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::pipeline;
-use crate::report::{inventory, record};
+use crate::report::inventory::{self, Filed};
+use crate::report::record;
+use crate::store::lease::Lease;
 use crate::store::quarantine::{self, Ledger};
 use serde::Serialize;
 use std::io::Write;
@@ -241,9 +242,12 @@ fn status(args: &Args) -> Result<()> {
         let q = r
             .quarantine
             .as_ref()
-            .map(|q| match (q.get("reason"), q.get("by")) {
-                (Some(reason), Some(by)) => format!("{reason} by {}", by.as_str().unwrap_or("")),
-                _ => "damaged entry".into(),
+            .map(|q| match q {
+                // The reason quoted as JSON quotes it: escaped, one line.
+                Filed::Read(e) => {
+                    format!("{} by {}", serde_json::Value::from(e.reason.as_str()), e.by)
+                }
+                Filed::Damaged { .. } => "damaged entry".into(),
             })
             .unwrap_or_else(|| "-".into());
         println!(
@@ -434,26 +438,21 @@ fn explain_start(rec: &record::Decision) {
     }
 }
 
-fn lease_text(l: &serde_json::Value) -> String {
-    let s = |k: &str| l.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
-    if l.get("damaged").is_some() {
-        return format!("lease file {} is damaged: {}", s("damaged"), s("error"));
+fn lease_text(l: &Filed<Lease>) -> String {
+    match l {
+        Filed::Damaged { damaged, error } => {
+            format!("lease file {} is damaged: {error}", damaged.display())
+        }
+        Filed::Read(l) => format!(
+            "leased to {} (pid {}) since {}, standing in for {}{}",
+            l.container_id,
+            l.pid,
+            l.since,
+            l.replaces,
+            l.container_path
+                .as_ref()
+                .map(|p| format!(" at {}", p.display()))
+                .unwrap_or_default()
+        ),
     }
-    let num = |k: &str| {
-        l.get(k)
-            .and_then(|v| serde_json::from_value::<DevNum>(v.clone()).ok())
-            .map(|n| n.to_string())
-            .unwrap_or_else(|| "?".into())
-    };
-    format!(
-        "leased to {} (pid {}) since {}, standing in for {}{}",
-        s("container_id"),
-        l.get("pid").and_then(|v| v.as_i64()).unwrap_or(0),
-        s("since"),
-        num("replaces"),
-        l.get("container_path")
-            .and_then(|v| v.as_str())
-            .map(|p| format!(" at {p}"))
-            .unwrap_or_default()
-    )
 }

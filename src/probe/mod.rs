@@ -13,7 +13,7 @@ use crate::model::device::Device;
 use crate::model::verdict::{ProbeResult, Verdict};
 use crate::store::quarantine::Ledger;
 use node::NodeProbe;
-use nvidia::nvml::NvmlProbe;
+use nvidia::gpu::NvmlProbe;
 use nvidia::xid::XidProbe;
 use nvidia::GpuContext;
 use quarantine::QuarantineProbe;

@@ -8,11 +8,11 @@ use crate::error::Result;
 use crate::model::class::{self, NVIDIA_GPU};
 use crate::model::device::{DevNum, Device};
 use crate::model::verdict::{ProbeResult, Verdict};
-use crate::probe::nvidia::{nvml, GpuContext};
+use crate::probe::nvidia::{gpu, nvml, GpuContext};
 use crate::probe::probe_all;
 use crate::report::record;
-use crate::store::lease::{Leases, Slot};
-use crate::store::quarantine::{Ledger, Lookup};
+use crate::store::lease::{Lease, Leases, Slot};
+use crate::store::quarantine::{Entry, Ledger, Lookup};
 use crate::store::records::{self, Kind};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -26,10 +26,18 @@ pub struct Row {
     pub health: Health,
     pub verdicts: Vec<ProbeResult>,
     pub reasons: Vec<String>,
-    pub quarantine: Option<serde_json::Value>,
-    pub lease: Option<serde_json::Value>,
+    pub quarantine: Option<Filed<Entry>>,
+    pub lease: Option<Filed<Lease>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuStatus>,
+}
+
+/// A ledger file as `status` shows it: its content, or the file and why it is unreadable.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Filed<T> {
+    Read(T),
+    Damaged { damaged: PathBuf, error: String },
 }
 
 /// What NVML and the kernel log say about one GPU, check by check.
@@ -40,7 +48,7 @@ pub struct GpuStatus {
     pub index: Option<u32>,
     pub uuid: Option<String>,
     pub pci_bus_id: Option<String>,
-    pub checks: Vec<nvml::Check>,
+    pub checks: Vec<gpu::Check>,
 }
 
 fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Option<GpuStatus> {
@@ -50,18 +58,18 @@ fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Op
     let minor = device.num.minor;
     let facts = gpu.nvml.gpu_by_minor(minor);
     let mut checks = match (&gpu.nvml.gpus, facts) {
-        (_, Some(g)) => nvml::checks(g, gpu.limits),
-        (Err(why), None) => vec![nvml::Check {
+        (_, Some(g)) => gpu::checks(g, gpu.limits),
+        (Err(why), None) => vec![gpu::Check {
             check: "nvml",
             verdict: Verdict::Unknown(why.clone()),
         }],
-        (Ok(_), None) => vec![nvml::Check {
+        (Ok(_), None) => vec![gpu::Check {
             check: "nvml",
             verdict: Verdict::Unhealthy(format!("no GPU with minor number {minor}")),
         }],
     };
     if let Some(x) = verdicts.iter().find(|v| v.probe == "xid") {
-        checks.push(nvml::Check {
+        checks.push(gpu::Check {
             check: "xid",
             verdict: x.verdict.clone(),
         });
@@ -185,10 +193,11 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
         .map(|((device, roles), verdicts)| {
             let quarantine = match ledger.lookup(device.num) {
                 Lookup::Clear => None,
-                Lookup::Cordoned(e) => serde_json::to_value(e).ok(),
-                Lookup::Damaged { path, error } => {
-                    Some(serde_json::json!({ "damaged": path, "error": error }))
-                }
+                Lookup::Cordoned(e) => Some(Filed::Read(e)),
+                Lookup::Damaged { path, error } => Some(Filed::Damaged {
+                    damaged: path,
+                    error,
+                }),
             };
             let reasons = verdicts
                 .iter()
@@ -196,7 +205,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
                 .filter_map(|r| r.verdict.reason().map(|why| format!("{}: {why}", r.probe)))
                 .collect();
             Row {
-                lease: lease_json(&slots, device.num),
+                lease: lease_of(&slots, device.num),
                 gpu: gpu.as_ref().and_then(|g| gpu_status(g, &device, &verdicts)),
                 health: Health::of(&verdicts),
                 device,
@@ -209,12 +218,13 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
         .collect())
 }
 
-fn lease_json(slots: &[(DevNum, Slot)], num: DevNum) -> Option<serde_json::Value> {
+fn lease_of(slots: &[(DevNum, Slot)], num: DevNum) -> Option<Filed<Lease>> {
     match slots.iter().find(|(n, _)| *n == num).map(|(_, s)| s) {
-        Some(Slot::Held(l)) => serde_json::to_value(l).ok(),
-        Some(Slot::Damaged { path, error }) => {
-            Some(serde_json::json!({ "damaged": path, "error": error }))
-        }
+        Some(Slot::Held(l)) => Some(Filed::Read(l.clone())),
+        Some(Slot::Damaged { path, error }) => Some(Filed::Damaged {
+            damaged: path.clone(),
+            error: error.clone(),
+        }),
         _ => None,
     }
 }

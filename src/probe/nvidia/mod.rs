@@ -1,6 +1,7 @@
 //! NVIDIA GPUs: what NVML says about each GPU (`nvml`) and what the driver reported in the
 //! kernel log (`kmsg`, judged by `xid`), both read once per hook call into a [`GpuContext`].
 
+pub mod gpu;
 pub mod kmsg;
 pub mod nvml;
 pub mod pci;
@@ -17,7 +18,7 @@ pub struct GpuContext {
     pub nvml: nvml::NvmlAnswer,
     pub kmsg: std::result::Result<kmsg::KmsgScan, String>,
     pub xid_table: XidTable,
-    pub limits: nvml::Limits,
+    pub limits: gpu::Limits,
 }
 
 impl GpuContext {
@@ -34,7 +35,7 @@ impl GpuContext {
             kmsg: kmsg::read_kmsg(&config.kmsg_path, limits),
             // validated when the config was loaded
             xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
-            limits: nvml::Limits {
+            limits: gpu::Limits {
                 max_volatile_uncorrectable_ecc: config.gpu.max_volatile_uncorrectable_ecc,
             },
         }
