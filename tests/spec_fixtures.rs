@@ -24,7 +24,7 @@ fn assigned(spec: &Spec) -> Vec<(String, String, Source)> {
     )
     .unwrap()
     .into_iter()
-    .map(|d| (d.name(), d.class, d.source))
+    .map(|d| (d.name(), d.class.to_string(), d.source))
     .collect()
 }
 

@@ -7,6 +7,7 @@ use super::cgroup::{self, Location};
 use super::nsdev;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::{DevNum, Device};
 use crate::model::text::one_line;
@@ -32,7 +33,7 @@ pub struct RemapRecord {
     pub container_path: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_path: Option<PathBuf>,
-    pub class: String,
+    pub class: Class,
     pub spare: DevNum,
     pub spare_path: PathBuf,
     /// Why the device was remapped: its unhealthy reasons.
@@ -67,11 +68,15 @@ pub struct Applied {
 }
 
 /// The device as a spare: its host node, probed like any assigned device.
-fn spare_device(path: &Path, class: &str) -> std::result::Result<Device, String> {
+fn spare_device(path: &Path, class: &Class) -> std::result::Result<Device, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let num = DevNum::from_metadata(&meta)
         .ok_or_else(|| format!("{} is not a device node", path.display()))?;
-    Ok(Device::on_host(num, class, Some(path.to_path_buf())))
+    Ok(Device::on_host(
+        num,
+        class.clone(),
+        Some(path.to_path_buf()),
+    ))
 }
 
 /// The configured spares of `class` that pass every probe, and a clause for each that
@@ -80,13 +85,18 @@ fn spare_device(path: &Path, class: &str) -> std::result::Result<Device, String>
 pub fn healthy_spares(
     config: &Config,
     ledger: &Ledger,
-    class: &str,
+    class: &Class,
     exclude: &[DevNum],
     gpu: Option<&GpuContext>,
 ) -> (Vec<(DevNum, PathBuf)>, Vec<String>) {
     let mut why = Vec::new();
     let mut devices = Vec::new();
-    for path in config.spares.get(class).map(Vec::as_slice).unwrap_or(&[]) {
+    for path in config
+        .spares
+        .get(class.as_str())
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+    {
         match spare_device(path, class) {
             Ok(d) if exclude.contains(&d.num) => {}
             Ok(d) => devices.push(d),
@@ -197,7 +207,7 @@ struct Ctx<'a> {
 
 fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRecord, String> {
     let d = &dec.device;
-    if !cx.config.spares.contains_key(&d.class) {
+    if !cx.config.spares.contains_key(d.class.as_str()) {
         return Err(format!("no spare configured for class {}", d.class));
     }
     let mut exclude = cx.taken.clone();
@@ -502,9 +512,11 @@ mod tests {
             ],
         );
         let ledger = Ledger::new(&config.quarantine_dir);
-        let full = spare_device(Path::new("/dev/full"), "char").unwrap().num;
+        let full = spare_device(Path::new("/dev/full"), &Class::Char)
+            .unwrap()
+            .num;
         ledger.cordon(full, None, "bad spare", "t").unwrap();
-        let (ok, why) = healthy_spares(&config, &ledger, "char", &[], None);
+        let (ok, why) = healthy_spares(&config, &ledger, &Class::Char, &[], None);
         assert_eq!(ok.len(), 1, "{ok:?} {why:?}");
         assert_eq!(ok[0].1, PathBuf::from("/dev/urandom"));
         assert!(
@@ -513,7 +525,7 @@ mod tests {
             "{why:?}"
         );
         assert!(why.iter().any(|w| w.contains("/nonexistent/x")), "{why:?}");
-        let (ok, _) = healthy_spares(&config, &ledger, "char", &[ok[0].0], None);
+        let (ok, _) = healthy_spares(&config, &ledger, &Class::Char, &[ok[0].0], None);
         assert!(ok.is_empty());
     }
 }

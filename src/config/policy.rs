@@ -1,6 +1,7 @@
 //! The operator's policy: what to do with an unhealthy device, by class. The same four
 //! actions name what happened to a container (`action` in every record).
 
+use crate::model::class::Class;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -60,8 +61,11 @@ impl Default for Policy {
 }
 
 impl Policy {
-    pub fn action_for(&self, class: &str) -> Action {
-        self.classes.get(class).copied().unwrap_or(self.default)
+    pub fn action_for(&self, class: &Class) -> Action {
+        self.classes
+            .get(class.as_str())
+            .copied()
+            .unwrap_or(self.default)
     }
 }
 
@@ -74,7 +78,7 @@ mod tests {
         let p: Policy =
             serde_json::from_str(r#"{"classes":{"block":"warn"},"on_unknown":"reject"}"#).unwrap();
         assert_eq!(p.default, Action::Reject);
-        assert_eq!(p.action_for("block"), Action::Warn);
+        assert_eq!(p.action_for(&Class::Block), Action::Warn);
         assert!(serde_json::from_str::<Policy>(r#"{"default":"explode"}"#).is_err());
         assert!(serde_json::from_str::<Policy>(r#"{"defualt":"reject"}"#).is_err());
     }

@@ -95,7 +95,7 @@ pub fn selected_gpu(
             .into_iter()
             .flatten()
             .collect();
-        class::classify(rules, num.typ, num.major, num.minor, &paths).to_string()
+        class::classify(rules, num.typ, num.major, num.minor, &paths)
     };
     Device {
         num,

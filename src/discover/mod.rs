@@ -179,12 +179,12 @@ pub fn discover(
             .flatten()
             .collect();
         let class = class::classify(rules, c.num.typ, c.num.major, c.num.minor, &paths);
-        if c.source == Source::CgroupRule && !class::is_known_class(class) {
+        if c.source == Source::CgroupRule && !class.is_known() {
             continue;
         }
         devices.push(Device {
             num: c.num,
-            class: class.to_string(),
+            class,
             container_path: c.container_path,
             host_path,
             source: c.source,

@@ -4,8 +4,92 @@
 //! more rules, which are tried before the built-in ones.
 
 use crate::model::device::DevType;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use std::fmt;
 use std::path::Path;
+
+/// What kind of device a node is. The kinds devgate's code acts on are variants; every
+/// other class (the rest of the built-in table, an operator's `device_classes`) is
+/// `Named`. On the wire and in the config a class is its name: `nvidia-gpu`, `char`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum Class {
+    /// A char device no rule names.
+    Char,
+    /// A block device no rule names.
+    Block,
+    NvidiaGpu,
+    NvidiaCtl,
+    NvidiaUvm,
+    NvidiaCaps,
+    Named(String),
+}
+
+impl Class {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Class::Char => "char",
+            Class::Block => "block",
+            Class::NvidiaGpu => "nvidia-gpu",
+            Class::NvidiaCtl => "nvidia-ctl",
+            Class::NvidiaUvm => "nvidia-uvm",
+            Class::NvidiaCaps => "nvidia-caps",
+            Class::Named(n) => n,
+        }
+    }
+
+    /// A class of the NVIDIA driver's nodes: a container with one gets the GPU probes
+    /// (NVML, XID).
+    pub(crate) fn is_nvidia(&self) -> bool {
+        matches!(
+            self,
+            Class::NvidiaGpu | Class::NvidiaCtl | Class::NvidiaUvm | Class::NvidiaCaps
+        )
+    }
+
+    /// A class some rule names, not the `char` / `block` fallback.
+    pub(crate) fn is_known(&self) -> bool {
+        !matches!(self, Class::Char | Class::Block)
+    }
+}
+
+impl From<&str> for Class {
+    fn from(s: &str) -> Class {
+        match s {
+            "char" => Class::Char,
+            "block" => Class::Block,
+            "nvidia-gpu" => Class::NvidiaGpu,
+            "nvidia-ctl" => Class::NvidiaCtl,
+            "nvidia-uvm" => Class::NvidiaUvm,
+            "nvidia-caps" => Class::NvidiaCaps,
+            other => Class::Named(other.to_string()),
+        }
+    }
+}
+
+impl From<String> for Class {
+    fn from(s: String) -> Class {
+        Class::from(s.as_str())
+    }
+}
+
+impl From<Class> for String {
+    fn from(c: Class) -> String {
+        c.as_str().to_string()
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Class {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
 
 /// One rule: a device is of `class` when its type matches and either its major:minor falls
 /// in the rule's range or its path matches the rule's pattern (for drivers whose major is
@@ -13,7 +97,7 @@ use std::path::Path;
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ClassRule {
-    pub class: String,
+    pub class: Class,
     #[serde(rename = "type", default = "default_char")]
     pub typ: DevType,
     #[serde(default)]
@@ -42,7 +126,7 @@ fn rule(
     accelerator: bool,
 ) -> ClassRule {
     ClassRule {
-        class: class.to_string(),
+        class: Class::from(class),
         typ: DevType::Char,
         major,
         minors,
@@ -51,20 +135,8 @@ fn rule(
     }
 }
 
-/// Class names that are generic fallbacks rather than a known kind of device.
-pub(crate) const CHAR: &str = "char";
-pub(crate) const BLOCK: &str = "block";
-pub(crate) const NVIDIA_GPU: &str = "nvidia-gpu";
 /// NVIDIA's fixed char major: GPUs, nvidiactl and nvidia-modeset.
 pub(crate) const NVIDIA_MAJOR: u32 = 195;
-/// Every class of the NVIDIA driver's nodes; a container with one of these gets the GPU
-/// probes (NVML, XID).
-pub(crate) const NVIDIA_CLASSES: [&str; 4] =
-    [NVIDIA_GPU, "nvidia-ctl", "nvidia-uvm", "nvidia-caps"];
-
-pub(crate) fn is_nvidia_class(class: &str) -> bool {
-    NVIDIA_CLASSES.contains(&class)
-}
 
 /// The built-in table. NVIDIA's char major is fixed at 195: minors 0–253 are GPUs,
 /// 254 is nvidia-modeset and 255 nvidiactl. nvidia-uvm and nvidia-caps get a major at load
@@ -73,7 +145,7 @@ pub fn builtin() -> Vec<ClassRule> {
     vec![
         rule("nvidia-ctl", Some(195), Some([254, 255]), None, false),
         rule(
-            NVIDIA_GPU,
+            "nvidia-gpu",
             Some(195),
             Some([0, 253]),
             Some("/dev/nvidia{N}"),
@@ -109,13 +181,13 @@ pub fn builtin() -> Vec<ClassRule> {
 }
 
 /// The class of a device, from the first matching rule; otherwise `char` or `block`.
-pub(crate) fn classify<'a>(
-    rules: &'a [ClassRule],
+pub(crate) fn classify(
+    rules: &[ClassRule],
     typ: DevType,
     major: u32,
     minor: u32,
     paths: &[&Path],
-) -> &'a str {
+) -> Class {
     for r in rules {
         if r.typ != typ {
             continue;
@@ -129,17 +201,13 @@ pub(crate) fn classify<'a>(
                 .as_deref()
                 .is_some_and(|pat| paths.iter().any(|p| path_matches(pat, p)));
         if by_number || by_path {
-            return &r.class;
+            return r.class.clone();
         }
     }
     match typ {
-        DevType::Char => CHAR,
-        DevType::Block => BLOCK,
+        DevType::Char => Class::Char,
+        DevType::Block => Class::Block,
     }
-}
-
-pub(crate) fn is_known_class(class: &str) -> bool {
-    class != CHAR && class != BLOCK
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! container and the host see it, and how it reached the container.
 
 use crate::error::{Error, Result};
+use crate::model::class::Class;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::fs;
@@ -106,7 +107,7 @@ pub enum Source {
 pub struct Device {
     #[serde(flatten)]
     pub num: DevNum,
-    pub class: String,
+    pub class: Class,
     /// Where the container sees it; a rule-only device may have none.
     pub container_path: Option<PathBuf>,
     /// The node on the host with this major:minor, when one was found.
@@ -122,10 +123,10 @@ pub struct Device {
 
 impl Device {
     /// A device known by its host node alone, assigned to no container.
-    pub(crate) fn on_host(num: DevNum, class: &str, host_path: Option<PathBuf>) -> Device {
+    pub(crate) fn on_host(num: DevNum, class: Class, host_path: Option<PathBuf>) -> Device {
         Device {
             num,
-            class: class.to_string(),
+            class,
             container_path: None,
             host_path,
             source: Source::Host,

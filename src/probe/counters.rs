@@ -2,7 +2,7 @@
 //! in its record) and again at poststop; `report::fault` compares the two.
 
 use crate::config::Config;
-use crate::model::class::NVIDIA_GPU;
+use crate::model::class::Class;
 use crate::model::device::{DevNum, Device};
 use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
@@ -101,7 +101,7 @@ pub fn snapshot_of(
     gpu: Option<&GpuContext>,
 ) -> DeviceSnapshot {
     let mut counters = read_counters(config, ledger, device);
-    if device.class == NVIDIA_GPU {
+    if device.class == Class::NvidiaGpu {
         counters.gpu = gpu.and_then(|g| g.nvml.counters(device.num.minor));
     }
     DeviceSnapshot {

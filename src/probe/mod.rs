@@ -8,7 +8,6 @@ pub mod quarantine;
 pub mod sysfs;
 
 use crate::config::Config;
-use crate::model::class::is_nvidia_class;
 use crate::model::device::Device;
 use crate::model::verdict::{ProbeResult, Verdict};
 use crate::store::quarantine::Ledger;
@@ -51,7 +50,7 @@ pub fn probe_all(
         sysfs_root: config.sysfs_root.clone(),
     };
     let quarantine = QuarantineProbe { ledger };
-    let nvidia = devices.iter().any(|d| is_nvidia_class(&d.class));
+    let nvidia = devices.iter().any(|d| d.class.is_nvidia());
     let gpu = gpu.filter(|_| nvidia);
     let nvml_probe = gpu.map(|g| NvmlProbe {
         answer: &g.nvml,

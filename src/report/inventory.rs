@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::discover::devnode::{accelerators, find_host_node};
 use crate::error::Result;
-use crate::model::class::{self, NVIDIA_GPU};
+use crate::model::class::{self, Class};
 use crate::model::device::{DevNum, Device};
 use crate::model::verdict::{ProbeResult, Verdict};
 use crate::probe::nvidia::{gpu, nvml, GpuContext};
@@ -52,7 +52,7 @@ pub struct GpuStatus {
 }
 
 fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Option<GpuStatus> {
-    if device.class != NVIDIA_GPU {
+    if device.class != Class::NvidiaGpu {
         return None;
     }
     let minor = device.num.minor;
@@ -156,7 +156,10 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
                 .ok()
                 .and_then(|m| DevNum::from_metadata(&m))
             {
-                Some(num) => add(Device::on_host(num, class, Some(p.clone())), "spare"),
+                Some(num) => add(
+                    Device::on_host(num, Class::from(class.as_str()), Some(p.clone())),
+                    "spare",
+                ),
                 None => log::warn!("spare {} (class {class}) is not a device node", p.display()),
             }
         }
@@ -164,8 +167,8 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
     for (num, _) in ledger.list()? {
         let host = find_host_node(&config.dev_root, &config.sysfs_root, num, &[]);
         let paths: Vec<&Path> = host.iter().map(PathBuf::as_path).collect();
-        let class = class::classify(&rules, num.typ, num.major, num.minor, &paths).to_string();
-        add(Device::on_host(num, &class, host), "quarantined");
+        let class = class::classify(&rules, num.typ, num.major, num.minor, &paths);
+        add(Device::on_host(num, class, host), "quarantined");
     }
     for d in assigned(config) {
         add(d, "assigned");
@@ -178,7 +181,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
     for (num, slot) in &slots {
         if let Slot::Held(l) = slot {
             add(
-                Device::on_host(*num, &l.class, Some(l.spare_path.clone())),
+                Device::on_host(*num, l.class.clone(), Some(l.spare_path.clone())),
                 "spare",
             );
         }
@@ -289,7 +292,7 @@ pub fn metrics_text(rows: &[Row], exits: &[record::ExitRecord]) -> String {
         format!(
             "device=\"{}\",class=\"{}\",major_minor=\"{}\"",
             label(&r.device.name()),
-            label(&r.device.class),
+            label(r.device.class.as_str()),
             r.device.num
         )
     };
@@ -369,7 +372,7 @@ mod tests {
                     major: 195,
                     minor: 1,
                 },
-                "nvidia-gpu",
+                Class::NvidiaGpu,
                 Some("/dev/nvidia1".into()),
             ),
             roles: vec!["accelerator", "spare"],

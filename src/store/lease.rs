@@ -8,6 +8,7 @@
 use super::{file_name, num_from_file_name, read_json, write_json};
 use crate::error::{Error, Result};
 use crate::fsutil::{ensure_private_dir, remove_durable};
+use crate::model::class::Class;
 use crate::model::device::DevNum;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -24,7 +25,7 @@ pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Lease {
     pub spare: DevNum,
     pub spare_path: PathBuf,
-    pub class: String,
+    pub class: Class,
     pub container_id: String,
     pub pid: i32,
     /// The holder's start time (/proc/PID/stat field 22), so a reused pid is not taken

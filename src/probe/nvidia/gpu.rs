@@ -3,7 +3,7 @@
 
 use super::nvml::{GpuFacts, Link, NvmlAnswer, Reading};
 use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
-use crate::model::class::NVIDIA_GPU;
+use crate::model::class::Class;
 use crate::model::device::{Device, Source};
 use crate::model::verdict::Verdict;
 use crate::probe::Probe;
@@ -160,7 +160,7 @@ impl Probe for NvmlProbe<'_> {
     }
 
     fn check(&self, device: &Device) -> Verdict {
-        if device.class != NVIDIA_GPU {
+        if device.class != Class::NvidiaGpu {
             return Verdict::NotApplicable("not an NVIDIA GPU".into());
         }
         let gpus = match &self.answer.gpus {
@@ -428,9 +428,9 @@ mod tests {
             answer: &snap,
             limits: L,
         };
-        assert_eq!(p.check(&gpu_dev(7, NVIDIA_GPU)), Verdict::Healthy);
+        assert_eq!(p.check(&gpu_dev(7, "nvidia-gpu")), Verdict::Healthy);
         assert_eq!(
-            p.check(&gpu_dev(1, NVIDIA_GPU)),
+            p.check(&gpu_dev(1, "nvidia-gpu")),
             Verdict::Unhealthy(
                 "nvml: no reachable GPU with minor number 1; unreachable index 3: GPU is lost"
                     .into()
@@ -451,7 +451,7 @@ mod tests {
             limits: L,
         };
         assert_eq!(
-            p.check(&gpu_dev(0, NVIDIA_GPU)),
+            p.check(&gpu_dev(0, "nvidia-gpu")),
             Verdict::Unknown("NVML did not answer in 2000 ms".into())
         );
     }

@@ -9,7 +9,7 @@ pub mod xid;
 
 use crate::config::xid::XidTable;
 use crate::config::Config;
-use crate::model::class::NVIDIA_GPU;
+use crate::model::class::Class;
 use crate::model::device::Device;
 use std::time::Duration;
 
@@ -59,5 +59,5 @@ impl GpuContext {
 }
 
 pub fn has_gpu(devices: &[Device]) -> bool {
-    devices.iter().any(|d| d.class == NVIDIA_GPU)
+    devices.iter().any(|d| d.class == Class::NvidiaGpu)
 }

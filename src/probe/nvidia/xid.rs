@@ -18,7 +18,7 @@ use super::kmsg::{KmsgScan, XidEvent};
 use super::nvml::NvmlAnswer;
 use super::pci::PciAddr;
 use crate::config::xid::{describe_xid, XidAction, XidTable};
-use crate::model::class::NVIDIA_GPU;
+use crate::model::class::Class;
 use crate::model::device::Device;
 use crate::model::verdict::Verdict;
 use crate::probe::Probe;
@@ -81,7 +81,7 @@ impl Probe for XidProbe<'_> {
     }
 
     fn check(&self, device: &Device) -> Verdict {
-        if device.class != NVIDIA_GPU {
+        if device.class != Class::NvidiaGpu {
             return Verdict::NotApplicable("not an NVIDIA GPU".into());
         }
         let scan = match self.scan {
@@ -194,7 +194,7 @@ mod tests {
                 major: 195,
                 minor: 1,
             },
-            class: NVIDIA_GPU.into(),
+            class: Class::NvidiaGpu,
             container_path: Some("/dev/nvidia1".into()),
             host_path: None,
             source: Source::LinuxDevices,
@@ -250,7 +250,7 @@ mod tests {
             major: 195,
             minor: 1,
         };
-        let gpu = Device::on_host(num, NVIDIA_GPU, None);
+        let gpu = Device::on_host(num, Class::NvidiaGpu, None);
         let nvml = NvmlAnswer {
             gpus: Ok(vec![crate::probe::nvidia::nvml::tests::healthy(1)]),
             driver_version: None,
