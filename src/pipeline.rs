@@ -3,6 +3,7 @@
 //! state → record → probes → fault diff → termination message (poststop).
 
 use crate::action::remap::{self, RemapRecord};
+use crate::action::spare;
 use crate::config::policy::Action;
 use crate::config::Config;
 use crate::discover::{self, gpu};
@@ -80,6 +81,9 @@ fn assigned(
 }
 
 /// prestart / createRuntime: decide whether the container may start.
+///
+/// Long because it is the hook call's one path from spec to record, stage after stage;
+/// each stage is a call into its layer.
 fn gate(
     stage: Stage,
     state: &State,
@@ -177,6 +181,9 @@ fn in_use(decisions: &[DeviceDecision], remaps: &[RemapRecord]) -> Vec<Device> {
 /// poststop: what went wrong with the container's devices while it ran. It never fails the
 /// lifecycle (the caller exits 0 on any error past reading stdin) and is idempotent: an
 /// exit record already present means an earlier call did the work.
+///
+/// Long because it is the poststop path, stage after stage; each stage is a call into
+/// its layer and the early returns are the cases with nothing to do.
 fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Result<Reply> {
     // The bundle may already be gone; then only devgate's own record can tell.
     let spec = Spec::load(&state.bundle).ok();
@@ -188,7 +195,7 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     }
     let config = Config::load(config_path)?;
     // Spares go back first: whatever else fails below, a lease must not outlive its container.
-    remap::release(&config, &state.id);
+    spare::release(&config, &state.id);
     let Some(rec) = record::read_record(&config.state_dir, &state.id)? else {
         return Ok(Reply::default());
     };

@@ -4,3 +4,4 @@
 pub mod cgroup;
 pub(crate) mod nsdev;
 pub(crate) mod remap;
+pub(crate) mod spare;

@@ -5,17 +5,17 @@
 
 use super::cgroup::{self, Location};
 use super::nsdev;
+use super::spare::healthy_spares;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::{DevNum, Device};
 use crate::model::text::one_line;
-use crate::model::verdict::Verdict;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
-use crate::policy::{self, DeviceDecision, Disposition};
-use crate::probe::{self, nvidia::GpuContext};
+use crate::policy::{DeviceDecision, Disposition};
+use crate::probe::nvidia::GpuContext;
 use crate::store::lease::{self, Lease, Leases, Outcome};
 use crate::store::quarantine::Ledger;
 use serde::{Deserialize, Serialize};
@@ -65,81 +65,6 @@ impl RemapRecord {
 pub struct Applied {
     pub remaps: Vec<RemapRecord>,
     pub lines: Vec<String>,
-}
-
-/// The device as a spare: its host node, probed like any assigned device.
-fn spare_device(path: &Path, class: &Class) -> std::result::Result<Device, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let num = DevNum::from_metadata(&meta)
-        .ok_or_else(|| format!("{} is not a device node", path.display()))?;
-    Ok(Device::on_host(
-        num,
-        class.clone(),
-        Some(path.to_path_buf()),
-    ))
-}
-
-/// The configured spares of `class` that pass every probe, and a clause for each that
-/// does not. A spare is usable when no probe finds it unhealthy and the policy would let it
-/// start (an unknown verdict under `on_unknown: allow` is usable).
-pub fn healthy_spares(
-    config: &Config,
-    ledger: &Ledger,
-    class: &Class,
-    exclude: &[DevNum],
-    gpu: Option<&GpuContext>,
-) -> (Vec<(DevNum, PathBuf)>, Vec<String>) {
-    let mut why = Vec::new();
-    let mut devices = Vec::new();
-    for path in config
-        .spares
-        .get(class.as_str())
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
-    {
-        match spare_device(path, class) {
-            Ok(d) if exclude.contains(&d.num) => {}
-            Ok(d) => devices.push(d),
-            Err(m) => why.push(format!("spare {m}")),
-        }
-    }
-    // One probe pass for every spare, on the gate's NVML answer when it has one: NVML is
-    // opened at most once per hook call.
-    let owned;
-    let gpu = match gpu {
-        Some(g) => Some(g),
-        None => {
-            owned = GpuContext::for_devices(config, &devices);
-            owned.as_ref()
-        }
-    };
-    let mut ok = Vec::new();
-    let verdicts = probe::probe_all(config, ledger, &devices, gpu);
-    for dec in policy::decide_all(devices, verdicts, &config.policy) {
-        let bad: Vec<&str> = dec
-            .verdicts
-            .iter()
-            .filter_map(|v| match &v.verdict {
-                Verdict::Unhealthy(r) => Some(r.as_str()),
-                _ => None,
-            })
-            .collect();
-        let path = dec.device.host_path.clone().unwrap_or_default();
-        if !bad.is_empty() || dec.disposition == Disposition::Reject {
-            let mut reasons = dec.reasons.clone();
-            if reasons.is_empty() {
-                reasons = bad.iter().map(|s| s.to_string()).collect();
-            }
-            why.push(format!(
-                "{} unhealthy: {}",
-                path.display(),
-                reasons.join("; ")
-            ));
-            continue;
-        }
-        ok.push((dec.device.num, path));
-    }
-    (ok, why)
 }
 
 /// The container's rootfs as the runtime mounted it.
@@ -205,8 +130,8 @@ struct Ctx<'a> {
     taken: Vec<DevNum>,
 }
 
-fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRecord, String> {
-    let d = &dec.device;
+/// Leases a healthy free spare for `d`, or says why there is none.
+fn lease_spare(cx: &mut Ctx, d: &Device) -> std::result::Result<(Lease, Option<Lease>), String> {
     if !cx.config.spares.contains_key(d.class.as_str()) {
         return Err(format!("no spare configured for class {}", d.class));
     }
@@ -230,10 +155,10 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
         .leases
         .acquire(&cands, &want)
         .map_err(|e| format!("cannot lease a spare: {e}"))?;
-    let (lease, reclaimed) = match outcome {
+    match outcome {
         Outcome::Leased {
             lease, reclaimed, ..
-        } => (lease, reclaimed),
+        } => Ok((lease, reclaimed)),
         Outcome::NoneFree(busy) => {
             why.extend(busy);
             let detail = if why.is_empty() {
@@ -241,23 +166,22 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
             } else {
                 format!(" ({})", why.join("; "))
             };
-            return Err(format!(
+            Err(format!(
                 "no free healthy spare of class {}{detail}",
                 d.class
-            ));
+            ))
         }
-    };
-    cx.taken.push(lease.spare);
-    let spare = lease.spare;
+    }
+}
 
-    // The cgroup first: the node is useless without it, and the bad device must be shut off
-    // whatever happens to the node.
-    let cg = match &cx.loc {
-        Location::V1 { dir, .. } => cgroup::v1::remap(dir, d.num, spare)
+/// Denies `bad` and allows `spare` in the container's device cgroup; says what was edited.
+fn edit_cgroup(cx: &mut Ctx, bad: DevNum, spare: DevNum) -> std::result::Result<String, String> {
+    match &cx.loc {
+        Location::V1 { dir, .. } => cgroup::v1::remap(dir, bad, spare)
             .map(|()| cx.loc.describe())
             .map_err(|e| format!("cannot edit the device cgroup: {e}")),
         Location::V2 { dir, .. } => {
-            cx.changes.push(cgroup::device_rule(false, d.num, "rwm"));
+            cx.changes.push(cgroup::device_rule(false, bad, "rwm"));
             cx.changes.push(cgroup::device_rule(true, spare, "rwm"));
             let rules = v2_rules(cx.spec.device_rules(), &cx.changes);
             cgroup::v2::replace(dir, &rules)
@@ -271,35 +195,48 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
                 })
                 .map_err(|e| format!("cannot replace the device program: {e}"))
         }
+    }
+}
+
+/// Replaces the container's node for `d` with one for `spare`; says what the node is now.
+fn edit_node(cx: &Ctx, d: &Device, spare: DevNum) -> std::result::Result<String, String> {
+    let Some(cp) = &d.container_path else {
+        return Ok("no container path (a cgroup rule only)".to_string());
     };
-    let node = cg.and_then(|cg| match &d.container_path {
-        None => Ok((cg, "no container path (a cgroup rule only)".to_string())),
-        Some(cp) => nsdev::replace_node(&nsdev::NodeEdit {
-            pid: cx.pid,
-            rootfs: &cx.rootfs,
-            container_path: cp,
-            expect: d.num,
+    nsdev::replace_node(&nsdev::NodeEdit {
+        pid: cx.pid,
+        rootfs: &cx.rootfs,
+        container_path: cp,
+        expect: d.num,
+        spare,
+        timeout: NODE_TIMEOUT,
+    })
+    .map(|r| {
+        let what = if r.already { "already" } else { "now" };
+        format!(
+            "{} is {what} {} {} (mode {:o}, uid {}, gid {})",
+            cp.display(),
+            spare.typ.letter(),
             spare,
-            timeout: NODE_TIMEOUT,
-        })
-        .map(|r| {
-            let what = if r.already { "already" } else { "now" };
-            (
-                cg,
-                format!(
-                    "{} is {what} {} {} (mode {:o}, uid {}, gid {})",
-                    cp.display(),
-                    spare.typ.letter(),
-                    spare,
-                    r.mode,
-                    r.uid,
-                    r.gid
-                ),
-            )
-        })
-        .map_err(|e| format!("cannot replace the node in the container: {e}")),
-    });
-    match node {
+            r.mode,
+            r.uid,
+            r.gid
+        )
+    })
+    .map_err(|e| format!("cannot replace the node in the container: {e}"))
+}
+
+/// One device: lease a spare, then the cgroup (first: the node is useless without it, and
+/// the bad device must be shut off whatever happens to the node), then the node. A
+/// failure gives the spare back.
+fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRecord, String> {
+    let d = &dec.device;
+    let (lease, reclaimed) = lease_spare(cx, d)?;
+    cx.taken.push(lease.spare);
+    let spare = lease.spare;
+    let edited = edit_cgroup(cx, d.num, spare)
+        .and_then(|cgroup| edit_node(cx, d, spare).map(|node| (cgroup, node)));
+    match edited {
         Ok((cgroup, node)) => Ok(RemapRecord {
             device: d.num,
             container_path: d.container_path.clone(),
@@ -334,6 +271,9 @@ fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
 /// Remaps every device whose disposition is Remap. On success they stay Remap and the
 /// records say what was done; on any failure every such device becomes Reject with the
 /// reason, and the spares leased here are given back.
+///
+/// Long because it is one sequence: guards that reject every remap alike, the loop, then
+/// the undo when one fails; split, the undo would be far from what it undoes.
 pub fn apply(
     config: &Config,
     state: &State,
@@ -434,17 +374,6 @@ pub fn apply(
     out
 }
 
-/// poststop: gives back the container's spares. Never fails the lifecycle.
-pub fn release(config: &Config, container_id: &str) -> Vec<Lease> {
-    match Leases::new(&config.state_dir).release_container(container_id) {
-        Ok(v) => v,
-        Err(e) => {
-            log::error!("cannot release the spares of {container_id}: {e}");
-            Vec::new()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,40 +421,5 @@ mod tests {
             path: "/t1".into(),
         };
         assert_eq!(systemd_refusal(&plain, true), None);
-    }
-
-    #[test]
-    fn unhealthy_and_missing_spares_are_named() {
-        let dir = std::env::temp_dir().join(format!("devgate-remap-sp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut config = Config {
-            quarantine_dir: dir.join("q"),
-            state_dir: dir.join("s"),
-            ..Config::default()
-        };
-        config.spares.insert(
-            "char".into(),
-            vec![
-                "/dev/full".into(),
-                "/dev/urandom".into(),
-                "/nonexistent/x".into(),
-            ],
-        );
-        let ledger = Ledger::new(&config.quarantine_dir);
-        let full = spare_device(Path::new("/dev/full"), &Class::Char)
-            .unwrap()
-            .num;
-        ledger.cordon(full, None, "bad spare", "t").unwrap();
-        let (ok, why) = healthy_spares(&config, &ledger, &Class::Char, &[], None);
-        assert_eq!(ok.len(), 1, "{ok:?} {why:?}");
-        assert_eq!(ok[0].1, PathBuf::from("/dev/urandom"));
-        assert!(
-            why.iter()
-                .any(|w| w.starts_with("/dev/full unhealthy: quarantined")),
-            "{why:?}"
-        );
-        assert!(why.iter().any(|w| w.contains("/nonexistent/x")), "{why:?}");
-        let (ok, _) = healthy_spares(&config, &ledger, &Class::Char, &[ok[0].0], None);
-        assert!(ok.is_empty());
     }
 }

@@ -12,14 +12,12 @@
 //! `devgate hooks-config` prints or writes these; `devgate install-host` (the Kubernetes
 //! installer's entrypoint) lays them, the binary and a default config onto a host root.
 
-use crate::config::{self, Config};
 use crate::error::{Error, Result};
-use crate::fsutil::{ensure_private_dir, write_atomic};
+use crate::fsutil::write_atomic;
 use oci_spec::runtime::{Hook, HookBuilder};
 use serde::Serialize;
 use serde_json::Value;
 use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
 /// The PATH a runtime gives devgate; fixed, so a runtime's own environment cannot choose
@@ -81,7 +79,7 @@ impl Target {
     }
 }
 
-fn absolute(what: &str, p: &Path) -> Result<()> {
+pub(super) fn absolute(what: &str, p: &Path) -> Result<()> {
     if p.is_absolute() {
         Ok(())
     } else {
@@ -192,7 +190,7 @@ pub fn write_files(dir: &Path, files: &[File]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn ensure_dir(dir: &Path) -> Result<()> {
+pub(super) fn ensure_dir(dir: &Path) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .create(dir)
@@ -202,52 +200,51 @@ fn ensure_dir(dir: &Path) -> Result<()> {
 const HOOKS_CONFIG_USAGE: &str =
     "usage: devgate [--config PATH] hooks-config --runtime crio|podman|containerd \
 [--prefix DIR | --bin PATH] [--out DIR]";
-const INSTALL_HOST_USAGE: &str =
-    "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH]";
 
 /// Options of the two commands in this module; `--config` is devgate's global option.
 #[derive(Debug, Default)]
-struct Opts {
-    config: Option<PathBuf>,
-    runtime: Option<String>,
-    prefix: Option<PathBuf>,
-    bin: Option<PathBuf>,
-    out: Option<PathBuf>,
-    root: Option<PathBuf>,
-    config_file: Option<PathBuf>,
-    hooks_dir: Option<PathBuf>,
-    command: Option<String>,
+pub(super) struct Opts {
+    pub(super) config: Option<PathBuf>,
+    pub(super) runtime: Option<String>,
+    pub(super) prefix: Option<PathBuf>,
+    pub(super) bin: Option<PathBuf>,
+    pub(super) out: Option<PathBuf>,
+    pub(super) root: Option<PathBuf>,
+    pub(super) config_file: Option<PathBuf>,
+    pub(super) hooks_dir: Option<PathBuf>,
+    pub(super) command: Option<String>,
 }
 
 fn parse(argv: &[String]) -> Result<Opts> {
-    let mut o = Opts::default();
-    let mut it = argv.iter();
-    while let Some(arg) = it.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| Error::Usage(format!("{name} needs a value")))
-        };
-        match name {
-            "--config" => o.config = Some(value()?.into()),
-            "--runtime" => o.runtime = Some(value()?),
-            "--prefix" => o.prefix = Some(value()?.into()),
-            "--bin" => o.bin = Some(value()?.into()),
-            "--out" => o.out = Some(value()?.into()),
-            "--root" => o.root = Some(value()?.into()),
-            "--config-file" => o.config_file = Some(value()?.into()),
-            "--hooks-dir" => o.hooks_dir = Some(value()?.into()),
-            s if s.starts_with('-') => return Err(Error::Usage(format!("unknown option {s}"))),
-            s if o.command.is_none() => o.command = Some(s.to_string()),
-            s => return Err(Error::Usage(format!("unexpected argument {s:?}"))),
-        }
+    let p = super::args::parse(
+        argv,
+        &[
+            "--config",
+            "--runtime",
+            "--prefix",
+            "--bin",
+            "--out",
+            "--root",
+            "--config-file",
+            "--hooks-dir",
+        ],
+        &[],
+    )?;
+    if let Some(extra) = p.positional.get(1) {
+        return Err(Error::Usage(format!("unexpected argument {extra:?}")));
     }
-    Ok(o)
+    let path = |name| p.value(name).map(PathBuf::from);
+    Ok(Opts {
+        config: path("--config"),
+        runtime: p.value("--runtime").map(str::to_string),
+        prefix: path("--prefix"),
+        bin: path("--bin"),
+        out: path("--out"),
+        root: path("--root"),
+        config_file: path("--config-file"),
+        hooks_dir: path("--hooks-dir"),
+        command: p.positional.first().cloned(),
+    })
 }
 
 /// The command this module runs, if `argv` names one: `hooks-config` or `install-host`.
@@ -264,11 +261,13 @@ pub fn cli(argv: &[String]) -> Option<i32> {
         }
         !a.starts_with('-')
     })?;
-    let result = match command.as_str() {
-        "hooks-config" => parse(argv).and_then(|o| hooks_config(&o)),
-        "install-host" => parse(argv).and_then(|o| install_host(&o)),
-        _ => return None,
-    };
+    if command != "hooks-config" && command != "install-host" {
+        return None;
+    }
+    let result = parse(argv).and_then(|o| match o.command.as_deref() {
+        Some("install-host") => super::install::install_host(&o),
+        _ => hooks_config(&o),
+    });
     Some(match result {
         Ok(()) => 0,
         Err(e) => {
@@ -278,7 +277,7 @@ pub fn cli(argv: &[String]) -> Option<i32> {
     })
 }
 
-fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
+pub(super) fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
     let mut t = match (&o.bin, &o.prefix) {
         (Some(_), Some(_)) => {
             return Err(Error::Usage("give --prefix or --bin, not both".to_string()))
@@ -325,100 +324,10 @@ fn hooks_config(o: &Opts) -> Result<()> {
     Ok(())
 }
 
-/// Lays devgate onto a host mounted at `--root` (the Kubernetes installer's entrypoint):
-/// the running binary to ROOT/PREFIX/bin/devgate, the oci-hooks files to
-/// ROOT/etc/containers/oci/hooks.d (podman's and older CRI-O's override directory; another
-/// with `--hooks-dir`), the containerd base spec to
-/// ROOT/etc/containerd/devgate-base-spec.json, the quarantine directory, and the config:
-/// `--config-file` replaces ROOT/etc/devgate/config.json (a ConfigMap is the operator's
-/// config); without it the default is written only where none exists.
-fn install_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() {
-        return Err(Error::Usage(INSTALL_HOST_USAGE.into()));
-    }
-    let root = o
-        .root
-        .as_deref()
-        .ok_or_else(|| Error::Usage(format!("--root is required\n{INSTALL_HOST_USAGE}")))?;
-    absolute("--root", root)?;
-    let target = target_of(o, "/usr/local")?;
-    let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
-
-    // A config from --config-file is checked before anything on the host changes.
-    let given = match &o.config_file {
-        Some(src) => {
-            let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
-            let parsed = Config::parse(&text, src)?;
-            Some((src, text, parsed))
-        }
-        None => None,
-    };
-
-    let exe = Path::new("/proc/self/exe");
-    let bytes = fs::read(exe).map_err(|e| Error::io("cannot read own binary", exe, e))?;
-    let bin = under(&target.bin);
-    if let Some(dir) = bin.parent() {
-        ensure_dir(dir)?;
-    }
-    write_atomic(&bin, &bytes, 0o755)?;
-    println!("devgate: installed {}", bin.display());
-
-    let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
-    absolute("--hooks-dir", hooks_dir)?;
-    for p in write_files(&under(hooks_dir), &files(Runtime::Crio, &target)?)? {
-        println!("devgate: installed {}", p.display());
-    }
-    for p in write_files(
-        &under(Path::new("/etc/containerd")),
-        &files(Runtime::Containerd, &target)?,
-    )? {
-        println!("devgate: installed {}", p.display());
-    }
-
-    let cfg_path = under(
-        target
-            .config
-            .as_deref()
-            .unwrap_or(Path::new(config::DEFAULT_PATH)),
-    );
-    let cfg_dir = cfg_path
-        .parent()
-        .ok_or_else(|| Error::invalid("config path", "has no parent"))?;
-    ensure_dir(cfg_dir)?;
-    let config = match given {
-        Some((src, text, parsed)) => {
-            write_atomic(&cfg_path, &text, 0o644)?;
-            println!(
-                "devgate: installed {} from {}",
-                cfg_path.display(),
-                src.display()
-            );
-            parsed
-        }
-        None => match fs::symlink_metadata(&cfg_path) {
-            Ok(_) => {
-                let text = fs::read(&cfg_path)
-                    .map_err(|e| Error::io("cannot read config", &cfg_path, e))?;
-                println!("devgate: kept existing {}", cfg_path.display());
-                Config::parse(&text, &cfg_path)?
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                write_atomic(&cfg_path, DEFAULT_CONFIG.as_bytes(), 0o644)?;
-                println!("devgate: installed default {}", cfg_path.display());
-                Config::parse(DEFAULT_CONFIG.as_bytes(), &cfg_path)?
-            }
-            Err(e) => return Err(Error::io("cannot stat config", &cfg_path, e)),
-        },
-    };
-    let quarantine = under(&config.quarantine_dir);
-    ensure_private_dir(&quarantine)?;
-    println!("devgate: quarantine directory {}", quarantine.display());
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn usr() -> Target {
         Target::for_prefix(Path::new("/usr")).unwrap()

@@ -1,21 +1,16 @@
 //! The command line: `devgate hook STAGE` for runtimes, and a few operator commands.
 //! Thin over the library; every failure is one `devgate: error: ...` line.
 
+mod args;
 pub(crate) mod hooks_config;
+mod install;
+mod node;
 
-use crate::config::Config;
-use crate::discover::devnode::parse_device_arg;
 use crate::error::{Error, Result};
-use crate::fsutil::{check_dir, write_atomic};
 use crate::model::text::one_line;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::pipeline;
-use crate::report::inventory::{self, Filed};
-use crate::report::record;
-use crate::store::lease::Lease;
-use crate::store::quarantine::{self, Ledger};
-use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -43,37 +38,33 @@ commands:
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
 DEVGATE_LOG sets the log level (error, warn, info, debug, trace).";
 
+/// What the commands here need from the command line.
 #[derive(Debug, Default)]
-struct Args {
-    config: Option<PathBuf>,
-    json: bool,
-    reason: Option<String>,
-    textfile: Option<PathBuf>,
+pub(crate) struct Args {
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) json: bool,
+    pub(crate) reason: Option<String>,
+    pub(crate) textfile: Option<PathBuf>,
     positional: Vec<String>,
 }
 
 fn parse_args(argv: &[String]) -> Result<Args> {
-    let mut a = Args::default();
-    let mut it = argv.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| Error::Usage(format!("{name} needs a value")))
-        };
-        match arg.as_str() {
-            "--config" => a.config = Some(PathBuf::from(value("--config")?)),
-            "--reason" => a.reason = Some(value("--reason")?),
-            "--json" => a.json = true,
-            "--textfile" => a.textfile = Some(PathBuf::from(value("--textfile")?)),
-            "-h" | "--help" => a.positional.insert(0, "help".into()),
-            s if s.starts_with("--config=") => a.config = Some(PathBuf::from(&s[9..])),
-            s if s.starts_with("--reason=") => a.reason = Some(s[9..].to_string()),
-            s if s.starts_with("--") => return Err(Error::Usage(format!("unknown option {s}"))),
-            _ => a.positional.push(arg.clone()),
-        }
+    let p = args::parse(
+        argv,
+        &["--config", "--reason", "--textfile"],
+        &["--json", "-h", "--help"],
+    )?;
+    let mut positional = p.positional.clone();
+    if p.flag("-h") || p.flag("--help") {
+        positional.insert(0, "help".into());
     }
-    Ok(a)
+    Ok(Args {
+        config: p.value("--config").map(PathBuf::from),
+        json: p.flag("--json"),
+        reason: p.value("--reason").map(str::to_string),
+        textfile: p.value("--textfile").map(PathBuf::from),
+        positional,
+    })
 }
 
 /// Runs the command and returns the exit status.
@@ -89,12 +80,12 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
     let pos: Vec<&str> = args.positional.iter().map(String::as_str).collect();
     let result = match pos.as_slice() {
         ["hook", stage] => return run_hook(stage, &args, started),
-        ["cordon", dev] => cordon(&args, dev),
-        ["uncordon", dev] => uncordon(&args, dev),
-        ["status"] => status(&args),
-        ["check"] => return check(&args),
-        ["metrics"] => metrics(&args),
-        ["explain", id] => explain(&args, id),
+        ["cordon", dev] => node::cordon(&args, dev),
+        ["uncordon", dev] => node::uncordon(&args, dev),
+        ["status"] => node::status(&args),
+        ["check"] => return node::check(&args),
+        ["metrics"] => node::metrics(&args),
+        ["explain", id] => node::explain(&args, id),
         ["version"] => {
             println!("devgate {}", crate::VERSION);
             Ok(())
@@ -184,275 +175,5 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
                 2
             }
         }
-    }
-}
-
-fn cordon(args: &Args, dev: &str) -> Result<()> {
-    let config = Config::load(args.config.as_deref())?;
-    let reason = args
-        .reason
-        .as_deref()
-        .ok_or_else(|| Error::Usage("cordon needs --reason TEXT".into()))?;
-    let (num, path) = parse_device_arg(dev, &config.sysfs_root)?;
-    let e = Ledger::new(&config.quarantine_dir).cordon(num, path, reason, &quarantine::who())?;
-    println!(
-        "devgate: cordoned {} {} ({}): {:?}",
-        num.typ.letter(),
-        num,
-        dev,
-        e.reason
-    );
-    Ok(())
-}
-
-fn uncordon(args: &Args, dev: &str) -> Result<()> {
-    let config = Config::load(args.config.as_deref())?;
-    let (num, _) = parse_device_arg(dev, &config.sysfs_root)?;
-    if Ledger::new(&config.quarantine_dir).uncordon(num)? {
-        println!("devgate: uncordoned {} {} ({dev})", num.typ.letter(), num);
-    } else {
-        println!(
-            "devgate: {} {} ({dev}) was not cordoned",
-            num.typ.letter(),
-            num
-        );
-    }
-    Ok(())
-}
-
-fn status(args: &Args) -> Result<()> {
-    let config = Config::load(args.config.as_deref())?;
-    let rows = inventory::collect(&config)?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rows).expect("status serializes")
-        );
-        return Ok(());
-    }
-    if rows.is_empty() {
-        println!("no accelerators, spares, quarantined or assigned devices");
-        return Ok(());
-    }
-    println!(
-        "{:<24} {:<8} {:<12} {:<10} {:<24} QUARANTINE",
-        "DEVICE", "NUMBER", "CLASS", "HEALTH", "ROLE"
-    );
-    for r in &rows {
-        let q = r
-            .quarantine
-            .as_ref()
-            .map(|q| match q {
-                // The reason quoted as JSON quotes it: escaped, one line.
-                Filed::Read(e) => {
-                    format!("{} by {}", serde_json::Value::from(e.reason.as_str()), e.by)
-                }
-                Filed::Damaged { .. } => "damaged entry".into(),
-            })
-            .unwrap_or_else(|| "-".into());
-        println!(
-            "{:<24} {:<8} {:<12} {:<10} {:<24} {}",
-            r.device.name(),
-            r.device.num.to_string(),
-            r.device.class,
-            r.health.as_str(),
-            r.roles.join(","),
-            q
-        );
-        for reason in &r.reasons {
-            println!("    {}", one_line(reason));
-        }
-        if let Some(g) = &r.gpu {
-            println!(
-                "    gpu minor {} uuid {} pci {}",
-                g.minor,
-                g.uuid.as_deref().unwrap_or("?"),
-                g.pci_bus_id.as_deref().unwrap_or("?")
-            );
-            for c in &g.checks {
-                let line = format!(
-                    "      {:<14} {:<14} {}",
-                    c.check,
-                    c.verdict.status(),
-                    one_line(c.verdict.reason().unwrap_or(""))
-                );
-                println!("{}", line.trim_end());
-            }
-        }
-        if let Some(l) = &r.lease {
-            println!("    {}", one_line(&lease_text(l)));
-        } else if r.roles.contains(&"spare") {
-            println!("    spare, free");
-        }
-    }
-    Ok(())
-}
-
-/// node-problem-detector custom plugin: one line, exit 0 / 1 / 2.
-fn check(args: &Args) -> i32 {
-    let rows = Config::load(args.config.as_deref()).and_then(|c| inventory::collect(&c));
-    match rows {
-        Ok(rows) => {
-            let (code, line) = inventory::check_summary(&rows);
-            println!("{}", one_line(&line));
-            code
-        }
-        Err(e) => {
-            println!("devgate: unknown: {e}");
-            2
-        }
-    }
-}
-
-fn metrics(args: &Args) -> Result<()> {
-    let path = args
-        .textfile
-        .as_deref()
-        .ok_or_else(|| Error::Usage("metrics needs --textfile PATH".into()))?;
-    let config = Config::load(args.config.as_deref())?;
-    let rows = inventory::collect(&config)?;
-    let exits = record::list_exits(&config.state_dir);
-    let text = inventory::metrics_text(&rows, &exits);
-    let dir = path
-        .parent()
-        .ok_or_else(|| Error::Usage(format!("--textfile {}: no directory", path.display())))?;
-    check_dir(dir)?;
-    write_atomic(path, text.as_bytes(), 0o644)
-}
-
-/// A serde enum's wire name, for text output that matches the JSON.
-fn word(v: &impl Serialize) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-fn explain(args: &Args, id: &str) -> Result<()> {
-    let config = Config::load(args.config.as_deref())?;
-    let rec = record::read_record(&config.state_dir, id)?;
-    let exit = record::read_exit(&config.state_dir, id)?;
-    if rec.is_none() && exit.is_none() {
-        return Err(Error::invalid(
-            format!("container {id}"),
-            format!(
-                "no record under {} (devgate keeps records only for containers with devices)",
-                config.state_dir.display()
-            ),
-        ));
-    }
-    if args.json {
-        let v = serde_json::json!({ "start": rec, "stop": exit });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).expect("record serializes")
-        );
-        return Ok(());
-    }
-    if let Some(rec) = &rec {
-        explain_start(rec);
-    }
-    match &exit {
-        None => println!(
-            "  stop: not recorded (still running, or stopped before devgate's poststop ran)"
-        ),
-        Some(x) => {
-            println!(
-                "  stopped at {}: {} device fault(s)",
-                x.stopped,
-                x.faults.len()
-            );
-            for f in &x.faults {
-                println!("    {}", f.line());
-            }
-            if let Some(t) = &x.termination_message {
-                let path = t
-                    .host_path
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default();
-                println!("    termination message {path}: {}", t.note);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn explain_start(rec: &record::Decision) {
-    println!(
-        "container {} at {} ({}): {}",
-        rec.container_id,
-        rec.stage,
-        rec.time,
-        word(&rec.action)
-    );
-    if let (Some(ns), Some(name)) = (&rec.pod.namespace, &rec.pod.name) {
-        println!(
-            "  pod {ns}/{name} container {}",
-            rec.pod.container.as_deref().unwrap_or("?")
-        );
-    }
-    for d in &rec.devices {
-        let rule = if d.rule.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", d.rule)
-        };
-        println!(
-            "  {} class {}: {}{rule}",
-            d.device.describe(),
-            d.device.class,
-            word(&d.disposition)
-        );
-        for v in &d.verdicts {
-            let line = format!(
-                "    {:<11} {:<14} {}",
-                v.probe,
-                v.verdict.status(),
-                v.verdict.reason().unwrap_or("")
-            );
-            println!("{}", line.trim_end());
-        }
-    }
-    for r in &rec.remaps {
-        println!(
-            "  remapped {} ({}) -> {} ({}): {}",
-            r.container_path
-                .as_deref()
-                .or(r.host_path.as_deref())
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| format!("{} {}", r.device.typ.letter(), r.device)),
-            r.device,
-            r.spare_path.display(),
-            r.spare,
-            one_line(&r.reason)
-        );
-        println!("    cgroup: {}", r.cgroup);
-        println!("    node:   {}", one_line(&r.node));
-        if let Some(from) = &r.reclaimed_from {
-            println!("    lease reclaimed from {from}, which no longer exists");
-        }
-    }
-    if let Some(m) = &rec.message {
-        println!("  {m}");
-    }
-}
-
-fn lease_text(l: &Filed<Lease>) -> String {
-    match l {
-        Filed::Damaged { damaged, error } => {
-            format!("lease file {} is damaged: {error}", damaged.display())
-        }
-        Filed::Read(l) => format!(
-            "leased to {} (pid {}) since {}, standing in for {}{}",
-            l.container_id,
-            l.pid,
-            l.since,
-            l.replaces,
-            l.container_path
-                .as_ref()
-                .map(|p| format!(" at {}", p.display()))
-                .unwrap_or_default()
-        ),
     }
 }

@@ -108,6 +108,7 @@ impl Config {
         }
     }
 
+    /// Long because it is a list of independent checks, one per key, in the config's order.
     fn validate(&self, path: &Path) -> Result<()> {
         let what = format!("config {}", path.display());
         for (key, p) in [

@@ -49,6 +49,9 @@ impl Fault {
 
 /// The faults between a start snapshot and the live counters of the same devices.
 /// `xids` are the kernel reports read since the snapshot's kmsg position.
+///
+/// Long because it is the table of faults, one block per counter, in the order they are
+/// reported; each block is a plain comparison.
 pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec<Fault> {
     let mut faults = Vec::new();
     for before in &start.devices {

@@ -134,6 +134,8 @@ fn assigned(config: &Config) -> Vec<Device> {
     out
 }
 
+/// Long because it gathers the rows from each source in turn (accelerators, spares,
+/// quarantine, running containers, leases), then probes them all at once.
 pub fn collect(config: &Config) -> Result<Vec<Row>> {
     let rules = config.class_rules();
     let ledger = Ledger::new(&config.quarantine_dir);
@@ -276,6 +278,8 @@ fn label(s: &str) -> String {
 }
 
 /// Prometheus text format for node_exporter's textfile collector.
+///
+/// Long because it is the list of metric families, one block each.
 pub fn metrics_text(rows: &[Row], exits: &[record::ExitRecord]) -> String {
     let mut out = String::new();
     let mut family = |name: &str, help: &str, samples: Vec<(String, u64)>| {

@@ -92,6 +92,9 @@ fn openat(dir: libc::c_int, name: &Path, flags: libc::c_int, what: &Path) -> Res
 /// Opens `path` for appending when it is a regular file below `root`, walking every
 /// component under `root` with O_NOFOLLOW. `root` itself is the operator's configuration
 /// and may be a symlink (kubelet's directory often is).
+///
+/// Long because it walks the path one component at a time with openat, refusing
+/// symlinks at each step; the steps share the directory fd.
 pub fn open_below(root: &Path, path: &Path) -> Result<File> {
     let rel = path.strip_prefix(root).map_err(|_| {
         Error::unsafe_path(

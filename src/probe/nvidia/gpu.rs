@@ -33,6 +33,9 @@ pub struct Limits {
 }
 
 /// Judges one GPU's facts, check by check. Pure.
+///
+/// Long because it is the table of NVML checks, one block per check, in the order
+/// `devgate status` lists them.
 pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
     let mut out = Vec::new();
     let mut push = |check, verdict| out.push(Check { check, verdict });
