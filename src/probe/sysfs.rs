@@ -24,11 +24,7 @@ impl Probe for SysfsProbe {
     }
 
     fn check(&self, device: &Device) -> Verdict {
-        let entry = self
-            .sysfs_root
-            .join("dev")
-            .join(device.num.typ.sysfs_dir())
-            .join(device.num.mm());
+        let entry = device.num.sysfs_path(&self.sysfs_root);
         if fs::symlink_metadata(&entry).is_err() {
             return Verdict::NotApplicable(format!(
                 "no sysfs entry for {} {}",
@@ -118,10 +114,7 @@ pub fn pci_ancestor(sysfs_root: &Path, dir: &Path) -> Option<PathBuf> {
 
 /// The PCI function behind a device, for other parts (status, poststop snapshots).
 pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
-    let entry = sysfs_root
-        .join("dev")
-        .join(device.num.typ.sysfs_dir())
-        .join(device.num.mm());
+    let entry = device.num.sysfs_path(sysfs_root);
     let hw = fs::canonicalize(entry).ok()?.join("device");
     device_chain(&hw)
         .iter()
