@@ -58,14 +58,14 @@ impl Error {
         }
     }
 
-    pub fn invalid(what: impl Into<String>, msg: impl Into<String>) -> Self {
+    pub(crate) fn invalid(what: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::Invalid {
             what: what.into(),
             msg: msg.into(),
         }
     }
 
-    pub fn unsafe_path(path: impl AsRef<Path>, msg: impl Into<String>) -> Self {
+    pub(crate) fn unsafe_path(path: impl AsRef<Path>, msg: impl Into<String>) -> Self {
         Error::Unsafe {
             path: path.as_ref().to_path_buf(),
             msg: msg.into(),
@@ -117,7 +117,7 @@ fn lower_first(s: &str) -> String {
     }
 }
 
-pub fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const MIB: u64 = 1 << 20;
     const KIB: u64 = 1 << 10;
     if n >= MIB && n % MIB == 0 {

@@ -1,25 +1,34 @@
 //! devgate: an OCI runtime hook that checks the devices assigned to a container before it
 //! starts, and tells kubelet and operators why when a device is the reason it cannot.
+//!
+//! The modules are listed in the order the data flows through a hook call, and each
+//! imports only those above it (tests/layering.rs checks this; docs/architecture.md has
+//! the map).
 
-pub mod cgroup;
-pub mod class;
-pub mod cli;
-pub mod config;
-pub mod device;
+// 0. Plumbing every layer uses: errors, bounded reads, atomic writes.
 pub mod error;
-pub mod fsutil;
-pub mod hook;
-pub mod hooks_config;
-pub mod ledger;
-pub mod nsdev;
-pub mod policy;
-pub mod probe;
-pub mod record;
-pub mod remap;
-pub mod spec;
-pub mod state;
+pub(crate) mod fsutil;
+// 1. The shared vocabulary: devices, classes, verdicts, text escaping, the clock.
+pub mod model;
+// 2. What the runtime hands a hook: the state on stdin, the bundle's config.json, the stage.
+pub mod oci;
+// 3. devgate's own config file.
+pub(crate) mod config;
+// 4. devgate's files on the node: quarantine ledger, spare leases, container records.
+pub mod store;
+// 5. Spec → the devices a container is assigned; the host's /dev.
+pub mod discover;
+// 6. Health probes: node, sysfs, quarantine, NVIDIA (NVML, kernel log).
+pub(crate) mod probe;
+// 7. The decision table: verdicts and class → disposition. Pure.
+pub(crate) mod policy;
+// 8. What devgate does to a running container: remap (cgroup, /dev node).
+pub(crate) mod action;
+// 9. What devgate leaves for people: records, faults, termination message, inventory.
+pub(crate) mod report;
+// 10. One hook call, start to end: the only module that knows every stage.
+pub(crate) mod pipeline;
+// 11. The command line.
+pub mod cli;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-pub mod fault;
-pub mod inventory;
-pub mod termination;

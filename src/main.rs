@@ -15,20 +15,8 @@ fn main() {
             )
         })
         .init();
-    std::panic::set_hook(Box::new(|info| {
-        let line = format!("devgate: error: internal error, please report: {info}");
-        eprintln!("{}", devgate::policy::one_line(&line));
-    }));
+    devgate::cli::set_panic_hook();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let code = devgate::cli::main(argv, started);
-    if devgate::probe::nvml::abandoned() {
-        // An NVML call is still stuck on its thread: exit() would run the library's
-        // destructors under it, and those may wait on it forever. Nothing devgate wrote
-        // needs atexit: records are fsynced, stdout and stderr are flushed here.
-        let _ = std::io::stdout().flush();
-        let _ = std::io::stderr().flush();
-        // SAFETY: _exit ends the process at once; no Rust state is used after it.
-        unsafe { libc::_exit(code) }
-    }
-    std::process::exit(code);
+    devgate::cli::exit(code)
 }

@@ -1,71 +1,11 @@
 //! The decision table: a device's probe verdicts and its class, under the operator's
 //! policy, give one disposition. Pure functions over plain data.
 
-use crate::device::Device;
-use crate::probe::{ProbeResult, Verdict};
+use crate::config::policy::{Action, OnUnknown, Policy};
+use crate::model::device::Device;
+use crate::model::text::one_line;
+use crate::model::verdict::{ProbeResult, Verdict};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Action {
-    Allow,
-    Warn,
-    Reject,
-    Remap,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Allow => "allow",
-            Action::Warn => "warn",
-            Action::Reject => "reject",
-            Action::Remap => "remap",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum OnUnknown {
-    #[default]
-    Allow,
-    Reject,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Policy {
-    /// What to do with an unhealthy device whose class has no entry in `classes`.
-    #[serde(default = "default_action")]
-    pub default: Action,
-    #[serde(default)]
-    pub classes: BTreeMap<String, Action>,
-    /// What to do when a probe cannot tell (NVML absent, a sysfs value unreadable).
-    #[serde(default)]
-    pub on_unknown: OnUnknown,
-}
-
-fn default_action() -> Action {
-    Action::Reject
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            default: Action::Reject,
-            classes: BTreeMap::new(),
-            on_unknown: OnUnknown::Allow,
-        }
-    }
-}
-
-impl Policy {
-    pub fn action_for(&self, class: &str) -> Action {
-        self.classes.get(class).copied().unwrap_or(self.default)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -183,16 +123,61 @@ pub fn reject_line<'a>(rejected: impl IntoIterator<Item = &'a DeviceDecision>) -
     one_line(&format!("devgate: rejected {}", clauses.join(" | ")))
 }
 
-pub fn one_line(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+/// Every device's disposition, from its probe verdicts (one list per device, in order).
+pub fn decide_all(
+    devices: Vec<Device>,
+    verdicts: Vec<Vec<ProbeResult>>,
+    policy: &Policy,
+) -> Vec<DeviceDecision> {
+    devices
+        .into_iter()
+        .zip(verdicts)
+        .map(|(d, verdicts)| decide(d, verdicts, policy))
         .collect()
+}
+
+/// The container's action, its reject line if any, and warning lines for stderr.
+pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<String>) {
+    let rejected: Vec<&DeviceDecision> = decisions
+        .iter()
+        .filter(|d| d.disposition == Disposition::Reject)
+        .collect();
+    let mut warnings = Vec::new();
+    for d in decisions {
+        if d.disposition == Disposition::Allowed {
+            warnings.push(one_line(&format!("devgate: warning: {}", reject_clause(d))));
+        }
+        for w in &d.warnings {
+            warnings.push(one_line(&format!(
+                "devgate: warning: {}: {w}",
+                d.device.describe()
+            )));
+        }
+    }
+    if !rejected.is_empty() {
+        return (Action::Reject, Some(reject_line(rejected)), warnings);
+    }
+    let action = if decisions
+        .iter()
+        .any(|d| d.disposition == Disposition::Remap)
+    {
+        Action::Remap
+    } else if decisions
+        .iter()
+        .any(|d| d.disposition == Disposition::Allowed)
+        || !warnings.is_empty()
+    {
+        Action::Warn
+    } else {
+        Action::Allow
+    };
+    (action, None, warnings)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{DevNum, DevType, Source};
+    use crate::model::device::{DevNum, DevType, Source};
 
     fn gpu(minor: u32) -> Device {
         Device {
@@ -309,15 +294,5 @@ mod tests {
             reject_line([&d, &d2]),
             "devgate: rejected /dev/nvidia1 (195:1): quarantined by operator: \"xid 79 seen\"; policy reject | /dev/nvidia2 (195:2): a b; c; policy reject"
         );
-    }
-
-    #[test]
-    fn policy_json_rejects_unknown_actions() {
-        let p: Policy =
-            serde_json::from_str(r#"{"classes":{"block":"warn"},"on_unknown":"reject"}"#).unwrap();
-        assert_eq!(p.default, Action::Reject);
-        assert_eq!(p.action_for("block"), Action::Warn);
-        assert!(serde_json::from_str::<Policy>(r#"{"default":"explode"}"#).is_err());
-        assert!(serde_json::from_str::<Policy>(r#"{"defualt":"reject"}"#).is_err());
     }
 }

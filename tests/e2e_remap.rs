@@ -4,7 +4,7 @@
 mod common;
 use common::fake::{have_v1_devices, FakeContainer};
 use common::*;
-use devgate::ledger::lease::{Leases, Slot};
+use devgate::store::lease::{Leases, Slot};
 use serde_json::{json, Value};
 use std::fs;
 use std::io::Write;

@@ -1,9 +1,10 @@
 //! Configs as runc, crun, containerd, podman and CRI-O write them, old and new spec
 //! versions: every one parses, and discovery finds exactly the assigned devices.
 
-use devgate::class;
-use devgate::device::{self, Source};
-use devgate::spec::Spec;
+use devgate::discover;
+use devgate::model::class;
+use devgate::model::device::Source;
+use devgate::oci::spec::Spec;
 use std::path::Path;
 
 fn load(name: &str) -> Spec {
@@ -15,7 +16,7 @@ fn load(name: &str) -> Spec {
 }
 
 fn assigned(spec: &Spec) -> Vec<(String, String, Source)> {
-    device::discover(
+    discover::discover(
         spec,
         &class::builtin(),
         Path::new("/nonexistent"),
@@ -23,7 +24,7 @@ fn assigned(spec: &Spec) -> Vec<(String, String, Source)> {
     )
     .unwrap()
     .into_iter()
-    .map(|d| (d.name(), d.class, d.source))
+    .map(|d| (d.name(), d.class.to_string(), d.source))
     .collect()
 }
 
@@ -36,7 +37,7 @@ fn runtime_default_specs_have_no_assigned_devices() {
         "containerd-1.6-ctr-oci-spec.json",
     ] {
         let s = load(name);
-        assert!(!device::may_have_devices(&s), "{name}");
+        assert!(!discover::may_have_devices(&s), "{name}");
         assert!(assigned(&s).is_empty(), "{name}");
     }
 }
@@ -93,5 +94,5 @@ fn shipped_containerd_base_spec_parses() {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks/containerd/devgate-base-spec.json");
     let s = Spec::parse(&std::fs::read(&path).unwrap(), &path).unwrap();
-    assert!(!device::may_have_devices(&s));
+    assert!(!discover::may_have_devices(&s));
 }

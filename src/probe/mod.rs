@@ -1,82 +1,22 @@
 //! Health probes. Each probe looks at one aspect of one device and returns a verdict;
-//! probes never call each other, and the hook runs every probe on every device.
+//! probes never call each other, and [`probe_all`] runs every probe on every device.
 
+pub mod counters;
 pub mod node;
-pub mod nvml;
+pub mod nvidia;
 pub mod quarantine;
 pub mod sysfs;
-pub mod xid;
 
-use crate::device::Device;
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "status", content = "reason", rename_all = "snake_case")]
-pub enum Verdict {
-    Healthy,
-    /// Usable, but worth an operator's look (a PCIe link trained below its maximum).
-    Warn(String),
-    Unhealthy(String),
-    /// The probe could not tell; `policy.on_unknown` decides.
-    Unknown(String),
-    /// The probe has nothing to say about this kind of device.
-    NotApplicable(String),
-}
-
-impl Verdict {
-    pub fn status(&self) -> &'static str {
-        match self {
-            Verdict::Healthy => "healthy",
-            Verdict::Warn(_) => "warn",
-            Verdict::Unhealthy(_) => "unhealthy",
-            Verdict::Unknown(_) => "unknown",
-            Verdict::NotApplicable(_) => "not_applicable",
-        }
-    }
-
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            Verdict::Healthy => None,
-            Verdict::Warn(r)
-            | Verdict::Unhealthy(r)
-            | Verdict::Unknown(r)
-            | Verdict::NotApplicable(r) => Some(r),
-        }
-    }
-
-    /// The worst of several findings within one probe: unhealthy > unknown > warn > healthy.
-    pub fn worst(findings: Vec<Verdict>) -> Verdict {
-        let rank = |v: &Verdict| match v {
-            Verdict::Unhealthy(_) => 4,
-            Verdict::Unknown(_) => 3,
-            Verdict::Warn(_) => 2,
-            Verdict::Healthy => 1,
-            Verdict::NotApplicable(_) => 0,
-        };
-        let top = findings.iter().map(rank).max().unwrap_or(1);
-        let same: Vec<&Verdict> = findings.iter().filter(|v| rank(v) == top).collect();
-        let joined = || {
-            same.iter()
-                .filter_map(|v| v.reason())
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
-        match top {
-            4 => Verdict::Unhealthy(joined()),
-            3 => Verdict::Unknown(joined()),
-            2 => Verdict::Warn(joined()),
-            0 => Verdict::NotApplicable(joined()),
-            _ => Verdict::Healthy,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProbeResult {
-    pub probe: String,
-    #[serde(flatten)]
-    pub verdict: Verdict,
-}
+use crate::config::Config;
+use crate::model::device::Device;
+use crate::model::verdict::{ProbeResult, Verdict};
+use crate::store::quarantine::Ledger;
+use node::NodeProbe;
+use nvidia::gpu::NvmlProbe;
+use nvidia::xid::XidProbe;
+use nvidia::GpuContext;
+use quarantine::QuarantineProbe;
+use sysfs::SysfsProbe;
 
 pub trait Probe {
     fn name(&self) -> &'static str;
@@ -94,35 +34,39 @@ pub fn run_all(probes: &[&dyn Probe], device: &Device) -> Vec<ProbeResult> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn worst_picks_most_severe_and_joins_its_reasons() {
-        let v = Verdict::worst(vec![
-            Verdict::Warn("w".into()),
-            Verdict::Unhealthy("a".into()),
-            Verdict::Healthy,
-            Verdict::Unhealthy("b".into()),
-        ]);
-        assert_eq!(v, Verdict::Unhealthy("a; b".into()));
-        assert_eq!(Verdict::worst(vec![]), Verdict::Healthy);
-        assert_eq!(
-            Verdict::worst(vec![Verdict::Healthy, Verdict::Warn("x".into())]),
-            Verdict::Warn("x".into())
-        );
+/// Runs every probe on every device. The probe list is built once per call; the NVML and
+/// XID probes join it only when a device has an NVIDIA class and the caller gathered their
+/// context.
+pub fn probe_all(
+    config: &Config,
+    ledger: &Ledger,
+    devices: &[Device],
+    gpu: Option<&GpuContext>,
+) -> Vec<Vec<ProbeResult>> {
+    let node = NodeProbe {
+        dev_root: config.dev_root.clone(),
+    };
+    let sysfs = SysfsProbe {
+        sysfs_root: config.sysfs_root.clone(),
+    };
+    let quarantine = QuarantineProbe { ledger };
+    let nvidia = devices.iter().any(|d| d.class.is_nvidia());
+    let gpu = gpu.filter(|_| nvidia);
+    let nvml_probe = gpu.map(|g| NvmlProbe {
+        answer: &g.nvml,
+        limits: g.limits,
+    });
+    let xid_probe = gpu.map(|g| XidProbe {
+        scan: &g.kmsg,
+        table: &g.xid_table,
+        nvml: &g.nvml,
+    });
+    let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &quarantine];
+    if let Some(p) = &nvml_probe {
+        probes.push(p);
     }
-
-    #[test]
-    fn verdict_json_shape() {
-        let r = ProbeResult {
-            probe: "node".into(),
-            verdict: Verdict::Unhealthy("gone".into()),
-        };
-        assert_eq!(
-            serde_json::to_string(&r).unwrap(),
-            r#"{"probe":"node","status":"unhealthy","reason":"gone"}"#
-        );
+    if let Some(p) = &xid_probe {
+        probes.push(p);
     }
+    devices.iter().map(|d| run_all(&probes, d)).collect()
 }

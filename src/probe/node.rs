@@ -1,8 +1,9 @@
 //! The device node probe: the host has a node for this device, of the right type and
 //! major:minor. A GPU whose node vanished (driver unloaded, device removed) fails here.
 
-use super::{Probe, Verdict};
-use crate::device::{DevNum, Device};
+use crate::model::device::{DevNum, Device};
+use crate::model::verdict::Verdict;
+use crate::probe::Probe;
 use std::fs;
 use std::io;
 use std::path::PathBuf;
@@ -53,7 +54,7 @@ impl Probe for NodeProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{DevType, Source};
+    use crate::model::device::{DevType, Source};
 
     fn dev(host: Option<&str>, major: u32, minor: u32) -> Device {
         Device {

@@ -1,9 +1,10 @@
 //! The quarantine probe: a device an operator cordoned is unhealthy until uncordoned.
 
-use super::{Probe, Verdict};
-use crate::device::Device;
-use crate::ledger::quarantine::{Ledger, Lookup};
-use crate::policy::one_line;
+use crate::model::device::Device;
+use crate::model::text::one_line;
+use crate::model::verdict::Verdict;
+use crate::probe::Probe;
+use crate::store::quarantine::{Ledger, Lookup};
 
 pub struct QuarantineProbe<'a> {
     pub ledger: &'a Ledger,

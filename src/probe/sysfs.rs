@@ -3,9 +3,10 @@
 //! hardware, which must have a driver bound; PCI functions also report AER error counters
 //! and their link training; SCSI-backed block devices report a state.
 
-use super::{Probe, Verdict};
-use crate::device::{DevType, Device};
 use crate::fsutil::read_attr;
+use crate::model::device::{DevType, Device};
+use crate::model::verdict::Verdict;
+use crate::probe::Probe;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -23,11 +24,7 @@ impl Probe for SysfsProbe {
     }
 
     fn check(&self, device: &Device) -> Verdict {
-        let entry = self
-            .sysfs_root
-            .join("dev")
-            .join(device.num.typ.sysfs_dir())
-            .join(device.num.mm());
+        let entry = device.num.sysfs_path(&self.sysfs_root);
         if fs::symlink_metadata(&entry).is_err() {
             return Verdict::NotApplicable(format!(
                 "no sysfs entry for {} {}",
@@ -117,10 +114,7 @@ pub fn pci_ancestor(sysfs_root: &Path, dir: &Path) -> Option<PathBuf> {
 
 /// The PCI function behind a device, for other parts (status, poststop snapshots).
 pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
-    let entry = sysfs_root
-        .join("dev")
-        .join(device.num.typ.sysfs_dir())
-        .join(device.num.mm());
+    let entry = device.num.sysfs_path(sysfs_root);
     let hw = fs::canonicalize(entry).ok()?.join("device");
     device_chain(&hw)
         .iter()
@@ -251,7 +245,7 @@ fn trunc(s: &str) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::device::{DevNum, Source};
+    use crate::model::device::{DevNum, Source};
     use std::os::unix::fs::symlink;
 
     pub(crate) struct Tree(pub PathBuf);

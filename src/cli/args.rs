@@ -1,0 +1,86 @@
+//! The one command-line parser: options that take a value (`--name VALUE` or
+//! `--name=VALUE`), flags, and the words in between. Each command says which options it
+//! knows; any other `--…` is an error, never silently ignored.
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Default)]
+pub(crate) struct Parsed {
+    values: Vec<(&'static str, String)>,
+    flags: Vec<&'static str>,
+    pub(crate) positional: Vec<String>,
+}
+
+impl Parsed {
+    /// The last value given for `name`.
+    pub(crate) fn value(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub(crate) fn flag(&self, name: &str) -> bool {
+        self.flags.contains(&name)
+    }
+}
+
+pub(crate) fn parse(
+    argv: &[String],
+    takes_value: &[&'static str],
+    flags: &[&'static str],
+) -> Result<Parsed> {
+    let mut p = Parsed::default();
+    let mut it = argv.iter();
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v)),
+            _ => (arg.as_str(), None),
+        };
+        if let Some(&known) = takes_value.iter().find(|n| **n == name) {
+            let value = match inline {
+                Some(v) => v.to_string(),
+                None => it
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| Error::Usage(format!("{name} needs a value")))?,
+            };
+            p.values.push((known, value));
+        } else if let Some(&known) = flags.iter().find(|n| **n == arg.as_str()) {
+            p.flags.push(known);
+        } else if arg.starts_with("--") {
+            return Err(Error::Usage(format!("unknown option {arg}")));
+        } else {
+            p.positional.push(arg.clone());
+        }
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn values_flags_and_words() {
+        let p = parse(
+            &argv("--config=/a.json cordon --reason x=y 195:1 --json"),
+            &["--config", "--reason"],
+            &["--json"],
+        )
+        .unwrap();
+        assert_eq!(p.value("--config"), Some("/a.json"));
+        assert_eq!(p.value("--reason"), Some("x=y"));
+        assert!(p.flag("--json"));
+        assert_eq!(p.positional, ["cordon", "195:1"]);
+        let e = parse(&argv("--reason"), &["--reason"], &[]).unwrap_err();
+        assert_eq!(e.to_string(), "--reason needs a value");
+        let e = parse(&argv("--json=1"), &[], &["--json"]).unwrap_err();
+        assert_eq!(e.to_string(), "unknown option --json=1");
+    }
+}

@@ -1,0 +1,461 @@
+//! The runtime configuration that makes runtimes call devgate, generated for an install
+//! prefix so node image builders never hand-edit paths:
+//!
+//! - CRI-O and podman read oci-hooks(5) files (version 1.0.0) from hooks.d directories. One
+//!   file holds one hook with one argument list for all its stages, so `devgate.json` runs
+//!   `devgate hook auto` for prestart and poststop, and devgate takes the stage from the
+//!   state's status (`stopped` at poststop).
+//! - containerd has no hooks directory: its CRI plugin starts every container from a base
+//!   runtime spec (`base_runtime_spec` in config.toml), so devgate ships a full default spec,
+//!   as containerd 1.6 generates it, with devgate's hooks added.
+//!
+//! `devgate hooks-config` prints or writes these; `devgate install-host` (the Kubernetes
+//! installer's entrypoint) lays them, the binary and a default config onto a host root.
+
+use crate::error::{Error, Result};
+use crate::fsutil::write_atomic;
+use oci_spec::runtime::{Hook, HookBuilder};
+use serde::Serialize;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The PATH a runtime gives devgate; fixed, so a runtime's own environment cannot choose
+/// what devgate (root) executes.
+pub const HOOK_PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Seconds before the runtime kills the hook. devgate's own deadlines at their defaults
+/// (NVML and the kernel log 2 s each, the lease lock 3 s, the /dev edit 3 s) add up to 10 s
+/// in the worst case; the margin keeps a slow node from turning devgate's clear reject
+/// line into a bare "hook timed out".
+pub const HOOK_TIMEOUT_S: i64 = 30;
+/// The stages devgate is installed for.
+pub const STAGES: [&str; 2] = ["prestart", "poststop"];
+/// The default config packages and installers lay down (never over an existing one).
+pub const DEFAULT_CONFIG: &str = include_str!("../../packaging/config.json");
+/// The default spec `ctr oci spec` prints for containerd 1.6; the base of the shipped
+/// base runtime spec.
+const CONTAINERD_DEFAULT_SPEC: &str =
+    include_str!("../../hooks/containerd/default-spec-containerd-1.6.json");
+/// Where the shipped containerd snippet expects the base runtime spec.
+pub const CONTAINERD_BASE_SPEC_NAME: &str = "devgate-base-spec.json";
+/// The hooks directory CRI-O and podman read for host-local (not packaged) hooks.
+pub const HOST_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    Crio,
+    Podman,
+    Containerd,
+}
+
+impl Runtime {
+    pub fn parse(s: &str) -> Result<Runtime> {
+        match s {
+            "crio" | "cri-o" => Ok(Runtime::Crio),
+            "podman" => Ok(Runtime::Podman),
+            "containerd" => Ok(Runtime::Containerd),
+            _ => Err(Error::Usage(format!(
+                "unknown runtime {s:?}; expected crio, podman or containerd"
+            ))),
+        }
+    }
+}
+
+/// What the runtime runs: the binary, and the config it names (none: devgate's default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub bin: PathBuf,
+    pub config: Option<PathBuf>,
+}
+
+impl Target {
+    /// `PREFIX/bin/devgate`.
+    pub fn for_prefix(prefix: &Path) -> Result<Target> {
+        absolute("--prefix", prefix)?;
+        Ok(Target {
+            bin: prefix.join("bin/devgate"),
+            config: None,
+        })
+    }
+}
+
+pub(super) fn absolute(what: &str, p: &Path) -> Result<()> {
+    if p.is_absolute() {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "{what} {} is not an absolute path",
+            p.display()
+        )))
+    }
+}
+
+/// The hook entry for one stage.
+pub fn hook(target: &Target, stage: &str) -> Result<Hook> {
+    let mut args = vec!["devgate".to_string()];
+    if let Some(c) = &target.config {
+        args.push("--config".into());
+        args.push(c.display().to_string());
+    }
+    args.extend(["hook".to_string(), stage.to_string()]);
+    HookBuilder::default()
+        .path(target.bin.clone())
+        .args(args)
+        .env(vec![HOOK_PATH_ENV.to_string()])
+        .timeout(HOOK_TIMEOUT_S)
+        .build()
+        .map_err(|e| Error::invalid("hook", e.to_string()))
+}
+
+#[derive(Serialize)]
+struct OciHooksFile {
+    version: &'static str,
+    hook: Hook,
+    when: When,
+    stages: [&'static str; 2],
+}
+
+#[derive(Serialize)]
+struct When {
+    always: bool,
+}
+
+/// A generated file: its name in its directory, and its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct File {
+    pub name: String,
+    pub content: String,
+}
+
+pub const OCI_HOOKS_FILE_NAME: &str = "devgate.json";
+
+/// The oci-hooks(5) file: prestart and poststop, matching every container.
+pub fn oci_hooks_file(target: &Target) -> Result<File> {
+    let f = OciHooksFile {
+        version: "1.0.0",
+        hook: hook(target, "auto")?,
+        when: When { always: true },
+        stages: STAGES,
+    };
+    Ok(File {
+        name: OCI_HOOKS_FILE_NAME.into(),
+        content: pretty(&f),
+    })
+}
+
+/// containerd's default spec with devgate's prestart and poststop hooks.
+pub fn containerd_base_spec(target: &Target) -> Result<File> {
+    let mut spec: Value = serde_json::from_str(CONTAINERD_DEFAULT_SPEC)
+        .map_err(|e| Error::json("built-in containerd default spec", None, &e))?;
+    let mut hooks = serde_json::Map::new();
+    for stage in STAGES {
+        let h = serde_json::to_value(hook(target, stage)?)
+            .map_err(|e| Error::invalid("hook", e.to_string()))?;
+        hooks.insert(stage.to_string(), Value::Array(vec![h]));
+    }
+    spec.as_object_mut()
+        .ok_or_else(|| Error::invalid("built-in containerd default spec", "not an object"))?
+        .insert("hooks".into(), Value::Object(hooks));
+    Ok(File {
+        name: CONTAINERD_BASE_SPEC_NAME.into(),
+        content: pretty(&spec),
+    })
+}
+
+fn pretty(v: &impl Serialize) -> String {
+    // Serializing plain data to a String cannot fail.
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Every file a runtime needs.
+pub fn files(runtime: Runtime, target: &Target) -> Result<Vec<File>> {
+    match runtime {
+        Runtime::Crio | Runtime::Podman => Ok(vec![oci_hooks_file(target)?]),
+        Runtime::Containerd => Ok(vec![containerd_base_spec(target)?]),
+    }
+}
+
+/// Writes each file into `dir` atomically, mode 0644 (runtimes read them as root, but
+/// operators read them too).
+pub fn write_files(dir: &Path, files: &[File]) -> Result<Vec<PathBuf>> {
+    ensure_dir(dir)?;
+    let mut out = Vec::new();
+    for f in files {
+        let p = dir.join(&f.name);
+        write_atomic(&p, f.content.as_bytes(), 0o644)?;
+        out.push(p);
+    }
+    Ok(out)
+}
+
+pub(super) fn ensure_dir(dir: &Path) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .create(dir)
+        .map_err(|e| Error::io("cannot create directory", dir, e))
+}
+
+const HOOKS_CONFIG_USAGE: &str =
+    "usage: devgate [--config PATH] hooks-config --runtime crio|podman|containerd \
+[--prefix DIR | --bin PATH] [--out DIR]";
+
+/// Options of the two commands in this module; `--config` is devgate's global option.
+#[derive(Debug, Default)]
+pub(super) struct Opts {
+    pub(super) config: Option<PathBuf>,
+    pub(super) runtime: Option<String>,
+    pub(super) prefix: Option<PathBuf>,
+    pub(super) bin: Option<PathBuf>,
+    pub(super) out: Option<PathBuf>,
+    pub(super) root: Option<PathBuf>,
+    pub(super) config_file: Option<PathBuf>,
+    pub(super) hooks_dir: Option<PathBuf>,
+    pub(super) command: Option<String>,
+}
+
+fn parse(argv: &[String]) -> Result<Opts> {
+    let p = super::args::parse(
+        argv,
+        &[
+            "--config",
+            "--runtime",
+            "--prefix",
+            "--bin",
+            "--out",
+            "--root",
+            "--config-file",
+            "--hooks-dir",
+        ],
+        &[],
+    )?;
+    if let Some(extra) = p.positional.get(1) {
+        return Err(Error::Usage(format!("unexpected argument {extra:?}")));
+    }
+    let path = |name| p.value(name).map(PathBuf::from);
+    Ok(Opts {
+        config: path("--config"),
+        runtime: p.value("--runtime").map(str::to_string),
+        prefix: path("--prefix"),
+        bin: path("--bin"),
+        out: path("--out"),
+        root: path("--root"),
+        config_file: path("--config-file"),
+        hooks_dir: path("--hooks-dir"),
+        command: p.positional.first().cloned(),
+    })
+}
+
+/// The command this module runs, if `argv` names one: `hooks-config` or `install-host`.
+/// Returns the exit status; `None` leaves the command line to the rest of the CLI.
+pub fn cli(argv: &[String]) -> Option<i32> {
+    let mut skip_value = false;
+    let command = argv.iter().find(|a| {
+        if skip_value {
+            skip_value = false;
+            return false;
+        }
+        if *a == "--config" {
+            skip_value = true;
+        }
+        !a.starts_with('-')
+    })?;
+    if command != "hooks-config" && command != "install-host" {
+        return None;
+    }
+    let result = parse(argv).and_then(|o| match o.command.as_deref() {
+        Some("install-host") => super::install::install_host(&o),
+        _ => hooks_config(&o),
+    });
+    Some(match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("devgate: error: {e}");
+            2
+        }
+    })
+}
+
+pub(super) fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
+    let mut t = match (&o.bin, &o.prefix) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage("give --prefix or --bin, not both".to_string()))
+        }
+        (Some(b), None) => {
+            absolute("--bin", b)?;
+            Target {
+                bin: b.clone(),
+                config: None,
+            }
+        }
+        (None, Some(p)) => Target::for_prefix(p)?,
+        (None, None) => Target::for_prefix(Path::new(default_prefix))?,
+    };
+    if let Some(c) = &o.config {
+        absolute("--config", c)?;
+        t.config = Some(c.clone());
+    }
+    Ok(t)
+}
+
+fn hooks_config(o: &Opts) -> Result<()> {
+    if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() {
+        return Err(Error::Usage(HOOKS_CONFIG_USAGE.into()));
+    }
+    let runtime =
+        Runtime::parse(o.runtime.as_deref().ok_or_else(|| {
+            Error::Usage(format!("--runtime is required\n{HOOKS_CONFIG_USAGE}"))
+        })?)?;
+    let target = target_of(o, "/usr")?;
+    let all = files(runtime, &target)?;
+    match &o.out {
+        Some(dir) => {
+            for p in write_files(dir, &all)? {
+                println!("{}", p.display());
+            }
+        }
+        None => {
+            for f in &all {
+                print!("{}", f.content);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn usr() -> Target {
+        Target::for_prefix(Path::new("/usr")).unwrap()
+    }
+
+    #[test]
+    fn oci_hooks_file_follows_oci_hooks_5() {
+        let f = oci_hooks_file(&usr()).unwrap();
+        assert_eq!(f.name, "devgate.json");
+        let v: Value = serde_json::from_str(&f.content).unwrap();
+        assert_eq!(v["version"], "1.0.0");
+        assert_eq!(v["hook"]["path"], "/usr/bin/devgate");
+        assert_eq!(
+            v["hook"]["args"],
+            serde_json::json!(["devgate", "hook", "auto"])
+        );
+        assert_eq!(v["hook"]["env"], serde_json::json!([HOOK_PATH_ENV]));
+        assert_eq!(v["hook"]["timeout"], HOOK_TIMEOUT_S);
+        assert_eq!(v["when"], serde_json::json!({"always": true}));
+        assert_eq!(v["stages"], serde_json::json!(["prestart", "poststop"]));
+    }
+
+    #[test]
+    fn config_and_prefix_reach_the_hook() {
+        let t = Target {
+            bin: "/opt/dg/bin/devgate".into(),
+            config: Some("/opt/dg/etc/config.json".into()),
+        };
+        let h = serde_json::to_value(hook(&t, "poststop").unwrap()).unwrap();
+        assert_eq!(h["path"], "/opt/dg/bin/devgate");
+        assert_eq!(
+            h["args"],
+            serde_json::json!([
+                "devgate",
+                "--config",
+                "/opt/dg/etc/config.json",
+                "hook",
+                "poststop"
+            ])
+        );
+        assert!(Target::for_prefix(Path::new("usr/local")).is_err());
+    }
+
+    #[test]
+    fn containerd_base_spec_is_the_default_spec_plus_hooks() {
+        let f = containerd_base_spec(&usr()).unwrap();
+        let v: Value = serde_json::from_str(&f.content).unwrap();
+        let default: Value = serde_json::from_str(CONTAINERD_DEFAULT_SPEC).unwrap();
+        for key in ["process", "root", "mounts", "linux"] {
+            assert_eq!(v[key], default[key], "{key}");
+        }
+        for stage in STAGES {
+            let hooks = v["hooks"][stage].as_array().unwrap();
+            assert_eq!(hooks.len(), 1);
+            assert_eq!(hooks[0]["path"], "/usr/bin/devgate");
+            assert_eq!(hooks[0]["args"][2], stage);
+        }
+        // oci-spec accepts what containerd will be given.
+        let _: oci_spec::runtime::Spec = serde_json::from_str(&f.content).unwrap();
+    }
+
+    /// The files shipped under hooks/ are exactly what `hooks-config --prefix /usr` prints:
+    /// packages install them, so they must never drift from the generator.
+    #[test]
+    fn shipped_files_match_the_generator() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks");
+        for f in files(Runtime::Podman, &usr()).unwrap() {
+            let shipped = fs::read_to_string(root.join("oci-hooks.d").join(&f.name)).unwrap();
+            assert_eq!(shipped, f.content, "hooks/oci-hooks.d/{}", f.name);
+        }
+        let f = containerd_base_spec(&usr()).unwrap();
+        let shipped = fs::read_to_string(root.join("containerd").join(&f.name)).unwrap();
+        assert_eq!(shipped, f.content, "hooks/containerd/{}", f.name);
+    }
+
+    #[test]
+    fn default_config_parses() {
+        let c = Config::parse(
+            DEFAULT_CONFIG.as_bytes(),
+            Path::new("/etc/devgate/config.json"),
+        )
+        .unwrap();
+        assert_eq!(c.quarantine_dir, Path::new("/var/lib/devgate/quarantine"));
+        assert!(c.log_file.is_some());
+    }
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn command_line() {
+        assert_eq!(cli(&argv("status --json")), None);
+        assert_eq!(cli(&argv("--config /x.json hook prestart")), None);
+        let o = parse(&argv(
+            "--config /c.json hooks-config --runtime=podman --prefix /opt",
+        ))
+        .unwrap();
+        assert_eq!(o.command.as_deref(), Some("hooks-config"));
+        assert_eq!(o.runtime.as_deref(), Some("podman"));
+        let t = target_of(&o, "/usr").unwrap();
+        assert_eq!(t.bin, Path::new("/opt/bin/devgate"));
+        assert_eq!(t.config.as_deref(), Some(Path::new("/c.json")));
+        assert!(parse(&argv("hooks-config --runtime")).is_err());
+        assert!(parse(&argv("hooks-config --bogus x")).is_err());
+        let o = parse(&argv("hooks-config --prefix /a --bin /b/devgate")).unwrap();
+        assert!(target_of(&o, "/usr").is_err());
+        assert!(Runtime::parse("docker").is_err());
+    }
+
+    #[test]
+    fn write_files_is_atomic_and_replaces() {
+        let dir = std::env::temp_dir().join(format!("dg-hc-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let fs1 = files(Runtime::Crio, &usr()).unwrap();
+        write_files(&dir, &fs1).unwrap();
+        let t = Target::for_prefix(Path::new("/opt")).unwrap();
+        let fs2 = files(Runtime::Crio, &t).unwrap();
+        let written = write_files(&dir, &fs2).unwrap();
+        assert_eq!(written.len(), 1);
+        for f in &fs2 {
+            assert_eq!(fs::read_to_string(dir.join(&f.name)).unwrap(), f.content);
+        }
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["devgate.json"], "no temp files left");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

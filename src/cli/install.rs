@@ -1,0 +1,110 @@
+//! `devgate install-host`: copies devgate, its hook files and its config onto a host
+//! mounted at `--root` (the Kubernetes DaemonSet installer).
+
+use super::hooks_config::{
+    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
+    HOST_HOOKS_DIR,
+};
+use crate::config::{self, Config};
+use crate::error::{Error, Result};
+use crate::fsutil::{ensure_private_dir, write_atomic};
+use std::fs;
+use std::io;
+use std::path::Path;
+
+const INSTALL_HOST_USAGE: &str =
+    "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH]";
+
+/// Lays devgate onto a host mounted at `--root` (the Kubernetes installer's entrypoint):
+/// the running binary to ROOT/PREFIX/bin/devgate, the oci-hooks files to
+/// ROOT/etc/containers/oci/hooks.d (podman's and older CRI-O's override directory; another
+/// with `--hooks-dir`), the containerd base spec to
+/// ROOT/etc/containerd/devgate-base-spec.json, the quarantine directory, and the config:
+/// `--config-file` replaces ROOT/etc/devgate/config.json (a ConfigMap is the operator's
+/// config); without it the default is written only where none exists.
+///
+/// Long because it is the installer's script, step after step, each with its own message;
+/// split, the order of the steps would be harder to read.
+pub(super) fn install_host(o: &Opts) -> Result<()> {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() {
+        return Err(Error::Usage(INSTALL_HOST_USAGE.into()));
+    }
+    let root = o
+        .root
+        .as_deref()
+        .ok_or_else(|| Error::Usage(format!("--root is required\n{INSTALL_HOST_USAGE}")))?;
+    absolute("--root", root)?;
+    let target = target_of(o, "/usr/local")?;
+    let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+
+    // A config from --config-file is checked before anything on the host changes.
+    let given = match &o.config_file {
+        Some(src) => {
+            let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
+            let parsed = Config::parse(&text, src)?;
+            Some((src, text, parsed))
+        }
+        None => None,
+    };
+
+    let exe = Path::new("/proc/self/exe");
+    let bytes = fs::read(exe).map_err(|e| Error::io("cannot read own binary", exe, e))?;
+    let bin = under(&target.bin);
+    if let Some(dir) = bin.parent() {
+        ensure_dir(dir)?;
+    }
+    write_atomic(&bin, &bytes, 0o755)?;
+    println!("devgate: installed {}", bin.display());
+
+    let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
+    absolute("--hooks-dir", hooks_dir)?;
+    for p in write_files(&under(hooks_dir), &files(Runtime::Crio, &target)?)? {
+        println!("devgate: installed {}", p.display());
+    }
+    for p in write_files(
+        &under(Path::new("/etc/containerd")),
+        &files(Runtime::Containerd, &target)?,
+    )? {
+        println!("devgate: installed {}", p.display());
+    }
+
+    let cfg_path = under(
+        target
+            .config
+            .as_deref()
+            .unwrap_or(Path::new(config::DEFAULT_PATH)),
+    );
+    let cfg_dir = cfg_path
+        .parent()
+        .ok_or_else(|| Error::invalid("config path", "has no parent"))?;
+    ensure_dir(cfg_dir)?;
+    let config = match given {
+        Some((src, text, parsed)) => {
+            write_atomic(&cfg_path, &text, 0o644)?;
+            println!(
+                "devgate: installed {} from {}",
+                cfg_path.display(),
+                src.display()
+            );
+            parsed
+        }
+        None => match fs::symlink_metadata(&cfg_path) {
+            Ok(_) => {
+                let text = fs::read(&cfg_path)
+                    .map_err(|e| Error::io("cannot read config", &cfg_path, e))?;
+                println!("devgate: kept existing {}", cfg_path.display());
+                Config::parse(&text, &cfg_path)?
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                write_atomic(&cfg_path, DEFAULT_CONFIG.as_bytes(), 0o644)?;
+                println!("devgate: installed default {}", cfg_path.display());
+                Config::parse(DEFAULT_CONFIG.as_bytes(), &cfg_path)?
+            }
+            Err(e) => return Err(Error::io("cannot stat config", &cfg_path, e)),
+        },
+    };
+    let quarantine = under(&config.quarantine_dir);
+    ensure_private_dir(&quarantine)?;
+    println!("devgate: quarantine directory {}", quarantine.display());
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! The command line: `devgate hook STAGE` for runtimes, and a few operator commands.
+//! Thin over the library; every failure is one `devgate: error: ...` line.
+
+mod args;
+pub(crate) mod hooks_config;
+mod install;
+mod node;
+
+use crate::error::{Error, Result};
+use crate::model::text::one_line;
+use crate::oci::stage::Stage;
+use crate::oci::state::State;
+use crate::pipeline;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub(crate) const USAGE: &str = "\
+usage: devgate [--config PATH] COMMAND
+
+commands:
+  hook STAGE                 run as an OCI hook (prestart, createRuntime, createContainer,
+                             startContainer, poststart, poststop, or auto: the stage from
+                             the state's status); the state is read on stdin
+  cordon DEVICE --reason TEXT  quarantine a device (a path under /dev, or MAJ:MIN)
+  uncordon DEVICE            lift a quarantine
+  status [--json]            the node's accelerators, spares and quarantined devices
+  explain CONTAINER_ID [--json]  what devgate decided for a container, and found at stop
+  check                      one-line node summary; exit 0 healthy, 1 unhealthy, 2 unknown
+                             (node-problem-detector custom plugin contract)
+  metrics --textfile PATH    write Prometheus text for node_exporter's textfile collector
+  hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--out DIR]
+                             print (or write) the runtime configuration that runs devgate
+  install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]
+                             copy devgate and its configuration onto a host (Kubernetes installer)
+  version                    print the version
+
+--config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
+DEVGATE_LOG sets the log level (error, warn, info, debug, trace).";
+
+/// What the commands here need from the command line.
+#[derive(Debug, Default)]
+pub(crate) struct Args {
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) json: bool,
+    pub(crate) reason: Option<String>,
+    pub(crate) textfile: Option<PathBuf>,
+    positional: Vec<String>,
+}
+
+fn parse_args(argv: &[String]) -> Result<Args> {
+    let p = args::parse(
+        argv,
+        &["--config", "--reason", "--textfile"],
+        &["--json", "-h", "--help"],
+    )?;
+    let mut positional = p.positional.clone();
+    if p.flag("-h") || p.flag("--help") {
+        positional.insert(0, "help".into());
+    }
+    Ok(Args {
+        config: p.value("--config").map(PathBuf::from),
+        json: p.flag("--json"),
+        reason: p.value("--reason").map(str::to_string),
+        textfile: p.value("--textfile").map(PathBuf::from),
+        positional,
+    })
+}
+
+/// Runs the command and returns the exit status.
+pub fn main(argv: Vec<String>, started: Instant) -> i32 {
+    // hooks-config and install-host parse their own options (src/hooks_config.rs).
+    if let Some(code) = hooks_config::cli(&argv) {
+        return code;
+    }
+    let args = match parse_args(&argv) {
+        Ok(a) => a,
+        Err(e) => return fail(&e),
+    };
+    let pos: Vec<&str> = args.positional.iter().map(String::as_str).collect();
+    let result = match pos.as_slice() {
+        ["hook", stage] => return run_hook(stage, &args, started),
+        ["cordon", dev] => node::cordon(&args, dev),
+        ["uncordon", dev] => node::uncordon(&args, dev),
+        ["status"] => node::status(&args),
+        ["check"] => return node::check(&args),
+        ["metrics"] => node::metrics(&args),
+        ["explain", id] => node::explain(&args, id),
+        ["version"] => {
+            println!("devgate {}", crate::VERSION);
+            Ok(())
+        }
+        ["help"] | [] => {
+            println!("{USAGE}");
+            return if pos.is_empty() { 2 } else { 0 };
+        }
+        _ => Err(Error::Usage(format!(
+            "bad command line: {}\n{USAGE}",
+            argv.join(" ")
+        ))),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => fail(&e),
+    }
+}
+
+/// A bug must not turn into a backtrace in kubelet's event: a panic prints one line.
+pub fn set_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let line = format!("devgate: error: internal error, please report: {info}");
+        eprintln!("{}", one_line(&line));
+    }));
+}
+
+/// Ends the process with `code`.
+pub fn exit(code: i32) -> ! {
+    if crate::probe::nvidia::nvml::abandoned() {
+        // An NVML call is still stuck on its thread: exit() would run the library's
+        // destructors under it, and those may wait on it forever. Nothing devgate wrote
+        // needs atexit: records are fsynced, stdout and stderr are flushed here.
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        // SAFETY: _exit ends the process at once; no Rust state is used after it.
+        unsafe { libc::_exit(code) }
+    }
+    std::process::exit(code);
+}
+
+fn fail(e: &Error) -> i32 {
+    eprintln!("devgate: error: {e}");
+    2
+}
+
+fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
+    // `auto` takes the stage from the state's status (one oci-hooks file, two stages).
+    let named = match stage {
+        "auto" => None,
+        s => match Stage::parse(s) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(&e),
+        },
+    };
+    let state = match State::read(std::io::stdin().lock()) {
+        Ok(s) => s,
+        Err(e) => {
+            // Unreadable input is the one error that fails even poststop.
+            eprintln!("devgate: error: {stage}: {e}");
+            return 2;
+        }
+    };
+    let stage = named.unwrap_or_else(|| Stage::from_status(&state.status));
+    // A bug must not turn into a backtrace in kubelet's event or a failed poststop: the
+    // panic hook (main.rs) prints one line, and the stage decides the exit.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pipeline::run(stage, &state, args.config.as_deref(), started)
+    }));
+    let Ok(result) = run else {
+        return if stage == Stage::Poststop { 0 } else { 2 };
+    };
+    match result {
+        Ok(report) => {
+            for line in &report.stderr {
+                eprintln!("{line}");
+            }
+            report.exit_code
+        }
+        Err(e) => {
+            eprintln!("devgate: error: {stage}: {e}", stage = stage.name());
+            // poststop must not fail the lifecycle once its own input was readable; the
+            // error is still printed for the runtime's log.
+            if stage == Stage::Poststop {
+                0
+            } else {
+                2
+            }
+        }
+    }
+}

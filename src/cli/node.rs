@@ -1,0 +1,286 @@
+//! The operator commands: cordon and uncordon a device, and the views of the node and of
+//! one container (`status`, `check`, `metrics`, `explain`).
+
+use super::Args;
+use crate::config::Config;
+use crate::discover::devnode::parse_device_arg;
+use crate::error::{Error, Result};
+use crate::fsutil::{check_dir, write_atomic};
+use crate::model::text::one_line;
+use crate::report::inventory::{self, Filed};
+use crate::report::record;
+use crate::store::lease::Lease;
+use crate::store::quarantine::{self, Ledger};
+use serde::Serialize;
+
+pub(super) fn cordon(args: &Args, dev: &str) -> Result<()> {
+    let config = Config::load(args.config.as_deref())?;
+    let reason = args
+        .reason
+        .as_deref()
+        .ok_or_else(|| Error::Usage("cordon needs --reason TEXT".into()))?;
+    let (num, path) = parse_device_arg(dev, &config.sysfs_root)?;
+    let e = Ledger::new(&config.quarantine_dir).cordon(num, path, reason, &quarantine::who())?;
+    println!(
+        "devgate: cordoned {} {} ({}): {:?}",
+        num.typ.letter(),
+        num,
+        dev,
+        e.reason
+    );
+    Ok(())
+}
+
+pub(super) fn uncordon(args: &Args, dev: &str) -> Result<()> {
+    let config = Config::load(args.config.as_deref())?;
+    let (num, _) = parse_device_arg(dev, &config.sysfs_root)?;
+    if Ledger::new(&config.quarantine_dir).uncordon(num)? {
+        println!("devgate: uncordoned {} {} ({dev})", num.typ.letter(), num);
+    } else {
+        println!(
+            "devgate: {} {} ({dev}) was not cordoned",
+            num.typ.letter(),
+            num
+        );
+    }
+    Ok(())
+}
+
+/// Long because it is the table `devgate status` prints, row by row; the lines belong
+/// together.
+pub(super) fn status(args: &Args) -> Result<()> {
+    let config = Config::load(args.config.as_deref())?;
+    let rows = inventory::collect(&config)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("status serializes")
+        );
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no accelerators, spares, quarantined or assigned devices");
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<8} {:<12} {:<10} {:<24} QUARANTINE",
+        "DEVICE", "NUMBER", "CLASS", "HEALTH", "ROLE"
+    );
+    for r in &rows {
+        let q = r
+            .quarantine
+            .as_ref()
+            .map(|q| match q {
+                // The reason quoted as JSON quotes it: escaped, one line.
+                Filed::Read(e) => {
+                    format!("{} by {}", serde_json::Value::from(e.reason.as_str()), e.by)
+                }
+                Filed::Damaged { .. } => "damaged entry".into(),
+            })
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<24} {:<8} {:<12} {:<10} {:<24} {}",
+            r.device.name(),
+            r.device.num.to_string(),
+            r.device.class,
+            r.health.as_str(),
+            r.roles.join(","),
+            q
+        );
+        for reason in &r.reasons {
+            println!("    {}", one_line(reason));
+        }
+        if let Some(g) = &r.gpu {
+            println!(
+                "    gpu minor {} uuid {} pci {}",
+                g.minor,
+                g.uuid.as_deref().unwrap_or("?"),
+                g.pci_bus_id.as_deref().unwrap_or("?")
+            );
+            for c in &g.checks {
+                let line = format!(
+                    "      {:<14} {:<14} {}",
+                    c.check,
+                    c.verdict.status(),
+                    one_line(c.verdict.reason().unwrap_or(""))
+                );
+                println!("{}", line.trim_end());
+            }
+        }
+        if let Some(l) = &r.lease {
+            println!("    {}", one_line(&lease_text(l)));
+        } else if r.roles.contains(&"spare") {
+            println!("    spare, free");
+        }
+    }
+    Ok(())
+}
+
+/// node-problem-detector custom plugin: one line, exit 0 / 1 / 2.
+pub(super) fn check(args: &Args) -> i32 {
+    let rows = Config::load(args.config.as_deref()).and_then(|c| inventory::collect(&c));
+    match rows {
+        Ok(rows) => {
+            let (code, line) = inventory::check_summary(&rows);
+            println!("{}", one_line(&line));
+            code
+        }
+        Err(e) => {
+            println!("devgate: unknown: {e}");
+            2
+        }
+    }
+}
+
+pub(super) fn metrics(args: &Args) -> Result<()> {
+    let path = args
+        .textfile
+        .as_deref()
+        .ok_or_else(|| Error::Usage("metrics needs --textfile PATH".into()))?;
+    let config = Config::load(args.config.as_deref())?;
+    let rows = inventory::collect(&config)?;
+    let exits = record::list_exits(&config.state_dir);
+    let text = inventory::metrics_text(&rows, &exits);
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Usage(format!("--textfile {}: no directory", path.display())))?;
+    check_dir(dir)?;
+    write_atomic(path, text.as_bytes(), 0o644)
+}
+
+/// A serde enum's wire name, for text output that matches the JSON.
+fn word(v: &impl Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
+    let config = Config::load(args.config.as_deref())?;
+    let rec = record::read_record(&config.state_dir, id)?;
+    let exit = record::read_exit(&config.state_dir, id)?;
+    if rec.is_none() && exit.is_none() {
+        return Err(Error::invalid(
+            format!("container {id}"),
+            format!(
+                "no record under {} (devgate keeps records only for containers with devices)",
+                config.state_dir.display()
+            ),
+        ));
+    }
+    if args.json {
+        let v = serde_json::json!({ "start": rec, "stop": exit });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).expect("record serializes")
+        );
+        return Ok(());
+    }
+    if let Some(rec) = &rec {
+        explain_start(rec);
+    }
+    match &exit {
+        None => println!(
+            "  stop: not recorded (still running, or stopped before devgate's poststop ran)"
+        ),
+        Some(x) => {
+            println!(
+                "  stopped at {}: {} device fault(s)",
+                x.stopped,
+                x.faults.len()
+            );
+            for f in &x.faults {
+                println!("    {}", f.line());
+            }
+            if let Some(t) = &x.termination_message {
+                let path = t
+                    .host_path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default();
+                println!("    termination message {path}: {}", t.note);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn explain_start(rec: &record::Decision) {
+    println!(
+        "container {} at {} ({}): {}",
+        rec.container_id,
+        rec.stage,
+        rec.time,
+        word(&rec.action)
+    );
+    if let (Some(ns), Some(name)) = (&rec.pod.namespace, &rec.pod.name) {
+        println!(
+            "  pod {ns}/{name} container {}",
+            rec.pod.container.as_deref().unwrap_or("?")
+        );
+    }
+    for d in &rec.devices {
+        let rule = if d.rule.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", d.rule)
+        };
+        println!(
+            "  {} class {}: {}{rule}",
+            d.device.describe(),
+            d.device.class,
+            word(&d.disposition)
+        );
+        for v in &d.verdicts {
+            let line = format!(
+                "    {:<11} {:<14} {}",
+                v.probe,
+                v.verdict.status(),
+                v.verdict.reason().unwrap_or("")
+            );
+            println!("{}", line.trim_end());
+        }
+    }
+    for r in &rec.remaps {
+        println!(
+            "  remapped {} ({}) -> {} ({}): {}",
+            r.container_path
+                .as_deref()
+                .or(r.host_path.as_deref())
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| format!("{} {}", r.device.typ.letter(), r.device)),
+            r.device,
+            r.spare_path.display(),
+            r.spare,
+            one_line(&r.reason)
+        );
+        println!("    cgroup: {}", r.cgroup);
+        println!("    node:   {}", one_line(&r.node));
+        if let Some(from) = &r.reclaimed_from {
+            println!("    lease reclaimed from {from}, which no longer exists");
+        }
+    }
+    if let Some(m) = &rec.message {
+        println!("  {m}");
+    }
+}
+
+fn lease_text(l: &Filed<Lease>) -> String {
+    match l {
+        Filed::Damaged { damaged, error } => {
+            format!("lease file {} is damaged: {error}", damaged.display())
+        }
+        Filed::Read(l) => format!(
+            "leased to {} (pid {}) since {}, standing in for {}{}",
+            l.container_id,
+            l.pid,
+            l.since,
+            l.replaces,
+            l.container_path
+                .as_ref()
+                .map(|p| format!(" at {}", p.display()))
+                .unwrap_or_default()
+        ),
+    }
+}

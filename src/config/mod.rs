@@ -1,0 +1,303 @@
+//! devgate's own configuration: one JSON file, every key optional. A missing default file
+//! means built-in defaults; a file named explicitly must exist; unknown keys are errors,
+//! because a misspelt policy key silently ignored is the worst surprise on a node.
+
+pub mod policy;
+pub mod xid;
+
+use crate::error::{Error, Result};
+use crate::fsutil::read_regular_file;
+use crate::model::class::{self, ClassRule};
+use policy::Policy;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_PATH: &str = "/etc/devgate/config.json";
+pub const ENV_CONFIG: &str = "DEVGATE_CONFIG";
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Runtimes give a hook some seconds in all; a probe deadline past a minute is a typo.
+const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub state_dir: PathBuf,
+    pub quarantine_dir: PathBuf,
+    pub sysfs_root: PathBuf,
+    pub dev_root: PathBuf,
+    pub log_file: Option<PathBuf>,
+    pub policy: Policy,
+    /// class → host device paths held back as spares.
+    pub spares: BTreeMap<String, Vec<PathBuf>>,
+    /// Extra class rules, tried before the built-in table.
+    pub device_classes: Vec<ClassRule>,
+    /// The NVML library devgate opens, only for containers with NVIDIA devices.
+    pub nvml_library: PathBuf,
+    /// Deadline for a probe that can block (NVML on a dying GPU).
+    pub probe_timeout_ms: u64,
+    /// The kernel log, read for NVIDIA XID reports.
+    pub kmsg_path: PathBuf,
+    pub gpu: GpuConfig,
+    /// Only termination-message files under this directory are ever written.
+    pub kubelet_pods_dir: PathBuf,
+    /// How many exit records state_dir/exits keeps.
+    pub exits_keep: usize,
+    /// Where this config came from, for messages; not a key.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: "/run/devgate".into(),
+            quarantine_dir: "/var/lib/devgate/quarantine".into(),
+            sysfs_root: "/sys".into(),
+            dev_root: "/dev".into(),
+            log_file: None,
+            policy: Policy::default(),
+            spares: BTreeMap::new(),
+            device_classes: Vec::new(),
+            nvml_library: "libnvidia-ml.so.1".into(),
+            probe_timeout_ms: 2000,
+            kmsg_path: "/dev/kmsg".into(),
+            gpu: GpuConfig::default(),
+            kubelet_pods_dir: "/var/lib/kubelet/pods".into(),
+            exits_keep: 1000,
+            source: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// Volatile uncorrectable ECC errors above this make a GPU unhealthy.
+    pub max_volatile_uncorrectable_ecc: u64,
+    /// XID number (as a string key) → "unhealthy" | "warn" | "ignore", over the built-in table.
+    pub xid_actions: BTreeMap<String, String>,
+}
+
+impl Config {
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Config> {
+        let mut c: Config =
+            serde_json::from_slice(bytes).map_err(|e| Error::json("config", Some(path), &e))?;
+        c.source = Some(path.to_path_buf());
+        c.validate(path)?;
+        Ok(c)
+    }
+
+    /// `explicit` is `--config`; else DEVGATE_CONFIG; else the default path, which may be absent.
+    pub fn load(explicit: Option<&Path>) -> Result<Config> {
+        let env = std::env::var_os(ENV_CONFIG).filter(|v| !v.is_empty());
+        let (path, required) = match (explicit, env) {
+            (Some(p), _) => (p.to_path_buf(), true),
+            (None, Some(e)) => (PathBuf::from(e), true),
+            (None, None) => (PathBuf::from(DEFAULT_PATH), false),
+        };
+        match read_regular_file(&path, MAX_CONFIG_BYTES, "config") {
+            Ok(bytes) => Config::parse(&bytes, &path),
+            Err(Error::Io { source, .. })
+                if !required && source.kind() == io::ErrorKind::NotFound =>
+            {
+                Ok(Config::default())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Long because it is a list of independent checks, one per key, in the config's order.
+    fn validate(&self, path: &Path) -> Result<()> {
+        let what = format!("config {}", path.display());
+        for (key, p) in [
+            ("state_dir", &self.state_dir),
+            ("quarantine_dir", &self.quarantine_dir),
+            ("sysfs_root", &self.sysfs_root),
+            ("dev_root", &self.dev_root),
+            ("kmsg_path", &self.kmsg_path),
+            ("kubelet_pods_dir", &self.kubelet_pods_dir),
+        ] {
+            if !p.is_absolute() {
+                return Err(Error::invalid(
+                    &what,
+                    format!("{key} {p:?} is not an absolute path"),
+                ));
+            }
+        }
+        if let Some(p) = &self.log_file {
+            if !p.is_absolute() {
+                return Err(Error::invalid(
+                    &what,
+                    format!("log_file {p:?} is not an absolute path"),
+                ));
+            }
+        }
+        for (class, paths) in &self.spares {
+            for p in paths {
+                if !p.is_absolute() {
+                    return Err(Error::invalid(
+                        &what,
+                        format!("spares.{class}: {p:?} is not an absolute path"),
+                    ));
+                }
+            }
+        }
+        let lib = self.nvml_library.as_os_str();
+        if lib.is_empty()
+            || (!self.nvml_library.is_absolute() && lib.as_encoded_bytes().contains(&b'/'))
+        {
+            // A relative path would be resolved against whatever directory the runtime
+            // runs hooks in; a bare name goes through the loader's own search path.
+            return Err(Error::invalid(
+                &what,
+                format!(
+                    "nvml_library {:?} must be an absolute path or a bare library name",
+                    self.nvml_library
+                ),
+            ));
+        }
+        if !(1..=MAX_PROBE_TIMEOUT_MS).contains(&self.probe_timeout_ms) {
+            return Err(Error::invalid(
+                &what,
+                format!(
+                    "probe_timeout_ms {} out of range 1-{MAX_PROBE_TIMEOUT_MS}",
+                    self.probe_timeout_ms
+                ),
+            ));
+        }
+        xid::XidTable::new(&self.gpu.xid_actions).map_err(|e| Error::invalid(&what, e))?;
+        for r in &self.device_classes {
+            if r.major.is_none() && r.path.is_none() {
+                return Err(Error::invalid(
+                    &what,
+                    format!(
+                        "device_classes: class {:?} needs a major or a path",
+                        r.class
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The operator's rules first, then the built-in table.
+    pub fn class_rules(&self) -> Vec<ClassRule> {
+        let mut rules = self.device_classes.clone();
+        rules.extend(class::builtin());
+        rules
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_object_gives_defaults() {
+        let c = Config::parse(b"{}", Path::new("/c.json")).unwrap();
+        assert_eq!(c.state_dir, Path::new("/run/devgate"));
+        assert_eq!(c.quarantine_dir, Path::new("/var/lib/devgate/quarantine"));
+        assert_eq!(c.dev_root, Path::new("/dev"));
+        assert_eq!(c.sysfs_root, Path::new("/sys"));
+        assert!(c.log_file.is_none());
+        assert_eq!(c.policy, Policy::default());
+    }
+
+    #[test]
+    fn malformed_file_names_file_and_position() {
+        let e = Config::parse(
+            b"{\n \"policy\": {\"default\": }\n}",
+            Path::new("/etc/devgate/config.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("config /etc/devgate/config.json: line 2 column"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_relative_paths_are_errors() {
+        let e = Config::parse(br#"{"stat_dir":"/x"}"#, Path::new("/c.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `stat_dir`"), "{e}");
+        let e = Config::parse(br#"{"dev_root":"dev"}"#, Path::new("/c.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dev_root \"dev\" is not an absolute path"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn gpu_keys_are_validated() {
+        let c = Config::parse(
+            br#"{"nvml_library":"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1","probe_timeout_ms":500,
+                 "gpu":{"max_volatile_uncorrectable_ecc":3,"xid_actions":{"79":"warn","31":"unhealthy"}}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap();
+        assert_eq!(c.probe_timeout_ms, 500);
+        assert_eq!(c.gpu.max_volatile_uncorrectable_ecc, 3);
+        assert_eq!(
+            Config::default().nvml_library,
+            Path::new("libnvidia-ml.so.1")
+        );
+        for (bad, says) in [
+            (
+                r#"{"nvml_library":"lib/libnvidia-ml.so"}"#,
+                "must be an absolute path or a bare library name",
+            ),
+            (r#"{"nvml_library":""}"#, "must be an absolute path"),
+            (
+                r#"{"probe_timeout_ms":0}"#,
+                "probe_timeout_ms 0 out of range 1-60000",
+            ),
+            (
+                r#"{"gpu":{"xid_actions":{"79":"panic"}}}"#,
+                "gpu.xid_actions.79: \"panic\" is not one of",
+            ),
+            (
+                r#"{"gpu":{"xid_actions":{"seventy":"warn"}}}"#,
+                "is not an XID number",
+            ),
+            (r#"{"gpu":{"max_ecc":1}}"#, "unknown field `max_ecc`"),
+        ] {
+            let e = Config::parse(bad.as_bytes(), Path::new("/c.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn explicit_missing_file_is_an_error() {
+        let e = Config::load(Some(Path::new("/nonexistent/devgate.json")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("cannot open config /nonexistent/devgate.json"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let c = Config::parse(
+            br#"{"state_dir":"/run/devgate","quarantine_dir":"/var/lib/devgate/quarantine",
+                 "sysfs_root":"/sys","dev_root":"/dev","log_file":"/var/log/devgate.jsonl",
+                 "policy":{"default":"reject","classes":{"nvidia-gpu":"remap","block":"warn"},"on_unknown":"allow"},
+                 "spares":{"nvidia-gpu":["/dev/nvidia7"]},
+                 "device_classes":[{"class":"fpga","type":"c","major":240,"accelerator":true}]}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap();
+        assert_eq!(c.class_rules()[0].class, "fpga");
+        assert_eq!(c.spares["nvidia-gpu"].len(), 1);
+    }
+}

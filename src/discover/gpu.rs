@@ -1,0 +1,244 @@
+//! GPUs a container selects by name rather than by device node: `NVIDIA_VISIBLE_DEVICES`
+//! and CDI annotations, and the `nvidiaN` nodes on the host.
+
+use super::devnode::{find_host_node, node_num, walk_nodes};
+use crate::model::class::{self, ClassRule, NVIDIA_MAJOR};
+use crate::model::device::{DevNum, DevType, Device, Source};
+use crate::oci::spec::Spec;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+/// A GPU as NVIDIA's container tooling names it; NVML turns it into a minor number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelector {
+    All,
+    Index(u32),
+    /// `GPU-…`, compared without regard to case.
+    Uuid(String),
+}
+
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+const CDI_GPU_KIND: &str = "nvidia.com/gpu=";
+/// More selectors than GPUs on any node is a hostile spec; the rest are ignored.
+const MAX_SELECTORS: usize = 256;
+
+/// The GPUs a container selects through `NVIDIA_VISIBLE_DEVICES` or CDI annotations in
+/// config.json. This is the only way a container's environment reaches devgate: as a list
+/// of GPUs to check, never as configuration. `void`, `none` and empty select nothing;
+/// MIG instances (`0:1`) select their parent GPU; MIG UUIDs are not resolvable and skipped.
+pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
+    let mut out = Vec::new();
+    if let Some(v) = spec.env(NVIDIA_VISIBLE_DEVICES) {
+        for token in v.split(',') {
+            if let Some(s) = parse_selector(token) {
+                out.push((s, Source::NvidiaVisibleDevices));
+            }
+        }
+    }
+    for (k, v) in &spec.annotations {
+        if !k.starts_with(CDI_ANNOTATION_PREFIX) {
+            continue;
+        }
+        for token in v.split(',') {
+            if let Some(name) = token.trim().strip_prefix(CDI_GPU_KIND) {
+                if let Some(s) = parse_selector(name) {
+                    out.push((s, Source::CdiAnnotation));
+                }
+            }
+        }
+    }
+    out.truncate(MAX_SELECTORS);
+    out
+}
+
+fn parse_selector(token: &str) -> Option<GpuSelector> {
+    let t = token.trim();
+    if t.is_empty() || t.len() > 96 {
+        return None;
+    }
+    match t {
+        "all" => return Some(GpuSelector::All),
+        "void" | "none" => return None,
+        _ => {}
+    }
+    // `2` or the MIG form `2:1`: both mean GPU index 2.
+    let index = t.split_once(':').map(|(gpu, _)| gpu).unwrap_or(t);
+    if !index.is_empty() && index.len() <= 4 && index.bytes().all(|b| b.is_ascii_digit()) {
+        return index.parse().ok().map(GpuSelector::Index);
+    }
+    // Compared as bytes: the token is the container's and may split a UTF-8 character.
+    if t.len() > 4 && t.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-") {
+        return Some(GpuSelector::Uuid(t.to_string()));
+    }
+    None
+}
+
+/// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
+pub fn selected_gpu(
+    minor: u32,
+    source: Source,
+    rules: &[ClassRule],
+    dev_root: &Path,
+    sysfs_root: &Path,
+) -> Device {
+    let num = DevNum {
+        typ: DevType::Char,
+        major: class::NVIDIA_MAJOR,
+        minor,
+    };
+    let container_path = PathBuf::from(format!("/dev/nvidia{minor}"));
+    let hints = vec![dev_root.join(format!("nvidia{minor}"))];
+    let host_path = find_host_node(dev_root, sysfs_root, num, &hints);
+    let class = {
+        let paths: Vec<&Path> = [Some(container_path.as_path()), host_path.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        class::classify(rules, num.typ, num.major, num.minor, &paths)
+    };
+    Device {
+        num,
+        class,
+        container_path: Some(container_path),
+        host_path,
+        source,
+        file_mode: None,
+        uid: None,
+        gid: None,
+    }
+}
+
+/// Minors of the `nvidiaN` char nodes directly under dev_root (not following links): the
+/// GPUs `all` means when NVML cannot say.
+pub fn gpu_minor_nodes(dev_root: &Path) -> Vec<u32> {
+    let mut out = Vec::new();
+    walk_nodes(dev_root, 1, |path| {
+        let named = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("nvidia"))
+            .and_then(|n| n.parse::<u32>().ok());
+        let gpu = DevNum {
+            typ: DevType::Char,
+            major: NVIDIA_MAJOR,
+            minor: named.unwrap_or(0),
+        };
+        if named.is_some() && node_num(path) == Some(gpu) {
+            out.push(gpu.minor);
+        }
+        ControlFlow::Continue(())
+    });
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::may_have_devices;
+
+    fn spec(json: &str) -> Spec {
+        Spec::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
+    }
+
+    #[test]
+    fn selectors_with_multibyte_characters_do_not_panic() {
+        for t in ["aé€x", "GPé-x", "€€€€€", "GPU-é"] {
+            let _ = parse_selector(t);
+        }
+        assert!(matches!(
+            parse_selector("gpu-1234"),
+            Some(GpuSelector::Uuid(_))
+        ));
+        let s = Spec::parse(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=aé€x"]},
+                "annotations":{"cdi.k8s.io/x":"nvidia.com/gpu=aé€x"}}"#
+                .as_bytes(),
+            Path::new("/c"),
+        )
+        .unwrap();
+        assert!(gpu_selectors(&s).is_empty());
+    }
+
+    #[test]
+    fn gpu_selectors_from_env_and_cdi() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0, GPU-AbC-1,3:1,MIG-xyz,,junk,99999"]},
+                "annotations":{"cdi.k8s.io/devgate":"nvidia.com/gpu=2,vendor.com/x=1, nvidia.com/gpu=all",
+                               "other/key":"nvidia.com/gpu=5"}}"#,
+        );
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Index(0), Source::NvidiaVisibleDevices),
+                (
+                    GpuSelector::Uuid("GPU-AbC-1".into()),
+                    Source::NvidiaVisibleDevices
+                ),
+                (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
+                (GpuSelector::Index(2), Source::CdiAnnotation),
+                (GpuSelector::All, Source::CdiAnnotation),
+            ]
+        );
+        assert!(may_have_devices(&s));
+        for none in ["void", "none", ""] {
+            let s = spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES={none}"]}}}}"#
+            ));
+            assert!(gpu_selectors(&s).is_empty(), "{none:?}");
+            assert!(!may_have_devices(&s));
+        }
+        // the last assignment wins, as in execve's environment
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=all","NVIDIA_VISIBLE_DEVICES=void"]}}"#,
+        );
+        assert!(gpu_selectors(&s).is_empty());
+    }
+
+    #[test]
+    fn selected_gpu_is_an_nvidia_gpu_device() {
+        let d = selected_gpu(
+            3,
+            Source::CdiAnnotation,
+            &class::builtin(),
+            Path::new("/nonexistent-dev"),
+            Path::new("/nonexistent-sys"),
+        );
+        assert_eq!(d.class, "nvidia-gpu");
+        assert_eq!(d.describe(), "/dev/nvidia3 (195:3)");
+        assert_eq!(d.host_path, None);
+        assert_eq!(
+            serde_json::to_value(d.source).unwrap(),
+            serde_json::json!("cdi-annotation")
+        );
+    }
+
+    #[test]
+    fn minor_nodes_are_char_195_nodes_only() {
+        let dir = std::env::temp_dir().join(format!("dg-nvnodes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("nvidia3"), "not a node").unwrap();
+        std::os::unix::fs::symlink("/dev/null", dir.join("nvidia4")).unwrap();
+        let mk = |name: &str, minor: u32| {
+            let p = std::ffi::CString::new(dir.join(name).into_os_string().into_encoded_bytes())
+                .unwrap();
+            // SAFETY: a valid C string; mknod only creates a file.
+            unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(195, minor)) }
+        };
+        if mk("nvidia1", 1) == 0 {
+            mk("nvidia2", 7); // a name that lies about its minor
+            mk("nvidiactl", 255);
+            assert_eq!(gpu_minor_nodes(&dir), vec![1]);
+        } else {
+            assert_eq!(
+                gpu_minor_nodes(&dir),
+                Vec::<u32>::new(),
+                "not root: no nodes"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

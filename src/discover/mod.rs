@@ -1,0 +1,366 @@
+//! The devices a container's config.json assigns to it.
+//!
+//! A device is assigned to a container when the spec lists it (`linux.devices`), bind-mounts
+//! it (a mount whose source is a device node), or allows exactly its major:minor of a known
+//! class in the device cgroup rules. The devices every runtime gives every container are
+//! not assigned devices unless `linux.devices` lists them.
+
+pub(crate) mod devnode;
+pub(crate) mod gpu;
+
+use crate::error::{Error, Result};
+use crate::model::class::{self, ClassRule};
+use crate::model::device::{
+    check_number, is_default_device, DevNum, DevType, Device, Source, MAX_MAJOR, MAX_MINOR,
+};
+use crate::oci::spec::Spec;
+use devnode::find_host_node;
+use gpu::gpu_selectors;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A device found in the spec, before its host node and class are known.
+#[derive(Debug, Clone)]
+struct Candidate {
+    num: DevNum,
+    container_path: Option<PathBuf>,
+    host_path: Option<PathBuf>,
+    source: Source,
+    file_mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+}
+
+/// Candidates from `linux.devices`. FIFOs are not devices; an unknown type is an error
+/// because no runtime would create it either.
+fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
+    for (i, d) in spec.devices().iter().enumerate() {
+        let ctx = format!("config.json linux.devices[{i}] {}", d.path.display());
+        let typ = match d.typ.as_str() {
+            "c" | "u" => DevType::Char,
+            "b" => DevType::Block,
+            "p" => continue,
+            other => {
+                return Err(Error::invalid(
+                    ctx,
+                    format!("unknown device type {other:?}"),
+                ));
+            }
+        };
+        let num = DevNum {
+            typ,
+            major: check_number("major", d.major, MAX_MAJOR, &ctx)?,
+            minor: check_number("minor", d.minor, MAX_MINOR, &ctx)?,
+        };
+        if !d.path.is_absolute() {
+            return Err(Error::invalid(ctx, "device path is not absolute"));
+        }
+        out.push(Candidate {
+            num,
+            container_path: Some(d.path.clone()),
+            host_path: None,
+            source: Source::LinuxDevices,
+            file_mode: d.file_mode,
+            uid: d.uid,
+            gid: d.gid,
+        });
+    }
+    Ok(())
+}
+
+/// Candidates from bind mounts whose source is a device node. The source is a host path
+/// chosen by the runtime or kubelet, never a path inside the container, so stat may follow it.
+fn from_bind_mounts(spec: &Spec, out: &mut Vec<Candidate>) {
+    for m in spec.mounts.iter().filter(|m| m.is_bind()) {
+        let Some(src) = &m.source else { continue };
+        let Ok(meta) = fs::metadata(src) else {
+            continue;
+        };
+        let Some(num) = DevNum::from_metadata(&meta) else {
+            continue;
+        };
+        if is_default_device(num) {
+            continue;
+        }
+        out.push(Candidate {
+            num,
+            container_path: Some(m.destination.clone()),
+            host_path: Some(src.clone()),
+            source: Source::BindMount,
+            file_mode: Some(meta.mode() & 0o7777),
+            uid: Some(meta.uid()),
+            gid: Some(meta.gid()),
+        });
+    }
+}
+
+/// Allow rules naming one major:minor; the caller keeps only those of a known class.
+fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
+    use oci_spec::runtime::LinuxDeviceType as T;
+    for r in spec.device_rules() {
+        if !r.allow() {
+            continue;
+        }
+        let typ = match r.typ() {
+            Some(T::C) | Some(T::U) => DevType::Char,
+            Some(T::B) => DevType::Block,
+            _ => continue,
+        };
+        let (Some(major), Some(minor)) = (r.major(), r.minor()) else {
+            continue;
+        };
+        if !(0..=MAX_MAJOR).contains(&major) || !(0..=MAX_MINOR).contains(&minor) {
+            continue; // -1 is runc's wildcard; other out-of-range values match nothing
+        }
+        let num = DevNum {
+            typ,
+            major: major as u32,
+            minor: minor as u32,
+        };
+        if is_default_device(num) {
+            continue;
+        }
+        out.push(Candidate {
+            num,
+            container_path: None,
+            host_path: None,
+            source: Source::CgroupRule,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        });
+    }
+}
+
+/// True when the spec may assign any device: the cheap test that lets a container with no
+/// devices skip loading devgate's config at all.
+pub fn may_have_devices(spec: &Spec) -> bool {
+    if !spec.devices().is_empty() || !gpu_selectors(spec).is_empty() {
+        return true;
+    }
+    let mut c = Vec::new();
+    from_rules(spec, &mut c);
+    if !c.is_empty() {
+        return true;
+    }
+    from_bind_mounts(spec, &mut c);
+    !c.is_empty()
+}
+
+/// Finds every assigned device, classifies it and finds its host node under `dev_root`.
+pub fn discover(
+    spec: &Spec,
+    rules: &[ClassRule],
+    dev_root: &Path,
+    sysfs_root: &Path,
+) -> Result<Vec<Device>> {
+    let mut cands = Vec::new();
+    from_linux_devices(spec, &mut cands)?;
+    from_bind_mounts(spec, &mut cands);
+    from_rules(spec, &mut cands);
+
+    let mut devices: Vec<Device> = Vec::new();
+    for c in cands {
+        if let Some(existing) = devices.iter_mut().find(|d| d.num == c.num) {
+            // A device listed and also allowed by a rule is one device; keep the first
+            // (linux.devices, then binds) identity and fill what it lacks.
+            if existing.host_path.is_none() {
+                existing.host_path = c.host_path;
+            }
+            continue;
+        }
+        let host_path = c.host_path.clone().or_else(|| {
+            let hints = hints_for(&c, rules, dev_root);
+            find_host_node(dev_root, sysfs_root, c.num, &hints)
+        });
+        let paths: Vec<&Path> = [c.container_path.as_deref(), host_path.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let class = class::classify(rules, c.num.typ, c.num.major, c.num.minor, &paths);
+        if c.source == Source::CgroupRule && !class.is_known() {
+            continue;
+        }
+        devices.push(Device {
+            num: c.num,
+            class,
+            container_path: c.container_path,
+            host_path,
+            source: c.source,
+            file_mode: c.file_mode,
+            uid: c.uid,
+            gid: c.gid,
+        });
+    }
+    Ok(devices)
+}
+
+/// Paths to try first for a device's host node: its container path re-rooted under
+/// dev_root, and the node a class rule names for its minor.
+fn hints_for(c: &Candidate, rules: &[ClassRule], dev_root: &Path) -> Vec<PathBuf> {
+    let mut hints = Vec::new();
+    if let Some(p) = &c.container_path {
+        if let Ok(rest) = p.strip_prefix("/dev") {
+            hints.push(dev_root.join(rest));
+        }
+    }
+    for r in rules.iter().filter(|r| {
+        r.typ == c.num.typ
+            && r.major == Some(c.num.major)
+            && r.minors
+                .map(|[lo, hi]| (lo..=hi).contains(&c.num.minor))
+                .unwrap_or(true)
+    }) {
+        if let Some(node) = class::node_for_minor(r, c.num.minor) {
+            if let Ok(rest) = Path::new(&node).strip_prefix("/dev") {
+                hints.push(dev_root.join(rest));
+            }
+        }
+    }
+    hints
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn spec(json: &str) -> Spec {
+        Spec::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
+    }
+
+    fn disc(json: &str) -> Result<Vec<Device>> {
+        discover(
+            &spec(json),
+            &class::builtin(),
+            Path::new("/nonexistent-dev"),
+            Path::new("/nonexistent-sys"),
+        )
+    }
+
+    #[test]
+    fn linux_devices_are_assigned_even_when_default() {
+        let d = disc(
+            r#"{"linux":{"devices":[
+                {"path":"/dev/null","type":"c","major":1,"minor":3},
+                {"path":"/dev/nvidia1","type":"c","major":195,"minor":1},
+                {"path":"/dev/sdb","type":"b","major":8,"minor":16},
+                {"path":"/dev/fifo","type":"p"}]}}"#,
+        )
+        .unwrap();
+        let got: Vec<_> = d.iter().map(|d| (d.name(), d.class.clone())).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("/dev/null".into(), "char".into()),
+                ("/dev/nvidia1".into(), "nvidia-gpu".into()),
+                ("/dev/sdb".into(), "block".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn rules_give_known_classes_only_and_skip_wildcards_and_defaults() {
+        let d = disc(
+            r#"{"linux":{"resources":{"devices":[
+                {"allow":false,"access":"rwm"},
+                {"allow":true,"type":"c","major":1,"minor":3,"access":"rwm"},
+                {"allow":true,"type":"c","major":136,"access":"rwm"},
+                {"allow":true,"type":"c","major":-1,"minor":-1,"access":"m"},
+                {"allow":true,"type":"c","major":10,"minor":200,"access":"rwm"},
+                {"allow":true,"type":"c","major":4,"minor":64,"access":"rwm"},
+                {"allow":true,"type":"c","major":195,"minor":3,"access":"rw"},
+                {"allow":false,"type":"c","major":195,"minor":4,"access":"rw"}]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].class, "nvidia-gpu");
+        assert_eq!(d[0].num.minor, 3);
+        assert_eq!(d[0].source, Source::CgroupRule);
+        assert_eq!(d[0].name(), "c 195:3");
+    }
+
+    #[test]
+    fn listed_and_allowed_is_one_device() {
+        let d = disc(
+            r#"{"linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}],
+                "resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":0,"access":"rwm"}]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].source, Source::LinuxDevices);
+    }
+
+    #[test]
+    fn absurd_numbers_and_types_are_errors_naming_the_entry() {
+        let e = disc(
+            r#"{"linux":{"devices":[{"path":"/dev/x","type":"c","major":99999999999,"minor":1}]}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "config.json linux.devices[0] /dev/x: major 99999999999 out of range 0-4095"
+        );
+        let e =
+            disc(r#"{"linux":{"devices":[{"path":"/dev/x","type":"c","major":1,"minor":-4}]}}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("minor -4 out of range"), "{e}");
+        let e = disc(r#"{"linux":{"devices":[{"path":"/dev/x","type":"z","major":1,"minor":1}]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown device type \"z\""), "{e}");
+    }
+
+    #[test]
+    fn bind_mounted_device_node_is_found() {
+        // /dev/full is on every Linux host and is a char device 1:7 (a default, skipped);
+        // /dev/zero likewise; use the fast test only for the negative and positive cases.
+        let s = spec(
+            r#"{"mounts":[{"destination":"/dev/termination-log","source":"/etc/hostname","options":["rbind"]},
+                                    {"destination":"/dev/z","source":"/dev/zero","options":["bind"]}]}"#,
+        );
+        assert!(
+            !may_have_devices(&s),
+            "default devices and files are not assigned devices"
+        );
+        let s = spec(
+            r#"{"mounts":[{"destination":"/x","source":"/dev/loop-control","options":["bind"]}]}"#,
+        );
+        if Path::new("/dev/loop-control").exists() {
+            let d = discover(&s, &class::builtin(), Path::new("/dev"), Path::new("/sys")).unwrap();
+            assert_eq!(d.len(), 1);
+            assert_eq!(d[0].source, Source::BindMount);
+            assert_eq!(
+                d[0].host_path.as_deref(),
+                Some(Path::new("/dev/loop-control"))
+            );
+            assert_eq!(d[0].container_path.as_deref(), Some(Path::new("/x")));
+        }
+    }
+
+    #[test]
+    fn no_devices_fast_test() {
+        assert!(!may_have_devices(&spec(
+            r#"{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"},
+                {"allow":true,"type":"c","major":1,"minor":5,"access":"rwm"}]}}}"#
+        )));
+        assert!(may_have_devices(&spec(
+            r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":1}]}}}"#
+        )));
+    }
+
+    #[test]
+    fn describe_formats() {
+        let mut d = disc(
+            r#"{"linux":{"devices":[{"path":"/dev/gpu0","type":"c","major":195,"minor":1}]}}"#,
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(d.describe(), "/dev/gpu0 (195:1)");
+        d.host_path = Some("/dev/nvidia1".into());
+        assert_eq!(d.describe(), "/dev/gpu0 (host /dev/nvidia1, 195:1)");
+    }
+}

@@ -1,0 +1,199 @@
+//! A device's identity: what the kernel knows it by (type and major:minor), where the
+//! container and the host see it, and how it reached the container.
+
+use crate::error::{Error, Result};
+use crate::model::class::Class;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// The kernel's dev_t keeps 12 bits of major and 20 of minor.
+pub(crate) const MAX_MAJOR: i64 = (1 << 12) - 1;
+pub(crate) const MAX_MINOR: i64 = (1 << 20) - 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum DevType {
+    #[serde(rename = "c")]
+    Char,
+    #[serde(rename = "b")]
+    Block,
+}
+
+impl DevType {
+    pub(crate) fn letter(self) -> char {
+        match self {
+            DevType::Char => 'c',
+            DevType::Block => 'b',
+        }
+    }
+
+    pub(crate) fn sysfs_dir(self) -> &'static str {
+        match self {
+            DevType::Char => "char",
+            DevType::Block => "block",
+        }
+    }
+
+    pub(crate) fn of_metadata(meta: &fs::Metadata) -> Option<DevType> {
+        let ft = meta.file_type();
+        if ft.is_char_device() {
+            Some(DevType::Char)
+        } else if ft.is_block_device() {
+            Some(DevType::Block)
+        } else {
+            None
+        }
+    }
+}
+
+/// Type plus major:minor: what the kernel and the device cgroup know a device by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DevNum {
+    #[serde(rename = "type")]
+    pub typ: DevType,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl DevNum {
+    pub(crate) fn from_metadata(meta: &fs::Metadata) -> Option<DevNum> {
+        let typ = DevType::of_metadata(meta)?;
+        let rdev = meta.rdev();
+        Some(DevNum {
+            typ,
+            major: libc::major(rdev),
+            minor: libc::minor(rdev),
+        })
+    }
+
+    /// sysfs's directory for this number: `SYSFS/dev/{char,block}/MAJ:MIN`, a link to the
+    /// device's own directory.
+    pub(crate) fn sysfs_path(&self, sysfs_root: &Path) -> PathBuf {
+        sysfs_root
+            .join("dev")
+            .join(self.typ.sysfs_dir())
+            .join(self.mm())
+    }
+
+    /// `MAJ:MIN` as sysfs and the device cgroup write it.
+    pub(crate) fn mm(&self) -> String {
+        format!("{}:{}", self.major, self.minor)
+    }
+}
+
+impl fmt::Display for DevNum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    LinuxDevices,
+    BindMount,
+    CgroupRule,
+    /// A GPU named by `NVIDIA_VISIBLE_DEVICES` in the container's process.env.
+    NvidiaVisibleDevices,
+    /// A GPU named by a CDI annotation (`cdi.k8s.io/…: nvidia.com/gpu=…`).
+    CdiAnnotation,
+    /// Not a container's: a node on the host (an accelerator, a spare, a quarantined device).
+    Host,
+}
+
+impl Source {
+    /// Named by the container's env or annotations, not granted by the spec.
+    pub fn is_selector(self) -> bool {
+        matches!(self, Source::NvidiaVisibleDevices | Source::CdiAnnotation)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Source::LinuxDevices => "linux.devices",
+            Source::BindMount => "a device bind mount",
+            Source::CgroupRule => "a device cgroup rule",
+            Source::NvidiaVisibleDevices => "NVIDIA_VISIBLE_DEVICES",
+            Source::CdiAnnotation => "a CDI annotation",
+            Source::Host => "the host",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    #[serde(flatten)]
+    pub num: DevNum,
+    pub class: Class,
+    /// Where the container sees it; a rule-only device may have none.
+    pub container_path: Option<PathBuf>,
+    /// The node on the host with this major:minor, when one was found.
+    pub host_path: Option<PathBuf>,
+    pub source: Source,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub file_mode: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub uid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub gid: Option<u32>,
+}
+
+impl Device {
+    /// A device known by its host node alone, assigned to no container.
+    pub(crate) fn on_host(num: DevNum, class: Class, host_path: Option<PathBuf>) -> Device {
+        Device {
+            num,
+            class,
+            container_path: None,
+            host_path,
+            source: Source::Host,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        }
+    }
+
+    /// How a person names this device: the container path, else the host path, else c MAJ:MIN.
+    pub fn name(&self) -> String {
+        match (&self.container_path, &self.host_path) {
+            (Some(p), _) | (None, Some(p)) => p.display().to_string(),
+            (None, None) => format!("{} {}", self.num.typ.letter(), self.num),
+        }
+    }
+
+    /// `/dev/nvidia1 (195:1)`, or `/dev/gpu0 (host /dev/nvidia1, 195:1)` when they differ.
+    pub fn describe(&self) -> String {
+        match (&self.container_path, &self.host_path) {
+            (Some(c), Some(h)) if c != h => {
+                format!("{} (host {}, {})", c.display(), h.display(), self.num)
+            }
+            _ => format!("{} ({})", self.name(), self.num),
+        }
+    }
+}
+
+/// The devices every runtime creates in every container (runc's and crun's defaults, and
+/// the pts/tun rules they add). Majors 136–143 are the Unix98 pty slaves.
+pub(crate) fn is_default_device(n: DevNum) -> bool {
+    if n.typ != DevType::Char {
+        return false;
+    }
+    matches!(
+        (n.major, n.minor),
+        (1, 3) | (1, 5) | (1, 7) | (1, 8) | (1, 9) | (5, 0) | (5, 1) | (5, 2) | (10, 200)
+    ) || (136..=143).contains(&n.major)
+}
+
+/// A major or minor number from outside (a spec, an operator), checked against the
+/// kernel's range.
+pub(crate) fn check_number(what: &str, n: i64, max: i64, ctx: &str) -> Result<u32> {
+    if (0..=max).contains(&n) {
+        Ok(n as u32)
+    } else {
+        Err(Error::invalid(
+            ctx,
+            format!("{what} {n} out of range 0-{max}"),
+        ))
+    }
+}

@@ -1,0 +1,6 @@
+//! What an OCI runtime hands a hook: the container state on stdin, the bundle's
+//! config.json (only the fields devgate reads), and the lifecycle stage.
+
+pub mod spec;
+pub(crate) mod stage;
+pub(crate) mod state;

@@ -1,0 +1,189 @@
+//! The few fields of a bundle's config.json that devgate reads. Every field is optional and
+//! unknown fields are ignored, so configs from any runtime and spec version parse; only a
+//! field devgate itself uses can make the parse fail, and then the error says where.
+
+use crate::error::{Error, Result};
+use crate::fsutil::read_regular_file;
+use oci_spec::runtime::LinuxDeviceCgroup;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    #[serde(default)]
+    pub oci_version: String,
+    #[serde(default)]
+    pub process: Option<Process>,
+    #[serde(default)]
+    pub root: Option<Root>,
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub linux: Option<Linux>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Process {
+    #[serde(default)]
+    pub env: Vec<String>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Root {
+    #[serde(default)]
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Mount {
+    #[serde(default)]
+    pub destination: PathBuf,
+    #[serde(default, rename = "type")]
+    pub typ: Option<String>,
+    #[serde(default)]
+    pub source: Option<PathBuf>,
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+impl Mount {
+    pub(crate) fn is_bind(&self) -> bool {
+        self.typ.as_deref() == Some("bind")
+            || self.options.iter().any(|o| o == "bind" || o == "rbind")
+    }
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Linux {
+    #[serde(default)]
+    pub devices: Vec<LinuxDevice>,
+    #[serde(default)]
+    pub resources: Option<Resources>,
+    #[serde(default)]
+    pub cgroups_path: Option<String>,
+}
+
+/// A `linux.devices` entry. Numbers are read wide so that an absurd value becomes a clear
+/// error from discovery instead of a parse failure with no device named.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinuxDevice {
+    #[serde(default)]
+    pub path: PathBuf,
+    #[serde(default, rename = "type")]
+    pub typ: String,
+    #[serde(default)]
+    pub major: i64,
+    #[serde(default)]
+    pub minor: i64,
+    #[serde(default)]
+    pub file_mode: Option<u32>,
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub gid: Option<u32>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Resources {
+    #[serde(default)]
+    pub devices: Vec<LinuxDeviceCgroup>,
+}
+
+impl Spec {
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Spec> {
+        serde_json::from_slice(bytes).map_err(|e| Error::json("cannot parse", Some(path), &e))
+    }
+
+    pub fn load(bundle: &Path) -> Result<Spec> {
+        let path = bundle.join("config.json");
+        let bytes = read_regular_file(&path, MAX_CONFIG_BYTES, "bundle config")?;
+        Spec::parse(&bytes, &path)
+    }
+
+    pub fn devices(&self) -> &[LinuxDevice] {
+        self.linux.as_ref().map(|l| &l.devices[..]).unwrap_or(&[])
+    }
+
+    pub(crate) fn device_rules(&self) -> &[LinuxDeviceCgroup] {
+        self.linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .map(|r| &r.devices[..])
+            .unwrap_or(&[])
+    }
+
+    /// Annotations from the state win over config.json's: the runtime may add some.
+    pub fn annotation<'a>(
+        &'a self,
+        state: &'a BTreeMap<String, String>,
+        key: &str,
+    ) -> Option<&'a str> {
+        state
+            .get(key)
+            .or_else(|| self.annotations.get(key))
+            .map(String::as_str)
+    }
+
+    pub fn env(&self, key: &str) -> Option<&str> {
+        let env = &self.process.as_ref()?.env;
+        env.iter().rev().find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == key).then_some(v)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerates_unknown_capabilities_namespaces_and_fields() {
+        let s = Spec::parse(
+            br#"{"ociVersion":"1.0.0-rc5","process":{"env":["A=1","NVIDIA_VISIBLE_DEVICES=0,1"],
+                "capabilities":{"bounding":["CAP_FUTURE_THING"]}},
+                "linux":{"namespaces":[{"type":"timewarp"}],
+                "devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1,"fileMode":438}],
+                "resources":{"devices":[{"allow":false,"access":"rwm"},
+                                        {"allow":true,"type":"c","major":195,"minor":1,"access":"rw"}]}},
+                "somethingNew":true}"#,
+            Path::new("/b/config.json"),
+        )
+        .unwrap();
+        assert_eq!(s.devices().len(), 1);
+        assert_eq!(s.device_rules().len(), 2);
+        assert_eq!(s.env("NVIDIA_VISIBLE_DEVICES"), Some("0,1"));
+    }
+
+    #[test]
+    fn parse_error_names_file_and_position() {
+        let e = Spec::parse(
+            b"{\"linux\": {\"devices\": [1]}}",
+            Path::new("/b/config.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("cannot parse /b/config.json: line 1 column"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bind_detection() {
+        let m: Mount =
+            serde_json::from_str(r#"{"destination":"/d","source":"/s","options":["rbind","ro"]}"#)
+                .unwrap();
+        assert!(m.is_bind());
+        let m: Mount = serde_json::from_str(r#"{"destination":"/proc","type":"proc"}"#).unwrap();
+        assert!(!m.is_bind());
+    }
+}

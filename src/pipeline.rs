@@ -1,0 +1,270 @@
+//! One hook call, start to end, and the only module that knows every stage:
+//! state → spec → devices → probes → policy → action → record (gate), and
+//! state → record → probes → fault diff → termination message (poststop).
+
+use crate::action::remap::{self, RemapRecord};
+use crate::action::spare;
+use crate::config::policy::Action;
+use crate::config::Config;
+use crate::discover::{self, gpu};
+use crate::error::Result;
+use crate::model::clock;
+use crate::model::device::Device;
+use crate::model::text::one_line;
+use crate::oci::spec::Spec;
+use crate::oci::stage::Stage;
+use crate::oci::state::State;
+use crate::policy::{self, DeviceDecision};
+use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
+use crate::probe::nvidia::{self, GpuContext};
+use crate::probe::probe_all;
+use crate::report::fault::{self, Fault};
+use crate::report::record::{self, Decision, ExitRecord, PodInfo, StopLine};
+use crate::report::termination;
+use crate::store::quarantine::Ledger;
+use std::path::Path;
+use std::time::Instant;
+
+/// What the hook has to say and how it exits.
+#[derive(Debug, Default)]
+pub struct Reply {
+    pub exit_code: i32,
+    pub stderr: Vec<String>,
+}
+
+/// One hook call, once the state is read (the caller reads stdin first, always: a
+/// runtime that writes the state into a pipe nobody reads can see EPIPE and report a
+/// failure that is not there).
+pub fn run(
+    stage: Stage,
+    state: &State,
+    config_path: Option<&Path>,
+    started: Instant,
+) -> Result<Reply> {
+    if stage.gates() {
+        gate(stage, state, config_path, started)
+    } else if stage == Stage::Poststop {
+        poststop(state, config_path, started)
+    } else {
+        Ok(Reply::default())
+    }
+}
+
+/// The devices a spec assigns, GPUs its selectors name included, with the GPU context
+/// when a GPU is among them (NVML is opened at most once per hook call), and a warning
+/// line for each selector that names no GPU.
+fn assigned(
+    config: &Config,
+    spec: &Spec,
+) -> Result<(Vec<Device>, Option<GpuContext>, Vec<String>)> {
+    let rules = config.class_rules();
+    let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
+    let selectors = gpu::gpu_selectors(spec);
+    let ctx =
+        (!selectors.is_empty() || nvidia::has_gpu(&devices)).then(|| GpuContext::gather(config));
+    let mut warnings = Vec::new();
+    if let Some(g) = &ctx {
+        let nodes = gpu::gpu_minor_nodes(&config.dev_root);
+        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&selectors, &g.nvml, &nodes);
+        for (minor, source) in chosen {
+            let d = gpu::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
+            if !devices.iter().any(|e| e.num == d.num) {
+                devices.push(d);
+            }
+        }
+        warnings = unresolved
+            .iter()
+            .map(|u| one_line(&format!("devgate: warning: {u}")))
+            .collect();
+    }
+    Ok((devices, ctx, warnings))
+}
+
+/// prestart / createRuntime: decide whether the container may start.
+///
+/// Long because it is the hook call's one path from spec to record, stage after stage;
+/// each stage is a call into its layer.
+fn gate(
+    stage: Stage,
+    state: &State,
+    config_path: Option<&Path>,
+    started: Instant,
+) -> Result<Reply> {
+    let spec = Spec::load(&state.bundle)?;
+    if !discover::may_have_devices(&spec) {
+        return Ok(Reply::default());
+    }
+    let config = Config::load(config_path)?;
+    let (devices, gpu, selector_warnings) = assigned(&config, &spec)?;
+    if devices.is_empty() {
+        return Ok(Reply {
+            exit_code: 0,
+            stderr: selector_warnings,
+        });
+    }
+    let ledger = Ledger::new(&config.quarantine_dir);
+    let verdicts = probe_all(&config, &ledger, &devices, gpu.as_ref());
+    let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
+    let applied = remap::apply(&config, state, &spec, &ledger, gpu.as_ref(), &mut decisions);
+    let (action, message, mut warnings) = policy::summarize(&decisions);
+    warnings.extend(selector_warnings);
+
+    let (time_unix, time) = clock::now();
+    let snapshot = (action != Action::Reject).then(|| Snapshot {
+        time_unix,
+        kmsg_seq: gpu.as_ref().and_then(GpuContext::next_kmsg_seq),
+        devices: in_use(&decisions, &applied.remaps)
+            .iter()
+            .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref()))
+            .collect(),
+    });
+    let decision = Decision {
+        time,
+        time_unix,
+        stage: stage.name().to_string(),
+        container_id: state.id.clone(),
+        pid: state.pid(),
+        pod: PodInfo::from_annotations(&spec, &state.annotations),
+        devices: decisions,
+        action,
+        message: message.clone(),
+        elapsed_us: started.elapsed().as_micros() as u64,
+        version: crate::VERSION.to_string(),
+        snapshot,
+        remaps: applied.remaps,
+    };
+    keep_records(&config, &decision);
+
+    let mut reply = Reply {
+        exit_code: 0,
+        stderr: applied.lines,
+    };
+    reply.stderr.extend(warnings);
+    if action == Action::Reject {
+        reply.exit_code = 1;
+        reply.stderr.extend(message);
+    }
+    Ok(reply)
+}
+
+/// Records are for people after the fact; failing to write one must not change whether a
+/// container starts, so errors are logged, not returned.
+fn keep_records(config: &Config, decision: &Decision) {
+    if let Err(e) = record::remove_exit(&config.state_dir, &decision.container_id) {
+        log::error!("cannot remove the previous run's exit record: {e}");
+    }
+    if let Err(e) = record::write_record(&config.state_dir, decision) {
+        log::error!("cannot keep container record: {e}");
+    }
+    if let Some(log_file) = &config.log_file {
+        if let Err(e) = record::append_log(log_file, decision) {
+            log::error!("cannot append decision log: {e}");
+        }
+    }
+}
+
+/// The devices the container runs on: a remapped device's spare stands in for it.
+fn in_use(decisions: &[DeviceDecision], remaps: &[RemapRecord]) -> Vec<Device> {
+    decisions
+        .iter()
+        .map(|d| match remaps.iter().find(|r| r.device == d.device.num) {
+            Some(r) => Device {
+                num: r.spare,
+                host_path: Some(r.spare_path.clone()),
+                ..d.device.clone()
+            },
+            None => d.device.clone(),
+        })
+        .collect()
+}
+
+/// poststop: what went wrong with the container's devices while it ran. It never fails the
+/// lifecycle (the caller exits 0 on any error past reading stdin) and is idempotent: an
+/// exit record already present means an earlier call did the work.
+///
+/// Long because it is the poststop path, stage after stage; each stage is a call into
+/// its layer and the early returns are the cases with nothing to do.
+fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Result<Reply> {
+    // The bundle may already be gone; then only devgate's own record can tell.
+    let spec = Spec::load(&state.bundle).ok();
+    if spec
+        .as_ref()
+        .is_some_and(|s| !discover::may_have_devices(s))
+    {
+        return Ok(Reply::default());
+    }
+    let config = Config::load(config_path)?;
+    // Spares go back first: whatever else fails below, a lease must not outlive its container.
+    spare::release(&config, &state.id);
+    let Some(rec) = record::read_record(&config.state_dir, &state.id)? else {
+        return Ok(Reply::default());
+    };
+    let Some(start) = &rec.snapshot else {
+        return Ok(Reply::default()); // rejected: it never ran
+    };
+    if record::read_exit(&config.state_dir, &state.id)?.is_some() {
+        return Ok(Reply::default());
+    }
+    let ledger = Ledger::new(&config.quarantine_dir);
+    let devices = in_use(&rec.devices, &rec.remaps);
+    // NVML and the kernel log are read again only for a container that had a GPU.
+    let gpu = GpuContext::for_devices(&config, &devices);
+    let now: Vec<DeviceSnapshot> = devices
+        .iter()
+        .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref()))
+        .collect();
+    let xids = gpu.as_ref().map(fault::xid_reports).unwrap_or_default();
+    let faults = fault::diff(start, &now, &xids);
+    let lines: Vec<String> = faults.iter().map(Fault::line).collect();
+
+    let termination_message = if faults.is_empty() {
+        None
+    } else {
+        let host = spec
+            .as_ref()
+            .and_then(|s| termination::host_file(s, &state.annotations));
+        Some(match host {
+            Some(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
+            None => termination::Delivery {
+                host_path: None,
+                written: false,
+                note: "no termination-message mount".into(),
+            },
+        })
+    };
+    let (stopped_unix, stopped) = clock::now();
+    let exit = ExitRecord {
+        container_id: state.id.clone(),
+        pod: rec.pod.clone(),
+        devices,
+        faults,
+        started: rec.time.clone(),
+        started_unix: rec.time_unix,
+        stopped: stopped.clone(),
+        stopped_unix,
+        termination_message,
+        version: crate::VERSION.to_string(),
+    };
+    if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
+        log::error!("cannot keep exit record: {e}");
+    }
+    if let Some(log_file) = &config.log_file {
+        let line = StopLine {
+            time: &stopped,
+            time_unix: stopped_unix,
+            stage: "poststop",
+            container_id: &state.id,
+            pod: &rec.pod,
+            faults: &exit.faults,
+            elapsed_us: started.elapsed().as_micros() as u64,
+            version: crate::VERSION,
+        };
+        if let Err(e) = record::append_log(log_file, &line) {
+            log::error!("cannot append decision log: {e}");
+        }
+    }
+    Ok(Reply {
+        exit_code: 0,
+        stderr: lines,
+    })
+}

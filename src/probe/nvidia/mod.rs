@@ -1,0 +1,63 @@
+//! NVIDIA GPUs: what NVML says about each GPU (`nvml`) and what the driver reported in the
+//! kernel log (`kmsg`, judged by `xid`), both read once per hook call into a [`GpuContext`].
+
+pub mod gpu;
+pub mod kmsg;
+pub mod nvml;
+pub mod pci;
+pub mod xid;
+
+use crate::config::xid::XidTable;
+use crate::config::Config;
+use crate::model::class::Class;
+use crate::model::device::Device;
+use std::time::Duration;
+
+/// What the GPU probes read once per hook call: NVML's answer and the kernel log.
+pub struct GpuContext {
+    pub nvml: nvml::NvmlAnswer,
+    pub kmsg: std::result::Result<kmsg::KmsgScan, String>,
+    pub xid_table: XidTable,
+    pub limits: gpu::Limits,
+}
+
+impl GpuContext {
+    /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path`.
+    pub fn gather(config: &Config) -> GpuContext {
+        let timeout = Duration::from_millis(config.probe_timeout_ms);
+        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout);
+        let limits = kmsg::ReadLimits {
+            deadline: timeout,
+            ..kmsg::ReadLimits::default()
+        };
+        GpuContext {
+            nvml,
+            kmsg: kmsg::read_kmsg(&config.kmsg_path, limits),
+            // validated when the config was loaded
+            xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
+            limits: gpu::Limits {
+                max_volatile_uncorrectable_ecc: config.gpu.max_volatile_uncorrectable_ecc,
+            },
+        }
+    }
+
+    /// Only a GPU opens NVML: containers without one never load the library.
+    pub fn for_devices(config: &Config, devices: &[Device]) -> Option<GpuContext> {
+        has_gpu(devices).then(|| GpuContext::gather(config))
+    }
+
+    /// The first kernel log sequence number after what devgate saw at start; None when the
+    /// log could not be read, so that poststop never blames a run for older reports.
+    pub fn next_kmsg_seq(&self) -> Option<u64> {
+        let scan = self.kmsg.as_ref().ok()?;
+        // A read cut short does not know where the log ends.
+        if scan.truncated {
+            return None;
+        }
+        Some(scan.last_seq.map_or(0, |s| s + 1))
+    }
+}
+
+pub fn has_gpu(devices: &[Device]) -> bool {
+    devices.iter().any(|d| d.class == Class::NvidiaGpu)
+}

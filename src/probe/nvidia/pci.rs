@@ -1,0 +1,114 @@
+//! PCI addresses as the kernel log and NVML write them.
+
+use serde::Serialize;
+use std::fmt;
+
+/// A PCI function's address. The XID line names domain:bus:device (no function); NVML
+/// writes `00000000:3B:00.0`; both name the same GPU, so they compare by slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PciAddr {
+    pub domain: u32,
+    pub bus: u8,
+    pub device: u8,
+    pub function: Option<u8>,
+}
+
+impl PciAddr {
+    /// `0000:3b:00`, `0000:3b:00.0`, `00000000:3B:00.0` or `3b:00.0`.
+    pub fn parse(s: &str) -> Option<PciAddr> {
+        let s = s.trim();
+        let parts: Vec<&str> = s.split(':').collect();
+        let (domain, bus, rest) = match parts.as_slice() {
+            [d, b, r] => (hex(d, 8)?, *b, *r),
+            [b, r] => (0, *b, *r),
+            _ => return None,
+        };
+        let (dev, func) = match rest.split_once('.') {
+            Some((d, f)) => (d, Some(f)),
+            None => (rest, None),
+        };
+        let device = hex(dev, 2)?;
+        let function = match func {
+            Some(f) => Some(u8::try_from(hex(f, 1)?).ok()?),
+            None => None,
+        };
+        if device > 0x1f || function.is_some_and(|f| f > 7) {
+            return None;
+        }
+        Some(PciAddr {
+            domain,
+            bus: u8::try_from(hex(bus, 2)?).ok()?,
+            device: device as u8,
+            function,
+        })
+    }
+
+    /// The driver's own form in an XID line: `DDDD:BB:DD` (domain 4 or 8 hex digits), or
+    /// the legacy `BB:DD`-less-domain forms old drivers wrote; no function, no spaces.
+    pub fn parse_exact(s: &str) -> Option<PciAddr> {
+        if s.contains('.') || s.bytes().any(|b| b.is_ascii_whitespace()) {
+            return None;
+        }
+        let a = PciAddr::parse(s)?;
+        let parts: Vec<&str> = s.split(':').collect();
+        let widths_ok = match parts.as_slice() {
+            [d, b, v] => (d.len() == 4 || d.len() == 8) && b.len() == 2 && v.len() == 2,
+            [b, v] => b.len() == 2 && v.len() == 2,
+            _ => false,
+        };
+        widths_ok.then_some(a)
+    }
+
+    pub fn same_slot(&self, other: &PciAddr) -> bool {
+        (self.domain, self.bus, self.device) == (other.domain, other.bus, other.device)
+    }
+}
+
+fn hex(s: &str, max_digits: usize) -> Option<u32> {
+    if s.is_empty() || s.len() > max_digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(s, 16).ok()
+}
+
+impl fmt::Display for PciAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}",
+            self.domain, self.bus, self.device
+        )?;
+        if let Some(func) = self.function {
+            write!(f, ".{func}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pci_addresses_normalise() {
+        let a = PciAddr::parse("00000000:3B:00.0").unwrap();
+        let b = PciAddr::parse("0000:3b:00").unwrap();
+        assert!(a.same_slot(&b));
+        assert_eq!(a.to_string(), "0000:3b:00.0");
+        assert_eq!(
+            PciAddr::parse("3b:00.1").unwrap().to_string(),
+            "0000:3b:00.1"
+        );
+        for bad in [
+            "",
+            "3b",
+            "0000:3b:20.0",
+            "0000:3b:00.8",
+            "000000000:3b:00",
+            "0:1:2:3",
+            "g0:00.0",
+        ] {
+            assert_eq!(PciAddr::parse(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Faults during a run: the start snapshot of the counters that can change while a
+//! container runs (`probe::counters`), compared with the live values at poststop. Pure.
+
+use crate::config::xid::{describe_xid, XidAction};
+use crate::model::device::DevNum;
+use crate::model::text::one_line;
+use crate::probe::counters::{DeviceSnapshot, Snapshot};
+use crate::probe::nvidia::pci::PciAddr;
+use crate::probe::nvidia::GpuContext;
+use serde::{Deserialize, Serialize};
+
+/// A kernel XID report, already attributed to a PCI bus id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidReport {
+    pub seq: u64,
+    pub pci: String,
+    pub xid: u32,
+    pub critical: bool,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// Short and machine-readable: `DeviceFault/XID79`, `DeviceFault/ECCUncorrectable`.
+    pub code: String,
+    /// The device as a person names it (container path, or host path).
+    pub device: String,
+    #[serde(flatten)]
+    pub num: DevNum,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_uuid: Option<String>,
+    /// One human line: `GPU has fallen off the bus`.
+    pub message: String,
+}
+
+impl Fault {
+    /// `DeviceFault/XID79 on /dev/nvidia1 (GPU-…): GPU has fallen off the bus`
+    pub fn line(&self) -> String {
+        let who = match &self.gpu_uuid {
+            Some(u) => format!("{} ({u})", self.device),
+            None => format!("{} ({})", self.device, self.num),
+        };
+        one_line(&format!(
+            "devgate: {} on {who}: {}",
+            self.code, self.message
+        ))
+    }
+}
+
+/// The faults between a start snapshot and the live counters of the same devices.
+/// `xids` are the kernel reports read since the snapshot's kmsg position.
+///
+/// Long because it is the table of faults, one block per counter, in the order they are
+/// reported; each block is a plain comparison.
+pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec<Fault> {
+    let mut faults = Vec::new();
+    for before in &start.devices {
+        let Some(after) = now.iter().find(|d| d.num == before.num) else {
+            continue;
+        };
+        let (b, a) = (&before.counters, &after.counters);
+        let uuid = a
+            .gpu
+            .as_ref()
+            .and_then(|g| g.uuid.clone())
+            .or_else(|| b.gpu.as_ref().and_then(|g| g.uuid.clone()));
+        let mut push = |code: String, message: String| {
+            faults.push(Fault {
+                code,
+                device: before.name.clone(),
+                num: before.num,
+                gpu_uuid: uuid.clone(),
+                message,
+            })
+        };
+
+        // XIDs for this device's GPU, by PCI bus id, reported during the run.
+        let pci = b
+            .gpu
+            .as_ref()
+            .and_then(|g| g.pci_bus_id.as_deref())
+            .or(b.pci.as_deref())
+            .and_then(PciAddr::parse);
+        if let (Some(pci), Some(from)) = (pci, start.kmsg_seq) {
+            let mut seen = Vec::new();
+            for x in xids
+                .iter()
+                .filter(|x| x.critical && PciAddr::parse(&x.pci).is_some_and(|a| a.same_slot(&pci)))
+            {
+                if x.seq < from || seen.contains(&x.xid) {
+                    continue;
+                }
+                seen.push(x.xid);
+                push(
+                    format!("DeviceFault/XID{}", x.xid),
+                    describe_xid(x.xid)
+                        .unwrap_or("GPU error reported by the driver")
+                        .to_string(),
+                );
+            }
+        }
+        if let (Some(gb), Some(ga)) = (&b.gpu, &a.gpu) {
+            if gb.reachable && !ga.reachable {
+                push(
+                    "DeviceFault/GPULost".into(),
+                    "GPU is lost: NVML cannot reach it".into(),
+                );
+            }
+            if let (Some(x), Some(y)) =
+                (gb.ecc_volatile_uncorrectable, ga.ecc_volatile_uncorrectable)
+            {
+                if y > x {
+                    push(
+                        "DeviceFault/ECCUncorrectable".into(),
+                        format!(
+                            "{} new volatile uncorrectable ECC errors ({x} -> {y})",
+                            y - x
+                        ),
+                    );
+                }
+            }
+            if !gb.remap_failure && ga.remap_failure {
+                push(
+                    "DeviceFault/RowRemapFailure".into(),
+                    "row remapping failed".into(),
+                );
+            }
+        }
+        if let (Some(x), Some(y)) = (b.aer_fatal, a.aer_fatal) {
+            if y > x {
+                push(
+                    "DeviceFault/AERFatal".into(),
+                    format!(
+                        "{} new PCIe AER fatal errors on {} ({x} -> {y})",
+                        y - x,
+                        a.pci.as_deref().unwrap_or("its PCI function")
+                    ),
+                );
+            }
+        }
+        if b.node_present && !a.node_present {
+            push(
+                "DeviceFault/NodeGone".into(),
+                "device node disappeared".into(),
+            );
+        }
+        if !b.quarantined && a.quarantined {
+            let why = a
+                .quarantine_reason
+                .as_deref()
+                .map(|r| format!("cordoned by operator during the run: {r:?}"))
+                .unwrap_or_else(|| "cordoned by operator during the run".into());
+            push("DeviceFault/Cordoned".into(), why);
+        }
+    }
+    faults
+}
+
+/// XID reports in the kernel log, classified by the operator's table.
+pub fn xid_reports(gpu: &GpuContext) -> Vec<XidReport> {
+    let Ok(scan) = &gpu.kmsg else {
+        return Vec::new();
+    };
+    scan.events
+        .iter()
+        .map(|e| XidReport {
+            seq: e.seq,
+            pci: e.pci.to_string(),
+            xid: e.xid,
+            critical: gpu.xid_table.action(e.xid) == XidAction::Unhealthy,
+            text: e.text.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::device::DevType;
+    use crate::probe::counters::{DeviceCounters, GpuCounters};
+
+    const GPU1: DevNum = DevNum {
+        typ: DevType::Char,
+        major: 195,
+        minor: 1,
+    };
+
+    fn snap(counters: DeviceCounters) -> DeviceSnapshot {
+        DeviceSnapshot {
+            num: GPU1,
+            name: "/dev/nvidia1".into(),
+            counters,
+        }
+    }
+
+    fn gpu(ecc: u64, reachable: bool) -> Option<GpuCounters> {
+        Some(GpuCounters {
+            uuid: Some("GPU-1111".into()),
+            pci_bus_id: Some("00000000:3B:00.0".into()),
+            reachable,
+            ecc_volatile_uncorrectable: Some(ecc),
+            remapped_rows_uncorrectable: Some(0),
+            remap_failure: false,
+        })
+    }
+
+    fn base() -> DeviceCounters {
+        DeviceCounters {
+            node_present: true,
+            gpu: gpu(0, true),
+            aer_fatal: Some(0),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn no_change_no_fault() {
+        let start = Snapshot {
+            time_unix: 1,
+            kmsg_seq: Some(10),
+            devices: vec![snap(base())],
+        };
+        assert!(diff(&start, &[snap(base())], &[]).is_empty());
+    }
+
+    #[test]
+    fn each_change_is_its_own_fault() {
+        let start = Snapshot {
+            time_unix: 1,
+            kmsg_seq: Some(10),
+            devices: vec![snap(base())],
+        };
+        let mut now = base();
+        now.gpu = gpu(2, false);
+        now.aer_fatal = Some(1);
+        now.node_present = false;
+        now.quarantined = true;
+        now.quarantine_reason = Some("bad".into());
+        let xids = vec![
+            XidReport {
+                seq: 9,
+                pci: "0000:3b:00".into(),
+                xid: 48,
+                critical: true,
+                text: "old".into(),
+            },
+            XidReport {
+                seq: 11,
+                pci: "0000:3b:00".into(),
+                xid: 79,
+                critical: true,
+                text: "".into(),
+            },
+            XidReport {
+                seq: 12,
+                pci: "0000:3b:00".into(),
+                xid: 79,
+                critical: true,
+                text: "".into(),
+            },
+            XidReport {
+                seq: 13,
+                pci: "0000:3b:00".into(),
+                xid: 13,
+                critical: false,
+                text: "".into(),
+            },
+            XidReport {
+                seq: 14,
+                pci: "0000:af:00".into(),
+                xid: 79,
+                critical: true,
+                text: "".into(),
+            },
+        ];
+        let codes: Vec<String> = diff(&start, &[snap(now)], &xids)
+            .into_iter()
+            .map(|f| f.code)
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                "DeviceFault/XID79",
+                "DeviceFault/GPULost",
+                "DeviceFault/ECCUncorrectable",
+                "DeviceFault/AERFatal",
+                "DeviceFault/NodeGone",
+                "DeviceFault/Cordoned"
+            ]
+        );
+    }
+
+    #[test]
+    fn unreadable_kernel_log_at_start_blames_no_xid() {
+        let start = Snapshot {
+            time_unix: 1,
+            kmsg_seq: None,
+            devices: vec![snap(base())],
+        };
+        let xids = vec![XidReport {
+            seq: 11,
+            pci: "0000:3b:00".into(),
+            xid: 79,
+            critical: true,
+            text: "".into(),
+        }];
+        assert!(diff(&start, &[snap(base())], &xids).is_empty());
+    }
+
+    #[test]
+    fn fault_line_format() {
+        let f = Fault {
+            code: "DeviceFault/XID79".into(),
+            device: "/dev/nvidia1".into(),
+            num: GPU1,
+            gpu_uuid: Some("GPU-1111".into()),
+            message: "GPU has fallen off the bus".into(),
+        };
+        assert_eq!(
+            f.line(),
+            "devgate: DeviceFault/XID79 on /dev/nvidia1 (GPU-1111): GPU has fallen off the bus"
+        );
+        let f = Fault {
+            gpu_uuid: None,
+            ..f
+        };
+        assert_eq!(
+            f.line(),
+            "devgate: DeviceFault/XID79 on /dev/nvidia1 (195:1): GPU has fallen off the bus"
+        );
+    }
+
+    #[test]
+    fn pci_ids_in_every_spelling_name_one_slot() {
+        let slot = |s: &str| PciAddr::parse(s).unwrap();
+        let gpu = slot("0000:3b:00");
+        for same in ["00000000:3B:00.0", "0000:3b:00", "3b:00.0"] {
+            assert!(slot(same).same_slot(&gpu), "{same}");
+        }
+        assert!(!slot("0001:3b:00.1").same_slot(&gpu));
+        assert!(slot("0001:3b:00.1").same_slot(&slot("0001:3b:00")));
+    }
+}

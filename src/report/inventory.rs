@@ -1,0 +1,436 @@
+//! The node's view for operators and Kubernetes tooling: every accelerator node, every
+//! configured spare, every quarantined device and every device of a running container,
+//! each with its probe verdicts. `status`, `check` and `metrics` are views of this list.
+
+use crate::config::Config;
+use crate::discover::devnode::{accelerators, find_host_node};
+use crate::error::Result;
+use crate::model::class::{self, Class};
+use crate::model::device::{DevNum, Device};
+use crate::model::verdict::{ProbeResult, Verdict};
+use crate::probe::nvidia::{gpu, nvml, GpuContext};
+use crate::probe::probe_all;
+use crate::report::record;
+use crate::store::lease::{Lease, Leases, Slot};
+use crate::store::quarantine::{Entry, Ledger, Lookup};
+use crate::store::records::{self, Kind};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    #[serde(flatten)]
+    pub device: Device,
+    /// accelerator, spare, quarantined, assigned
+    pub roles: Vec<&'static str>,
+    pub health: Health,
+    pub verdicts: Vec<ProbeResult>,
+    pub reasons: Vec<String>,
+    pub quarantine: Option<Filed<Entry>>,
+    pub lease: Option<Filed<Lease>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuStatus>,
+}
+
+/// A ledger file as `status` shows it: its content, or the file and why it is unreadable.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Filed<T> {
+    Read(T),
+    Damaged { damaged: PathBuf, error: String },
+}
+
+/// What NVML and the kernel log say about one GPU, check by check.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuStatus {
+    pub minor: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub checks: Vec<gpu::Check>,
+}
+
+fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Option<GpuStatus> {
+    if device.class != Class::NvidiaGpu {
+        return None;
+    }
+    let minor = device.num.minor;
+    let facts = gpu.nvml.gpu_by_minor(minor);
+    let mut checks = match (&gpu.nvml.gpus, facts) {
+        (_, Some(g)) => gpu::checks(g, gpu.limits),
+        (Err(why), None) => vec![gpu::Check {
+            check: "nvml",
+            verdict: Verdict::Unknown(why.clone()),
+        }],
+        (Ok(_), None) => vec![gpu::Check {
+            check: "nvml",
+            verdict: Verdict::Unhealthy(format!("no GPU with minor number {minor}")),
+        }],
+    };
+    if let Some(x) = verdicts.iter().find(|v| v.probe == "xid") {
+        checks.push(gpu::Check {
+            check: "xid",
+            verdict: x.verdict.clone(),
+        });
+    }
+    Some(GpuStatus {
+        minor,
+        index: facts.map(|g| g.index),
+        uuid: facts.and_then(|g| g.uuid.value().cloned()),
+        pci_bus_id: facts.and_then(|g| g.pci_bus_id.value().map(|p| nvml::display_bus_id(p))),
+        checks,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Healthy,
+    /// Usable, with warn-level findings.
+    Degraded,
+    Unknown,
+    Unhealthy,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Degraded => "degraded",
+            Health::Unknown => "unknown",
+            Health::Unhealthy => "unhealthy",
+        }
+    }
+
+    pub fn of(verdicts: &[ProbeResult]) -> Health {
+        verdicts
+            .iter()
+            .map(|r| match r.verdict {
+                Verdict::Unhealthy(_) => Health::Unhealthy,
+                Verdict::Unknown(_) => Health::Unknown,
+                Verdict::Warn(_) => Health::Degraded,
+                Verdict::Healthy | Verdict::NotApplicable(_) => Health::Healthy,
+            })
+            .max()
+            .unwrap_or(Health::Healthy)
+    }
+}
+
+/// Devices of containers devgate let start and has not yet seen stop.
+fn assigned(config: &Config) -> Vec<Device> {
+    let mut out = Vec::new();
+    for id in records::ids(&config.state_dir, Kind::Start) {
+        let id = id.as_str();
+        let Ok(Some(rec)) = record::read_record(&config.state_dir, id) else {
+            continue;
+        };
+        let stopped = matches!(record::read_exit(&config.state_dir, id), Ok(Some(_)));
+        if rec.snapshot.is_none() || stopped || (rec.pid.is_some() && !rec.is_alive()) {
+            continue;
+        }
+        out.extend(rec.devices.into_iter().map(|d| d.device));
+    }
+    out
+}
+
+/// Long because it gathers the rows from each source in turn (accelerators, spares,
+/// quarantine, running containers, leases), then probes them all at once.
+pub fn collect(config: &Config) -> Result<Vec<Row>> {
+    let rules = config.class_rules();
+    let ledger = Ledger::new(&config.quarantine_dir);
+    let mut rows: Vec<(Device, Vec<&'static str>)> = Vec::new();
+    let mut add =
+        |dev: Device, role: &'static str| match rows.iter_mut().find(|(d, _)| d.num == dev.num) {
+            Some((_, roles)) => {
+                if !roles.contains(&role) {
+                    roles.push(role)
+                }
+            }
+            None => rows.push((dev, vec![role])),
+        };
+    for d in accelerators(&config.dev_root, &rules) {
+        add(d, "accelerator");
+    }
+    for (class, paths) in &config.spares {
+        for p in paths {
+            match std::fs::metadata(p)
+                .ok()
+                .and_then(|m| DevNum::from_metadata(&m))
+            {
+                Some(num) => add(
+                    Device::on_host(num, Class::from(class.as_str()), Some(p.clone())),
+                    "spare",
+                ),
+                None => log::warn!("spare {} (class {class}) is not a device node", p.display()),
+            }
+        }
+    }
+    for (num, _) in ledger.list()? {
+        let host = find_host_node(&config.dev_root, &config.sysfs_root, num, &[]);
+        let paths: Vec<&Path> = host.iter().map(PathBuf::as_path).collect();
+        let class = class::classify(&rules, num.typ, num.major, num.minor, &paths);
+        add(Device::on_host(num, class, host), "quarantined");
+    }
+    for d in assigned(config) {
+        add(d, "assigned");
+    }
+    // Leases of spares no longer configured still show.
+    let slots = Leases::new(&config.state_dir).list().unwrap_or_else(|e| {
+        log::warn!("cannot list leases: {e}");
+        Vec::new()
+    });
+    for (num, slot) in &slots {
+        if let Slot::Held(l) = slot {
+            add(
+                Device::on_host(*num, l.class.clone(), Some(l.spare_path.clone())),
+                "spare",
+            );
+        }
+    }
+
+    let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
+    let gpu = GpuContext::for_devices(config, &devices);
+    let verdicts = probe_all(config, &ledger, &devices, gpu.as_ref());
+    Ok(rows
+        .into_iter()
+        .zip(verdicts)
+        .map(|((device, roles), verdicts)| {
+            let quarantine = match ledger.lookup(device.num) {
+                Lookup::Clear => None,
+                Lookup::Cordoned(e) => Some(Filed::Read(e)),
+                Lookup::Damaged { path, error } => Some(Filed::Damaged {
+                    damaged: path,
+                    error,
+                }),
+            };
+            let reasons = verdicts
+                .iter()
+                .filter(|r| !matches!(r.verdict, Verdict::Healthy | Verdict::NotApplicable(_)))
+                .filter_map(|r| r.verdict.reason().map(|why| format!("{}: {why}", r.probe)))
+                .collect();
+            Row {
+                lease: lease_of(&slots, device.num),
+                gpu: gpu.as_ref().and_then(|g| gpu_status(g, &device, &verdicts)),
+                health: Health::of(&verdicts),
+                device,
+                roles,
+                verdicts,
+                reasons,
+                quarantine,
+            }
+        })
+        .collect())
+}
+
+fn lease_of(slots: &[(DevNum, Slot)], num: DevNum) -> Option<Filed<Lease>> {
+    match slots.iter().find(|(n, _)| *n == num).map(|(_, s)| s) {
+        Some(Slot::Held(l)) => Some(Filed::Read(l.clone())),
+        Some(Slot::Damaged { path, error }) => Some(Filed::Damaged {
+            damaged: path.clone(),
+            error: error.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// node-problem-detector's custom plugin contract: 0 ok, 1 problem, 2 unknown, and one
+/// short line on stdout.
+pub fn check_summary(rows: &[Row]) -> (i32, String) {
+    let worst = rows
+        .iter()
+        .map(|r| r.health)
+        .max()
+        .unwrap_or(Health::Healthy);
+    let bad: Vec<&Row> = rows.iter().filter(|r| r.health == worst).collect();
+    let first = bad.first().map(|r| {
+        format!(
+            "{}: {}",
+            r.device.describe(),
+            r.reasons.first().map(String::as_str).unwrap_or("")
+        )
+    });
+    match (worst, first) {
+        (Health::Unhealthy, Some(f)) => (
+            1,
+            format!(
+                "devgate: {} of {} devices unhealthy: {f}",
+                bad.len(),
+                rows.len()
+            ),
+        ),
+        (Health::Unknown, Some(f)) => (
+            2,
+            format!(
+                "devgate: {} of {} devices unknown: {f}",
+                bad.len(),
+                rows.len()
+            ),
+        ),
+        _ => (0, format!("devgate: ok: {} devices healthy", rows.len())),
+    }
+}
+
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Prometheus text format for node_exporter's textfile collector.
+///
+/// Long because it is the list of metric families, one block each.
+pub fn metrics_text(rows: &[Row], exits: &[record::ExitRecord]) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, help: &str, samples: Vec<(String, u64)>| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (labels, v) in samples {
+            if labels.is_empty() {
+                out.push_str(&format!("{name} {v}\n"));
+            } else {
+                out.push_str(&format!("{name}{{{labels}}} {v}\n"));
+            }
+        }
+    };
+    let dev_labels = |r: &Row| {
+        format!(
+            "device=\"{}\",class=\"{}\",major_minor=\"{}\"",
+            label(&r.device.name()),
+            label(r.device.class.as_str()),
+            r.device.num
+        )
+    };
+    family(
+        "devgate_device_healthy",
+        "1 when no probe finds the device unhealthy or unknown.",
+        rows.iter()
+            .map(|r| (dev_labels(r), u64::from(r.health <= Health::Degraded)))
+            .collect(),
+    );
+    family(
+        "devgate_device_health",
+        "The device's health, one series per state with value 1 for the current one.",
+        rows.iter()
+            .flat_map(|r| {
+                [
+                    Health::Healthy,
+                    Health::Degraded,
+                    Health::Unknown,
+                    Health::Unhealthy,
+                ]
+                .into_iter()
+                .map(move |h| {
+                    (
+                        format!("{},health=\"{}\"", dev_labels(r), h.as_str()),
+                        u64::from(r.health == h),
+                    )
+                })
+            })
+            .collect(),
+    );
+    family(
+        "devgate_device_quarantined",
+        "1 when an operator cordoned the device.",
+        rows.iter()
+            .map(|r| (dev_labels(r), u64::from(r.quarantine.is_some())))
+            .collect(),
+    );
+    family(
+        "devgate_spare_leased",
+        "1 when a spare is leased to a container.",
+        rows.iter()
+            .filter(|r| r.roles.contains(&"spare"))
+            .map(|r| (dev_labels(r), u64::from(r.lease.is_some())))
+            .collect(),
+    );
+    let mut by_code: std::collections::BTreeMap<&str, u64> = Default::default();
+    for f in exits.iter().flat_map(|x| &x.faults) {
+        *by_code.entry(&f.code).or_default() += 1;
+    }
+    family(
+        "devgate_recent_faults",
+        "Device faults in the exit records devgate keeps, by code.",
+        by_code
+            .into_iter()
+            .map(|(c, n)| (format!("code=\"{}\"", label(c)), n))
+            .collect(),
+    );
+    family(
+        "devgate_exit_records",
+        "Exit records kept under state_dir/exits.",
+        vec![(String::new(), exits.len() as u64)],
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::device::DevType;
+
+    fn row(health: Health, reason: &str) -> Row {
+        Row {
+            device: Device::on_host(
+                DevNum {
+                    typ: DevType::Char,
+                    major: 195,
+                    minor: 1,
+                },
+                Class::NvidiaGpu,
+                Some("/dev/nvidia1".into()),
+            ),
+            roles: vec!["accelerator", "spare"],
+            health,
+            verdicts: vec![],
+            reasons: vec![reason.into()],
+            quarantine: None,
+            lease: None,
+            gpu: None,
+        }
+    }
+
+    #[test]
+    fn check_exit_codes_follow_npd_contract() {
+        assert_eq!(check_summary(&[]).0, 0);
+        assert_eq!(
+            check_summary(&[row(Health::Healthy, ""), row(Health::Degraded, "w")]).0,
+            0
+        );
+        let (code, line) = check_summary(&[
+            row(Health::Healthy, ""),
+            row(Health::Unknown, "nvml: no library"),
+        ]);
+        assert_eq!(code, 2);
+        assert_eq!(
+            line,
+            "devgate: 1 of 2 devices unknown: /dev/nvidia1 (195:1): nvml: no library"
+        );
+        let (code, line) = check_summary(&[
+            row(Health::Unknown, "u"),
+            row(Health::Unhealthy, "quarantine: x"),
+        ]);
+        assert_eq!(code, 1);
+        assert!(
+            line.starts_with(
+                "devgate: 1 of 2 devices unhealthy: /dev/nvidia1 (195:1): quarantine: x"
+            ),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn metrics_are_prometheus_text() {
+        let mut r = row(Health::Unhealthy, "x");
+        r.device.host_path = Some("/dev/we\"ird".into());
+        let text = metrics_text(&[r], &[]);
+        assert!(text.contains("# TYPE devgate_device_healthy gauge\n"));
+        assert!(text.contains("devgate_device_healthy{device=\"/dev/we\\\"ird\",class=\"nvidia-gpu\",major_minor=\"195:1\"} 0\n"), "{text}");
+        assert!(text.contains("health=\"unhealthy\"} 1\n"));
+        assert!(text.contains("devgate_spare_leased{"));
+        assert!(text.contains("devgate_exit_records 0\n"), "{text}");
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (_, v) = line.rsplit_once(' ').unwrap();
+            v.parse::<f64>().unwrap();
+        }
+    }
+}

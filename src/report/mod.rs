@@ -1,0 +1,8 @@
+//! What devgate leaves behind for people and tools: the decision log and records, the
+//! faults found at stop, the termination message kubelet shows, and the node inventory
+//! behind `status`, `check` and `metrics`.
+
+pub(crate) mod fault;
+pub(crate) mod inventory;
+pub(crate) mod record;
+pub(crate) mod termination;

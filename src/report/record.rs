@@ -1,0 +1,294 @@
+//! What devgate leaves behind for people: the decision log line (one JSON object per
+//! decision, appended to log_file) and the per-container record under state_dir that
+//! `devgate explain` reads.
+
+use crate::action::remap::RemapRecord;
+use crate::config::policy::Action;
+use crate::error::{Error, Result};
+use crate::fsutil::ensure_private_dir;
+use crate::model::device::Device;
+use crate::oci::spec::Spec;
+use crate::policy::DeviceDecision;
+use crate::probe::counters::Snapshot;
+use crate::report::fault::Fault;
+use crate::report::termination::Delivery;
+use crate::store::records::{self, Kind};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Which pod a container belongs to, from the CRI annotations containerd and CRI-O set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodInfo {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub container: Option<String>,
+}
+
+impl PodInfo {
+    pub fn from_annotations(spec: &Spec, state: &BTreeMap<String, String>) -> PodInfo {
+        let get = |containerd: &str, crio: &str| {
+            spec.annotation(state, containerd)
+                .or_else(|| spec.annotation(state, crio))
+                .map(|s| s.chars().take(256).collect::<String>())
+        };
+        PodInfo {
+            namespace: get(
+                "io.kubernetes.cri.sandbox-namespace",
+                "io.kubernetes.pod.namespace",
+            ),
+            name: get("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
+            uid: get("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"),
+            container: get(
+                "io.kubernetes.cri.container-name",
+                "io.kubernetes.container.name",
+            ),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self == &PodInfo::default()
+    }
+}
+
+/// One decision: the log line's content and the record's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Decision {
+    pub time: String,
+    pub time_unix: u64,
+    pub stage: String,
+    pub container_id: String,
+    /// The container's pid at start, from the runtime state: tells a live container's
+    /// record from a dead one's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    #[serde(default, skip_serializing_if = "PodInfo::is_empty")]
+    pub pod: PodInfo,
+    pub devices: Vec<DeviceDecision>,
+    /// The container's overall outcome: `allow` (every device healthy), `warn` (started
+    /// although a device had findings), `remap` or `reject`.
+    pub action: Action,
+    /// The line printed on stderr, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub elapsed_us: u64,
+    pub version: String,
+    /// Counters at start, compared at poststop; absent for a rejected container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
+    /// Devices swapped for spares, what was edited and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remaps: Vec<RemapRecord>,
+}
+
+/// What devgate found when a container stopped: `state_dir/exits/<id>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExitRecord {
+    pub container_id: String,
+    #[serde(default, skip_serializing_if = "PodInfo::is_empty")]
+    pub pod: PodInfo,
+    pub devices: Vec<Device>,
+    pub faults: Vec<Fault>,
+    pub started: String,
+    pub started_unix: u64,
+    pub stopped: String,
+    pub stopped_unix: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_message: Option<Delivery>,
+    pub version: String,
+}
+
+/// The poststop log line.
+#[derive(Debug, Clone, Serialize)]
+pub struct StopLine<'a> {
+    pub time: &'a str,
+    pub time_unix: u64,
+    pub stage: &'static str,
+    pub container_id: &'a str,
+    #[serde(skip_serializing_if = "PodInfo::is_empty")]
+    pub pod: &'a PodInfo,
+    pub faults: &'a [Fault],
+    pub elapsed_us: u64,
+    pub version: &'static str,
+}
+
+/// Appends one line. O_APPEND keeps concurrent hooks' lines whole; the directory is
+/// checked so root never appends through a path someone else planted.
+pub fn append_log(log_file: &Path, entry: &impl Serialize) -> Result<()> {
+    if let Some(dir) = log_file.parent() {
+        ensure_private_dir(dir)?;
+    }
+    let mut line = serde_json::to_vec(entry).expect("log entry serializes");
+    line.push(b'\n');
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(log_file)
+        .map_err(|e| Error::io("cannot open log file", log_file, e))?;
+    f.write_all(&line)
+        .map_err(|e| Error::io("cannot write log file", log_file, e))
+}
+
+/// A container id can be used again (`runc run demo` twice): a new start makes the exit
+/// record of the id's previous run stale, and a poststop that finds one must not take it
+/// for its own.
+pub fn remove_exit(state_dir: &Path, id: &str) -> Result<bool> {
+    records::remove(state_dir, Kind::Exit, id)
+}
+
+pub fn read_exit(state_dir: &Path, id: &str) -> Result<Option<ExitRecord>> {
+    records::read(state_dir, Kind::Exit, id)
+}
+
+/// Writes the exit record, then trims the directory to the newest `keep` records.
+pub fn write_exit(state_dir: &Path, rec: &ExitRecord, keep: usize) -> Result<()> {
+    records::write(state_dir, Kind::Exit, &rec.container_id, rec)?;
+    records::prune(state_dir, Kind::Exit, keep.max(1), |_| false);
+    // Start records of containers that are gone (rejected ones never get an exit record)
+    // are trimmed alike; a live container's record is never removed, its poststop needs it.
+    records::prune(state_dir, Kind::Start, keep.max(1), |p| {
+        records::read_file::<Decision>(p, Kind::Start)
+            .ok()
+            .flatten()
+            .is_some_and(|d| d.is_alive())
+    });
+    Ok(())
+}
+
+impl Decision {
+    /// The container's process still exists (as far as a pid can tell).
+    pub fn is_alive(&self) -> bool {
+        self.pid
+            .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+    }
+}
+
+/// Every exit record, newest first, for metrics and `check`; damaged files are skipped.
+pub fn list_exits(state_dir: &Path) -> Vec<ExitRecord> {
+    let mut out: Vec<ExitRecord> = records::list(state_dir, Kind::Exit);
+    out.sort_by_key(|r| std::cmp::Reverse(r.stopped_unix));
+    out
+}
+
+pub fn write_record(state_dir: &Path, decision: &Decision) -> Result<()> {
+    records::write(state_dir, Kind::Start, &decision.container_id, decision)
+}
+
+pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
+    records::read(state_dir, Kind::Start, id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_info_from_containerd_and_crio_annotations() {
+        let spec = Spec::parse(
+            br#"{"annotations":{"io.kubernetes.cri.sandbox-namespace":"ml","io.kubernetes.cri.sandbox-name":"train-0",
+                "io.kubernetes.cri.sandbox-uid":"u-1","io.kubernetes.cri.container-name":"trainer"}}"#,
+            Path::new("/c"),
+        )
+        .unwrap();
+        let p = PodInfo::from_annotations(&spec, &BTreeMap::new());
+        assert_eq!(p.namespace.as_deref(), Some("ml"));
+        assert_eq!(p.container.as_deref(), Some("trainer"));
+        let spec = Spec::parse(
+            br#"{"annotations":{"io.kubernetes.pod.namespace":"ns","io.kubernetes.pod.name":"p",
+                "io.kubernetes.pod.uid":"u","io.kubernetes.container.name":"c"}}"#,
+            Path::new("/c"),
+        )
+        .unwrap();
+        let p = PodInfo::from_annotations(&spec, &BTreeMap::new());
+        assert_eq!(
+            (p.name.as_deref(), p.uid.as_deref()),
+            (Some("p"), Some("u"))
+        );
+    }
+
+    #[test]
+    fn record_refuses_path_like_ids() {
+        let d = std::env::temp_dir().join(format!("devgate-rec-{}", std::process::id()));
+        for id in ["../../etc/passwd", "a/b", ".x", ""] {
+            assert!(read_record(&d, id).is_err(), "{id}");
+        }
+        assert!(read_record(&d, "absent").unwrap().is_none());
+    }
+
+    fn exit(id: &str, stopped_unix: u64) -> ExitRecord {
+        ExitRecord {
+            container_id: id.into(),
+            pod: PodInfo::default(),
+            devices: vec![],
+            faults: vec![],
+            started: String::new(),
+            started_unix: 0,
+            stopped: String::new(),
+            stopped_unix,
+            termination_message: None,
+            version: String::new(),
+        }
+    }
+
+    #[test]
+    fn exit_records_are_pruned_to_keep() {
+        let d = std::env::temp_dir().join(format!("devgate-exits-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for i in 0..5 {
+            write_exit(&d, &exit(&format!("c{i}"), i), 3).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(15));
+        }
+        let ids: Vec<String> = list_exits(&d).into_iter().map(|r| r.container_id).collect();
+        assert_eq!(ids, ["c4", "c3", "c2"]);
+        assert!(read_exit(&d, "c0").unwrap().is_none());
+    }
+
+    fn decision(id: &str, pid: Option<i32>) -> Decision {
+        Decision {
+            time: String::new(),
+            time_unix: 0,
+            stage: "prestart".into(),
+            container_id: id.into(),
+            pid,
+            pod: PodInfo::default(),
+            devices: vec![],
+            action: Action::Reject,
+            message: None,
+            elapsed_us: 0,
+            version: String::new(),
+            snapshot: None,
+            remaps: vec![],
+        }
+    }
+
+    #[test]
+    fn start_records_of_gone_containers_are_pruned_live_ones_kept() {
+        let d = std::env::temp_dir().join(format!("devgate-recs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        // oldest first: a live container (this test's own pid), then three dead ones
+        write_record(&d, &decision("live", Some(std::process::id() as i32))).unwrap();
+        for i in 0..3 {
+            std::thread::sleep(std::time::Duration::from_millis(15));
+            write_record(&d, &decision(&format!("dead{i}"), Some(i32::MAX))).unwrap();
+        }
+        write_exit(&d, &exit("dead2", 0), 2).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(Kind::Start.dir(&d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["dead1.json", "dead2.json", "live.json"]);
+        assert!(decision("x", Some(std::process::id() as i32)).is_alive());
+        assert!(!decision("x", Some(i32::MAX)).is_alive());
+    }
+}

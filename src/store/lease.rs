@@ -1,0 +1,428 @@
+//! Spare leases: which container holds which spare. One small JSON file per spare under
+//! state_dir/leases (`c-195-7.json`), so damage to one file is confined to one spare; every
+//! change is made under an flock on `leases/.lock` and written atomically.
+//!
+//! A lease file that cannot be read is never overwritten and never reclaimed: it may be
+//! the only record that a container uses the spare. The operator removes it.
+
+use super::{file_name, num_from_file_name, read_json, write_json};
+use crate::error::{Error, Result};
+use crate::fsutil::{ensure_private_dir, remove_durable};
+use crate::model::class::Class;
+use crate::model::device::DevNum;
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const MAX_LEASE_BYTES: u64 = 64 << 10;
+pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub spare: DevNum,
+    pub spare_path: PathBuf,
+    pub class: Class,
+    pub container_id: String,
+    pub pid: i32,
+    /// The holder's start time (/proc/PID/stat field 22), so a reused pid is not taken
+    /// for the holder.
+    #[serde(default)]
+    pub pid_start: Option<u64>,
+    /// The device the spare stands in for.
+    pub replaces: DevNum,
+    #[serde(default)]
+    pub container_path: Option<PathBuf>,
+    pub since: String,
+    pub since_unix: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    Free,
+    Held(Lease),
+    Damaged { path: PathBuf, error: String },
+}
+
+/// What a request for one spare among several came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // one per hook call
+pub enum Outcome {
+    /// `reclaimed` is the lease of a container that no longer exists, taken over.
+    Leased {
+        lease: Lease,
+        reclaimed: Option<Lease>,
+        reused: bool,
+    },
+    /// No candidate was free: why, one clause per candidate.
+    NoneFree(Vec<String>),
+}
+
+/// The start time of a process, or None when it does not exist.
+pub(crate) fn pid_start(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &text[text.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the lease's holder still exists: its pid is alive and is the same process.
+pub(crate) fn holder_alive(l: &Lease) -> bool {
+    match (pid_start(l.pid), l.pid_start) {
+        (None, _) => false,
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+    }
+}
+
+/// Holds the ledger lock until dropped.
+pub struct Locked {
+    _file: File,
+}
+
+pub struct Leases {
+    pub dir: PathBuf,
+}
+
+impl Leases {
+    pub fn new(state_dir: &Path) -> Leases {
+        Leases {
+            dir: state_dir.join("leases"),
+        }
+    }
+
+    pub fn path(&self, num: DevNum) -> PathBuf {
+        self.dir.join(file_name(num))
+    }
+
+    /// Takes the ledger lock, waiting at most `timeout`.
+    pub(crate) fn lock(&self, timeout: Duration) -> Result<Locked> {
+        ensure_private_dir(&self.dir)?;
+        let path = self.dir.join(".lock");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| Error::io("cannot open lease lock", &path, e))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            // SAFETY: flock on an fd this function owns.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.raw_os_error() != Some(libc::EINTR)
+            {
+                return Err(Error::io("cannot lock", &path, e));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::invalid(
+                    format!("lease lock {}", path.display()),
+                    format!(
+                        "still held by another devgate after {} s",
+                        timeout.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Under the lock no other writer is running: a temp file left now is a dead
+        // writer's and will never be renamed into place.
+        if let Ok(rd) = fs::read_dir(&self.dir) {
+            for e in rd.flatten() {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                if n.starts_with('.') && n.contains(".json.tmp.") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(Locked { _file: f })
+    }
+
+    pub(crate) fn lookup(&self, num: DevNum) -> Slot {
+        let path = self.path(num);
+        match read_json::<Lease>(&path, MAX_LEASE_BYTES, "lease") {
+            Ok(None) => Slot::Free,
+            Ok(Some(l)) if l.spare == num => Slot::Held(l),
+            Ok(Some(l)) => Slot::Damaged {
+                error: format!("names spare {} in the file for {}", l.spare, num),
+                path,
+            },
+            Err(e) => Slot::Damaged {
+                path,
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// Every lease file, damaged ones included.
+    pub fn list(&self) -> Result<Vec<(DevNum, Slot)>> {
+        let rd = match fs::read_dir(&self.dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("cannot list", &self.dir, e)),
+            Ok(rd) => rd,
+        };
+        let mut out: Vec<(DevNum, Slot)> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(num_from_file_name))
+            .map(|n| (n, self.lookup(n)))
+            .collect();
+        out.sort_by_key(|(n, _)| *n);
+        Ok(out)
+    }
+
+    fn write(&self, lease: &Lease) -> Result<()> {
+        write_json(&self.path(lease.spare), lease)
+    }
+
+    /// Leases the first free candidate to `want.container_id`, under the lock. A spare
+    /// already leased to this same container for this same device is returned as it is (the
+    /// hook ran twice); one leased to a container that is gone is reclaimed.
+    pub(crate) fn acquire(
+        &self,
+        candidates: &[(DevNum, PathBuf)],
+        want: &Lease,
+    ) -> Result<Outcome> {
+        let _g = self.lock(LOCK_TIMEOUT)?;
+        // The same container asking again (prestart and createRuntime both configured, or
+        // a rerun) gets the spare it already holds, wherever it stands in the list: taking
+        // an earlier one that has come free since would lease two and mismatch the node.
+        for (num, _) in candidates {
+            if let Slot::Held(h) = self.lookup(*num) {
+                if h.container_id == want.container_id
+                    && h.replaces == want.replaces
+                    && holder_alive(&h)
+                {
+                    return Ok(Outcome::Leased {
+                        lease: h,
+                        reclaimed: None,
+                        reused: true,
+                    });
+                }
+            }
+        }
+        let mut why = Vec::new();
+        for (num, path) in candidates {
+            let mut lease = want.clone();
+            lease.spare = *num;
+            lease.spare_path = path.clone();
+            let reclaimed = match self.lookup(*num) {
+                Slot::Free => None,
+                Slot::Damaged { path: p, error } => {
+                    why.push(format!(
+                        "{}: lease file {} is damaged ({error}); remove it once no container uses the spare",
+                        path.display(),
+                        p.display()
+                    ));
+                    continue;
+                }
+                Slot::Held(h) if holder_alive(&h) => {
+                    why.push(format!(
+                        "{} leased to {} since {}",
+                        path.display(),
+                        h.container_id,
+                        h.since
+                    ));
+                    continue;
+                }
+                Slot::Held(h) => Some(h),
+            };
+            self.write(&lease)?;
+            return Ok(Outcome::Leased {
+                lease,
+                reclaimed,
+                reused: false,
+            });
+        }
+        Ok(Outcome::NoneFree(why))
+    }
+
+    /// Releases one spare if `container_id` holds it; true when a lease was removed.
+    pub(crate) fn release(&self, num: DevNum, container_id: &str) -> Result<bool> {
+        let _g = self.lock(LOCK_TIMEOUT)?;
+        match self.lookup(num) {
+            Slot::Held(l) if l.container_id == container_id => remove_durable(&self.path(num)),
+            _ => Ok(false),
+        }
+    }
+
+    /// Releases every lease `container_id` holds; idempotent.
+    pub(crate) fn release_container(&self, container_id: &str) -> Result<Vec<Lease>> {
+        if !self.dir.exists() {
+            return Ok(Vec::new());
+        }
+        let _g = self.lock(LOCK_TIMEOUT)?;
+        let mut out = Vec::new();
+        for (num, slot) in self.list()? {
+            if let Slot::Held(l) = slot {
+                if l.container_id == container_id {
+                    remove_durable(&self.path(num))?;
+                    out.push(l);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::device::DevType;
+
+    fn leases(tag: &str) -> Leases {
+        let d = std::env::temp_dir().join(format!("devgate-lease-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        Leases::new(&d)
+    }
+
+    fn num(minor: u32) -> DevNum {
+        DevNum {
+            typ: DevType::Char,
+            major: 195,
+            minor,
+        }
+    }
+
+    fn want(id: &str, pid: i32) -> Lease {
+        Lease {
+            spare: num(0),
+            spare_path: PathBuf::new(),
+            class: "nvidia-gpu".into(),
+            container_id: id.into(),
+            pid,
+            pid_start: pid_start(pid),
+            replaces: num(1),
+            container_path: Some("/dev/nvidia1".into()),
+            since: "t".into(),
+            since_unix: 0,
+        }
+    }
+
+    fn cands() -> Vec<(DevNum, PathBuf)> {
+        vec![
+            (num(6), "/dev/nvidia6".into()),
+            (num(7), "/dev/nvidia7".into()),
+        ]
+    }
+
+    fn leased(o: Outcome) -> Lease {
+        match o {
+            Outcome::Leased { lease, .. } => lease,
+            Outcome::NoneFree(w) => panic!("none free: {w:?}"),
+        }
+    }
+
+    #[test]
+    fn asking_again_returns_the_held_spare_even_when_an_earlier_one_came_free() {
+        let l = leases("again");
+        let me = std::process::id() as i32;
+        assert_eq!(
+            leased(l.acquire(&cands(), &want("a", me)).unwrap()).spare,
+            num(6)
+        );
+        assert_eq!(
+            leased(l.acquire(&cands(), &want("b", me)).unwrap()).spare,
+            num(7)
+        );
+        l.release_container("a").unwrap(); // 6 comes free
+        match l.acquire(&cands(), &want("b", me)).unwrap() {
+            Outcome::Leased { lease, reused, .. } => assert!(reused && lease.spare == num(7)),
+            o => panic!("{o:?}"),
+        }
+        let held: Vec<DevNum> = l
+            .list()
+            .unwrap()
+            .into_iter()
+            .filter(|(_, s)| matches!(s, Slot::Held(_)))
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(held, [num(7)], "b must not hold two spares");
+    }
+
+    #[test]
+    fn leases_each_spare_once_and_releases() {
+        let l = leases("once");
+        let me = std::process::id() as i32;
+        let a = leased(l.acquire(&cands(), &want("a", me)).unwrap());
+        assert_eq!(a.spare, num(6));
+        let b = leased(l.acquire(&cands(), &want("b", me)).unwrap());
+        assert_eq!(b.spare, num(7));
+        match l.acquire(&cands(), &want("c", me)).unwrap() {
+            Outcome::NoneFree(w) => {
+                assert_eq!(w.len(), 2);
+                assert!(w[0].starts_with("/dev/nvidia6 leased to a since"), "{w:?}");
+            }
+            o => panic!("{o:?}"),
+        }
+        // the same container asking again gets its own lease back
+        match l.acquire(&cands(), &want("a", me)).unwrap() {
+            Outcome::Leased { lease, reused, .. } => assert!(reused && lease.spare == num(6)),
+            o => panic!("{o:?}"),
+        }
+        assert!(!l.release(num(6), "b").unwrap(), "b does not hold 6");
+        assert_eq!(l.release_container("a").unwrap().len(), 1);
+        assert!(l.release_container("a").unwrap().is_empty(), "idempotent");
+        assert_eq!(
+            leased(l.acquire(&cands(), &want("c", me)).unwrap()).spare,
+            num(6)
+        );
+    }
+
+    #[test]
+    fn dead_holder_is_reclaimed_damaged_file_is_kept() {
+        let l = leases("reclaim");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id() as i32;
+        child.wait().unwrap();
+        let mut w = want("gone", dead);
+        w.pid_start = Some(1);
+        leased(l.acquire(&cands()[..1], &w).unwrap());
+        match l
+            .acquire(&cands()[..1], &want("new", std::process::id() as i32))
+            .unwrap()
+        {
+            Outcome::Leased {
+                lease, reclaimed, ..
+            } => {
+                assert_eq!(lease.container_id, "new");
+                assert_eq!(reclaimed.unwrap().container_id, "gone");
+            }
+            o => panic!("{o:?}"),
+        }
+        fs::write(l.path(num(7)), b"{\"spare\": ").unwrap();
+        match l
+            .acquire(&cands()[1..], &want("x", std::process::id() as i32))
+            .unwrap()
+        {
+            Outcome::NoneFree(w) => assert!(w[0].contains("is damaged"), "{w:?}"),
+            o => panic!("{o:?}"),
+        }
+        assert_eq!(
+            fs::read(l.path(num(7))).unwrap(),
+            b"{\"spare\": ",
+            "never overwritten"
+        );
+        assert!(matches!(l.list().unwrap()[1].1, Slot::Damaged { .. }));
+        // a stray temp file of a dead writer is swept under the lock
+        fs::write(l.dir.join(".c-195-6.json.tmp.99999"), b"x").unwrap();
+        drop(l.lock(LOCK_TIMEOUT).unwrap());
+        assert!(!l.dir.join(".c-195-6.json.tmp.99999").exists());
+    }
+
+    #[test]
+    fn pid_start_of_self_and_of_nothing() {
+        assert!(pid_start(std::process::id() as i32).is_some());
+        assert_eq!(pid_start(0), None);
+        assert_eq!(pid_start(i32::MAX), None);
+    }
+}

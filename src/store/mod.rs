@@ -1,0 +1,61 @@
+//! devgate's files on the node: the operator's quarantine (cordon) ledger, spare leases
+//! and, under state_dir, per-container records. Each is one JSON file read and written
+//! here: bounded reads, atomic writes, and every directory checked.
+
+pub mod lease;
+pub(crate) mod quarantine;
+pub(crate) mod records;
+
+use crate::error::{Error, Result};
+use crate::fsutil::{read_regular_file, write_atomic};
+use crate::model::device::{DevNum, DevType};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::io;
+use std::path::Path;
+
+/// Reads one JSON file of at most `limit` bytes: None when there is no such file, an
+/// error naming `what` and the file when it cannot be read or parsed.
+pub(crate) fn read_json<T: DeserializeOwned>(
+    path: &Path,
+    limit: u64,
+    what: &str,
+) -> Result<Option<T>> {
+    match read_regular_file(path, limit, what) {
+        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::json(format!("cannot parse {what}"), Some(path), &e)),
+    }
+}
+
+/// Replaces `path` with `value` as pretty JSON, atomically, readable by all (mode 0644).
+/// The caller has checked the directory.
+pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let mut json = serde_json::to_vec_pretty(value).expect("devgate's own types serialize");
+    json.push(b'\n');
+    write_atomic(path, &json, 0o644)
+}
+
+/// Both ledgers keep one file per device, named by type and major:minor: `c-195-1.json`.
+pub fn file_name(num: DevNum) -> String {
+    format!("{}-{}-{}.json", num.typ.letter(), num.major, num.minor)
+}
+
+/// The device a ledger file is for; None for anything else in the directory (temp files
+/// start with '.', notes an operator left).
+pub fn num_from_file_name(name: &str) -> Option<DevNum> {
+    let stem = name.strip_suffix(".json")?;
+    let mut it = stem.splitn(3, '-');
+    let typ = match it.next()? {
+        "c" => DevType::Char,
+        "b" => DevType::Block,
+        _ => return None,
+    };
+    Some(DevNum {
+        typ,
+        major: it.next()?.parse().ok()?,
+        minor: it.next()?.parse().ok()?,
+    })
+}
