@@ -14,16 +14,20 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
+.PHONY: all build test test-deps demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
 
 all: build
 
 build:
 	$(CARGO) build --release --locked
 
-# Every test: unit tests, and the end-to-end tests under the real runtimes (root).
-test:
+# Every test: unit tests, and the end-to-end tests under the real runtimes (root). On a
+# fresh Debian/Ubuntu machine it first installs the runtimes and tools the tests use.
+test: test-deps
 	$(CARGO) test --locked -- --test-threads=4
+
+test-deps:
+	./scripts/install-test-deps.sh
 
 lint:
 	$(CARGO) fmt --check

@@ -31,7 +31,7 @@ if command -v rpm >/dev/null; then
     for f in $files; do grep -qx "$f" <<<"$rpm_files" || fail "$rpm lacks $f"; done
     [ "$(rpm -qpc "$rpm" | sort)" = "$confs" ] || fail "$rpm config files: $(rpm -qpc "$rpm")"
 else
-    fail "rpm is not installed: .ci/run must install it (apt-get install rpm)"
+    fail "rpm is not installed: scripts/install-test-deps.sh installs it (apt-get install rpm)"
 fi
 
 trap 'dpkg --purge devgate >/dev/null 2>&1 || true' EXIT

@@ -47,7 +47,7 @@ pub fn busybox() -> PathBuf {
             return PathBuf::from(p);
         }
     }
-    panic!("busybox-static is not installed (apt-get install busybox-static)");
+    panic!("busybox-static is not installed: make test installs it (scripts/install-test-deps.sh)");
 }
 
 /// A devgate test environment: its own state, quarantine and log under one temp dir.
@@ -394,7 +394,7 @@ pub fn unique_id(tag: &str) -> String {
 pub fn require_cmd(cmd: &str, package: &str) {
     assert!(
         have(cmd),
-        "{cmd} is not installed: .ci/run must install it (apt-get install {package})"
+        "{cmd} is not installed: make test installs it (scripts/install-test-deps.sh; apt-get install {package})"
     );
 }
 
