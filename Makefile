@@ -80,10 +80,16 @@ uninstall:
 	@echo "kept $(DESTDIR)$(CONFIG) and $(DESTDIR)$(STATEDIR) (operator data)"
 
 # Packages land under target/: target/debian/*.deb, target/generate-rpm/*.rpm.
+# Without its packager each stops with one line saying how to install it.
+need-packager = $(if $(shell $(CARGO) $(1) --version 2>/dev/null),,$(error $(2) is not installed; install it with: cargo install --locked $(2)@$(3)))
+
 deb:
+	$(call need-packager,deb,cargo-deb,3.8.0)
 	$(CARGO) deb --locked
 
-rpm: build
+rpm:
+	$(call need-packager,generate-rpm,cargo-generate-rpm,0.21.1)
+	$(CARGO) build --release --locked
 	$(CARGO) generate-rpm
 
 clean:
