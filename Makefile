@@ -3,7 +3,9 @@ PREFIX     ?= /usr/local
 SYSCONFDIR ?= /etc
 DESTDIR    ?=
 CARGO      ?= cargo
-BIN         = target/release/devgate
+# cargo builds under CARGO_TARGET_DIR when it is set, else ./target.
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+BIN         = $(TARGET_DIR)/release/devgate
 
 BINDIR      = $(PREFIX)/bin
 HOOKSDIR    = $(PREFIX)/share/containers/oci/hooks.d
@@ -33,9 +35,10 @@ lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
 
-# The main job on a fresh machine: healthy start, cordon, rejected start, uncordon.
+# The whole story on a machine without a GPU (root): an XID rejects a start, remap moves
+# the container to a spare, a fault during a run becomes its exit reason.
 demo: build
-	./scripts/demo.sh $(BIN)
+	./scripts/demo.sh $(BIN) $(TARGET_DIR)
 
 bench:
 	$(CARGO) bench --locked --bench prestart
