@@ -17,6 +17,12 @@ files="/usr/bin/devgate
 /etc/devgate/config.json
 /etc/containerd/devgate-base-spec.json
 /usr/share/devgate/containerd/config.toml"
+# The documentation: README.md, SECURITY.md and every page under docs/ (a new page must be
+# added to both packages' assets in Cargo.toml).
+for f in README.md SECURITY.md docs/*.md; do
+    files="$files
+/usr/share/doc/devgate/$f"
+done
 confs="/etc/containerd/devgate-base-spec.json
 /etc/devgate/config.json"
 
