@@ -3,7 +3,9 @@ PREFIX     ?= /usr/local
 SYSCONFDIR ?= /etc
 DESTDIR    ?=
 CARGO      ?= cargo
-BIN         = target/release/devgate
+# cargo builds under CARGO_TARGET_DIR when it is set, else ./target.
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+BIN         = $(TARGET_DIR)/release/devgate
 
 BINDIR      = $(PREFIX)/bin
 HOOKSDIR    = $(PREFIX)/share/containers/oci/hooks.d
@@ -14,24 +16,29 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
+.PHONY: all build test test-deps demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
 
 all: build
 
 build:
 	$(CARGO) build --release --locked
 
-# Every test: unit tests, and the end-to-end tests under the real runtimes (root).
-test:
+# Every test: unit tests, and the end-to-end tests under the real runtimes (root). On a
+# fresh Debian/Ubuntu machine it first installs the runtimes and tools the tests use.
+test: test-deps
 	$(CARGO) test --locked -- --test-threads=4
+
+test-deps:
+	./scripts/install-test-deps.sh
 
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
 
-# The main job on a fresh machine: healthy start, cordon, rejected start, uncordon.
+# The whole story on a machine without a GPU (root): an XID rejects a start, remap moves
+# the container to a spare, a fault during a run becomes its exit reason.
 demo: build
-	./scripts/demo.sh $(BIN)
+	./scripts/demo.sh $(BIN) $(TARGET_DIR)
 
 bench:
 	$(CARGO) bench --locked --bench prestart
@@ -76,10 +83,16 @@ uninstall:
 	@echo "kept $(DESTDIR)$(CONFIG) and $(DESTDIR)$(STATEDIR) (operator data)"
 
 # Packages land under target/: target/debian/*.deb, target/generate-rpm/*.rpm.
+# Without its packager each stops with one line saying how to install it.
+need-packager = $(if $(shell $(CARGO) $(1) --version 2>/dev/null),,$(error $(2) is not installed; install it with: cargo install --locked $(2)@$(3)))
+
 deb:
+	$(call need-packager,deb,cargo-deb,3.8.0)
 	$(CARGO) deb --locked
 
-rpm: build
+rpm:
+	$(call need-packager,generate-rpm,cargo-generate-rpm,0.21.1)
+	$(CARGO) build --release --locked
 	$(CARGO) generate-rpm
 
 clean:

@@ -17,6 +17,12 @@ files="/usr/bin/devgate
 /etc/devgate/config.json
 /etc/containerd/devgate-base-spec.json
 /usr/share/devgate/containerd/config.toml"
+# The documentation: README.md, SECURITY.md and every page under docs/ (a new page must be
+# added to both packages' assets in Cargo.toml).
+for f in README.md SECURITY.md docs/*.md; do
+    files="$files
+/usr/share/doc/devgate/$f"
+done
 confs="/etc/containerd/devgate-base-spec.json
 /etc/devgate/config.json"
 
@@ -31,7 +37,7 @@ if command -v rpm >/dev/null; then
     for f in $files; do grep -qx "$f" <<<"$rpm_files" || fail "$rpm lacks $f"; done
     [ "$(rpm -qpc "$rpm" | sort)" = "$confs" ] || fail "$rpm config files: $(rpm -qpc "$rpm")"
 else
-    fail "rpm is not installed: .ci/run must install it (apt-get install rpm)"
+    fail "rpm is not installed: scripts/install-test-deps.sh installs it (apt-get install rpm)"
 fi
 
 trap 'dpkg --purge devgate >/dev/null 2>&1 || true' EXIT

@@ -25,7 +25,7 @@ fn require_cri_client() {
         .unwrap_or(false);
     assert!(
         ok,
-        "{PYTHON} with grpc is not installed: .ci/run must install it (apt-get install python3-grpcio)"
+        "{PYTHON} with grpc is not installed: make test installs it (scripts/install-test-deps.sh; apt-get install python3-grpcio)"
     );
 }
 

@@ -45,7 +45,7 @@ fn assert_hook(v: &Value, bin: &str, args: &[&str]) {
 fn make_install_lays_out_the_tree_and_keeps_operator_config() {
     assert!(
         have("make"),
-        "make is not installed: .ci/run must install it"
+        "make is not installed: scripts/install-test-deps.sh installs it"
     );
     let work = tempdir("destdir");
     let dest = work.join("root");

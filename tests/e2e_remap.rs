@@ -8,7 +8,7 @@ use devgate::store::lease::{Leases, Slot};
 use serde_json::{json, Value};
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::process::Child;
 use std::time::Duration;
@@ -196,30 +196,62 @@ fn runc_rootfs_with_dev_symlink_is_rejected_and_host_untouched() {
     let mut b = Bundle::new("rm-sym", &["sh", "-c", "echo ran > /out/ran"]);
     b.add_device("/dev/zero", "c", 1, 5);
     b.add_hooks(&env, &["prestart", "poststop"]);
-    // the container's /dev is a symlink to /etc, a host-looking path
+    // The container's /dev is a symlink to an absolute path outside the rootfs: a scratch
+    // directory this test owns, standing in for a host directory such as /etc. It holds
+    // a /dev/zero (1:5) of its own, the node devgate would replace if it followed the link.
+    // runc itself creates its /dev symlinks (fd, stdin, ...) through that link before the
+    // hook runs; what is checked is what devgate did.
+    let scratch = b.dir.join("host-lookalike");
+    fs::create_dir(&scratch).unwrap();
+    mknod_char(&scratch.join("zero"), 1, 5);
     fs::remove_dir(b.rootfs().join("dev")).unwrap();
-    std::os::unix::fs::symlink("/etc", b.rootfs().join("dev")).unwrap();
-    let host_etc_before: Vec<_> = fs::read_dir("/etc")
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    std::os::unix::fs::symlink(&scratch, b.rootfs().join("dev")).unwrap();
     let out = runtime_run("runc", &b, &unique_id("sym"));
     let all = text(&out);
     assert!(!out.status.success(), "{all}");
     assert!(says(&all, "devgate: rejected /dev/zero (1:5): quarantined by operator: \"x\"; remap impossible: cannot replace the node in the container: container path /dev/zero: /dev is a symlink in the container's rootfs; devgate never follows a container's symlinks; policy remap"), "{all}");
     assert!(!b.marker().exists());
-    // nothing on the host changed: /etc has the same names, /dev/zero is still 1:5
-    let host_etc_after: Vec<_> = fs::read_dir("/etc")
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(host_etc_before.len(), host_etc_after.len());
-    assert!(!Path::new("/etc/zero").exists());
-    let z = fs::metadata("/dev/zero").unwrap();
-    assert_eq!((libc::major(z.rdev()), libc::minor(z.rdev())), (1, 5));
+    // devgate followed the link nowhere: neither the link's target on the host nor the same
+    // path under the rootfs (where runc made the container's nodes) got the spare's node
+    // or one of devgate's temporary names, and the host's /dev/zero is still 1:5.
+    let under_rootfs = b.rootfs().join(scratch.strip_prefix("/").unwrap());
+    for dir in [&scratch, &under_rootfs] {
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(!name.starts_with(".devgate"), "devgate left {dir:?}/{name}");
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            assert_ne!(
+                (libc::major(m.rdev()), libc::minor(m.rdev())),
+                (1, 7),
+                "{dir:?}/{name} is the spare's node"
+            );
+        }
+    }
+    assert_eq!(char_node(&scratch.join("zero")), (1, 5));
+    assert_eq!(char_node(Path::new("/dev/zero")), (1, 5));
     // the lease taken for it was given back
     let leases = Leases::new(&env.dir.join("state")).list().unwrap();
     assert!(leases.is_empty(), "{leases:?}");
+}
+
+fn mknod_char(path: &Path, major: u64, minor: u64) {
+    nix::sys::stat::mknod(
+        path,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(major, minor),
+    )
+    .unwrap();
+}
+
+/// major:minor of a char node, without following a final symlink.
+fn char_node(path: &Path) -> (u32, u32) {
+    let m = fs::symlink_metadata(path).unwrap();
+    assert!(
+        m.file_type().is_char_device(),
+        "{path:?} is not a char node"
+    );
+    (libc::major(m.rdev()), libc::minor(m.rdev()))
 }
 
 fn hook(env: &Env, stage: &str) -> Child {

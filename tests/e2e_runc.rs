@@ -73,7 +73,7 @@ fn crun_gate_allows_rejects_and_allows_again() {
     require_root!();
     assert!(
         have("crun"),
-        "crun is not installed: .ci/run must install it"
+        "crun is not installed: make test installs it (scripts/install-test-deps.sh)"
     );
     gate_cycle("crun");
 }

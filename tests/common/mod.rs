@@ -47,7 +47,7 @@ pub fn busybox() -> PathBuf {
             return PathBuf::from(p);
         }
     }
-    panic!("busybox-static is not installed (apt-get install busybox-static)");
+    panic!("busybox-static is not installed: make test installs it (scripts/install-test-deps.sh)");
 }
 
 /// A devgate test environment: its own state, quarantine and log under one temp dir.
@@ -394,7 +394,7 @@ pub fn unique_id(tag: &str) -> String {
 pub fn require_cmd(cmd: &str, package: &str) {
     assert!(
         have(cmd),
-        "{cmd} is not installed: .ci/run must install it (apt-get install {package})"
+        "{cmd} is not installed: make test installs it (scripts/install-test-deps.sh; apt-get install {package})"
     );
 }
 
@@ -427,7 +427,34 @@ pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
 /// serve as CRI's sandbox ("pause") image.
 pub const TEST_IMAGE: &str = "localhost/devgate-busybox:test";
 
-/// Rootful podman with its own storage and config under one temp dir, runc as runtime.
+/// Host directories podman, containerd and their shims write to whatever their
+/// configuration says: runc's default root and podman's lock files (/run/runc, /run/libpod),
+/// containerd's shim sockets and IO FIFOs (/run/containerd/s, /run/containerd/fifo),
+/// podman's image copies and blob cache (/var/tmp, /var/lib/containers/cache).
+const RUNTIME_SCRATCH: [&str; 3] = ["/run", "/var/tmp", "/var/lib/containers"];
+
+/// `program` in a private mount namespace where each of RUNTIME_SCRATCH is a fresh tmpfs,
+/// so that a runtime daemon or client started by a test leaves nothing in the host's real
+/// directories. The test's own files are under the temp dir, which stays shared (a
+/// RUNTIME_SCRATCH entry that holds it is left alone); mounts made inside stay inside.
+pub fn in_private_mounts(program: &str) -> Command {
+    let tmp = std::env::temp_dir();
+    let dirs: Vec<&str> = RUNTIME_SCRATCH
+        .into_iter()
+        .filter(|d| Path::new(d).is_dir() && !tmp.starts_with(d))
+        .collect();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            r#"for d in {}; do mount -t tmpfs -o mode=1777 tmpfs "$d" || exit 1; done; exec "$0" "$@""#,
+            dirs.join(" ")
+        ))
+        .arg(program);
+    cmd
+}
+
+/// Rootful podman with its own storage and config under one temp dir, runc as runtime, in
+/// a private mount namespace per call (`in_private_mounts`).
 pub struct Podman {
     pub dir: PathBuf,
 }
@@ -437,11 +464,16 @@ impl Podman {
         require_cmd("podman", "podman");
         require_cmd("runc", "runc");
         let dir = tempdir(tag);
-        // This machine's podman needs default_ulimits = []; there is no systemd.
+        // This machine's podman needs default_ulimits = []; there is no systemd. The CNI
+        // config dir is the test's, so that podman's CNI lock stays out of /etc/cni.
         fs::write(
             dir.join("containers.conf"),
-            "[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = \"cgroupfs\"\n\
-             events_logger = \"file\"\n",
+            format!(
+                "[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = \"cgroupfs\"\n\
+                 events_logger = \"file\"\ntmp_dir = \"{tmp}\"\n[network]\nnetwork_config_dir = \"{cni}\"\n",
+                tmp = dir.join("libpod-tmp").display(),
+                cni = dir.join("cni").display(),
+            ),
         )
         .unwrap();
         let p = Podman { dir };
@@ -458,7 +490,7 @@ impl Podman {
     }
 
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new("podman");
+        let mut c = in_private_mounts("podman");
         c.env("CONTAINERS_CONF", self.dir.join("containers.conf"))
             .arg("--root")
             .arg(self.dir.join("root"))
@@ -555,8 +587,8 @@ pub fn hooks_config(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A private containerd: its own root, state, sockets and config under one temp dir, killed
-/// (and its mounts undone) when dropped.
+/// A private containerd: its own root, state, sockets and config under one temp dir, in its
+/// own mount namespace (`in_private_mounts`), killed (and its mounts undone) when dropped.
 pub struct Containerd {
     pub dir: PathBuf,
     pub socket: PathBuf,
@@ -581,7 +613,7 @@ impl Containerd {
         );
         fs::write(dir.join("config.toml"), &config).unwrap();
         let log = fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
+        let child = in_private_mounts("containerd")
             .arg("--config")
             .arg(dir.join("config.toml"))
             .stdin(Stdio::null())
@@ -603,8 +635,12 @@ impl Containerd {
         fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
     }
 
+    /// ctr inside containerd's mount namespace: its IO FIFOs and image mounts must be where
+    /// containerd and the shims see them.
     pub fn ctr(&self, namespace: &str, args: &[&str]) -> Output {
-        Command::new("ctr")
+        Command::new("nsenter")
+            .arg(format!("--mount=/proc/{}/ns/mnt", self.child.id()))
+            .arg("ctr")
             .arg("--address")
             .arg(&self.socket)
             .args(["--namespace", namespace])
