@@ -1,6 +1,11 @@
 //! The NVML and XID probes through the devgate binary, on the fake NVML library: each
 //! scenario of the fake, the deadline, selectors, status, and the no-GPU path that must
 //! never load the library. The hook is run the way runtimes run it (state on stdin).
+//!
+//! `mod direct` drives the fake through nvml-wrapper itself, the way devgate's NVML code
+//! calls it, to prove each scenario answers as NVML documents it (lost GPUs, a GPU missing
+//! from the count, a hang on one GPU, idle links, recovery action and drain state, init
+//! flags), and that its call log shows which GPUs were touched.
 
 mod common;
 use common::fake_nvml::{self, *};
@@ -608,4 +613,445 @@ fn status_shows_each_gpu_and_every_check() {
             .contains("      retired_pages  unhealthy      retired pages pending, reboot required"),
         "{shown}"
     );
+}
+
+mod direct {
+    use super::common::fake_nvml::*;
+    use super::common::{tempdir, wait_for};
+    use nvml_wrapper::bitmasks::InitFlags;
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::error::NvmlError;
+    use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+    use nvml_wrapper::structs::device::FieldId;
+    use nvml_wrapper::Nvml;
+    use serde_json::{json, Value};
+    use std::path::PathBuf;
+    use std::sync::{mpsc, Arc};
+
+    /// A private copy of the fake, its scenario and its call log.
+    struct Fake {
+        lib: PathBuf,
+        log: PathBuf,
+    }
+
+    fn fake(tag: &str, scenario: Value) -> Fake {
+        let dir = tempdir(tag);
+        let log = dir.join("calls");
+        let lib = private_lib(&dir, &with_call_log(scenario, &log));
+        Fake { lib, log }
+    }
+
+    impl Fake {
+        fn open(&self, flags: InitFlags) -> Result<Nvml, NvmlError> {
+            Nvml::builder()
+                .lib_path(self.lib.as_os_str())
+                .flags(flags)
+                .init()
+        }
+
+        fn nvml(&self) -> Nvml {
+            self.open(InitFlags::NO_ATTACH).unwrap()
+        }
+
+        fn calls(&self) -> Vec<Call> {
+            calls(&self.log)
+        }
+
+        fn logged(&self, func: &str, target: &str) -> bool {
+            self.calls()
+                .iter()
+                .any(|c| c.func == func && c.target == target)
+        }
+    }
+
+    fn lost<T: std::fmt::Debug>(r: Result<T, NvmlError>) {
+        assert!(matches!(r, Err(NvmlError::GpuLost)), "{r:?}");
+    }
+
+    /// One field's answer from nvmlDeviceGetFieldValues; errors as their names, since
+    /// NvmlError has no equality.
+    fn field(got: &[Result<FieldValueSample, NvmlError>], k: usize) -> Result<SampleValue, String> {
+        match &got[k] {
+            Ok(s) => match &s.value {
+                Ok(v) => Ok(v.clone()),
+                Err(e) => Err(format!("{e:?}")),
+            },
+            Err(e) => Err(format!("sample: {e:?}")),
+        }
+    }
+
+    /// The thread's answer has not come.
+    fn still_waiting<T: std::fmt::Debug>(rx: &mpsc::Receiver<T>, what: &str) {
+        let r = rx.try_recv();
+        assert!(
+            matches!(r, Err(mpsc::TryRecvError::Empty)),
+            "{what} returned although its GPU hangs: {r:?}"
+        );
+    }
+
+    #[test]
+    fn init_flags_are_recorded_and_no_attach_attaches_nothing() {
+        let f = fake("nvml-flags", healthy_node());
+        drop(f.nvml());
+        assert_eq!(
+            f.calls()[0],
+            Call {
+                func: "nvmlInitWithFlags".into(),
+                target: "flags=0x2".into()
+            }
+        );
+        assert!(
+            !f.calls().iter().any(|c| c.func == "attach"),
+            "{:?}",
+            f.calls()
+        );
+        assert_eq!(f.calls().last().unwrap().func, "nvmlShutdown");
+
+        // plain nvmlInit_v2 attaches every GPU NVML counts
+        let f = fake("nvml-flags2", healthy_node());
+        drop(f.open(InitFlags::empty()).unwrap());
+        assert_eq!(f.calls()[0].func, "nvmlInit_v2");
+        assert_eq!(f.calls()[0].target, "flags=0x0");
+        let attached: Vec<String> = f
+            .calls()
+            .into_iter()
+            .filter(|c| c.func == "attach")
+            .map(|c| c.target)
+            .collect();
+        assert_eq!(attached, (0..8).map(bus).collect::<Vec<_>>());
+
+        let f = fake("nvml-flags3", healthy_node());
+        drop(f.open(InitFlags::NO_GPUS | InitFlags::NO_ATTACH).unwrap());
+        assert_eq!(f.calls()[0].target, "flags=0x3");
+        assert_eq!(INIT_FLAG_NO_ATTACH | INIT_FLAG_NO_GPUS, 3);
+    }
+
+    #[test]
+    fn a_lookup_by_pci_bus_id_attaches_and_queries_only_that_gpu() {
+        let f = fake("nvml-one", healthy_node());
+        let nvml = f.nvml();
+        let dev = nvml.device_by_pci_bus_id(bus(5)).unwrap();
+        assert_eq!(dev.minor_number().unwrap(), 5);
+        assert_eq!(dev.uuid().unwrap(), uuid(5));
+        assert_eq!(dev.pci_info().unwrap().bus_id, bus_id(5));
+        assert_eq!(buses_touched(&f.log), [bus(5)]);
+        assert!(f.logged("attach", &bus(5)));
+        assert!(f.logged("nvmlDeviceGetMinorNumber", &bus(5)));
+        assert!(!f.calls().iter().any(
+            |c| c.func == "nvmlDeviceGetCount_v2" || c.func == "nvmlDeviceGetHandleByIndex_v2"
+        ));
+
+        // the log does see enumeration, so a test built on it can fail
+        let count = nvml.device_count().unwrap();
+        for i in 0..count {
+            nvml.device_by_index(i).unwrap().minor_number().unwrap();
+        }
+        assert_eq!(buses_touched(&f.log), {
+            let mut all = vec![bus(5)];
+            all.extend((0..8).filter(|&i| i != 5).map(bus));
+            all
+        });
+    }
+
+    #[test]
+    fn pci_bus_ids_are_accepted_in_every_form_nvml_documents() {
+        let f = fake("nvml-busid", healthy_node());
+        let nvml = f.nvml();
+        // domain:bus:device.function, domain:bus:device, bus:device.function; hex, any case
+        for id in [
+            "0000:3b:00.0",
+            "00000000:3B:00.0",
+            "0:3b:0",
+            "3b:00.0",
+            "3B:0.0",
+        ] {
+            let dev = nvml.device_by_pci_bus_id(id).unwrap();
+            assert_eq!(dev.minor_number().unwrap(), 1, "{id}");
+        }
+        for id in ["0000:3b:00.1", "0000:3c:00.0", "0001:3b:00.0"] {
+            let r = nvml.device_by_pci_bus_id(id).map(|_| ());
+            assert!(matches!(r, Err(NvmlError::NotFound)), "{id}: {r:?}");
+        }
+        for id in [
+            "",
+            "3b",
+            "zz:00.0",
+            "0000:3b:20.0",
+            "0000:3b:00.8",
+            "0000:100:00.0",
+        ] {
+            let r = nvml.device_by_pci_bus_id(id).map(|_| ());
+            assert!(matches!(r, Err(NvmlError::InvalidArg)), "{id}: {r:?}");
+        }
+        assert_eq!(
+            nvml.device_by_uuid(uuid(6))
+                .unwrap()
+                .minor_number()
+                .unwrap(),
+            6
+        );
+        let r = nvml.device_by_uuid("GPU-deadbeef").map(|_| ());
+        assert!(matches!(r, Err(NvmlError::NotFound)), "{r:?}");
+    }
+
+    #[test]
+    fn a_gpu_lost_at_its_handle_lookup_is_lost_by_index_bus_id_and_uuid() {
+        let f = fake("nvml-lost-handle", node_with(4, fault::lost_at_handle()));
+        let nvml = f.nvml();
+        assert_eq!(nvml.device_count().unwrap(), 8, "still counted");
+        lost(nvml.device_by_index(4));
+        lost(nvml.device_by_pci_bus_id(bus(4)));
+        lost(nvml.device_by_uuid(uuid(4)));
+        assert_eq!(nvml.device_by_index(3).unwrap().minor_number().unwrap(), 3);
+        assert_eq!(nvml.device_by_index(5).unwrap().minor_number().unwrap(), 5);
+
+        // the old spelling, `unreachable`, is the same fault
+        let f = fake(
+            "nvml-lost-handle2",
+            node_with(4, json!({"unreachable": true})),
+        );
+        lost(f.nvml().device_by_pci_bus_id(bus(4)));
+    }
+
+    #[test]
+    fn a_gpu_lost_at_every_query_answers_gpu_is_lost_to_its_minor_number_too() {
+        let f = fake("nvml-lost-all", node_with(2, fault::lost_at_every_query()));
+        let nvml = f.nvml();
+        let dev = nvml.device_by_pci_bus_id(bus(2)).unwrap();
+        lost(dev.minor_number());
+        lost(dev.uuid());
+        lost(dev.pci_info());
+        lost(dev.current_pcie_link_gen());
+        lost(dev.pcie_replay_counter());
+        lost(dev.field_values_for(&[FieldId(230)]));
+        lost(dev.is_drain_enabled(None));
+        // by index too; by UUID NVML cannot match a GPU that cannot say its UUID
+        lost(nvml.device_by_index(2).unwrap().minor_number());
+        let r = nvml.device_by_uuid(uuid(2)).map(|_| ());
+        assert!(matches!(r, Err(NvmlError::NotFound)), "{r:?}");
+        // the others answer
+        let other = nvml.device_by_pci_bus_id(bus(3)).unwrap();
+        assert_eq!(other.minor_number().unwrap(), 3);
+
+        // `lost: true` (lost at query): identity still answers, health queries do not
+        let f = fake("nvml-lost-query", node_with(2, json!({"lost": true})));
+        let nvml = f.nvml();
+        let dev = nvml.device_by_pci_bus_id(bus(2)).unwrap();
+        assert_eq!(dev.minor_number().unwrap(), 2);
+        assert_eq!(dev.uuid().unwrap(), uuid(2));
+        lost(dev.current_pcie_link_gen());
+        lost(dev.field_values_for(&[FieldId(230)]));
+    }
+
+    #[test]
+    fn a_gpu_missing_from_the_count_is_not_found_and_indices_close_up() {
+        let f = fake("nvml-missing", node_with(2, fault::missing()));
+        let nvml = f.nvml();
+        assert_eq!(nvml.device_count().unwrap(), 7);
+        let uuids: Vec<String> = (0..7)
+            .map(|i| nvml.device_by_index(i).unwrap().uuid().unwrap())
+            .collect();
+        let expected: Vec<String> = [0, 1, 3, 4, 5, 6, 7].into_iter().map(uuid).collect();
+        assert_eq!(uuids, expected);
+        let r = nvml.device_by_index(7).map(|_| ());
+        assert!(matches!(r, Err(NvmlError::InvalidArg)), "{r:?}");
+        let r = nvml.device_by_pci_bus_id(bus(2)).map(|_| ());
+        assert!(matches!(r, Err(NvmlError::NotFound)), "{r:?}");
+        let r = nvml.device_by_uuid(uuid(2)).map(|_| ());
+        assert!(matches!(r, Err(NvmlError::NotFound)), "{r:?}");
+        // asked for by address, never attached nor queried
+        assert!(!f
+            .calls()
+            .iter()
+            .any(|c| c.target == bus(2) && !c.func.starts_with("nvmlDeviceGetHandleBy")));
+    }
+
+    #[test]
+    fn a_hang_on_one_gpu_of_four_leaves_the_other_three_answering() {
+        const FOREVER: u64 = 600_000;
+        let scenario = node_of_with(4, 3, fault::hangs(FOREVER));
+
+        // NO_ATTACH: GPU 3's lookup never returns; GPUs 0-2 answer meanwhile
+        let f = fake("nvml-hang", scenario.clone());
+        let nvml = Arc::new(f.nvml());
+        let (tx, rx) = mpsc::channel();
+        let stuck = Arc::clone(&nvml);
+        std::thread::spawn(move || {
+            let r = stuck.device_by_pci_bus_id(bus(3)).map(|_| ());
+            let _ = tx.send(r);
+        });
+        wait_for("GPU 3's attach to start", || f.logged("attach", &bus(3)));
+        for i in 0..3 {
+            let dev = nvml.device_by_pci_bus_id(bus(i)).unwrap();
+            assert_eq!(dev.minor_number().unwrap(), i as u32);
+            assert_eq!(dev.current_pcie_link_gen().unwrap(), 4);
+            assert!(!dev.is_drain_enabled(None).unwrap());
+        }
+        still_waiting(&rx, "GPU 3's lookup");
+
+        // a GPU that attaches but hangs in one query: only that query is stuck
+        let f = fake(
+            "nvml-hang-query",
+            node_of_with(
+                4,
+                3,
+                json!({"hang_ms": {"nvmlDeviceGetMinorNumber": FOREVER}}),
+            ),
+        );
+        let nvml = Arc::new(f.nvml());
+        let dev3 = nvml.device_by_pci_bus_id(bus(3)).unwrap();
+        assert_eq!(dev3.uuid().unwrap(), uuid(3));
+        let (tx, rx) = mpsc::channel();
+        let stuck = Arc::clone(&nvml);
+        std::thread::spawn(move || {
+            let r = stuck
+                .device_by_pci_bus_id(bus(3))
+                .and_then(|d| d.minor_number());
+            let _ = tx.send(r);
+        });
+        wait_for("GPU 3's minor query to start", || {
+            f.logged("nvmlDeviceGetMinorNumber", &bus(3))
+        });
+        assert_eq!(
+            nvml.device_by_pci_bus_id(bus(1))
+                .unwrap()
+                .minor_number()
+                .unwrap(),
+            1
+        );
+        still_waiting(&rx, "GPU 3's query");
+
+        // plain nvmlInit_v2 attaches every GPU: the whole init hangs on GPU 3
+        let f = fake("nvml-hang-init", scenario);
+        let (tx, rx) = mpsc::channel();
+        let lib = f.lib.clone();
+        std::thread::spawn(move || {
+            let r = Nvml::builder()
+                .lib_path(lib.as_os_str())
+                .init()
+                .map(std::mem::forget);
+            let _ = tx.send(r.is_ok());
+        });
+        wait_for("init to reach GPU 3", || f.logged("attach", &bus(3)));
+        for i in 0..3 {
+            assert!(f.logged("attach", &bus(i)), "{:?}", f.calls());
+        }
+        still_waiting(&rx, "nvmlInit_v2");
+    }
+
+    #[test]
+    fn an_idle_link_trains_down_its_generation_not_its_width() {
+        let mut scenario = node_with(6, fault::idle_link());
+        scenario["gpus"][5]["pcie"] =
+            json!({"gen": 4, "max_gen": 5, "width": 8, "max_width": 16, "replay_counter": 37});
+        let f = fake("nvml-link", scenario);
+        let nvml = f.nvml();
+        let idle = nvml.device_by_pci_bus_id(bus(6)).unwrap();
+        assert_eq!(idle.current_pcie_link_gen().unwrap(), 1);
+        assert_eq!(idle.max_pcie_link_gen().unwrap(), 5);
+        assert_eq!(idle.current_pcie_link_width().unwrap(), 16);
+        assert_eq!(idle.max_pcie_link_width().unwrap(), 16);
+        assert_eq!(idle.pcie_replay_counter().unwrap(), 0);
+        let narrow = nvml.device_by_pci_bus_id(bus(5)).unwrap();
+        assert_eq!(narrow.current_pcie_link_width().unwrap(), 8);
+        assert_eq!(narrow.pcie_replay_counter().unwrap(), 37);
+    }
+
+    #[test]
+    fn recovery_action_and_drain_state_read_as_nvml_defines_them() {
+        let actions = [
+            recovery::NONE,
+            recovery::GPU_RESET,
+            recovery::NODE_REBOOT,
+            recovery::DRAIN_P2P,
+            recovery::DRAIN_AND_RESET,
+        ];
+        assert_eq!(actions, [0, 1, 2, 3, 4]);
+        let mut scenario = healthy_node();
+        for (i, a) in actions.iter().enumerate() {
+            scenario["gpus"][i]["recovery_action"] = json!(a);
+        }
+        scenario["gpus"][3]["drain"] = json!(true);
+        // an older driver does not know the field: that field alone says so
+        scenario["gpus"][5]
+            .as_object_mut()
+            .unwrap()
+            .remove("recovery_action");
+        scenario["gpus"][6]["not_supported"] =
+            json!(["nvmlDeviceGetFieldValues", "nvmlDeviceQueryDrainState"]);
+        scenario["gpus"][7]["field_values"] = json!({"94": 12});
+        let f = fake("nvml-recovery", scenario);
+        let nvml = f.nvml();
+        for (i, a) in actions.iter().enumerate() {
+            let dev = nvml.device_by_pci_bus_id(bus(i)).unwrap();
+            let got = dev.field_values_for(&[FieldId(230)]).unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].as_ref().unwrap().field, FieldId(230));
+            assert_eq!(field(&got, 0), Ok(SampleValue::U32(*a)), "GPU {i}");
+            assert_eq!(dev.is_drain_enabled(None).unwrap(), i == 3, "GPU {i}");
+        }
+        let old = nvml.device_by_pci_bus_id(bus(5)).unwrap();
+        let got = old.field_values_for(&[FieldId(230)]).unwrap();
+        assert_eq!(field(&got, 0), Err("NotSupported".into()));
+        let none = nvml.device_by_pci_bus_id(bus(6)).unwrap();
+        let r = none.field_values_for(&[FieldId(230)]);
+        assert!(matches!(r, Err(NvmlError::NotSupported)), "{r:?}");
+        let r = none.is_drain_enabled(None);
+        assert!(matches!(r, Err(NvmlError::NotSupported)), "{r:?}");
+        // several fields at once, each answered on its own
+        let dev = nvml.device_by_pci_bus_id(bus(7)).unwrap();
+        let got = dev
+            .field_values_for(&[FieldId(94), FieldId(230), FieldId(999)])
+            .unwrap();
+        assert_eq!(field(&got, 0), Ok(SampleValue::U64(12)));
+        assert_eq!(field(&got, 1), Ok(SampleValue::U32(0)));
+        assert_eq!(field(&got, 2), Err("NotSupported".into()));
+    }
+
+    #[test]
+    fn proc_information_matches_the_drivers_format() {
+        let real = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/nvidia-proc/L4-information"
+        ))
+        .unwrap();
+        let ours = ProcInfo {
+            model: "NVIDIA L4",
+            irq: 16,
+            uuid: "GPU-3291dfa4-fcc4-0110-615b-c894a0d7c689",
+            vbios: "95.04.65.00.13",
+            dma_bits: 47,
+            bus_location: "0000:70:00.0",
+            minor: 0,
+            firmware: None,
+            excluded: false,
+        };
+        assert_eq!(ours.render(), real);
+
+        // a node's tree: one entry per GPU the driver probed, NVML's view notwithstanding
+        let mut scenario = node_with(2, fault::missing());
+        scenario["gpus"][3]["minor"] = json!(6);
+        let root = tempdir("proc");
+        let gpus = write_proc_gpus(&root, &scenario);
+        assert_eq!(gpus, root.join("driver/nvidia/gpus"));
+        let mut names: Vec<String> = std::fs::read_dir(&gpus)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let mut expected: Vec<String> = (0..8).map(bus).collect();
+        expected.sort();
+        assert_eq!(names, expected);
+        let info = std::fs::read_to_string(gpus.join(bus(3)).join("information")).unwrap();
+        let field = |key: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim_start_matches([':', ' ', '\t']).to_string())
+                .unwrap()
+        };
+        assert_eq!(field("Device Minor"), "6");
+        assert_eq!(field("Bus Location"), bus(3));
+        assert_eq!(field("GPU UUID"), uuid(3));
+        assert_eq!(field("GPU Excluded"), "No");
+    }
 }
