@@ -6,6 +6,7 @@ pub mod class;
 pub mod cli;
 pub mod config;
 pub mod device;
+pub mod doctor;
 pub mod error;
 pub mod fsutil;
 pub mod hook;
