@@ -6,6 +6,7 @@
 //!  "hang_ms": {"nvmlDeviceGetRemappedRows": 30000},
 //!  "init_error": 9,
 //!  "gpus": [{"uuid": "GPU-…", "pci_bus_id": "00000000:3B:00.0", "minor": 1,
+//!            "name": "NVIDIA H100 80GB HBM3", "persistence_mode": true,
 //!            "lost": false, "unreachable": false,
 //!            "remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true},
 //!            "retired_pages_pending": false, "volatile_uncorrectable_ecc": 0,
@@ -221,6 +222,26 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(h: Handle, out: *mut c_uint) -
 pub unsafe extern "C" fn nvmlDeviceGetUUID(h: Handle, buf: *mut c_char, len: c_uint) -> Ret {
     let g = query!(h, "nvmlDeviceGetUUID", true);
     put_str(buf, len, g["uuid"].as_str().unwrap_or(""))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(h: Handle, buf: *mut c_char, len: c_uint) -> Ret {
+    let g = query!(h, "nvmlDeviceGetName", true);
+    put_str(
+        buf,
+        len,
+        g["name"].as_str().unwrap_or("NVIDIA H100 80GB HBM3"),
+    )
+}
+
+/// NVML_FEATURE_ENABLED (1) unless the scenario says `"persistence_mode": false`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(h: Handle, out: *mut c_uint) -> Ret {
+    let g = query!(h, "nvmlDeviceGetPersistenceMode", false);
+    put(
+        out,
+        g["persistence_mode"].as_bool().unwrap_or(true) as c_uint,
+    )
 }
 
 #[repr(C)]
