@@ -613,3 +613,44 @@ fn usage_lists_doctor_and_bad_options_are_usage_errors() {
         text(&out)
     );
 }
+
+/// NVML that never answers: doctor says so at the config's deadline and still finishes. A
+/// stuck library call must not keep the process from exiting either (the hang here is an
+/// hour: without the deadline and the _exit this test never ends).
+#[test]
+fn hanging_nvml_fails_at_the_deadline_and_doctor_exits() {
+    require_root!();
+    let gpu = GpuNode::new("doc-hang");
+    let node = Node::new(
+        "doc-hang-node",
+        &[],
+        json!({"dev_root": gpu.dev_root, "nvml_library": fake_nvml::lib(), "probe_timeout_ms": 300}),
+    );
+    let hang = |func: &str| {
+        let mut s = fake_nvml::healthy_node();
+        s["hang_ms"] = json!({ func: 3_600_000 });
+        fake_nvml::write_scenario(&gpu.dir, func, &s)
+    };
+    let in_count = hang("nvmlDeviceGetCount_v2");
+    let (code, lines) = node.doctor_with(&[], &[("FAKE_NVML_CONFIG", &in_count)]);
+    assert!(
+        lines.contains(&"✗ nvml: NVML did not answer in 300 ms".to_string()),
+        "{lines:#?}"
+    );
+    assert_eq!(
+        lines.last().unwrap(),
+        "devgate doctor: 1 failed, 6 passed, 4 notes"
+    );
+    assert_eq!(code, 1);
+
+    // The answer comes in time, then nvmlShutdown hangs holding the library's lock.
+    let in_shutdown = hang("nvmlShutdown");
+    let (code, lines) = node.doctor_with(&[], &[("FAKE_NVML_CONFIG", &in_shutdown)]);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("✓ nvml: ") && l.ends_with("8 GPU(s)")),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+}
