@@ -654,3 +654,131 @@ fn hanging_nvml_fails_at_the_deadline_and_doctor_exits() {
     );
     assert_eq!(code, 0, "{lines:#?}");
 }
+
+/// CRI-O's own files: crio.conf's hooks_dir and cgroup_manager, a drop-in overriding them,
+/// and kubelet's config.yaml disagreeing on the driver.
+#[test]
+fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
+    let node = Node::new("doc-crio", &[], json!({}));
+    let bin = devgate_bin();
+    let hooks = node.hooks_dir(&bin);
+    let crio = node.dir().join("crio.conf");
+    fs::write(
+        &crio,
+        format!(
+            "[crio.runtime]\ncgroup_manager = \"cgroupfs\"\nhooks_dir = [\"{}\"]\n",
+            hooks.display()
+        ),
+    )
+    .unwrap();
+    let args = ["--crio-config", crio.to_str().unwrap()];
+    let (code, lines) = node.doctor(&args);
+    assert!(
+        lines.contains(&format!(
+            "✓ cri-o: {}/devgate.json runs {} --config {} hook auto at start and poststop",
+            hooks.display(),
+            bin.display(),
+            node.env.config.display()
+        )),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.contains(&"✓ cgroup driver: cgroupfs, as CRI-O cgroup_manager = \"cgroupfs\"".into()),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+
+    // A drop-in moves the hooks directory to one without devgate's file, and kubelet says
+    // systemd.
+    let empty = node.dir().join("other-hooks.d");
+    fs::create_dir(&empty).unwrap();
+    fs::create_dir(node.dir().join("crio.conf.d")).unwrap();
+    fs::write(
+        node.dir().join("crio.conf.d/10-hooks.conf"),
+        format!("[crio.runtime]\nhooks_dir = [\"{}\"]\n", empty.display()),
+    )
+    .unwrap();
+    let kubelet = node.dir().join("kubelet");
+    fs::create_dir_all(&kubelet).unwrap();
+    fs::write(
+        kubelet.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         cgroupDriver: systemd\n",
+    )
+    .unwrap();
+    let (code, lines) = node.doctor(&args);
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("✗ cri-o: "))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(
+        lines[at..at + 2],
+        [
+            format!("✗ cri-o: no hook in {} runs devgate", empty.display()),
+            format!(
+                "  fix: devgate hooks-config --runtime crio --bin {} --out {} (a directory in \
+                 CRI-O's hooks_dir), then restart CRI-O",
+                bin.display(),
+                empty.display()
+            ),
+        ]
+    );
+    assert!(
+        lines.contains(&format!(
+            "✗ cgroup driver: kubelet and the runtimes disagree (kubelet {}/config.yaml \
+             cgroupDriver: systemd means systemd; CRI-O cgroup_manager = \"cgroupfs\" means \
+             cgroupfs)",
+            kubelet.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+}
+
+/// The cgroup mode comes from statfs of sysfs_root/fs/cgroup, as runc decides it: a cgroup2
+/// mount is v2; tmpfs with cgroup2 at unified/ is hybrid; tmpfs alone is v1. Each is
+/// mounted in a private mount namespace over a directory the test owns.
+#[test]
+fn cgroup_mode_from_statfs() {
+    require_root!();
+    require_cmd("unshare", "util-linux");
+    let node = Node::new("doc-cgmode", &[], json!({}));
+    let sys = node.dir().join("sys");
+    fs::create_dir_all(sys.join("fs/cgroup")).unwrap();
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&node.env.config).unwrap()).unwrap();
+    cfg["sysfs_root"] = json!(sys);
+    fs::write(&node.env.config, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let cg = sys.join("fs/cgroup");
+    let run = |mounts: &str| {
+        let script = format!(
+            "mount --make-rprivate / && {mounts} && exec '{}' --config '{}' doctor",
+            devgate_bin().display(),
+            node.env.config.display()
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "sh", "-c", &script])
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains("cgroup mode"))
+            .unwrap_or_else(|| panic!("{}", text(&out)))
+            .to_string()
+    };
+    let c = cg.display();
+    assert_eq!(
+        run(&format!("mount -t cgroup2 none '{c}'")),
+        format!("✓ cgroup mode: v2 ({c} is cgroup2)")
+    );
+    assert_eq!(
+        run(&format!(
+            "mount -t tmpfs none '{c}' && mkdir '{c}/unified' && mount -t cgroup2 none '{c}/unified'"
+        )),
+        format!("✓ cgroup mode: v1, hybrid ({c} is not cgroup2; cgroup2 at {c}/unified)")
+    );
+    assert_eq!(
+        run(&format!("mount -t tmpfs none '{c}'")),
+        format!("✓ cgroup mode: v1 ({c} is not cgroup2)")
+    );
+}
