@@ -227,17 +227,19 @@ fn unwired_podman_and_containerd_fail_with_the_fix() {
     want.extend([
         format!("✗ podman: no hook in {} runs devgate", hooks.display()),
         format!(
-            "  fix: devgate hooks-config --runtime podman --bin {} --out {}",
+            "  fix: devgate --config {} hooks-config --runtime podman --bin {} --out {}",
+            node.env.config.display(),
             bin.display(),
             hooks.display()
         ),
         "- cri-o: not installed".to_string(),
         "✗ containerd: runtime runc has no base_runtime_spec and runs runc".to_string(),
         format!(
-            "  fix: devgate hooks-config --runtime containerd --bin {} --out /etc/containerd, \
-             set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" under \
-             [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc], and restart \
-             containerd",
+            "  fix: devgate --config {} hooks-config --runtime containerd --bin {} --out \
+             /etc/containerd, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" \
+             under [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc], and \
+             restart containerd",
+            node.env.config.display(),
             bin.display()
         ),
     ]);
@@ -716,8 +718,9 @@ fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
         [
             format!("✗ cri-o: no hook in {} runs devgate", empty.display()),
             format!(
-                "  fix: devgate hooks-config --runtime crio --bin {} --out {} (a directory in \
-                 CRI-O's hooks_dir), then restart CRI-O",
+                "  fix: devgate --config {} hooks-config --runtime crio --bin {} --out {} (a \
+                 directory in CRI-O's hooks_dir), then restart CRI-O",
+                node.env.config.display(),
                 bin.display(),
                 empty.display()
             ),

@@ -244,8 +244,21 @@ pub fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
 
     let id = Identity::new(opts.bin.as_deref());
     let bin = opts.bin.clone().unwrap_or_else(|| id.this.clone());
+    // The fixes generate hooks for the config doctor checked, named only when it is not
+    // the default (a hook without --config reads the default).
+    let named = config
+        .source
+        .as_deref()
+        .filter(|p| *p != Path::new(config::DEFAULT_PATH));
+    let fix = FixCmd {
+        prefix: match named {
+            Some(p) => format!("devgate --config {} hooks-config", p.display()),
+            None => "devgate hooks-config".into(),
+        },
+        bin,
+    };
     let mut votes = Vec::new();
-    for l in runtime_checks(opts, &id, &bin, &mut votes) {
+    for l in runtime_checks(opts, &id, &fix, &mut votes) {
         push(l);
     }
     for l in cgroup_checks(opts, &config, votes) {
@@ -324,10 +337,29 @@ fn podman_hook_dirs() -> Vec<PathBuf> {
     dirs.unwrap_or_else(|| vec![PACKAGE_HOOKS_DIR.into(), HOST_HOOKS_DIR.into()])
 }
 
+/// How the fix lines spell `devgate hooks-config` for this node.
+pub struct FixCmd {
+    /// `devgate [--config PATH] hooks-config`.
+    pub prefix: String,
+    /// The devgate the hooks should run.
+    pub bin: PathBuf,
+}
+
+impl FixCmd {
+    fn hooks_config(&self, runtime: &str, out: &Path) -> String {
+        format!(
+            "{} --runtime {runtime} --bin {} --out {}",
+            self.prefix,
+            self.bin.display(),
+            out.display()
+        )
+    }
+}
+
 fn runtime_checks(
     opts: &Options,
     id: &Identity,
-    bin: &Path,
+    fix: &FixCmd,
     votes: &mut Vec<DriverVote>,
 ) -> Vec<Line> {
     let mut lines = Vec::new();
@@ -351,12 +383,11 @@ fn runtime_checks(
                 Err(e) => Line::fail(
                     "podman",
                     e,
-                    format!(
-                        "devgate hooks-config --runtime podman --bin {} --out {}",
-                        bin.display(),
+                    fix.hooks_config(
+                        "podman",
                         dirs.last()
-                            .map(|d| d.display().to_string())
-                            .unwrap_or_default()
+                            .map(PathBuf::as_path)
+                            .unwrap_or(Path::new(HOST_HOOKS_DIR)),
                     ),
                 ),
             },
@@ -398,18 +429,19 @@ fn runtime_checks(
                         Line::pass("cri-o", format!("{w} is devgate's runtime wrapper"))
                     }
                     (Ok(t), None) => Line::pass("cri-o", t),
-                    (Err(e), None) => {
-                        Line::fail(
-                            "cri-o",
-                            e,
-                            format!(
-                            "devgate hooks-config --runtime crio --bin {} --out {} (a directory \
-                             in CRI-O's hooks_dir), then restart CRI-O",
-                            bin.display(),
-                            dirs.first().map(|d| d.display().to_string()).unwrap_or_default()
+                    (Err(e), None) => Line::fail(
+                        "cri-o",
+                        e,
+                        format!(
+                            "{} (a directory in CRI-O's hooks_dir), then restart CRI-O",
+                            fix.hooks_config(
+                                "crio",
+                                dirs.first()
+                                    .map(PathBuf::as_path)
+                                    .unwrap_or(Path::new(runtimes::CRIO_DEFAULT_HOOKS_DIR))
+                            )
                         ),
-                        )
-                    }
+                    ),
                 });
                 let vote = match crio.cgroup_manager.as_deref() {
                     Some(m) => DriverVote {
@@ -445,7 +477,7 @@ fn runtime_checks(
                 &cbin,
                 config.as_deref(),
                 id,
-                bin,
+                fix,
                 &nvidia_config,
                 votes,
             ));
@@ -458,7 +490,7 @@ fn containerd_checks(
     cbin: &Path,
     config: Option<&Path>,
     id: &Identity,
-    bin: &Path,
+    fix: &FixCmd,
     nvidia_config: &Path,
     votes: &mut Vec<DriverVote>,
 ) -> Vec<Line> {
@@ -511,7 +543,7 @@ fn containerd_checks(
         Err(e) => Line::fail(
             "containerd",
             e,
-            runtimes::containerd_fix(&cri, &default, bin),
+            runtimes::containerd_fix(&cri, &default, fix),
         ),
     });
     for (name, other) in &cri.runtimes {

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -102,9 +102,14 @@ fn is_executable(p: &Path) -> bool {
     fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
 }
 
-/// Reads a small file, following symlinks as the runtimes do, bounded.
+/// Reads a small file, following symlinks as the runtimes do, bounded. Opened
+/// non-blocking, so a FIFO planted under a config name cannot hang doctor.
 pub fn read_small(path: &Path) -> Result<String, String> {
-    let f = fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let meta = f
         .metadata()
         .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
@@ -719,12 +724,11 @@ pub fn judge_containerd_runtime(
 }
 
 /// The fix line for an unwired containerd.
-pub fn containerd_fix(cri: &ContainerdCri, runtime: &str, bin: &Path) -> String {
+pub fn containerd_fix(cri: &ContainerdCri, runtime: &str, fix: &super::FixCmd) -> String {
     format!(
-        "devgate hooks-config --runtime containerd --bin {} --out /etc/containerd, set \
-         base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" under \
+        "{}, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" under \
          [plugins.\"{}\".containerd.runtimes.{runtime}], and restart containerd",
-        bin.display(),
+        fix.hooks_config("containerd", Path::new("/etc/containerd")),
         cri.plugin
     )
 }
