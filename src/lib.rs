@@ -19,7 +19,7 @@ pub mod store;
 // 5. Spec → the devices a container is assigned; the host's /dev.
 pub mod discover;
 // 6. Health probes: node, sysfs, quarantine, NVIDIA (NVML, kernel log).
-pub(crate) mod probe;
+pub mod probe;
 // 7. The decision table: verdicts and class → disposition. Pure.
 pub(crate) mod policy;
 // 8. What devgate does to a running container: remap (cgroup, /dev node).

@@ -9,9 +9,10 @@
 //! report naming a binary called after it, an OOM kill, a /dev/kmsg write), which must
 //! never count.
 
-use devgate::probe::xid::{
-    is_driver_load, parse_record, parse_xid, read_kmsg, PciAddr, ReadLimits,
+use devgate::probe::nvidia::kmsg::{
+    is_driver_load, parse_record, parse_xid, read_kmsg, ReadLimits,
 };
+use devgate::probe::nvidia::pci::PciAddr;
 use std::fs;
 use std::path::PathBuf;
 

@@ -40,6 +40,8 @@ const CONTAINERD_DEFAULT_SPEC: &str =
 pub const CONTAINERD_BASE_SPEC_NAME: &str = "devgate-base-spec.json";
 /// The hooks directory CRI-O and podman read for host-local (not packaged) hooks.
 pub const HOST_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
+/// Where packages put oci-hooks files (podman and CRI-O read it by default).
+pub const PACKAGE_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Runtime {

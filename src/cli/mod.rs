@@ -2,6 +2,7 @@
 //! Thin over the library; every failure is one `devgate: error: ...` line.
 
 mod args;
+mod doctor;
 pub(crate) mod hooks_config;
 mod install;
 mod node;
@@ -33,6 +34,11 @@ commands:
                              print (or write) the runtime configuration that runs devgate
   install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]
                              copy devgate and its configuration onto a host (Kubernetes installer)
+  doctor [--bin PATH] [--hooks-dir DIR]... [--crio-config FILE] [--containerd BIN]
+         [--containerd-config FILE] [--nvidia-runtime-config FILE] [--kubelet-config FILE]
+                             check the install: one ✓/✗ line per check, each ✗ with its fix;
+                             exit 1 if any failed. The options replace where it looks
+                             (default: the node's own files, runtimes found in PATH)
   version                    print the version
 
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
@@ -71,6 +77,9 @@ fn parse_args(argv: &[String]) -> Result<Args> {
 pub fn main(argv: Vec<String>, started: Instant) -> i32 {
     // hooks-config and install-host parse their own options (src/hooks_config.rs).
     if let Some(code) = hooks_config::cli(&argv) {
+        return code;
+    }
+    if let Some(code) = doctor::cli(&argv) {
         return code;
     }
     let args = match parse_args(&argv) {

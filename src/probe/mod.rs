@@ -1,11 +1,11 @@
 //! Health probes. Each probe looks at one aspect of one device and returns a verdict;
 //! probes never call each other, and [`probe_all`] runs every probe on every device.
 
-pub mod counters;
-pub mod node;
+pub(crate) mod counters;
+pub(crate) mod node;
 pub mod nvidia;
-pub mod quarantine;
-pub mod sysfs;
+pub(crate) mod quarantine;
+pub(crate) mod sysfs;
 
 use crate::config::Config;
 use crate::model::device::Device;

@@ -1,11 +1,11 @@
 //! NVIDIA GPUs: what NVML says about each GPU (`nvml`) and what the driver reported in the
 //! kernel log (`kmsg`, judged by `xid`), both read once per hook call into a [`GpuContext`].
 
-pub mod gpu;
+pub(crate) mod gpu;
 pub mod kmsg;
-pub mod nvml;
+pub(crate) mod nvml;
 pub mod pci;
-pub mod xid;
+pub(crate) mod xid;
 
 use crate::config::xid::XidTable;
 use crate::config::Config;

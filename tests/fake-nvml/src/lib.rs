@@ -10,6 +10,7 @@
 //!            "lost_at": "query",
 //!            "missing": false,
 //!            "hang_ms": {"*": 600000},
+//!            "name": "NVIDIA H100 80GB HBM3", "persistence_mode": true,
 //!            "remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true},
 //!            "retired_pages_pending": false, "volatile_uncorrectable_ecc": 0,
 //!            "throttle_reasons": 0,
@@ -513,6 +514,26 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(h: Handle, out: *mut c_uint) -
 pub unsafe extern "C" fn nvmlDeviceGetUUID(h: Handle, buf: *mut c_char, len: c_uint) -> Ret {
     let g = query!(h, "nvmlDeviceGetUUID", true);
     put_str(buf, len, g["uuid"].as_str().unwrap_or(""))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(h: Handle, buf: *mut c_char, len: c_uint) -> Ret {
+    let g = query!(h, "nvmlDeviceGetName", true);
+    put_str(
+        buf,
+        len,
+        g["name"].as_str().unwrap_or("NVIDIA H100 80GB HBM3"),
+    )
+}
+
+/// NVML_FEATURE_ENABLED (1) unless the scenario says `"persistence_mode": false`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(h: Handle, out: *mut c_uint) -> Ret {
+    let g = query!(h, "nvmlDeviceGetPersistenceMode", false);
+    put(
+        out,
+        g["persistence_mode"].as_bool().unwrap_or(true) as c_uint,
+    )
 }
 
 /// nvmlPciInfo_t (v3 layout).

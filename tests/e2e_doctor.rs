@@ -1,0 +1,787 @@
+//! `devgate doctor` against real configurations: oci-hooks directories written by
+//! `devgate hooks-config` (what podman reads), and containerd configurations read through
+//! the real `containerd config dump` (no daemon needed), wired and not; an unsafe directory;
+//! a config that does not parse; and a GPU node through the fake NVML.
+//!
+//! Each test gives doctor a PATH holding only the runtimes it means to be found, so the
+//! lines do not depend on what else the machine has installed.
+
+mod common;
+use common::fake_nvml::{self, GpuNode};
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A node for doctor: a devgate config under a temp dir, a kernel log file, a kubelet
+/// directory of its own, and a PATH directory with the runtimes the test names.
+struct Node {
+    env: Env,
+    path_dir: PathBuf,
+    kmsg: PathBuf,
+}
+
+impl Node {
+    fn new(tag: &str, runtimes: &[&str], extra: Value) -> Node {
+        let env = Env::new(tag);
+        let kmsg = env.dir.join("kmsg");
+        fs::write(&kmsg, "").unwrap();
+        let mut cfg: Value = serde_json::from_slice(&fs::read(&env.config).unwrap()).unwrap();
+        cfg["nvml_library"] = json!("/nonexistent/libnvidia-ml.so.1");
+        cfg["kmsg_path"] = json!(kmsg);
+        cfg["dev_root"] = json!(env.dir.join("dev"));
+        cfg["kubelet_pods_dir"] = json!(env.dir.join("kubelet/pods"));
+        for (k, v) in extra.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        fs::write(&env.config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+        fs::create_dir_all(env.dir.join("dev")).unwrap();
+        let path_dir = env.dir.join("bin");
+        fs::create_dir_all(&path_dir).unwrap();
+        for r in runtimes {
+            let real = which(r).unwrap_or_else(|| panic!("{r} is not installed"));
+            symlink(real, path_dir.join(r)).unwrap();
+        }
+        Node {
+            env,
+            path_dir,
+            kmsg,
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        &self.env.dir
+    }
+
+    fn doctor(&self, args: &[&str]) -> (i32, Vec<String>) {
+        self.doctor_with(args, &[])
+    }
+
+    fn doctor_with(&self, args: &[&str], envs: &[(&str, &Path)]) -> (i32, Vec<String>) {
+        let mut cmd = Command::new(devgate_bin());
+        cmd.arg("--config")
+            .arg(&self.env.config)
+            .arg("doctor")
+            .args(args)
+            .env_remove("DEVGATE_CONFIG")
+            .env("PATH", &self.path_dir);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.stderr.is_empty(),
+            "doctor wrote to stderr: {}",
+            text(&out)
+        );
+        let lines = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        (out.status.code().unwrap(), lines)
+    }
+
+    /// A podman hooks directory as `hooks-config` writes it, for `bin`.
+    fn hooks_dir(&self, bin: &Path) -> PathBuf {
+        let dir = self.dir().join("hooks.d");
+        hooks_config(&[
+            "--config",
+            self.env.config.to_str().unwrap(),
+            "hooks-config",
+            "--runtime",
+            "podman",
+            "--bin",
+            bin.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        dir
+    }
+
+    /// containerd's config.toml (version 2, as containerd 1.6 and 1.7 read it) with `body`.
+    fn containerd_config(&self, name: &str, body: &str) -> PathBuf {
+        let p = self.dir().join(name);
+        fs::write(&p, format!("version = 2\n{body}")).unwrap();
+        p
+    }
+
+    /// The base runtime spec `hooks-config --runtime containerd` generates.
+    fn base_spec(&self) -> PathBuf {
+        let p = self.dir().join("devgate-base-spec.json");
+        fs::write(&p, containerd_base_spec_for(&self.env)).unwrap();
+        p
+    }
+}
+
+fn which(cmd: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(cmd))
+        .find(|p| p.exists())
+}
+
+const RUNC_SECTION: &str = r#"[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]"#;
+
+/// The lines every configured test node shares, up to the runtimes.
+fn head(node: &Node) -> Vec<String> {
+    let d = node.dir().display();
+    vec![
+        format!("✓ config: {} parses", node.env.config.display()),
+        format!("✓ state_dir: {d}/state: absent; devgate creates it"),
+        format!("✓ quarantine_dir: {d}/quarantine: absent; devgate creates it"),
+        format!("✓ log_file directory: {d}/log: absent; devgate creates it"),
+    ]
+}
+
+/// Every line after the runtimes, on a node with no NVIDIA driver.
+fn tail(node: &Node, lines: &[String]) {
+    let n = lines.len();
+    assert!(
+        lines[n - 5].starts_with("✓ cgroup mode: v"),
+        "{}",
+        lines[n - 5]
+    );
+    assert_eq!(
+        lines[n - 4],
+        "✓ cgroup driver: cgroupfs, as containerd runtime runc SystemdCgroup = false"
+    );
+    assert_eq!(
+        lines[n - 3],
+        "- nvml: no NVIDIA driver (CPU node): cannot load /nonexistent/libnvidia-ml.so.1: \
+         /nonexistent/libnvidia-ml.so.1: cannot open shared object file: No such file or \
+         directory"
+    );
+    assert_eq!(
+        lines[n - 2],
+        format!("✓ kernel log: {} readable (empty)", node.kmsg.display())
+    );
+}
+
+#[test]
+fn wired_podman_and_containerd_pass() {
+    require_cmd("containerd", "containerd");
+    require_cmd("podman", "podman");
+    let node = Node::new("doc-wired", &["podman", "containerd"], json!({}));
+    let bin = devgate_bin();
+    let hooks = node.hooks_dir(&bin);
+    let spec = node.base_spec();
+    let config = node.containerd_config(
+        "containerd.toml",
+        &format!(
+            "{RUNC_SECTION}\n  runtime_type = \"io.containerd.runc.v2\"\n  \
+             base_runtime_spec = \"{}\"\n",
+            spec.display()
+        ),
+    );
+    let (code, lines) = node.doctor(&[
+        "--hooks-dir",
+        hooks.to_str().unwrap(),
+        "--containerd-config",
+        config.to_str().unwrap(),
+    ]);
+    let mut want = head(&node);
+    want.extend([
+        format!(
+            "✓ podman: {}/devgate.json runs {} --config {} hook auto at start and poststop",
+            hooks.display(),
+            bin.display(),
+            node.env.config.display()
+        ),
+        "- cri-o: not installed".to_string(),
+        format!(
+            "✓ containerd: default runtime runc starts from {}, a complete spec whose hooks \
+             run devgate at start and poststop",
+            spec.display()
+        ),
+    ]);
+    assert_eq!(lines[..want.len()], want[..], "{lines:#?}");
+    tail(&node, &lines);
+    assert_eq!(
+        lines.last().unwrap(),
+        "devgate doctor: 0 failed, 9 passed, 2 notes"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+}
+
+#[test]
+fn unwired_podman_and_containerd_fail_with_the_fix() {
+    require_cmd("containerd", "containerd");
+    require_cmd("podman", "podman");
+    let node = Node::new("doc-unwired", &["podman", "containerd"], json!({}));
+    let bin = devgate_bin();
+    // A hook file for another program, and a containerd with the stock runc runtime.
+    let hooks = node.hooks_dir(Path::new("/bin/true"));
+    let config = node.containerd_config(
+        "containerd.toml",
+        &format!("{RUNC_SECTION}\n  runtime_type = \"io.containerd.runc.v2\"\n"),
+    );
+    let (code, lines) = node.doctor(&[
+        "--hooks-dir",
+        hooks.to_str().unwrap(),
+        "--containerd-config",
+        config.to_str().unwrap(),
+    ]);
+    let mut want = head(&node);
+    want.extend([
+        format!("✗ podman: no hook in {} runs devgate", hooks.display()),
+        format!(
+            "  fix: devgate --config {} hooks-config --runtime podman --bin {} --out {}",
+            node.env.config.display(),
+            bin.display(),
+            hooks.display()
+        ),
+        "- cri-o: not installed".to_string(),
+        "✗ containerd: runtime runc has no base_runtime_spec and runs runc".to_string(),
+        format!(
+            "  fix: devgate --config {} hooks-config --runtime containerd --bin {} --out \
+             /etc/containerd, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" \
+             under [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc], and \
+             restart containerd",
+            node.env.config.display(),
+            bin.display()
+        ),
+    ]);
+    assert_eq!(lines[..want.len()], want[..], "{lines:#?}");
+    tail(&node, &lines);
+    assert_eq!(
+        lines.last().unwrap(),
+        "devgate doctor: 2 failed, 7 passed, 2 notes"
+    );
+    assert_eq!(code, 1);
+
+    // An empty hooks directory says the same.
+    let empty = node.dir().join("empty.d");
+    fs::create_dir(&empty).unwrap();
+    let (code, lines) = node.doctor(&[
+        "--hooks-dir",
+        empty.to_str().unwrap(),
+        "--containerd-config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(
+        lines.contains(&format!(
+            "✗ podman: no hook in {} runs devgate",
+            empty.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+}
+
+/// containerd reads `imports` drop-ins; doctor sees them because it reads the dump. And a
+/// base spec holding only hooks is refused: containerd uses it whole.
+#[test]
+fn containerd_imports_and_incomplete_base_spec() {
+    require_cmd("containerd", "containerd");
+    let node = Node::new("doc-imports", &["containerd"], json!({}));
+    let spec = node.base_spec();
+    let dropins = node.dir().join("conf.d");
+    fs::create_dir(&dropins).unwrap();
+    fs::write(
+        dropins.join("devgate.toml"),
+        format!(
+            "version = 2\n{RUNC_SECTION}\n  runtime_type = \"io.containerd.runc.v2\"\n  \
+             base_runtime_spec = \"{}\"\n",
+            spec.display()
+        ),
+    )
+    .unwrap();
+    let config = node.containerd_config(
+        "containerd.toml",
+        &format!("imports = [\"{}/*.toml\"]\n", dropins.display()),
+    );
+    let args = ["--containerd-config", config.to_str().unwrap()];
+    let (code, lines) = node.doctor(&args);
+    let want = format!(
+        "✓ containerd: default runtime runc starts from {}, a complete spec whose hooks run \
+         devgate at start and poststop",
+        spec.display()
+    );
+    assert!(lines.contains(&want), "{lines:#?}");
+    assert_eq!(code, 0, "{lines:#?}");
+
+    // The same hooks without the rest of the spec.
+    let full: Value = serde_json::from_slice(&fs::read(&spec).unwrap()).unwrap();
+    fs::write(
+        &spec,
+        serde_json::to_vec(&json!({"hooks": full["hooks"]})).unwrap(),
+    )
+    .unwrap();
+    let (code, lines) = node.doctor(&args);
+    let want = format!(
+        "✗ containerd: runtime runc: base_runtime_spec {} is not a complete spec (no \
+         ociVersion, process, root, linux); containerd reads it at start and uses it whole for \
+         every container",
+        spec.display()
+    );
+    assert!(lines.contains(&want), "{lines:#?}");
+    assert_eq!(code, 1);
+}
+
+/// The runtime wrapper as containerd's BinaryName, directly and behind NVIDIA's runtime.
+#[test]
+fn containerd_binary_name_wrapper_and_nvidia_runtime() {
+    require_cmd("containerd", "containerd");
+    let node = Node::new("doc-wrapper", &["containerd"], json!({}));
+    let bin = devgate_bin();
+    // A wrapper script in front of devgate, as a package may install it.
+    let wrapper = node.dir().join("devgate-runc");
+    fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec {} runtime \"$@\"\n", bin.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    let options = |binary: &Path| {
+        format!(
+            "{RUNC_SECTION}\n  runtime_type = \"io.containerd.runc.v2\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  \
+             BinaryName = \"{}\"\n",
+            binary.display()
+        )
+    };
+    let config = node.containerd_config("direct.toml", &options(&wrapper));
+    let (code, lines) = node.doctor(&["--containerd-config", config.to_str().unwrap()]);
+    assert!(
+        lines.contains(&format!(
+            "✓ containerd: default runtime runc runs devgate's runtime wrapper {}",
+            wrapper.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+
+    // NVIDIA's runtime first, which runs the first of its `runtimes` that exists.
+    let nvidia = node.dir().join("nvidia-container-runtime");
+    fs::write(&nvidia, "#!/bin/sh\nexit 1\n").unwrap();
+    fs::set_permissions(&nvidia, fs::Permissions::from_mode(0o755)).unwrap();
+    let config = node.containerd_config("nvidia.toml", &options(&nvidia));
+    let nv_config = node.dir().join("nvidia-config.toml");
+    let nv_args = [
+        "--containerd-config",
+        config.to_str().unwrap(),
+        "--nvidia-runtime-config",
+        nv_config.to_str().unwrap(),
+    ];
+    fs::write(
+        &nv_config,
+        format!(
+            "[nvidia-container-runtime]\nruntimes = [\"{}\", \"runc\"]\n",
+            wrapper.display()
+        ),
+    )
+    .unwrap();
+    let (code, lines) = node.doctor(&nv_args);
+    assert!(
+        lines.contains(&format!(
+            "✓ containerd: default runtime runc runs NVIDIA's runtime {}, which runs {}",
+            nvidia.display(),
+            wrapper.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+
+    // NVIDIA's runtime in front of plain runc: not wired.
+    let runc = node.dir().join("runc");
+    fs::write(&runc, "#!/bin/sh\nexit 1\n").unwrap();
+    fs::set_permissions(&runc, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(
+        &nv_config,
+        format!(
+            "[nvidia-container-runtime]\nruntimes = [\"{}\"]\n",
+            runc.display()
+        ),
+    )
+    .unwrap();
+    let (code, lines) = node.doctor(&nv_args);
+    assert!(
+        lines.contains(&format!(
+            "✗ containerd: runtime runc has no base_runtime_spec and runs NVIDIA's runtime {}, \
+             which runs {}",
+            nvidia.display(),
+            runc.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn group_writable_parent_is_unsafe() {
+    let node = Node::new("doc-unsafe", &[], json!({}));
+    let open = node.dir().join("shared");
+    fs::create_dir_all(open.join("state")).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o775)).unwrap();
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&node.env.config).unwrap()).unwrap();
+    cfg["state_dir"] = json!(open.join("state"));
+    fs::write(&node.env.config, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let (code, lines) = node.doctor(&[]);
+    if !is_root() {
+        // Not root: the temp directories are not root's either, and doctor says so.
+        assert_eq!(code, 1);
+        return;
+    }
+    assert_eq!(
+        lines[1..3],
+        [
+            format!(
+                "✗ state_dir: {}/state: {} is writable by group or others (mode 775)",
+                open.display(),
+                open.display()
+            ),
+            "  fix: make every directory on the path root's and not writable by group or \
+             others (chown root, chmod go-w), or point the config at one that is"
+                .to_string(),
+        ],
+        "{lines:#?}"
+    );
+    assert_eq!(
+        lines[3],
+        format!(
+            "✓ quarantine_dir: {}/quarantine: absent; devgate creates it",
+            node.dir().display()
+        )
+    );
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn config_that_does_not_parse_stops_doctor() {
+    let node = Node::new("doc-badcfg", &[], json!({}));
+    fs::write(&node.env.config, "{\n \"policy\": {\"default\": }\n}").unwrap();
+    let (code, lines) = node.doctor(&[]);
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "✗ config: config {}: line 2 column 24: expected value",
+                node.env.config.display()
+            ),
+            "  fix: correct the file (devgate refuses unknown keys and relative paths); every \
+             hook fails until it parses"
+                .to_string(),
+            "- other checks: skipped: they read the config".to_string(),
+            "devgate doctor: 1 failed, 0 passed, 1 notes".to_string(),
+        ]
+    );
+    assert_eq!(code, 1);
+}
+
+/// A GPU node through the fake NVML: persistence mode, a GPU name with an escape sequence
+/// (printed escaped), two spares (one without its /dev/char link, one the device plugin
+/// advertises), and kubelet's device-plugin checkpoint.
+#[test]
+fn gpu_node_persistence_spares_and_device_plugin() {
+    require_root!();
+    let gpu = GpuNode::new("doc-gpu");
+    let mut scenario = fake_nvml::node_with(1, json!({"persistence_mode": false}));
+    scenario["gpus"][2]["name"] = json!("Evil\u{1b}[31mGPU\nsecond line");
+    let scenario_file = fake_nvml::write_scenario(&gpu.dir, "doctor", &scenario);
+    let dev = gpu.dev_root.clone();
+    let node = Node::new(
+        "doc-gpu-node",
+        &[],
+        json!({
+            "dev_root": dev,
+            "nvml_library": fake_nvml::lib(),
+            "spares": {"nvidia-gpu": [dev.join("nvidia6"), dev.join("nvidia7")]},
+        }),
+    );
+    fs::create_dir_all(dev.join("char")).unwrap();
+    symlink("../nvidia7", dev.join("char/195:7")).unwrap();
+    let plugins = node.dir().join("kubelet/device-plugins");
+    fs::create_dir_all(&plugins).unwrap();
+    let advertised: Vec<String> = (0..7).map(fake_nvml::uuid).collect();
+    fs::write(
+        plugins.join("kubelet_internal_checkpoint"),
+        serde_json::to_vec(&json!({
+            "Data": {"PodDeviceEntries": null,
+                     "RegisteredDevices": {"nvidia.com/gpu": advertised}},
+            "Checksum": 1
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+
+    let (code, lines) = node.doctor_with(&[], &[("FAKE_NVML_CONFIG", &scenario_file)]);
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("✓ nvml: "))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    let gpu_line = |i: usize, name: &str| {
+        format!(
+            "{name}, 0000:{:02x}:00.0, {}, /dev/nvidia{i}",
+            fake_nvml::BUSES[i],
+            fake_nvml::uuid(i)
+        )
+    };
+    let h100 = "NVIDIA H100 80GB HBM3";
+    let keep: Vec<String> = (0..6).map(fake_nvml::uuid).collect();
+    let want = vec![
+        format!(
+            "✓ nvml: {} loaded, driver 550.54.15, 8 GPU(s)",
+            fake_nvml::lib().display()
+        ),
+        format!("✓ gpu 0: {}; persistence mode on", gpu_line(0, h100)),
+        format!(
+            "✗ gpu 1: {}; persistence mode off: the driver sets the GPU up again on each \
+             container start, which can take seconds",
+            gpu_line(1, h100)
+        ),
+        "  fix: nvidia-smi -i 1 -pm 1, or enable nvidia-persistenced (systemctl enable --now \
+         nvidia-persistenced)"
+            .to_string(),
+        format!(
+            "✓ gpu 2: {}; persistence mode on",
+            gpu_line(2, "Evil\\x1b[31mGPU\\x0asecond line")
+        ),
+        format!("✓ gpu 3: {}; persistence mode on", gpu_line(3, h100)),
+        format!("✓ gpu 4: {}; persistence mode on", gpu_line(4, h100)),
+        format!("✓ gpu 5: {}; persistence mode on", gpu_line(5, h100)),
+        format!("✓ gpu 6: {}; persistence mode on", gpu_line(6, h100)),
+        format!("✓ gpu 7: {}; persistence mode on", gpu_line(7, h100)),
+        format!(
+            "✗ spare: {d}/nvidia6 (nvidia-gpu, c 195:6): {d}/char/195:6 is missing; under the \
+             systemd cgroup driver runc skips a DeviceAllow whose path is missing, so the spare \
+             is denied after a daemon-reload",
+            d = dev.display()
+        ),
+        format!(
+            "  fix: nvidia-ctk system create-dev-char-symlinks --create-all (or ln -s ../nvidia6 \
+             {}/char/195:6), at every boot",
+            dev.display()
+        ),
+        format!(
+            "✗ spare hidden: {}/nvidia6 ({}) is advertised to kubelet as nvidia.com/gpu: kubelet \
+             can give the spare to another pod",
+            dev.display(),
+            fake_nvml::uuid(6)
+        ),
+        format!(
+            "  fix: set NVIDIA_VISIBLE_DEVICES={} on the NVIDIA device plugin's container (the \
+             GPUs that are not spares), run it unprivileged (privileged, it sees every GPU), and \
+             restart it",
+            keep.join(",")
+        ),
+        format!(
+            "✓ spare: {d}/nvidia7 (nvidia-gpu, c 195:7); {d}/char/195:7 links to it",
+            d = dev.display()
+        ),
+        format!(
+            "✓ spare hidden: {}/nvidia7 ({}) is not among the devices the NVIDIA device plugin \
+             registered (nvidia.com/gpu)",
+            dev.display(),
+            fake_nvml::uuid(7)
+        ),
+        format!("✓ kernel log: {} readable (empty)", node.kmsg.display()),
+        "devgate doctor: 3 failed, 16 passed, 4 notes".to_string(),
+    ];
+    assert_eq!(lines[at..], want[..], "{lines:#?}");
+    assert_eq!(code, 1);
+
+    // The same node with its NVML library missing: the driver's nodes are there, so this is
+    // a broken GPU node, not a CPU node.
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&node.env.config).unwrap()).unwrap();
+    cfg["nvml_library"] = json!("/nonexistent/libnvidia-ml.so.1");
+    cfg["spares"] = json!({});
+    fs::write(&node.env.config, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let (code, lines) = node.doctor(&[]);
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            "✗ nvml: cannot load /nonexistent/libnvidia-ml.so.1: /nonexistent/libnvidia-ml.so.1: \
+             cannot open shared object file"
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn usage_lists_doctor_and_bad_options_are_usage_errors() {
+    let out = Command::new(devgate_bin()).arg("help").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\n  doctor [--bin PATH]"));
+    let out = Command::new(devgate_bin())
+        .args(["doctor", "--hooks-dir"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("devgate: error: --hooks-dir needs a value"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// NVML that never answers: doctor says so at the config's deadline and still finishes. A
+/// stuck library call must not keep the process from exiting either (the hang here is an
+/// hour: without the deadline and the _exit this test never ends).
+#[test]
+fn hanging_nvml_fails_at_the_deadline_and_doctor_exits() {
+    require_root!();
+    let gpu = GpuNode::new("doc-hang");
+    let node = Node::new(
+        "doc-hang-node",
+        &[],
+        json!({"dev_root": gpu.dev_root, "nvml_library": fake_nvml::lib(), "probe_timeout_ms": 300}),
+    );
+    let hang = |func: &str| {
+        let mut s = fake_nvml::healthy_node();
+        s["hang_ms"] = json!({ func: 3_600_000 });
+        fake_nvml::write_scenario(&gpu.dir, func, &s)
+    };
+    let in_count = hang("nvmlDeviceGetCount_v2");
+    let (code, lines) = node.doctor_with(&[], &[("FAKE_NVML_CONFIG", &in_count)]);
+    assert!(
+        lines.contains(&"✗ nvml: NVML did not answer in 300 ms".to_string()),
+        "{lines:#?}"
+    );
+    assert_eq!(
+        lines.last().unwrap(),
+        "devgate doctor: 1 failed, 6 passed, 4 notes"
+    );
+    assert_eq!(code, 1);
+
+    // The answer comes in time, then nvmlShutdown hangs holding the library's lock.
+    let in_shutdown = hang("nvmlShutdown");
+    let (code, lines) = node.doctor_with(&[], &[("FAKE_NVML_CONFIG", &in_shutdown)]);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("✓ nvml: ") && l.ends_with("8 GPU(s)")),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+}
+
+/// CRI-O's own files: crio.conf's hooks_dir and cgroup_manager, a drop-in overriding them,
+/// and kubelet's config.yaml disagreeing on the driver.
+#[test]
+fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
+    let node = Node::new("doc-crio", &[], json!({}));
+    let bin = devgate_bin();
+    let hooks = node.hooks_dir(&bin);
+    let crio = node.dir().join("crio.conf");
+    fs::write(
+        &crio,
+        format!(
+            "[crio.runtime]\ncgroup_manager = \"cgroupfs\"\nhooks_dir = [\"{}\"]\n",
+            hooks.display()
+        ),
+    )
+    .unwrap();
+    let args = ["--crio-config", crio.to_str().unwrap()];
+    let (code, lines) = node.doctor(&args);
+    assert!(
+        lines.contains(&format!(
+            "✓ cri-o: {}/devgate.json runs {} --config {} hook auto at start and poststop",
+            hooks.display(),
+            bin.display(),
+            node.env.config.display()
+        )),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.contains(&"✓ cgroup driver: cgroupfs, as CRI-O cgroup_manager = \"cgroupfs\"".into()),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+
+    // A drop-in moves the hooks directory to one without devgate's file, and kubelet says
+    // systemd.
+    let empty = node.dir().join("other-hooks.d");
+    fs::create_dir(&empty).unwrap();
+    fs::create_dir(node.dir().join("crio.conf.d")).unwrap();
+    fs::write(
+        node.dir().join("crio.conf.d/10-hooks.conf"),
+        format!("[crio.runtime]\nhooks_dir = [\"{}\"]\n", empty.display()),
+    )
+    .unwrap();
+    let kubelet = node.dir().join("kubelet");
+    fs::create_dir_all(&kubelet).unwrap();
+    fs::write(
+        kubelet.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         cgroupDriver: systemd\n",
+    )
+    .unwrap();
+    let (code, lines) = node.doctor(&args);
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("✗ cri-o: "))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(
+        lines[at..at + 2],
+        [
+            format!("✗ cri-o: no hook in {} runs devgate", empty.display()),
+            format!(
+                "  fix: devgate --config {} hooks-config --runtime crio --bin {} --out {} (a \
+                 directory in CRI-O's hooks_dir), then restart CRI-O",
+                node.env.config.display(),
+                bin.display(),
+                empty.display()
+            ),
+        ]
+    );
+    assert!(
+        lines.contains(&format!(
+            "✗ cgroup driver: kubelet and the runtimes disagree (kubelet {}/config.yaml \
+             cgroupDriver: systemd means systemd; CRI-O cgroup_manager = \"cgroupfs\" means \
+             cgroupfs)",
+            kubelet.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+}
+
+/// The cgroup mode comes from statfs of sysfs_root/fs/cgroup, as runc decides it: a cgroup2
+/// mount is v2; tmpfs with cgroup2 at unified/ is hybrid; tmpfs alone is v1. Each is
+/// mounted in a private mount namespace over a directory the test owns.
+#[test]
+fn cgroup_mode_from_statfs() {
+    require_root!();
+    require_cmd("unshare", "util-linux");
+    let node = Node::new("doc-cgmode", &[], json!({}));
+    let sys = node.dir().join("sys");
+    fs::create_dir_all(sys.join("fs/cgroup")).unwrap();
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&node.env.config).unwrap()).unwrap();
+    cfg["sysfs_root"] = json!(sys);
+    fs::write(&node.env.config, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let cg = sys.join("fs/cgroup");
+    let run = |mounts: &str| {
+        let script = format!(
+            "mount --make-rprivate / && {mounts} && exec '{}' --config '{}' doctor",
+            devgate_bin().display(),
+            node.env.config.display()
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "sh", "-c", &script])
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains("cgroup mode"))
+            .unwrap_or_else(|| panic!("{}", text(&out)))
+            .to_string()
+    };
+    let c = cg.display();
+    assert_eq!(
+        run(&format!("mount -t cgroup2 none '{c}'")),
+        format!("✓ cgroup mode: v2 ({c} is cgroup2)")
+    );
+    assert_eq!(
+        run(&format!(
+            "mount -t tmpfs none '{c}' && mkdir '{c}/unified' && mount -t cgroup2 none '{c}/unified'"
+        )),
+        format!("✓ cgroup mode: v1, hybrid ({c} is not cgroup2; cgroup2 at {c}/unified)")
+    );
+    assert_eq!(
+        run(&format!("mount -t tmpfs none '{c}'")),
+        format!("✓ cgroup mode: v1 ({c} is not cgroup2)")
+    );
+}
