@@ -21,9 +21,35 @@ impl Parsed {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value given for a repeatable option, in order.
+    pub(crate) fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
+        self.values
+            .iter()
+            .filter(move |(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     pub(crate) fn flag(&self, name: &str) -> bool {
         self.flags.contains(&name)
     }
+}
+
+/// The command word: the first argument that is not an option, past the global
+/// `--config PATH`. Commands with options of their own look at it before the main parser.
+pub(crate) fn command(argv: &[String]) -> Option<&str> {
+    let mut skip_value = false;
+    argv.iter()
+        .find(|a| {
+            if skip_value {
+                skip_value = false;
+                return false;
+            }
+            if *a == "--config" {
+                skip_value = true;
+            }
+            !a.starts_with('-')
+        })
+        .map(String::as_str)
 }
 
 pub(crate) fn parse(

@@ -252,17 +252,7 @@ fn parse(argv: &[String]) -> Result<Opts> {
 /// The command this module runs, if `argv` names one: `hooks-config` or `install-host`.
 /// Returns the exit status; `None` leaves the command line to the rest of the CLI.
 pub fn cli(argv: &[String]) -> Option<i32> {
-    let mut skip_value = false;
-    let command = argv.iter().find(|a| {
-        if skip_value {
-            skip_value = false;
-            return false;
-        }
-        if *a == "--config" {
-            skip_value = true;
-        }
-        !a.starts_with('-')
-    })?;
+    let command = super::args::command(argv)?;
     if command != "hooks-config" && command != "install-host" {
         return None;
     }

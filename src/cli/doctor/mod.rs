@@ -125,51 +125,52 @@ pub struct Options {
 }
 
 fn parse(argv: &[String]) -> Result<Options, String> {
-    let mut o = Options::default();
-    let mut it = argv.iter();
-    let mut seen_command = false;
-    while let Some(arg) = it.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match name {
-            "--config" => o.config = Some(value()?.into()),
-            "--bin" => o.bin = Some(value()?.into()),
-            "--hooks-dir" => o.hooks_dirs.push(value()?.into()),
-            "--crio-config" => o.crio_config = Some(value()?.into()),
-            "--containerd" => o.containerd = Some(value()?.into()),
-            "--containerd-config" => o.containerd_config = Some(value()?.into()),
-            "--nvidia-runtime-config" => o.nvidia_runtime_config = Some(value()?.into()),
-            "--kubelet-config" => o.kubelet_config = Some(value()?.into()),
-            "doctor" if !seen_command => seen_command = true,
-            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
-            s => return Err(format!("unexpected argument {s:?}")),
-        }
+    let p = crate::cli::args::parse(
+        argv,
+        &[
+            "--config",
+            "--bin",
+            "--hooks-dir",
+            "--crio-config",
+            "--containerd",
+            "--containerd-config",
+            "--nvidia-runtime-config",
+            "--kubelet-config",
+        ],
+        &[],
+    )
+    .map_err(|e| e.to_string())?;
+    if let Some(extra) = p.positional.get(1) {
+        return Err(format!("unexpected argument {extra:?}"));
     }
-    Ok(o)
+    let path = |name: &str| -> Result<Option<PathBuf>, String> {
+        match p.value(name) {
+            Some("") => Err(format!("{name} needs a value")),
+            v => Ok(v.map(PathBuf::from)),
+        }
+    };
+    let mut hooks_dirs = Vec::new();
+    for d in p.values("--hooks-dir") {
+        if d.is_empty() {
+            return Err("--hooks-dir needs a value".into());
+        }
+        hooks_dirs.push(PathBuf::from(d));
+    }
+    Ok(Options {
+        config: path("--config")?,
+        bin: path("--bin")?,
+        hooks_dirs,
+        crio_config: path("--crio-config")?,
+        containerd: path("--containerd")?,
+        containerd_config: path("--containerd-config")?,
+        nvidia_runtime_config: path("--nvidia-runtime-config")?,
+        kubelet_config: path("--kubelet-config")?,
+    })
 }
 
 /// Runs `doctor` if `argv` names it (after the global `--config PATH`); the exit status.
 pub fn cli(argv: &[String]) -> Option<i32> {
-    let mut skip_value = false;
-    let command = argv.iter().find(|a| {
-        if skip_value {
-            skip_value = false;
-            return false;
-        }
-        if *a == "--config" {
-            skip_value = true;
-        }
-        !a.starts_with('-')
-    })?;
+    let command = crate::cli::args::command(argv)?;
     if command != "doctor" {
         return None;
     }
