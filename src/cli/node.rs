@@ -2,6 +2,7 @@
 //! one container (`status`, `check`, `metrics`, `explain`).
 
 use super::Args;
+use crate::config::policy::Action;
 use crate::config::Config;
 use crate::discover::devnode::parse_device_arg;
 use crate::error::{Error, Result};
@@ -180,7 +181,9 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
     if let Some(rec) = &rec {
         explain_start(rec);
     }
+    let rejected = rec.as_ref().is_some_and(|r| r.action == Action::Reject);
     match &exit {
+        None if rejected => println!("  stop: none (the start was rejected; it never ran)"),
         None => println!(
             "  stop: not recorded (still running, or stopped before devgate's poststop ran)"
         ),

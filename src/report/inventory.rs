@@ -207,7 +207,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
             let reasons = verdicts
                 .iter()
                 .filter(|r| !matches!(r.verdict, Verdict::Healthy | Verdict::NotApplicable(_)))
-                .filter_map(|r| r.verdict.reason().map(|why| format!("{}: {why}", r.probe)))
+                .filter_map(|r| r.verdict.reason().map(|why| labelled(&r.probe, why)))
                 .collect();
             Row {
                 lease: lease_of(&slots, device.num),
@@ -363,8 +363,26 @@ pub fn metrics_text(rows: &[Row], exits: &[record::ExitRecord]) -> String {
     out
 }
 
+/// `probe: reason`, unless the probe already named itself (the NVML and XID reasons do).
+fn labelled(probe: &str, why: &str) -> String {
+    match why.strip_prefix(probe) {
+        Some(rest) if rest.starts_with(": ") => why.to_string(),
+        _ => format!("{probe}: {why}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn reasons_name_their_probe_once() {
+        assert_eq!(
+            labelled("xid", "xid: xid 79 on 0000:3b:00"),
+            "xid: xid 79 on 0000:3b:00"
+        );
+        assert_eq!(labelled("sysfs", "AER fatal 2"), "sysfs: AER fatal 2");
+        assert_eq!(labelled("nvml", "nvmlish"), "nvml: nvmlish");
+    }
     use super::*;
     use crate::model::device::DevType;
 
