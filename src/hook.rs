@@ -110,6 +110,9 @@ fn gate(
     config_path: Option<&Path>,
     started: Instant,
 ) -> Result<Report> {
+    // Held before anything slow runs: a pid that dies and is reused while devgate probes
+    // can never send a remap into another process.
+    let process = state.pid().map(crate::nsdev::ContainerProcess::open);
     let spec = Spec::load(&state.bundle)?;
     if !device::may_have_devices(&spec) {
         return Ok(Report::default());
@@ -143,7 +146,15 @@ fn gate(
     }
     let ledger = Ledger::new(&config.quarantine_dir);
     let mut decisions = decide_with(&config, &ledger, devices, gpu.as_ref());
-    let applied = crate::remap::apply(&config, state, &spec, &ledger, gpu.as_ref(), &mut decisions);
+    let applied = crate::remap::apply(
+        &config,
+        state,
+        &spec,
+        &ledger,
+        gpu.as_ref(),
+        process.as_ref(),
+        &mut decisions,
+    );
     let (action, message, mut warnings) = summarize(&decisions);
     warnings.extend(selector_warnings);
 

@@ -427,6 +427,37 @@ pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// The container's process as a hook holds it: the state's pid and a pidfd opened before
+/// anything slow (probing) ran. Everything the remap does to "the container" goes through
+/// it, so a pid that dies and is reused meanwhile is noticed instead of edited.
+#[derive(Debug)]
+pub struct ContainerProcess {
+    pub pid: i32,
+    fd: std::result::Result<OwnedFd, String>,
+}
+
+impl ContainerProcess {
+    pub fn open(pid: i32) -> ContainerProcess {
+        ContainerProcess {
+            pid,
+            fd: pidfd_open(pid).map_err(|e| {
+                format!(
+                    "cannot open a pidfd for container process {pid}: {}",
+                    e.to_string().to_lowercase()
+                )
+            }),
+        }
+    }
+
+    /// The pidfd, or why there is none (the process had exited when the hook started).
+    pub fn pidfd(&self) -> std::result::Result<RawFd, String> {
+        self.fd
+            .as_ref()
+            .map(|f| f.as_raw_fd())
+            .map_err(Clone::clone)
+    }
+}
+
 /// True while the process behind `pidfd` has not exited. A file under /proc/PID opened
 /// before this returns true belongs to that process, not to a later one with its pid.
 pub fn pidfd_alive(pidfd: RawFd) -> bool {
