@@ -11,7 +11,8 @@
 # nsenter cost. devgate's state_dir is on a tmpfs (/dev/shm), as its default /run/devgate is
 # on a node; STATE=disk puts it beside the bundles under /tmp instead, where every atomic
 # write pays its fsyncs. Prints the median and p90 wall time of `runc run` for each, and
-# remap minus gate per node.
+# remap minus gate per node, also as the median of each round's difference (gate and remap
+# run back to back in a round, so that figure is the least disturbed by a busy machine).
 # Usage: [STATE=disk] benches/remap.sh [DEVGATE_BIN] [N]   (root; runc, busybox-static, util-linux)
 set -eu
 BIN=$(readlink -f "${1:-target/release/devgate}")
@@ -119,6 +120,11 @@ stats() { # $1: label -> "median p90" in microseconds
   sort -n "$W/$1.times" | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; p=a[int(NR*0.9+0.5)]; print m, p}'
 }
 
+paired() { # $1, $2: labels -> the median of the per-round differences $1 - $2
+  paste -d ' ' "$W/$1.times" "$W/$2.times" | awk '{print $1 - $2}' | sort -n |
+    awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+}
+
 printf 'runc run, %s rounds, state_dir on %s (microseconds; %s)\n' "$N" "${STATE:-tmpfs}" \
   "$(runc --version | head -1)"
 for node in v1 v2; do
@@ -128,6 +134,8 @@ for node in v1 v2; do
   printf '  %s  none  median %8s  p90 %8s\n' "$node" "$none_m" "$none_p"
   printf '  %s  gate  median %8s  p90 %8s\n' "$node" "$gate_m" "$gate_p"
   printf '  %s  remap median %8s  p90 %8s\n' "$node" "$remap_m" "$remap_p"
-  printf '  %s  remap adds %s us over the plain gate (median), %s us over no hook\n' \
-    "$node" $((remap_m - gate_m)) $((remap_m - none_m))
+  printf '  %s  remap adds %s us over the plain gate (difference of medians; median of the\n' \
+    "$node" $((remap_m - gate_m))
+  printf '      per-round differences %s us), %s us over no hook\n' \
+    "$(paired "remap-$node" "gate-$node")" $((remap_m - none_m))
 done
