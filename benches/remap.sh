@@ -37,15 +37,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The two nodes: a namespace holder each, waited for through a fifo.
-mkfifo "$W/ready"
-unshare --mount --propagation private sh -c 'echo ready >"$0"; exec sleep 100000' "$W/ready" &
+# The two nodes: a namespace holder each, waited for through a fifo of its own.
+mkfifo "$W/ready1" "$W/ready2"
+unshare --mount --propagation private sh -c 'echo ready >"$0"; exec sleep 100000' "$W/ready1" &
 NS1=$!
-read -r _ <"$W/ready"
 unshare --mount --propagation private sh -c \
-  'mount -t cgroup2 none /sys/fs/cgroup && echo ready >"$0"; exec sleep 100000' "$W/ready" &
+  'if mount -t cgroup2 none /sys/fs/cgroup; then echo ready; else echo failed; fi >"$0"
+   exec sleep 100000' "$W/ready2" &
 NS2=$!
-read -r _ <"$W/ready"
+r1= r2=
+read -r r1 <"$W/ready1" || true
+read -r r2 <"$W/ready2" || true
+[ "$r1 $r2" = "ready ready" ] || { echo "the namespaces did not come up" >&2; exit 1; }
 [ "$(nsenter -t "$NS2" -m stat -f -c %T /sys/fs/cgroup)" = cgroup2fs ] ||
   { echo "the v2 node has no cgroup2 at /sys/fs/cgroup" >&2; exit 1; }
 
