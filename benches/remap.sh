@@ -1,7 +1,8 @@
 #!/bin/sh
 # Time added to `runc run` by a remap, on cgroup v1 and cgroup v2 side by side. The same
 # container (busybox `true` asking for /dev/zero) is started N rounds; each round starts it
-# once in each of six ways, interleaved so that the machine's noise hits all of them alike:
+# once in each of six ways, in a random order, so that the machine's noise and any effect
+# of what ran before hit all of them alike:
 #   v1 / v2   this host's layout (hybrid: runc uses the v1 devices controller) / a true v2
 #             node (a private mount namespace with cgroup2 at /sys/fs/cgroup: eBPF programs)
 #   none      no devgate hook at all
@@ -11,9 +12,11 @@
 # nsenter cost. devgate's state_dir is on a tmpfs (/dev/shm), as its default /run/devgate is
 # on a node; STATE=disk puts it beside the bundles under /tmp instead, where every atomic
 # write pays its fsyncs. Prints the median and p90 wall time of `runc run` for each, and
-# remap minus gate per node, also as the median of each round's difference (gate and remap
-# run back to back in a round, so that figure is the least disturbed by a busy machine).
-# Usage: [STATE=disk] benches/remap.sh [DEVGATE_BIN] [N]   (root; runc, busybox-static, util-linux)
+# remap minus gate per node, also as the median of each round's difference, and the time
+# devgate itself logged (elapsed_us of the decision and stop lines), which a busy machine
+# disturbs least.
+# Usage: [STATE=disk] benches/remap.sh [DEVGATE_BIN] [N]
+#   (root; runc, busybox-static, util-linux, coreutils)
 set -eu
 BIN=$(readlink -f "${1:-target/release/devgate}")
 N=${2:-30}
@@ -55,7 +58,7 @@ read -r r2 <"$W/ready2" || true
 config() { # $1: name -> a devgate config with its own state and quarantine
   mkdir -p "$W/$1"
   cat >"$W/$1/config.json" <<JSON
-{"state_dir": "$S/$1", "quarantine_dir": "$W/$1/quarantine",
+{"state_dir": "$S/$1", "quarantine_dir": "$W/$1/quarantine", "log_file": "$S/$1/decisions.jsonl",
  "policy": {"classes": {"char": "remap"}}, "spares": {"char": ["/dev/full"]}}
 JSON
 }
@@ -108,7 +111,7 @@ for l in $LABELS; do : >"$W/$l.times"; done
 start none-v1 warmup; start none-v2 warmup
 i=0
 while [ $i -lt "$N" ]; do
-  for l in $LABELS; do start "$l" "$i"; done
+  for l in $(printf '%s\n' $LABELS | shuf); do start "$l" "$i"; done
   i=$((i + 1))
 done
 
@@ -121,6 +124,11 @@ done
 
 stats() { # $1: label -> "median p90" in microseconds
   sort -n "$W/$1.times" | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; p=a[int(NR*0.9+0.5)]; print m, p}'
+}
+
+inproc() { # $1: config name, $2: stage -> median elapsed_us devgate logged for that stage
+  grep "\"stage\":\"$2\"" "$S/$1/decisions.jsonl" | sed 's/.*"elapsed_us":\([0-9]*\).*/\1/' |
+    sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 
 paired() { # $1, $2: labels -> the median of the per-round differences $1 - $2
@@ -141,4 +149,7 @@ for node in v1 v2; do
     "$node" $((remap_m - gate_m))
   printf '      per-round differences %s us), %s us over no hook\n' \
     "$(paired "remap-$node" "gate-$node")" $((remap_m - none_m))
+  printf '      inside devgate (median elapsed_us logged): prestart gate %s remap %s, poststop gate %s remap %s\n' \
+    "$(inproc "gate-$node" prestart)" "$(inproc "remap-$node" prestart)" \
+    "$(inproc "gate-$node" poststop)" "$(inproc "remap-$node" poststop)"
 done
