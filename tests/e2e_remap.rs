@@ -221,6 +221,58 @@ fn crun_v2_with_cgroups_remap_cycle() {
     }
 }
 
+/// Two hooks that each prepend rules to the container's device programs, as NVIDIA's
+/// legacy hook and devgate do: the second must keep what the first added. Here both are
+/// devgate with its own config, remapping one device each: /dev/zero to /dev/fuse, then
+/// /dev/full to /dev/loop-control. A remap rebuilt from the spec would drop the first
+/// hook's spare.
+#[test]
+fn runc_second_hook_keeps_the_first_hooks_rules() {
+    require_root!();
+    for node in Node::ALL {
+        if !node_ready(node) {
+            continue;
+        }
+        let first = remap_env(&format!("rm-first-{}", node.name()), &[SPARE]);
+        first.ok(&["cordon", "/dev/zero", "--reason", "first"]);
+        let second = remap_env(&format!("rm-second-{}", node.name()), &[SPARE2]);
+        second.ok(&["cordon", "/dev/full", "--reason", "second"]);
+        let probe = "for d in zero full; do if true 2>/dev/null <> /dev/$d; then echo $d=opened; \
+                     else echo $d=denied; fi; done; \
+                     for n in 5 7; do if mknod /tmp/b$n c 1 $n 2>/dev/null && true 2>/dev/null <> /tmp/b$n; \
+                     then echo 1:$n=opened; else echo 1:$n=denied; fi; rm -f /tmp/b$n; done; \
+                     stat -c '%n=%t:%T' /dev/zero /dev/full";
+        let mut b = Bundle::new("rm-two", &["sh", "-c", &format!("({probe}) > /out/ran")]);
+        b.add_device("/dev/zero", "c", 1, 5);
+        b.add_device("/dev/full", "c", 1, 7);
+        b.add_hooks(&first, &["prestart", "poststop"]);
+        b.add_hooks(&second, &["prestart", "poststop"]);
+        let rt = Runtime {
+            node,
+            ..Runtime::RUNC
+        };
+        let out = runtime_run_on(rt, &b, &unique_id("two"));
+        assert!(out.status.success(), "{}: {}", rt.name(), text(&out));
+        let ran = read(&b.marker());
+        for want in [
+            "zero=opened",
+            "full=opened",
+            "1:5=denied",
+            "1:7=denied",
+            "/dev/zero=a:e5",
+            "/dev/full=a:ed",
+        ] {
+            assert!(
+                ran.lines().any(|l| l == want),
+                "{}: {want}: {ran}",
+                rt.name()
+            );
+        }
+        assert_eq!(first.decisions().pop().unwrap()["action"], "remap");
+        assert_eq!(second.decisions().pop().unwrap()["action"], "remap");
+    }
+}
+
 #[test]
 fn runc_remap_without_spare_configured_is_rejected() {
     require_root!();
