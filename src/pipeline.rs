@@ -2,6 +2,7 @@
 //! state → spec → devices → probes → policy → action → record (gate), and
 //! state → record → probes → fault diff → termination message (poststop).
 
+use crate::action::nsdev::ContainerProcess;
 use crate::action::remap::{self, RemapRecord};
 use crate::action::spare;
 use crate::config::policy::Action;
@@ -90,6 +91,9 @@ fn gate(
     config_path: Option<&Path>,
     started: Instant,
 ) -> Result<Reply> {
+    // Held before anything slow runs: a pid that dies and is reused while devgate probes
+    // can never send a remap into another process.
+    let process = state.pid().map(ContainerProcess::open);
     let spec = Spec::load(&state.bundle)?;
     if !discover::may_have_devices(&spec) {
         return Ok(Reply::default());
@@ -105,7 +109,15 @@ fn gate(
     let ledger = Ledger::new(&config.quarantine_dir);
     let verdicts = probe_all(&config, &ledger, &devices, gpu.as_ref());
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
-    let applied = remap::apply(&config, state, &spec, &ledger, gpu.as_ref(), &mut decisions);
+    let applied = remap::apply(
+        &config,
+        state,
+        &spec,
+        &ledger,
+        gpu.as_ref(),
+        process.as_ref(),
+        &mut decisions,
+    );
     let (action, message, mut warnings) = policy::summarize(&decisions);
     warnings.extend(selector_warnings);
 
