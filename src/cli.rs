@@ -21,6 +21,8 @@ commands:
   hook STAGE                 run as an OCI hook (prestart, createRuntime, createContainer,
                              startContainer, poststart, poststop, or auto: the stage from
                              the state's status); the state is read on stdin
+  runtime RUNTIME-ARGS...     the OCI runtime wrapper (also run as devgate-runtime): gates
+                             create and run, remaps in the spec, then runs runtime.path
   cordon DEVICE --reason TEXT  quarantine a device (a path under /dev, or MAJ:MIN)
   uncordon DEVICE            lift a quarantine
   status [--json]            the node's accelerators, spares and quarantined devices
@@ -72,6 +74,10 @@ fn parse_args(argv: &[String]) -> Result<Args> {
 
 /// Runs the command and returns the exit status.
 pub fn main(argv: Vec<String>, started: Instant) -> i32 {
+    // The runtime wrapper's arguments are the runtime's, never devgate's options.
+    if let Some(code) = crate::wrapper::cli(&argv, started) {
+        return code;
+    }
     // hooks-config and install-host parse their own options (src/hooks_config.rs).
     if let Some(code) = crate::hooks_config::cli(&argv) {
         return code;

@@ -84,7 +84,16 @@ impl Stage {
 pub struct Report {
     pub exit_code: i32,
     pub stderr: Vec<String>,
+    /// The decision, when devgate made one (a container with devices).
+    pub action: Option<ContainerAction>,
+    /// The reject line, also among `stderr`.
+    pub message: Option<String>,
 }
+
+/// How a gate carries out a remap: at hook time in the created container
+/// (`remap::apply`), or in the spec before the runtime reads it (the runtime wrapper).
+pub type Remapper<'a> = dyn FnMut(&Config, &Ledger, Option<&GpuContext>, &mut [DeviceDecision]) -> crate::remap::Applied
+    + 'a;
 
 /// One hook call, once the state is read (the caller reads stdin first, always: a
 /// runtime that writes the state into a pipe nobody reads can see EPIPE and report a
@@ -110,15 +119,40 @@ fn gate(
     config_path: Option<&Path>,
     started: Instant,
 ) -> Result<Report> {
-    let spec = Spec::load(&state.bundle)?;
+    let (spec, bytes) = Spec::read(&state.bundle.join("config.json"))?;
     if !device::may_have_devices(&spec) {
         return Ok(Report::default());
     }
     let config = Config::load(config_path)?;
+    // The runtime wrapper gated this very spec already (and remapped in it if it had to):
+    // probing again would double the cost, remapping again would remap the spare.
+    if crate::wrapper::marker::matches(&config.state_dir, &state.id, &bytes) {
+        crate::wrapper::marker::adopt(&config.state_dir, &state.id, state.pid());
+        return Ok(Report::default());
+    }
+    let mut remap = |config: &Config,
+                     ledger: &Ledger,
+                     gpu: Option<&GpuContext>,
+                     decisions: &mut [DeviceDecision]| {
+        crate::remap::apply(config, state, &spec, ledger, gpu, decisions)
+    };
+    gate_with(stage.name(), state, &spec, &config, started, &mut remap)
+}
+
+/// The gate on a loaded spec: discover, probe, decide, remap through `remap`, record.
+/// The stage is the record's (`prestart`, or the runtime command for the wrapper).
+pub fn gate_with(
+    stage: &str,
+    state: &State,
+    spec: &Spec,
+    config: &Config,
+    started: Instant,
+    remap: &mut Remapper,
+) -> Result<Report> {
     let rules = config.class_rules();
-    let mut devices = device::discover(&spec, &rules, &config.dev_root, &config.sysfs_root)?;
-    let selectors = device::gpu_selectors(&spec);
-    let gpu = (!selectors.is_empty() || has_gpu(&devices)).then(|| GpuContext::gather(&config));
+    let mut devices = device::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
+    let selectors = device::gpu_selectors(spec);
+    let gpu = (!selectors.is_empty() || has_gpu(&devices)).then(|| GpuContext::gather(config));
     let mut selector_warnings = Vec::new();
     if let Some(g) = &gpu {
         let nodes = nvml::gpu_minor_nodes(&config.dev_root);
@@ -139,11 +173,12 @@ fn gate(
         return Ok(Report {
             exit_code: 0,
             stderr: selector_warnings,
+            ..Report::default()
         });
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let mut decisions = decide_with(&config, &ledger, devices, gpu.as_ref());
-    let applied = crate::remap::apply(&config, state, &spec, &ledger, gpu.as_ref(), &mut decisions);
+    let mut decisions = decide_with(config, &ledger, devices, gpu.as_ref());
+    let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = summarize(&decisions);
     warnings.extend(selector_warnings);
 
@@ -153,16 +188,16 @@ fn gate(
         kmsg_seq: gpu.as_ref().and_then(next_kmsg_seq),
         devices: in_use(&decisions, &applied.remaps)
             .iter()
-            .map(|d| snapshot_of(&config, &ledger, d, gpu.as_ref()))
+            .map(|d| snapshot_of(config, &ledger, d, gpu.as_ref()))
             .collect(),
     });
     let decision = Decision {
         time,
         time_unix,
-        stage: stage.name().to_string(),
+        stage: stage.to_string(),
         container_id: state.id.clone(),
         pid: state.pid(),
-        pod: PodInfo::from_annotations(&spec, &state.annotations),
+        pod: PodInfo::from_annotations(spec, &state.annotations),
         devices: decisions,
         action,
         message: message.clone(),
@@ -171,11 +206,13 @@ fn gate(
         snapshot,
         remaps: applied.remaps,
     };
-    keep_records(&config, &decision);
+    keep_records(config, &decision);
 
     let mut report = Report {
         exit_code: 0,
         stderr: applied.lines,
+        action: Some(action),
+        message: message.clone(),
     };
     report.stderr.extend(warnings);
     if action == ContainerAction::Reject {
@@ -500,5 +537,6 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     Ok(Report {
         exit_code: 0,
         stderr: lines,
+        ..Report::default()
     })
 }

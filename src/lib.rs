@@ -18,6 +18,7 @@ pub mod record;
 pub mod remap;
 pub mod spec;
 pub mod state;
+pub mod wrapper;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub mod fault;

@@ -19,8 +19,15 @@ fn main() {
         let line = format!("devgate: error: internal error, please report: {info}");
         eprintln!("{}", devgate::policy::one_line(&line));
     }));
+    let mut args = std::env::args_os();
+    let argv0 = args.next();
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    let code = devgate::cli::main(argv, started);
+    // Installed as `devgate-runtime`: the OCI runtime wrapper, for configs that name one path.
+    let code = if devgate::wrapper::invoked_as_runtime(argv0.as_deref()) {
+        devgate::wrapper::main(&argv, None, started)
+    } else {
+        devgate::cli::main(argv, started)
+    };
     if devgate::probe::nvml::abandoned() {
         // An NVML call is still stuck on its thread: exit() would run the library's
         // destructors under it, and those may wait on it forever. Nothing devgate wrote

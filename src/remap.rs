@@ -210,6 +210,7 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
         pid_start: lease::pid_start(cx.pid),
         replaces: d.num,
         container_path: d.container_path.clone(),
+        runtime_state: None,
         since: time,
         since_unix: time_unix,
     };
