@@ -657,3 +657,4 @@ pub fn unmount_under(dir: &Path) {
     }
 }
 pub mod fake;
+pub mod wrapper;
