@@ -61,6 +61,7 @@ endif
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime podman --prefix $(PREFIX) --out $(GEN)/hooks.d
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime containerd --prefix $(PREFIX) --out $(GEN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/devgate
+	ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-runtime
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
 	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
@@ -69,7 +70,7 @@ endif
 
 # Leaves the config, the containerd base spec if changed, and the quarantine ledger.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/devgate
+	rm -f $(DESTDIR)$(BINDIR)/devgate $(DESTDIR)$(BINDIR)/devgate-runtime
 	rm -f $(DESTDIR)$(HOOKSDIR)/devgate.json
 	@if [ -e $(GEN)/devgate-base-spec.json ] && cmp -s $(GEN)/devgate-base-spec.json $(DESTDIR)$(BASESPEC); then \
 		rm -f $(DESTDIR)$(BASESPEC); else [ ! -e $(DESTDIR)$(BASESPEC) ] || echo "kept $(DESTDIR)$(BASESPEC)"; fi

@@ -203,7 +203,7 @@ fn ensure_dir(dir: &Path) -> Result<()> {
 
 const HOOKS_CONFIG_USAGE: &str =
     "usage: devgate [--config PATH] hooks-config --runtime crio|podman|containerd \
-[--prefix DIR | --bin PATH] [--out DIR]";
+[--wrapper] [--prefix DIR | --bin PATH] [--out DIR]";
 const INSTALL_HOST_USAGE: &str =
     "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH]";
 
@@ -219,6 +219,8 @@ struct Opts {
     config_file: Option<PathBuf>,
     hooks_dir: Option<PathBuf>,
     command: Option<String>,
+    /// The runtime wrapper's configuration instead of the hooks' (src/wrapper/snippets.rs).
+    wrapper: bool,
 }
 
 fn parse(argv: &[String]) -> Result<Opts> {
@@ -244,6 +246,7 @@ fn parse(argv: &[String]) -> Result<Opts> {
             "--root" => o.root = Some(value()?.into()),
             "--config-file" => o.config_file = Some(value()?.into()),
             "--hooks-dir" => o.hooks_dir = Some(value()?.into()),
+            "--wrapper" if inline.is_none() => o.wrapper = true,
             s if s.starts_with('-') => return Err(Error::Usage(format!("unknown option {s}"))),
             s if o.command.is_none() => o.command = Some(s.to_string()),
             s => return Err(Error::Usage(format!("unexpected argument {s:?}"))),
@@ -311,7 +314,11 @@ fn hooks_config(o: &Opts) -> Result<()> {
             Error::Usage(format!("--runtime is required\n{HOOKS_CONFIG_USAGE}"))
         })?)?;
     let target = target_of(o, "/usr")?;
-    let all = files(runtime, &target)?;
+    let all = if o.wrapper {
+        crate::wrapper::snippets::files(runtime, &target)?
+    } else {
+        files(runtime, &target)?
+    };
     match &o.out {
         Some(dir) => {
             for p in write_files(dir, &all)? {
@@ -320,6 +327,9 @@ fn hooks_config(o: &Opts) -> Result<()> {
         }
         None => {
             for f in &all {
+                if all.len() > 1 {
+                    println!("# ---- {} ----", f.name);
+                }
                 print!("{}", f.content);
             }
         }
@@ -335,7 +345,7 @@ fn hooks_config(o: &Opts) -> Result<()> {
 /// `--config-file` replaces ROOT/etc/devgate/config.json (a ConfigMap is the operator's
 /// config); without it the default is written only where none exists.
 fn install_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper {
         return Err(Error::Usage(INSTALL_HOST_USAGE.into()));
     }
     let root = o
@@ -364,6 +374,9 @@ fn install_host(o: &Opts) -> Result<()> {
     }
     write_atomic(&bin, &bytes, 0o755)?;
     println!("devgate: installed {}", bin.display());
+    let link = under(&crate::wrapper::snippets::wrapper_path(&target));
+    crate::wrapper::snippets::link_wrapper(&link)?;
+    println!("devgate: installed {} -> devgate", link.display());
 
     let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;

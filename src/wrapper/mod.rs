@@ -17,6 +17,7 @@ pub mod argv;
 pub mod marker;
 pub mod remap_spec;
 pub mod runtime;
+pub mod snippets;
 pub mod spec_rewrite;
 pub mod update;
 
