@@ -334,3 +334,79 @@ fn update_keeps_the_remap_under_crun_v2() {
     assert_eq!(wrapped, remapped());
     assert_ne!(direct, remapped());
 }
+
+/// podman with `--runtime` naming the wrapper, and devgate's hooks from the generated
+/// hooks.d file: the wrapper remaps, prestart skips, poststop gives the spare back.
+/// conmon starts the runtime without podman's environment, so the wrapper here is a
+/// script running `devgate --config FILE runtime` (on a node: /etc/devgate/config.json).
+#[test]
+fn podman_with_the_wrapper_as_runtime_remaps() {
+    require_root!();
+    if !have_devices() {
+        return;
+    }
+    let podman = Podman::new("podman-wr");
+    let env = remap_env("podman-wr", "runc");
+    let hooks_dir = env.dir.join("hooks.d");
+    hooks_config(&[
+        "--config",
+        s(&env.config),
+        "hooks-config",
+        "--runtime",
+        "podman",
+        "--bin",
+        s(&devgate_bin()),
+        "--out",
+        s(&hooks_dir),
+    ]);
+    let runtime = env.dir.join("devgate-runtime.sh");
+    fs::write(
+        &runtime,
+        format!(
+            "#!/bin/sh\nexec '{}' --config '{}' runtime \"$@\"\n",
+            devgate_bin().display(),
+            env.config.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(
+        &runtime,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let run = || {
+        podman
+            .cmd_with_runtime(&runtime)
+            .arg("--hooks-dir")
+            .arg(&hooks_dir)
+            .args(["run", "--rm", "--network", "none", "--device", BAD])
+            .arg(TEST_IMAGE)
+            .args(["sh", "-c", PROBE])
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert_eq!(
+        probe_says(&String::from_utf8_lossy(&out.stdout)),
+        remapped(),
+        "{all}"
+    );
+    let decisions = env.decisions();
+    assert_eq!(decisions.len(), 1, "the hook decided again: {decisions:?}");
+    assert_eq!(decisions[0]["stage"], "create");
+    assert_eq!(decisions[0]["action"], "remap");
+    let id = decisions[0]["container_id"].as_str().unwrap().to_string();
+    assert!(env.dir.join(format!("state/exits/{id}.json")).exists());
+    assert_eq!(leases(&env), vec![]);
+
+    // Control: healthy, the same run is not remapped.
+    env.ok(&["uncordon", BAD]);
+    let out = run();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        probe_says(&String::from_utf8_lossy(&out.stdout)),
+        not_remapped()
+    );
+}

@@ -458,13 +458,19 @@ impl Podman {
     }
 
     pub fn cmd(&self) -> Command {
+        self.cmd_with_runtime(Path::new("runc"))
+    }
+
+    /// podman with `--runtime RUNTIME` (a name or a path).
+    pub fn cmd_with_runtime(&self, runtime: &Path) -> Command {
         let mut c = Command::new("podman");
         c.env("CONTAINERS_CONF", self.dir.join("containers.conf"))
             .arg("--root")
             .arg(self.dir.join("root"))
             .arg("--runroot")
             .arg(self.dir.join("runroot"))
-            .args(["--storage-driver", "vfs", "--runtime", "runc"])
+            .args(["--storage-driver", "vfs", "--runtime"])
+            .arg(runtime)
             .stdin(Stdio::null());
         c
     }
