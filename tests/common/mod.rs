@@ -572,6 +572,13 @@ pub struct Containerd {
 impl Containerd {
     /// `extra` is appended to the config (plugin sections); `top` goes before any table.
     pub fn start(tag: &str, top: &str, extra: &str) -> Containerd {
+        Containerd::start_under(tag, top, extra, &[])
+    }
+
+    /// As `start`, run through `under` (a command that ends by exec'ing its arguments:
+    /// `unshare ... sh -c '...; exec "$0" "$@"'`), so that containerd, its shims and the
+    /// runtimes see what it set up.
+    pub fn start_under(tag: &str, top: &str, extra: &str, under: &[&str]) -> Containerd {
         require_cmd("containerd", "containerd");
         require_cmd("ctr", "containerd");
         require_cmd("containerd-shim-runc-v2", "containerd");
@@ -587,7 +594,15 @@ impl Containerd {
         );
         fs::write(dir.join("config.toml"), &config).unwrap();
         let log = fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
+        let mut cmd = match under.split_first() {
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args).arg("containerd");
+                c
+            }
+            None => Command::new("containerd"),
+        };
+        let child = cmd
             .arg("--config")
             .arg(dir.join("config.toml"))
             .stdin(Stdio::null())
@@ -662,5 +677,6 @@ pub fn unmount_under(dir: &Path) {
         let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+pub mod cri;
 pub mod fake;
 pub mod wrapper;
