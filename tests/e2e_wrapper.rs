@@ -410,3 +410,39 @@ fn podman_with_the_wrapper_as_runtime_remaps() {
         not_remapped()
     );
 }
+
+/// Under the systemd cgroup driver a spare whose /dev/char link is missing would be taken
+/// away by systemd's next daemon-reload: the wrapper does not hand it out, and says why.
+#[test]
+fn systemd_driver_needs_the_spare_in_dev_char() {
+    require_root!();
+    if !have_devices() {
+        return;
+    }
+    // A dev_root of the test's own, with an empty char/ directory.
+    let dev = tempdir("wr-sd-dev");
+    fs::create_dir_all(dev.join("char")).unwrap();
+    let env = Env::with(
+        "wr-sd",
+        serde_json::json!({"policy": {"classes": {"char": "remap"}}, "spares": {"char": [SPARE]},
+                           "dev_root": dev}),
+    );
+    env.ok(&["cordon", BAD, "--reason", "wrapper test"]);
+    let b = bundle("wr-sd", &["true"]);
+    b.write();
+    let w = Wrapper::new(&env);
+    let id = unique_id("wr-sd");
+    let out = w.run(&["--systemd-cgroup", "create", "--bundle", s(&b.dir), &id]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let why = format!(
+        "remap impossible: no free healthy spare of class char ({SPARE}: {}/char/10:237 is missing",
+        dev.display()
+    );
+    assert!(all.contains(&why), "{all}");
+    assert!(w.log_entries().last().unwrap()["msg"]
+        .as_str()
+        .unwrap()
+        .contains(&why));
+    assert_eq!(leases(&env), vec![]);
+}

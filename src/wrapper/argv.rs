@@ -50,6 +50,9 @@ pub struct Global {
     pub root: Option<PathBuf>,
     pub log: Option<PathBuf>,
     pub log_format: LogFormat,
+    /// `--systemd-cgroup` (runc) or `--cgroup-manager=systemd` (crun): the runtime hands
+    /// the device policy to systemd.
+    pub systemd_cgroup: bool,
 }
 
 /// What `create` or `run` will create: the bundle, the spec file in it, the container id.
@@ -162,9 +165,12 @@ pub fn parse(args: &[String], cwd: &Path) -> Invocation {
         root: None,
         log: None,
         log_format: LogFormat::Text,
+        systemd_cgroup: false,
     };
     for (name, value, _) in globals {
         match (name, value) {
+            ("systemd-cgroup", v) => global.systemd_cgroup = !matches!(v, Some("false")),
+            ("cgroup-manager", Some(v)) => global.systemd_cgroup = v == "systemd",
             ("root", Some(v)) => global.root = Some(PathBuf::from(v)),
             ("log", Some(v)) => global.log = Some(PathBuf::from(v)),
             ("log-format", Some(v)) => {
@@ -284,6 +290,7 @@ mod tests {
                 root: Some("/run/containerd/runc/k8s.io".into()),
                 log: Some("/run/b/log.json".into()),
                 log_format: LogFormat::Json,
+                systemd_cgroup: true,
             }
         );
         assert_eq!(inv.name.as_deref(), Some("create"));
@@ -313,6 +320,18 @@ mod tests {
         // --rootless with a separate value: the value is not the subcommand
         let inv = p("--rootless false create id");
         assert_eq!(inv.name.as_deref(), Some("create"));
+        assert!(!inv.global.systemd_cgroup);
+        assert!(!p("--systemd-cgroup=false create id").global.systemd_cgroup);
+        assert!(
+            p("--cgroup-manager=systemd create id")
+                .global
+                .systemd_cgroup
+        );
+        assert!(
+            !p("--cgroup-manager cgroupfs create id")
+                .global
+                .systemd_cgroup
+        );
     }
 
     #[test]

@@ -104,7 +104,14 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant) -> i3
                 .zip(c.id.as_ref())
                 .map(|(root, id)| root.join(id));
             let gated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                gate(&config, name, c, witness, started)
+                gate(
+                    &config,
+                    name,
+                    c,
+                    witness,
+                    inv.global.systemd_cgroup,
+                    started,
+                )
             }));
             match gated {
                 Err(_) => {
@@ -155,6 +162,7 @@ fn gate(
     name: &str,
     c: &Create,
     witness: Option<PathBuf>,
+    systemd: bool,
     started: Instant,
 ) -> Result<Option<Report>> {
     let Some(id) = &c.id else {
@@ -177,6 +185,7 @@ fn gate(
         spec_file: &c.spec_file,
         bytes,
         runtime_state: witness,
+        systemd,
     };
     let report = hook::gate_with(name, &state, &spec, config, started, &mut |cfg, l, g, d| {
         remap.apply(cfg, l, g, d)

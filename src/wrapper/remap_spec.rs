@@ -5,7 +5,7 @@
 
 use super::spec_rewrite::{self, Swap};
 use crate::config::Config;
-use crate::device;
+use crate::device::{self, DevNum};
 use crate::hook::GpuContext;
 use crate::ledger::lease::{self, Lease, Leases, Outcome};
 use crate::ledger::quarantine::Ledger;
@@ -20,6 +20,32 @@ pub struct SpecRemap<'a> {
     pub bytes: Vec<u8>,
     /// The runtime's state directory for this container (the lease's witness).
     pub runtime_state: Option<PathBuf>,
+    /// The runtime hands the device policy to systemd (`--systemd-cgroup`).
+    pub systemd: bool,
+}
+
+/// Under the systemd cgroup driver runc passes each allowed device to systemd as
+/// `DeviceAllow=/dev/char/MAJ:MIN` (`/dev/block/…`) and leaves out a device whose link is
+/// missing: systemd's next daemon-reload would then take the spare away. The link must
+/// exist and name the spare.
+pub fn systemd_can_grant(dev_root: &Path, num: DevNum) -> Result<(), String> {
+    let link = dev_root
+        .join(num.typ.sysfs_dir())
+        .join(format!("{}:{}", num.major, num.minor));
+    match std::fs::metadata(&link) {
+        Ok(m) if DevNum::from_metadata(&m) == Some(num) => Ok(()),
+        Ok(_) => Err(format!(
+            "{} is not {} {num}",
+            link.display(),
+            num.typ.letter()
+        )),
+        Err(e) => Err(format!(
+            "{} is missing ({e}); under the systemd cgroup driver runc grants a device \
+             through DeviceAllow= on that path and skips it when absent, so systemd would \
+             take the spare away at its next daemon-reload",
+            link.display()
+        )),
+    }
 }
 
 fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
@@ -39,7 +65,7 @@ impl SpecRemap<'_> {
         ledger: &Ledger,
         gpu: Option<&GpuContext>,
         leases: &Leases,
-        taken: &[crate::device::DevNum],
+        taken: &[DevNum],
         dec: &DeviceDecision,
     ) -> Result<(Lease, Option<Lease>), String> {
         let d = &dec.device;
@@ -58,7 +84,18 @@ impl SpecRemap<'_> {
         }
         let mut exclude = taken.to_vec();
         exclude.push(d.num);
-        let (cands, mut why) = healthy_spares(config, ledger, &d.class, &exclude, gpu);
+        let (mut cands, mut why) = healthy_spares(config, ledger, &d.class, &exclude, gpu);
+        if self.systemd {
+            cands.retain(
+                |(num, path)| match systemd_can_grant(&config.dev_root, *num) {
+                    Ok(()) => true,
+                    Err(m) => {
+                        why.push(format!("{}: {m}", path.display()));
+                        false
+                    }
+                },
+            );
+        }
         let (since_unix, since) = crate::ledger::now();
         // No container process exists yet: the lease names this process (the runtime's
         // once exec'd, alive until the container is created) and the runtime's state
@@ -225,5 +262,33 @@ fn give_back(leases: &Leases, l: &Lease) {
             l.spare,
             l.container_id
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DevType;
+
+    #[test]
+    fn systemd_needs_the_dev_char_link_to_the_spare() {
+        let d = std::env::temp_dir().join(format!("devgate-devchar-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("char")).unwrap();
+        let full = DevNum {
+            typ: DevType::Char,
+            major: 1,
+            minor: 7,
+        };
+        let e = systemd_can_grant(&d, full).unwrap_err();
+        assert!(e.contains("char/1:7 is missing"), "{e}");
+        assert!(e.contains("daemon-reload"), "{e}");
+        std::os::unix::fs::symlink("/dev/null", d.join("char/1:7")).unwrap();
+        let e = systemd_can_grant(&d, full).unwrap_err();
+        assert!(e.ends_with("char/1:7 is not c 1:7"), "{e}");
+        std::fs::remove_file(d.join("char/1:7")).unwrap();
+        std::os::unix::fs::symlink("/dev/full", d.join("char/1:7")).unwrap();
+        assert_eq!(systemd_can_grant(&d, full), Ok(()));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }
