@@ -14,7 +14,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
+.PHONY: all build test demo bench bench-nvml bench-remap bench-wrapper install uninstall deb rpm clean lint
 
 all: build
 
@@ -39,6 +39,10 @@ bench:
 # Time a remap adds to `runc run` (root).
 bench-remap: build
 	./benches/remap.sh $(BIN)
+
+# Time the runtime wrapper adds to `runc run` of a container with no devices (root).
+bench-wrapper: build
+	./benches/wrapper.sh $(BIN)
 
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build

@@ -73,7 +73,6 @@ pub fn cli(argv: &[String], started: Instant) -> Option<i32> {
 
 /// Runs the wrapper on the runtime's arguments; returns only when it does not exec.
 pub fn main(args: &[String], config_path: Option<&Path>, started: Instant) -> i32 {
-    let fds = open_fds();
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let inv = argv::parse(args, &cwd);
     if std::env::var_os(runtime::WRAPPED_ENV).is_some() {
@@ -122,7 +121,10 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant) -> i3
                 Ok(Err(e)) => {
                     return fail(&inv.global, &Error::invalid(name, e.to_string()));
                 }
-                Ok(Ok(Some(report))) => {
+                Ok(Ok(Some((report, fds)))) => {
+                    // NVML, loaded for a GPU, may leave descriptors without O_CLOEXEC: the
+                    // runtime gets only what the caller gave devgate (stdio, --preserve-fds).
+                    cloexec_new_fds(&fds);
                     for line in &report.stderr {
                         eprintln!("{line}");
                     }
@@ -134,9 +136,6 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant) -> i3
                 }
                 Ok(Ok(None)) => {}
             }
-            // NVML, loaded for a GPU, may leave descriptors without O_CLOEXEC: the runtime
-            // gets only what the caller gave devgate (stdio, --preserve-fds).
-            cloexec_new_fds(&fds);
             exec(&inv.global, &real, args)
         }
         Command::Update(u) => run_update(&config, &inv.global, u, &real, args),
@@ -155,8 +154,8 @@ fn default_root(real: &Path) -> Option<PathBuf> {
     }))
 }
 
-/// The gate on the spec the runtime is about to read; None when there is nothing to
-/// decide (no container id, no devices).
+/// The gate on the spec the runtime is about to read, and the descriptors open before it;
+/// None when there is nothing to decide (no container id, no devices).
 fn gate(
     config: &Config,
     name: &str,
@@ -164,7 +163,7 @@ fn gate(
     witness: Option<PathBuf>,
     systemd: bool,
     started: Instant,
-) -> Result<Option<Report>> {
+) -> Result<Option<(Report, BTreeSet<i32>)>> {
     let Some(id) = &c.id else {
         return Ok(None); // the runtime says what is missing
     };
@@ -172,6 +171,7 @@ fn gate(
     if !device::may_have_devices(&spec) {
         return Ok(None);
     }
+    let fds = open_fds();
     let state = State {
         oci_version: spec.oci_version.clone(),
         id: id.clone(),
@@ -199,7 +199,7 @@ fn gate(
             }
         }
     }
-    Ok(Some(report))
+    Ok(Some((report, fds)))
 }
 
 fn run_update(config: &Config, global: &Global, u: &Update, real: &Path, args: &[String]) -> i32 {
