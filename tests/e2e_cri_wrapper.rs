@@ -7,25 +7,11 @@
 //! v1, and under crun with a v1-only cgroup view, where `update` rewrites device rules.
 
 mod common;
-use common::cri::{self, Cri};
+use common::cri::{self, Cri, PodGuard};
 use common::wrapper::*;
 use common::*;
 use std::fs;
 use std::path::{Path, PathBuf};
-
-/// Stops and removes the pod however the test ends, so no sandbox outlives it.
-struct PodGuard {
-    socket: PathBuf,
-    id: String,
-}
-
-impl Drop for PodGuard {
-    fn drop(&mut self) {
-        let mut c = Cri::connect(&self.socket);
-        let _ = c.stop_pod_sandbox(&self.id);
-        let _ = c.remove_pod_sandbox(&self.id);
-    }
-}
 
 /// The wrapper snippet for containerd with this test's paths: the base spec, the wrapper
 /// (a script that records its arguments, then runs `devgate --config ENV runtime`), and

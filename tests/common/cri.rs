@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+// Not every test uses every message.
+#[allow(unused_imports)]
 pub use cri::{
-    ContainerConfig, ContainerMetadata, ContainerStatus, Device, ExecSyncResponse,
-    LinuxContainerConfig, LinuxContainerResources, PodSandboxConfig,
+    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatus, Device, ExecSyncResponse,
+    LinuxContainerConfig, LinuxContainerResources, Mount, PodSandboxConfig,
 };
 
 /// Longer than any call takes here; a call that never answers fails the test instead of
@@ -168,6 +170,20 @@ impl Cri {
             container_id: id.into(),
         }))
         .map(drop)
+    }
+}
+
+/// Stops and removes a pod however the test ends, so no sandbox outlives it.
+pub struct PodGuard {
+    pub socket: PathBuf,
+    pub id: String,
+}
+
+impl Drop for PodGuard {
+    fn drop(&mut self) {
+        let mut c = Cri::connect(&self.socket);
+        let _ = c.stop_pod_sandbox(&self.id);
+        let _ = c.remove_pod_sandbox(&self.id);
     }
 }
 
