@@ -446,3 +446,47 @@ fn systemd_driver_needs_the_spare_in_dev_char() {
         .contains(&why));
     assert_eq!(leases(&env), vec![]);
 }
+
+/// runtime.path naming something that runs devgate-runtime again (a wrapper configured
+/// around devgate, or a link) fails with a reason instead of starting itself forever.
+#[test]
+fn a_chain_of_wrappers_back_to_devgate_fails_instead_of_looping() {
+    require_root!();
+    let dir = tempdir("wr-loop");
+    let link = runtime_link(&dir);
+    let other = dir.join("other-wrapper");
+    fs::write(
+        &other,
+        format!("#!/bin/sh\nexec '{}' \"$@\"\n", link.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let env = Env::with("wr-loop", serde_json::json!({"runtime": {"path": other}}));
+    let log = dir.join("log.json");
+    let out = Command::new(&link)
+        .env("DEVGATE_CONFIG", &env.config)
+        .env_remove("DEVGATE_RUNTIME_WRAPPED")
+        .arg("--log")
+        .arg(&log)
+        .args(["--log-format", "json", "state", "x"])
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{all}");
+    assert!(
+        all.contains("devgate: error: runtime.path: leads back to devgate's runtime wrapper"),
+        "{all}"
+    );
+    // Naming devgate itself is refused before anything runs.
+    let env = Env::with(
+        "wr-self",
+        serde_json::json!({"runtime": {"path": devgate_bin()}}),
+    );
+    let out = Command::new(&link)
+        .env("DEVGATE_CONFIG", &env.config)
+        .env_remove("DEVGATE_RUNTIME_WRAPPED")
+        .args(["state", "x"])
+        .output()
+        .unwrap();
+    assert!(text(&out).contains("is devgate itself"), "{}", text(&out));
+}
