@@ -467,6 +467,11 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     let config = Config::load(config_path)?;
     // Spares go back first: whatever else fails below, a lease must not outlive its container.
     crate::remap::release(&config, &state.id);
+    // The runtime wrapper's marker is for this run only (a runtime deleting without the
+    // wrapper never tells it).
+    if let Err(e) = crate::wrapper::marker::remove(&config.state_dir, &state.id) {
+        log::error!("cannot remove the decided marker of {}: {e}", state.id);
+    }
     let Some(rec) = record::read_record(&config.state_dir, &state.id)? else {
         return Ok(Report::default());
     };

@@ -490,3 +490,82 @@ fn a_chain_of_wrappers_back_to_devgate_fails_instead_of_looping() {
         .unwrap();
     assert!(text(&out).contains("is devgate itself"), "{}", text(&out));
 }
+
+/// 32 creates at once through the wrapper for 2 spares: exactly two are remapped, each to
+/// its own spare, the others rejected naming both leases. The real runtime is /bin/true;
+/// each container's runtime state directory exists, as runc's would after create, and
+/// keeps its lease held after the wrapper's process is gone.
+#[test]
+fn thirty_two_creates_two_spares() {
+    require_root!();
+    const SECOND: &str = "/dev/btrfs-control";
+    if !have_devices() {
+        return;
+    }
+    if !Path::new(SECOND).exists() {
+        eprintln!("skipped: the kernel has no {SECOND} for a second spare");
+        return;
+    }
+    let env = Env::with(
+        "wr-32",
+        serde_json::json!({"policy": {"classes": {"char": "remap"}},
+                           "spares": {"char": [SPARE, SECOND]},
+                           "runtime": {"path": "/bin/true"}}),
+    );
+    env.ok(&["cordon", BAD, "--reason", "wrapper test"]);
+    let w = Wrapper::new(&env);
+    let started: Vec<(String, Bundle, std::process::Child)> = (0..32)
+        .map(|i| {
+            let b = bundle(&format!("wr-32-{i}"), &["true"]);
+            b.write();
+            let id = unique_id(&format!("wr32-{i}"));
+            fs::create_dir_all(w.root.join(&id)).unwrap();
+            let child = w
+                .cmd(&["create", "--bundle", s(&b.dir), &id])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (id, b, child)
+        })
+        .collect();
+    let mut remapped_to = Vec::new();
+    for (id, b, child) in started {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        match out.status.code() {
+            Some(0) => {
+                assert!(
+                    err.starts_with("devgate: remapped /dev/fuse (10:229) -> /dev/"),
+                    "{err}"
+                );
+                let spec: Value =
+                    serde_json::from_slice(&fs::read(b.dir.join("config.json")).unwrap()).unwrap();
+                remapped_to.push((id, spec["linux"]["devices"][0]["minor"].as_u64().unwrap()));
+            }
+            Some(1) => assert!(
+                err.contains("remap impossible: no free healthy spare of class char (")
+                    && err.contains(&format!("{SPARE} leased to "))
+                    && err.contains(&format!("{SECOND} leased to ")),
+                "{err}"
+            ),
+            c => panic!("{id} exited {c:?}: {err}"),
+        }
+    }
+    assert_eq!(remapped_to.len(), 2, "{remapped_to:?}");
+    assert_ne!(remapped_to[0].1, remapped_to[1].1, "one spare each");
+    let mut held = leases(&env);
+    held.sort();
+    let mut want: Vec<(String, u32, u32)> = remapped_to
+        .iter()
+        .map(|(id, minor)| (id.clone(), BAD_NUM.1, *minor as u32))
+        .collect();
+    want.sort();
+    assert_eq!(held, want);
+    // delete through the wrapper, once the runtime's state is gone, frees both
+    for (id, _) in &remapped_to {
+        fs::remove_dir(w.root.join(id)).unwrap();
+        w.ok(&["delete", id]);
+    }
+    assert_eq!(leases(&env), vec![]);
+}
