@@ -21,7 +21,7 @@ commands:
   hook STAGE                 run as an OCI hook (prestart, createRuntime, createContainer,
                              startContainer, poststart, poststop, or auto: the stage from
                              the state's status); the state is read on stdin
-  runtime RUNTIME-ARGS...     the OCI runtime wrapper (also run as devgate-runtime): gates
+  runtime RUNTIME-ARGS...    the OCI runtime wrapper (also run as devgate-runtime): gates
                              create and run, remaps in the spec, then runs runtime.path
   cordon DEVICE --reason TEXT  quarantine a device (a path under /dev, or MAJ:MIN)
   uncordon DEVICE            lift a quarantine
@@ -30,8 +30,9 @@ commands:
   check                      one-line node summary; exit 0 healthy, 1 unhealthy, 2 unknown
                              (node-problem-detector custom plugin contract)
   metrics --textfile PATH    write Prometheus text for node_exporter's textfile collector
-  hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--out DIR]
-                             print (or write) the runtime configuration that runs devgate
+  hooks-config --runtime crio|podman|containerd [--wrapper] [--prefix DIR | --bin PATH]
+               [--out DIR]   print (or write) the runtime configuration that runs devgate's
+                             hooks, or with --wrapper devgate-runtime
   install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]
                              copy devgate and its configuration onto a host (Kubernetes installer)
   version                    print the version

@@ -19,8 +19,7 @@ fn main() {
         let line = format!("devgate: error: internal error, please report: {info}");
         eprintln!("{}", devgate::policy::one_line(&line));
     }));
-    let mut args = std::env::args_os();
-    let argv0 = args.next();
+    let argv0 = std::env::args_os().next();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     // Installed as `devgate-runtime`: the OCI runtime wrapper, for configs that name one path.
     let code = if devgate::wrapper::invoked_as_runtime(argv0.as_deref()) {
