@@ -148,6 +148,7 @@ fn lease_spare(cx: &mut Ctx, d: &Device) -> std::result::Result<(Lease, Option<L
         pid_start: lease::pid_start(cx.pid),
         replaces: d.num,
         container_path: d.container_path.clone(),
+        runtime_state: None,
         since: time,
         since_unix: time_unix,
     };
@@ -259,7 +260,8 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
     }
 }
 
-fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
+/// Every device to remap becomes Reject, saying why (the runtime wrapper's remap too).
+pub(crate) fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
     for d in decisions
         .iter_mut()
         .filter(|d| d.disposition == Disposition::Remap)
