@@ -346,7 +346,9 @@ fn containerd_binary_name_wrapper_and_nvidia_runtime() {
     let (code, lines) = node.doctor(&["--containerd-config", config.to_str().unwrap()]);
     assert!(
         lines.contains(&format!(
-            "✓ containerd: default runtime runc runs devgate's runtime wrapper {}",
+            "✓ containerd: default runtime runc runs devgate's runtime wrapper {}; no \
+             base_runtime_spec hook runs devgate at poststop, so faults during a run go \
+             unreported",
             wrapper.display()
         )),
         "{lines:#?}"
