@@ -22,8 +22,9 @@ pub mod discover;
 pub mod probe;
 // 7. The decision table: verdicts and class → disposition. Pure.
 pub(crate) mod policy;
-// 8. What devgate does to a running container: remap (cgroup, /dev node).
-pub(crate) mod action;
+// 8. What devgate does to a running container: remap (cgroup, /dev node). Public for the
+// tests' stand-in containers, which attach a runtime-like v2 device program with it.
+pub mod action;
 // 9. What devgate leaves for people: records, faults, termination message, inventory.
 pub(crate) mod report;
 // 10. One hook call, start to end: the only module that knows every stage.

@@ -5,6 +5,7 @@
 //! The runtime wrapper (`crate::wrapper`) runs the same gate before the runtime, through
 //! `gate_with`, with a remap that writes into the spec instead of the created container.
 
+use crate::action::nsdev::ContainerProcess;
 use crate::action::remap::{self, Applied, RemapRecord};
 use crate::action::spare;
 use crate::config::policy::Action;
@@ -102,6 +103,9 @@ fn gate(
     config_path: Option<&Path>,
     started: Instant,
 ) -> Result<Reply> {
+    // Held before anything slow runs: a pid that dies and is reused while devgate probes
+    // can never send a remap into another process.
+    let process = state.pid().map(ContainerProcess::open);
     let (spec, bytes) = Spec::read(&state.bundle.join("config.json"))?;
     if !discover::may_have_devices(&spec) {
         return Ok(Reply::default());
@@ -117,7 +121,15 @@ fn gate(
                      ledger: &Ledger,
                      gpu: Option<&GpuContext>,
                      decisions: &mut [DeviceDecision]| {
-        remap::apply(config, state, &spec, ledger, gpu, decisions)
+        remap::apply(
+            config,
+            state,
+            &spec,
+            ledger,
+            gpu,
+            process.as_ref(),
+            decisions,
+        )
     };
     gate_with(stage.name(), state, &spec, &config, started, &mut remap)
 }

@@ -1,8 +1,15 @@
-//! Remap end to end: under the real runc on cgroup v1, and against stand-in containers for
-//! the races (32 prestarts for 2 spares) and for crashes during lease writes.
+//! Remap end to end on both node shapes: this host (hybrid, runc on the v1 devices
+//! controller) and a true cgroup v2 node (a private mount namespace with cgroup2 at
+//! /sys/fs/cgroup, see common/node.rs), under the real runc and crun, and against
+//! stand-in containers for the races (32 prestarts for 2 spares) and for crashes during
+//! lease writes.
+//!
+//! The spares are /dev/fuse and /dev/loop-control: no runtime allows them by default, so a
+//! spare that opens in the container was granted by the remap and nothing else.
 
 mod common;
 use common::fake::{have_v1_devices, FakeContainer};
+use common::fake_nvml::*;
 use common::*;
 use devgate::store::lease::{Leases, Slot};
 use serde_json::{json, Value};
@@ -13,6 +20,11 @@ use std::path::Path;
 use std::process::Child;
 use std::time::Duration;
 
+const SPARE: &str = "/dev/fuse";
+const SPARE_NUM: (u32, u32) = (10, 229);
+const SPARE2: &str = "/dev/loop-control";
+const SPARE2_NUM: (u32, u32) = (10, 237);
+
 fn remap_env(tag: &str, spares: &[&str]) -> Env {
     Env::with(
         tag,
@@ -20,22 +32,34 @@ fn remap_env(tag: &str, spares: &[&str]) -> Env {
     )
 }
 
-fn require_v1() -> bool {
-    if !have_v1_devices() {
+/// Whether `node` can be made here; the v2 node needs only root, the host node its v1
+/// devices controller.
+fn node_ready(node: Node) -> bool {
+    if node == Node::Host && !have_v1_devices() {
         eprintln!("skipped: no v1 devices controller at /sys/fs/cgroup/devices");
         return false;
+    }
+    for spare in [SPARE, SPARE2] {
+        assert!(
+            Path::new(spare).exists(),
+            "{spare} is missing on this machine; the remap tests use it as a spare"
+        );
     }
     true
 }
 
+/// What the container reports about its devices, one `key=value` per line.
 const PROBE_SCRIPT: &str = "\
-if echo x > /dev/zero 2>/out/zero.err; then echo zero-write=ok; else echo zero-write=failed; fi; \
+rm -f /tmp/bad /tmp/spare /tmp/other; \
+if true 2>/out/zero.err <> /dev/zero; then echo zero-open=ok; else echo zero-open=failed; fi; \
 stat -c 'zero-node=%t:%T' /dev/zero; \
-mknod /tmp/bad c 1 5 && echo mknod-bad=ok; \
-if head -c 1 /tmp/bad >/dev/null 2>/out/bad.err; then echo open-bad=ok; else echo open-bad=failed; fi; \
-mknod /tmp/spare c 1 7; \
-if head -c 1 /tmp/spare >/dev/null 2>/out/spare.err; then echo open-spare=ok; else echo open-spare=failed; fi; \
-rm -f /tmp/bad /tmp/spare";
+if mknod /tmp/bad c 1 5 2>/out/bad.err; then \
+  if true 2>/out/bad.err <> /tmp/bad; then echo bad=opened; else echo bad=open-denied; fi; \
+else echo bad=mknod-denied; fi; \
+mknod /tmp/spare c 10 229 2>/out/spare.err; \
+if true 2>>/out/spare.err <> /tmp/spare; then echo spare=opened; else echo spare=denied; fi; \
+if mknod /tmp/other c 10 237 2>/dev/null && true <> /tmp/other 2>/dev/null; then echo other=opened; else echo other=denied; fi; \
+rm -f /tmp/bad /tmp/spare /tmp/other";
 
 /// runc shows a hook's stderr only when the hook fails, and then with quotes escaped.
 fn says(all: &str, line: &str) -> bool {
@@ -46,28 +70,28 @@ fn read(p: &Path) -> String {
     fs::read_to_string(p).unwrap_or_default()
 }
 
-#[test]
-fn runc_v1_remap_zero_to_full_and_back() {
-    require_root!();
-    if !require_v1() {
-        return;
-    }
-    let env = remap_env("rm-v1", &["/dev/full"]);
-    env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
-    let mut b = Bundle::new(
-        "rm-v1",
-        &["sh", "-c", &format!("({PROBE_SCRIPT}) > /out/ran")],
-    );
+/// A bundle asking for /dev/zero, its prestart hook's stderr kept in a file (runtimes drop
+/// a successful hook's stderr), and a poststop hook.
+fn remap_bundle(env: &Env, tag: &str, cmd: &str) -> (Bundle, std::path::PathBuf) {
+    let mut b = Bundle::new(tag, &["sh", "-c", cmd]);
     b.add_device("/dev/zero", "c", 1, 5);
-    // runc drops a successful hook's stderr; keep it through a shell.
-    let hook_err = env.dir.join("prestart.err");
+    let hook_err = b.dir.join("prestart.err");
     b.spec["hooks"]["prestart"] = json!([{"path": "/bin/sh", "args": ["sh", "-c",
         format!("exec {} --config {} hook prestart 2>>{}", devgate_bin().display(), env.config.display(), hook_err.display())]}]);
-    b.add_hooks(&env, &["poststop"]);
-    let id = unique_id("v1");
-    let out = runtime_run("runc", &b, &id);
-    let all = text(&out);
-    assert!(out.status.success(), "{all}");
+    b.add_hooks(env, &["poststop"]);
+    (b, hook_err)
+}
+
+/// The whole remap story under one runtime: remapped, enforced, recorded, released,
+/// remapped again, then rejected with no healthy spare left.
+fn remap_cycle(rt: Runtime) {
+    let env = remap_env(&format!("rm-{}", rt.node.name()), &[SPARE]);
+    env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
+    let (b, hook_err) = remap_bundle(&env, "rm", &format!("({PROBE_SCRIPT}) > /out/ran"));
+    let id = unique_id(rt.node.name());
+    let out = runtime_run_on(rt, &b, &id);
+    let all = text(&out) + &read(&hook_err);
+    assert!(out.status.success(), "{}: {all}", rt.name());
     let stderr = read(&hook_err);
     let lines: Vec<&str> = stderr
         .lines()
@@ -75,58 +99,64 @@ fn runc_v1_remap_zero_to_full_and_back() {
         .collect();
     assert_eq!(
         lines,
-        vec![
-            r#"devgate: remapped /dev/zero (1:5) -> /dev/full (1:7): quarantined by operator: "x""#
-        ],
+        vec![format!(
+            r#"devgate: remapped /dev/zero (1:5) -> {SPARE} (10:229): quarantined by operator: "x""#
+        )],
         "{all}"
     );
 
-    // inside: the container's /dev/zero is /dev/full, and 1:5 itself is denied
+    // inside: the container's /dev/zero is the spare, a node made for 1:5 is refused, an
+    // ungranted device too
     let ran = read(&b.marker());
-    assert!(ran.contains("zero-write=failed"), "{ran}");
-    assert!(ran.contains("zero-node=1:7"), "{ran}");
+    let out_file = |n: &str| read(&b.rootfs().join("out").join(n));
+    assert!(ran.contains("zero-node=a:e5"), "{ran}");
     assert!(
-        read(&b.rootfs().join("out/zero.err")).contains("No space left on device"),
-        "{}",
-        read(&b.rootfs().join("out/zero.err"))
-    );
-    assert!(ran.contains("mknod-bad=ok"), "{ran}");
-    assert!(ran.contains("open-bad=failed"), "{ran}");
-    assert!(
-        read(&b.rootfs().join("out/bad.err")).contains("Operation not permitted"),
-        "{}",
-        read(&b.rootfs().join("out/bad.err"))
-    );
-    assert!(
-        ran.contains("open-spare=ok"),
+        ran.contains("zero-open=ok"),
         "{ran}\n{}",
-        read(&b.rootfs().join("out/spare.err"))
+        out_file("zero.err")
     );
+    assert!(
+        ran.contains("bad=open-denied") || ran.contains("bad=mknod-denied"),
+        "{ran}"
+    );
+    assert!(
+        out_file("bad.err").contains("Operation not permitted"),
+        "{}",
+        out_file("bad.err")
+    );
+    assert!(
+        ran.contains("spare=opened"),
+        "{ran}\n{}",
+        out_file("spare.err")
+    );
+    assert!(ran.contains("other=denied"), "the probe can fail: {ran}");
 
     // recorded: log line, record, explain
     let last = env.decisions().pop().expect("a decision line");
     assert_eq!(last["action"], "remap", "{last}");
     assert_eq!(
         last["remaps"][0]["spare"],
-        json!({"type": "c", "major": 1, "minor": 7})
+        json!({"type": "c", "major": 10, "minor": 229})
     );
-    assert_eq!(last["remaps"][0]["spare_path"], "/dev/full");
-    assert!(
-        last["remaps"][0]["cgroup"]
-            .as_str()
-            .unwrap()
-            .starts_with("cgroup v1 /sys/fs/cgroup/devices/"),
-        "{last}"
-    );
+    assert_eq!(last["remaps"][0]["spare_path"], SPARE);
+    let cg = last["remaps"][0]["cgroup"].as_str().unwrap();
+    match rt.node {
+        Node::Host => assert!(cg.starts_with("cgroup v1 /sys/fs/cgroup/devices/"), "{cg}"),
+        Node::V2 => assert!(
+            cg.starts_with(&format!("cgroup v2 /sys/fs/cgroup/{id}: device programs ["))
+                && cg.contains("] extended, replaced in place as ["),
+            "{cg}"
+        ),
+    }
     let explained = env.ok(&["explain", &id]);
     assert!(
-        explained.contains(
-            r#"remapped /dev/zero (1:5) -> /dev/full (1:7): quarantined by operator: "x""#
-        ),
+        explained.contains(&format!(
+            r#"remapped /dev/zero (1:5) -> {SPARE} (10:229): quarantined by operator: "x""#
+        )),
         "{explained}"
     );
     assert!(
-        explained.contains("/dev/zero is now c 1:7 (mode 666, uid 0, gid 0)"),
+        explained.contains("/dev/zero is now c 10:229 (mode 666, uid 0, gid 0)"),
         "{explained}"
     );
 
@@ -136,25 +166,27 @@ fn runc_v1_remap_zero_to_full_and_back() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["host_path"] == "/dev/full")
+        .find(|r| r["host_path"] == SPARE)
         .expect("the spare in status");
     assert!(spare["roles"].as_array().unwrap().contains(&json!("spare")));
     assert_eq!(spare["lease"], Value::Null, "{spare}");
 
     // a second container gets the same spare again
-    let out = runtime_run("runc", &b, &unique_id("v1b"));
+    let out = runtime_run_on(rt, &b, &unique_id(rt.node.name()));
     assert!(out.status.success(), "{}", text(&out));
 
     // with the only spare cordoned too, the container is rejected saying why
-    env.ok(&["cordon", "/dev/full", "--reason", "spare bad"]);
+    env.ok(&["cordon", SPARE, "--reason", "spare bad"]);
     fs::remove_file(b.marker()).unwrap();
-    let out = runtime_run("runc", &b, &unique_id("v1c"));
+    let out = runtime_run_on(rt, &b, &unique_id(rt.node.name()));
     let all = text(&out) + &read(&hook_err);
     assert!(!out.status.success(), "{all}");
     assert!(
         says(
             &all,
-            r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no free healthy spare of class char (/dev/full unhealthy: quarantined by operator: "spare bad"); policy remap"#
+            &format!(
+                r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no free healthy spare of class char ({SPARE} unhealthy: quarantined by operator: "spare bad"); policy remap"#
+            )
         ),
         "{all}"
     );
@@ -162,76 +194,172 @@ fn runc_v1_remap_zero_to_full_and_back() {
 }
 
 #[test]
+fn runc_v1_remap_cycle() {
+    require_root!();
+    if node_ready(Node::Host) {
+        remap_cycle(Runtime::RUNC);
+    }
+}
+
+#[test]
+fn runc_v2_remap_cycle() {
+    require_root!();
+    if node_ready(Node::V2) {
+        remap_cycle(Runtime::RUNC_V2);
+    }
+}
+
+#[test]
+fn crun_v2_with_cgroups_remap_cycle() {
+    require_root!();
+    assert!(
+        have("crun"),
+        "crun is not installed: .ci/run must install it"
+    );
+    if node_ready(Node::V2) {
+        remap_cycle(Runtime::CRUN_V2);
+    }
+}
+
+/// Two hooks that each prepend rules to the container's device programs, as NVIDIA's
+/// legacy hook and devgate do: the second must keep what the first added. Here both are
+/// devgate with its own config, remapping one device each: /dev/zero to /dev/fuse, then
+/// /dev/full to /dev/loop-control. A remap rebuilt from the spec would drop the first
+/// hook's spare.
+#[test]
+fn runc_second_hook_keeps_the_first_hooks_rules() {
+    require_root!();
+    for node in Node::ALL {
+        if !node_ready(node) {
+            continue;
+        }
+        let first = remap_env(&format!("rm-first-{}", node.name()), &[SPARE]);
+        first.ok(&["cordon", "/dev/zero", "--reason", "first"]);
+        let second = remap_env(&format!("rm-second-{}", node.name()), &[SPARE2]);
+        second.ok(&["cordon", "/dev/full", "--reason", "second"]);
+        let probe = "for d in zero full; do if true 2>/dev/null <> /dev/$d; then echo $d=opened; \
+                     else echo $d=denied; fi; done; \
+                     for n in 5 7; do if mknod /tmp/b$n c 1 $n 2>/dev/null && true 2>/dev/null <> /tmp/b$n; \
+                     then echo 1:$n=opened; else echo 1:$n=denied; fi; rm -f /tmp/b$n; done; \
+                     stat -c '%n=%t:%T' /dev/zero /dev/full";
+        let mut b = Bundle::new("rm-two", &["sh", "-c", &format!("({probe}) > /out/ran")]);
+        b.add_device("/dev/zero", "c", 1, 5);
+        b.add_device("/dev/full", "c", 1, 7);
+        b.add_hooks(&first, &["prestart", "poststop"]);
+        b.add_hooks(&second, &["prestart", "poststop"]);
+        let rt = Runtime {
+            node,
+            ..Runtime::RUNC
+        };
+        let out = runtime_run_on(rt, &b, &unique_id("two"));
+        assert!(out.status.success(), "{}: {}", rt.name(), text(&out));
+        let ran = read(&b.marker());
+        for want in [
+            "zero=opened",
+            "full=opened",
+            "1:5=denied",
+            "1:7=denied",
+            "/dev/zero=a:e5",
+            "/dev/full=a:ed",
+        ] {
+            assert!(
+                ran.lines().any(|l| l == want),
+                "{}: {want}: {ran}",
+                rt.name()
+            );
+        }
+        assert_eq!(first.decisions().pop().unwrap()["action"], "remap");
+        assert_eq!(second.decisions().pop().unwrap()["action"], "remap");
+    }
+}
+
+#[test]
 fn runc_remap_without_spare_configured_is_rejected() {
     require_root!();
-    let env = Env::with(
-        "rm-nospare",
-        json!({"policy": {"classes": {"char": "remap"}}}),
-    );
-    env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
-    let mut b = Bundle::new("rm-nospare", &["sh", "-c", "echo ran > /out/ran"]);
-    b.add_device("/dev/zero", "c", 1, 5);
-    b.add_hooks(&env, &["prestart", "poststop"]);
-    let out = runtime_run("runc", &b, &unique_id("ns"));
-    let all = text(&out);
-    assert!(!out.status.success(), "{all}");
-    assert!(
-        says(
-            &all,
-            r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no spare configured for class char; policy remap"#
-        ),
-        "{all}"
-    );
-    assert!(!b.marker().exists());
+    for node in Node::ALL {
+        if !node_ready(node) {
+            continue;
+        }
+        let env = Env::with(
+            &format!("rm-nospare-{}", node.name()),
+            json!({"policy": {"classes": {"char": "remap"}}}),
+        );
+        env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
+        let mut b = Bundle::new("rm-nospare", &["sh", "-c", "echo ran > /out/ran"]);
+        b.add_device("/dev/zero", "c", 1, 5);
+        b.add_hooks(&env, &["prestart", "poststop"]);
+        let rt = Runtime {
+            node,
+            ..Runtime::RUNC
+        };
+        let out = runtime_run_on(rt, &b, &unique_id("ns"));
+        let all = text(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(
+            says(
+                &all,
+                r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no spare configured for class char; policy remap"#
+            ),
+            "{}: {all}",
+            rt.name()
+        );
+        assert!(!b.marker().exists());
+    }
 }
 
 #[test]
 fn runc_rootfs_with_dev_symlink_is_rejected_and_host_untouched() {
     require_root!();
-    if !require_v1() {
-        return;
-    }
-    let env = remap_env("rm-sym", &["/dev/full"]);
-    env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
-    let mut b = Bundle::new("rm-sym", &["sh", "-c", "echo ran > /out/ran"]);
-    b.add_device("/dev/zero", "c", 1, 5);
-    b.add_hooks(&env, &["prestart", "poststop"]);
-    // The container's /dev is a symlink to an absolute path outside the rootfs: a scratch
-    // directory this test owns, standing in for a host directory such as /etc. It holds
-    // a /dev/zero (1:5) of its own, the node devgate would replace if it followed the link.
-    // runc itself creates its /dev symlinks (fd, stdin, ...) through that link before the
-    // hook runs; what is checked is what devgate did.
-    let scratch = b.dir.join("host-lookalike");
-    fs::create_dir(&scratch).unwrap();
-    mknod_char(&scratch.join("zero"), 1, 5);
-    fs::remove_dir(b.rootfs().join("dev")).unwrap();
-    std::os::unix::fs::symlink(&scratch, b.rootfs().join("dev")).unwrap();
-    let out = runtime_run("runc", &b, &unique_id("sym"));
-    let all = text(&out);
-    assert!(!out.status.success(), "{all}");
-    assert!(says(&all, "devgate: rejected /dev/zero (1:5): quarantined by operator: \"x\"; remap impossible: cannot replace the node in the container: container path /dev/zero: /dev is a symlink in the container's rootfs; devgate never follows a container's symlinks; policy remap"), "{all}");
-    assert!(!b.marker().exists());
-    // devgate followed the link nowhere: neither the link's target on the host nor the same
-    // path under the rootfs (where runc made the container's nodes) got the spare's node
-    // or one of devgate's temporary names, and the host's /dev/zero is still 1:5.
-    let under_rootfs = b.rootfs().join(scratch.strip_prefix("/").unwrap());
-    for dir in [&scratch, &under_rootfs] {
-        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            assert!(!name.starts_with(".devgate"), "devgate left {dir:?}/{name}");
-            let m = fs::symlink_metadata(e.path()).unwrap();
-            assert_ne!(
-                (libc::major(m.rdev()), libc::minor(m.rdev())),
-                (1, 7),
-                "{dir:?}/{name} is the spare's node"
-            );
+    for node in Node::ALL {
+        if !node_ready(node) {
+            continue;
         }
+        let env = remap_env(&format!("rm-sym-{}", node.name()), &[SPARE]);
+        env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
+        let mut b = Bundle::new("rm-sym", &["sh", "-c", "echo ran > /out/ran"]);
+        b.add_device("/dev/zero", "c", 1, 5);
+        b.add_hooks(&env, &["prestart", "poststop"]);
+        // The container's /dev is a symlink to an absolute path outside the rootfs: a
+        // scratch directory this test owns, standing in for a host directory such as /etc.
+        // It holds a /dev/zero (1:5) of its own, the node devgate would replace if it
+        // followed the link. runc itself creates its /dev symlinks (fd, stdin, ...) through
+        // that link before the hook runs; what is checked is what devgate did.
+        let scratch = b.dir.join("host-lookalike");
+        fs::create_dir(&scratch).unwrap();
+        mknod_char(&scratch.join("zero"), 1, 5);
+        fs::remove_dir(b.rootfs().join("dev")).unwrap();
+        std::os::unix::fs::symlink(&scratch, b.rootfs().join("dev")).unwrap();
+        let rt = Runtime {
+            node,
+            ..Runtime::RUNC
+        };
+        let out = runtime_run_on(rt, &b, &unique_id("sym"));
+        let all = text(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(says(&all, "devgate: rejected /dev/zero (1:5): quarantined by operator: \"x\"; remap impossible: cannot replace the node in the container: container path /dev/zero: /dev is a symlink in the container's rootfs; devgate never follows a container's symlinks; policy remap"), "{}: {all}", rt.name());
+        assert!(!b.marker().exists());
+        // devgate followed the link nowhere: neither the link's target on the host nor the
+        // same path under the rootfs (where runc made the container's nodes) got the spare's
+        // node or one of devgate's temporary names, and the host's /dev/zero is still 1:5.
+        let under_rootfs = b.rootfs().join(scratch.strip_prefix("/").unwrap());
+        for dir in [&scratch, &under_rootfs] {
+            for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                assert!(!name.starts_with(".devgate"), "devgate left {dir:?}/{name}");
+                let m = fs::symlink_metadata(e.path()).unwrap();
+                assert_ne!(
+                    (libc::major(m.rdev()), libc::minor(m.rdev())),
+                    SPARE_NUM,
+                    "{dir:?}/{name} is the spare's node"
+                );
+            }
+        }
+        assert_eq!(char_node(&scratch.join("zero")), (1, 5));
+        assert_eq!(char_node(Path::new("/dev/zero")), (1, 5));
+        // the lease taken for it was given back
+        let leases = Leases::new(&env.dir.join("state")).list().unwrap();
+        assert!(leases.is_empty(), "{}: {leases:?}", rt.name());
     }
-    assert_eq!(char_node(&scratch.join("zero")), (1, 5));
-    assert_eq!(char_node(Path::new("/dev/zero")), (1, 5));
-    // the lease taken for it was given back
-    let leases = Leases::new(&env.dir.join("state")).list().unwrap();
-    assert!(leases.is_empty(), "{leases:?}");
 }
 
 fn mknod_char(path: &Path, major: u64, minor: u64) {
@@ -254,8 +382,18 @@ fn char_node(path: &Path) -> (u32, u32) {
     (libc::major(m.rdev()), libc::minor(m.rdev()))
 }
 
-fn hook(env: &Env, stage: &str) -> Child {
-    env.hook_cmd(stage).spawn().unwrap()
+fn hook(env: &Env, node: Node, stage: &str) -> Child {
+    env.hook_cmd_on(node, stage).spawn().unwrap()
+}
+
+fn run_hook(env: &Env, node: Node, stage: &str, f: &FakeContainer) -> std::process::Output {
+    let mut k = hook(env, node, stage);
+    k.stdin
+        .take()
+        .unwrap()
+        .write_all(f.state_json().as_bytes())
+        .unwrap();
+    k.wait_with_output().unwrap()
 }
 
 fn lease_files(env: &Env) -> Vec<(String, Value)> {
@@ -275,19 +413,17 @@ fn lease_files(env: &Env) -> Vec<(String, Value)> {
     out
 }
 
-#[test]
-fn thirty_two_prestarts_two_spares() {
-    require_root!();
-    if !require_v1() {
-        return;
-    }
-    let env = remap_env("rm-conc", &["/dev/full", "/dev/urandom"]);
+fn thirty_two_prestarts_two_spares(node: Node) {
+    let env = remap_env(&format!("rm-conc-{}", node.name()), &[SPARE, SPARE2]);
     env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
     let tag = std::process::id();
     let fakes: Vec<FakeContainer> = (0..32)
-        .map(|i| FakeContainer::new(&format!("c{tag}-{i}")))
+        .map(|i| FakeContainer::on(node, &format!("c{tag}-{}-{i}", node.name())))
         .collect();
-    let mut kids: Vec<Child> = fakes.iter().map(|_| hook(&env, "prestart")).collect();
+    for f in &fakes {
+        assert!(f.opens("/dev/zero") && !f.opens(SPARE), "runc-like start");
+    }
+    let mut kids: Vec<Child> = fakes.iter().map(|_| hook(&env, node, "prestart")).collect();
     for (k, f) in kids.iter_mut().zip(&fakes) {
         k.stdin
             .take()
@@ -308,8 +444,8 @@ fn thirty_two_prestarts_two_spares() {
                 winners.push(i);
             }
             Some(1) => assert!(
-                err.starts_with(r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no free healthy spare of class char (/dev/full leased to "#)
-                    && err.contains("; /dev/urandom leased to ")
+                err.starts_with(&format!(r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: no free healthy spare of class char ({SPARE} leased to "#))
+                    && err.contains(&format!("; {SPARE2} leased to "))
                     && err.trim_end().ends_with("; policy remap"),
                 "{err}"
             ),
@@ -329,13 +465,24 @@ fn thirty_two_prestarts_two_spares() {
         if winners.contains(&i) {
             assert!(holders.contains(&f.id.as_str()));
             let n = f.node();
-            assert!(n == (1, 7) || n == (1, 9), "{n:?}");
+            assert!(n == SPARE_NUM || n == SPARE2_NUM, "{n:?}");
             nodes.push(n);
-            let list = f.devices_list();
-            assert!(!list.contains("c 1:5 "), "{list}");
-            assert!(list.contains(&format!("c 1:{} rwm", n.1)), "{list}");
+            let (mine, other) = if n == SPARE_NUM {
+                (SPARE, SPARE2)
+            } else {
+                (SPARE2, SPARE)
+            };
+            assert!(
+                !f.opens("/dev/zero"),
+                "{}: the bad device still opens",
+                f.id
+            );
+            assert!(f.opens(mine), "{}: its spare {mine} does not open", f.id);
+            assert!(!f.opens(other), "{}: another's spare {other} opens", f.id);
+            assert!(f.opens("/dev/null"), "{}: the rest of its rules lost", f.id);
         } else {
             assert_eq!(f.node(), (1, 5), "a rejected container's node is untouched");
+            assert!(f.opens("/dev/zero") && !f.opens(SPARE) && !f.opens(SPARE2));
         }
     }
     assert_ne!(nodes[0], nodes[1], "no spare given twice");
@@ -351,7 +498,7 @@ fn thirty_two_prestarts_two_spares() {
     assert_eq!(leased.len(), 2, "{status}");
 
     // every poststop at once: both spares free
-    let mut kids: Vec<Child> = fakes.iter().map(|_| hook(&env, "poststop")).collect();
+    let mut kids: Vec<Child> = fakes.iter().map(|_| hook(&env, node, "poststop")).collect();
     for (k, f) in kids.iter_mut().zip(&fakes) {
         k.stdin
             .take()
@@ -365,13 +512,151 @@ fn thirty_two_prestarts_two_spares() {
     }
     assert!(lease_files(&env).is_empty());
     // and poststop again is harmless
-    let mut k = hook(&env, "poststop");
-    k.stdin
-        .take()
+    let o = run_hook(&env, node, "poststop", &fakes[winners[0]]);
+    assert!(o.status.success());
+}
+
+#[test]
+fn thirty_two_prestarts_two_spares_v1() {
+    require_root!();
+    if node_ready(Node::Host) {
+        thirty_two_prestarts_two_spares(Node::Host);
+    }
+}
+
+#[test]
+fn thirty_two_prestarts_two_spares_v2() {
+    require_root!();
+    if node_ready(Node::V2) {
+        thirty_two_prestarts_two_spares(Node::V2);
+    }
+}
+
+/// A pid whose process is in another cgroup than its spec's cgroupsPath (a pid reused by
+/// another process), or in the hierarchy's root, is never edited.
+#[test]
+fn wrong_or_root_cgroup_is_never_edited() {
+    require_root!();
+    for node in Node::ALL {
+        if !node_ready(node) {
+            continue;
+        }
+        let env = remap_env(&format!("rm-wrongcg-{}", node.name()), &[SPARE]);
+        env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
+        let f = FakeContainer::on(node, &format!("wcg{}-{}", std::process::id(), node.name()));
+        let mut spec: Value = serde_json::from_str(&read(&f.bundle.join("config.json"))).unwrap();
+        spec["linux"]["cgroupsPath"] = json!("/kubepods/pod1/other");
+        fs::write(f.bundle.join("config.json"), spec.to_string()).unwrap();
+        let o = run_hook(&env, node, "prestart", &f);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!(
+                "remap impossible: the container's process is in cgroup \"/dg-fake-{}\", not where its spec puts it (cgroupsPath \"/kubepods/pod1/other\"); its pid may belong to another process now",
+                f.id
+            )),
+            "{err}"
+        );
+        assert_eq!(f.node(), (1, 5));
+        assert!(f.opens("/dev/zero") && !f.opens(SPARE));
+        assert!(lease_files(&env).is_empty());
+
+        // the process moved into the root cgroup, its spec naming the root
+        spec["linux"]["cgroupsPath"] = json!("/");
+        fs::write(f.bundle.join("config.json"), spec.to_string()).unwrap();
+        let root = f.cgroup.parent().unwrap().join("cgroup.procs");
+        fs::write(&root, f.pid().to_string()).unwrap();
+        let o = run_hook(&env, node, "prestart", &f);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("; devgate never edits the root cgroup; policy remap"),
+            "{err}"
+        );
+        assert_eq!(f.node(), (1, 5));
+        assert!(lease_files(&env).is_empty());
+        // back, so that the fake's cgroup can be removed
+        fs::write(f.cgroup.join("cgroup.procs"), f.pid().to_string()).unwrap();
+    }
+}
+
+/// The hook's container pid had exited before the hook ran: no pidfd, nothing edited.
+#[test]
+fn exited_container_process_is_never_edited() {
+    require_root!();
+    let env = remap_env("rm-exited", &[SPARE]);
+    env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
+    let mut f = FakeContainer::on(Node::V2, &format!("gone{}", std::process::id()));
+    let state = f.state_json();
+    let pid = f.pid();
+    f.child.kill().unwrap();
+    f.child.wait().unwrap();
+    let mut k = hook(&env, Node::V2, "prestart");
+    k.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
+    let o = k.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "remap impossible: cannot open a pidfd for container process {pid}: no such process"
+        )),
+        "{err}"
+    );
+    assert!(lease_files(&env).is_empty());
+}
+
+/// A GPU named only by NVIDIA_VISIBLE_DEVICES was never granted to the pod: under a remap
+/// policy it is gated (here rejected, NVML says it is broken) and no spare is leased or
+/// granted for it, even with a node for it prepared in the rootfs.
+#[test]
+fn selector_only_gpu_gets_no_spare() {
+    require_root!();
+    let node = GpuNode::new("rm-sel");
+    let mut cfg = node.config();
+    cfg["policy"] = json!({"classes": {"nvidia-gpu": "remap"}});
+    cfg["spares"] = json!({"nvidia-gpu": [node.dev_root.join("nvidia7")]});
+    let env = Env::with("rm-sel", cfg);
+    let broken = write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    let mut b = Bundle::new("rm-sel", &["sh", "-c", "echo ran > /out/ran"]);
+    b.spec["process"]["env"]
+        .as_array_mut()
         .unwrap()
-        .write_all(fakes[winners[0]].state_json().as_bytes())
+        .push(json!("NVIDIA_VISIBLE_DEVICES=1"));
+    // what a pod could prepare: nodes for the GPU and for the spare in its rootfs
+    for (name, minor) in [("nvidia1", 1), ("nvidia7", 7)] {
+        nix::sys::stat::mknod(
+            &b.rootfs().join("dev").join(name),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, minor),
+        )
         .unwrap();
-    assert!(k.wait_with_output().unwrap().status.success());
+    }
+    b.add_hooks(&env, &["prestart", "poststop"]);
+    for stage in ["prestart", "poststop"] {
+        for h in b.spec["hooks"][stage].as_array_mut().unwrap() {
+            h["env"] = json!([format!("FAKE_NVML_CONFIG={}", broken.display())]);
+        }
+    }
+    let out = runtime_run("runc", &b, &unique_id("sel"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        says(&all, "policy remap; not remapped: named only by NVIDIA_VISIBLE_DEVICES, not granted by the spec"),
+        "{all}"
+    );
+    assert!(!b.marker().exists());
+    let last = env.decisions().pop().expect("a decision line");
+    assert_eq!(last["action"], "reject", "{last}");
+    assert_eq!(last["remaps"], Value::Null, "{last}");
+    assert!(lease_files(&env).is_empty(), "no spare leased");
 }
 
 /// A small xorshift so the kill times differ run to run without a dependency.
@@ -385,10 +670,10 @@ fn rand(seed: &mut u64) -> u64 {
 #[test]
 fn killed_at_random_during_lease_writes_leaves_a_ledger_that_parses() {
     require_root!();
-    if !require_v1() {
+    if !node_ready(Node::Host) {
         return;
     }
-    let env = remap_env("rm-crash", &["/dev/full"]);
+    let env = remap_env("rm-crash", &[SPARE]);
     env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
     let f = FakeContainer::new(&format!("crash{}", std::process::id()));
     let mut seed = std::time::SystemTime::now()
@@ -401,20 +686,15 @@ fn killed_at_random_during_lease_writes_leaves_a_ledger_that_parses() {
     let mut span = [0u64; 2];
     for (j, stage) in ["prestart", "poststop"].iter().enumerate() {
         let t = std::time::Instant::now();
-        let mut k = hook(&env, stage);
-        k.stdin
-            .take()
-            .unwrap()
-            .write_all(f.state_json().as_bytes())
-            .unwrap();
-        assert!(k.wait_with_output().unwrap().status.success());
+        let o = run_hook(&env, Node::Host, stage, &f);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         span[j] = t.elapsed().as_micros() as u64 + 1;
     }
     let mut killed = 0;
     const ROUNDS: usize = 200;
     for i in 0..ROUNDS {
         let stage = if i % 2 == 0 { "prestart" } else { "poststop" };
-        let mut k = hook(&env, stage);
+        let mut k = hook(&env, Node::Host, stage);
         k.stdin
             .take()
             .unwrap()
@@ -439,23 +719,12 @@ fn killed_at_random_during_lease_writes_leaves_a_ledger_that_parses() {
         "no hook was ever killed mid-run; the test proved nothing"
     );
     // the ledger still works: a clean prestart remaps, a clean poststop frees
-    let mut k = hook(&env, "prestart");
-    k.stdin
-        .take()
-        .unwrap()
-        .write_all(f.state_json().as_bytes())
-        .unwrap();
-    let o = k.wait_with_output().unwrap();
+    let o = run_hook(&env, Node::Host, "prestart", &f);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(f.node(), (1, 7));
+    assert_eq!(f.node(), SPARE_NUM);
     assert_eq!(lease_files(&env).len(), 1);
-    let mut k = hook(&env, "poststop");
-    k.stdin
-        .take()
-        .unwrap()
-        .write_all(f.state_json().as_bytes())
-        .unwrap();
-    assert!(k.wait_with_output().unwrap().status.success());
+    let o = run_hook(&env, Node::Host, "poststop", &f);
+    assert!(o.status.success());
     assert!(lease_files(&env).is_empty());
     let strays: Vec<_> = fs::read_dir(env.dir.join("state/leases"))
         .unwrap()

@@ -427,6 +427,37 @@ pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// The container's process as a hook holds it: the state's pid and a pidfd opened before
+/// anything slow (probing) ran. Everything the remap does to "the container" goes through
+/// it, so a pid that dies and is reused meanwhile is noticed instead of edited.
+#[derive(Debug)]
+pub struct ContainerProcess {
+    pub pid: i32,
+    fd: std::result::Result<OwnedFd, String>,
+}
+
+impl ContainerProcess {
+    pub fn open(pid: i32) -> ContainerProcess {
+        ContainerProcess {
+            pid,
+            fd: pidfd_open(pid).map_err(|e| {
+                format!(
+                    "cannot open a pidfd for container process {pid}: {}",
+                    e.to_string().to_lowercase()
+                )
+            }),
+        }
+    }
+
+    /// The pidfd, or why there is none (the process had exited when the hook started).
+    pub fn pidfd(&self) -> std::result::Result<RawFd, String> {
+        self.fd
+            .as_ref()
+            .map(|f| f.as_raw_fd())
+            .map_err(Clone::clone)
+    }
+}
+
 /// True while the process behind `pidfd` has not exited. A file under /proc/PID opened
 /// before this returns true belongs to that process, not to a later one with its pid.
 pub fn pidfd_alive(pidfd: RawFd) -> bool {
@@ -501,7 +532,30 @@ fn read_report(fd: &OwnedFd, deadline: Instant) -> std::result::Result<Wire, Str
 /// Reaps the child, waiting at most a short while: a child stuck in an uninterruptible
 /// system call (a hung filesystem) cannot be killed, and devgate must not hang with it.
 fn reap(child: i32) {
-    let until = Instant::now() + Duration::from_millis(500);
+    const WAIT: Duration = Duration::from_millis(500);
+    // A pidfd turns readable when the child exits: wait on it, bounded, instead of sleeping
+    // in steps (the child is normally exiting already; a step would cost a whole sleep).
+    if let Ok(fd) = pidfd_open(child) {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let until = Instant::now() + WAIT;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) };
+            if n >= 0 || errno() != libc::EINTR || left.is_zero() {
+                break;
+            }
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child without blocking.
+        unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+        return;
+    }
+    let until = Instant::now() + WAIT;
     loop {
         let mut status = 0;
         // SAFETY: reaps our own child without blocking.

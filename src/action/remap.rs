@@ -4,7 +4,7 @@
 //! failure leaves the container rejected, saying why, and gives back what it leased.
 
 use super::cgroup::{self, Location};
-use super::nsdev;
+use super::nsdev::{self, ContainerProcess};
 use super::spare::healthy_spares;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -19,6 +19,7 @@ use crate::probe::nvidia::GpuContext;
 use crate::store::lease::{self, Lease, Leases, Outcome};
 use crate::store::quarantine::Ledger;
 use serde::{Deserialize, Serialize};
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -85,14 +86,16 @@ fn rootfs(state: &State, spec: &Spec) -> Result<PathBuf> {
 }
 
 /// Why a cgroup cannot take a remap that lasts: systemd re-applies a unit's device
-/// policy on `systemctl daemon-reload`, undoing a direct edit.
+/// policy on `systemctl daemon-reload`, undoing a direct edit. The runtime wrapper remaps
+/// in the spec instead, which the runtime hands to systemd.
 pub fn systemd_refusal(loc: &Location, systemd_running: bool) -> Option<String> {
     let unit = loc.systemd_unit()?;
     systemd_running.then(|| {
         format!(
-            "{} belongs to systemd unit {unit}; systemd re-applies the unit's device policy \
-             on daemon-reload and would undo the remap (run containers that may be remapped \
-             with the cgroupfs driver)",
+            "{} belongs to systemd unit {unit}, whose device policy systemd re-applies on \
+             daemon-reload, undoing a hook's edit; under the systemd cgroup driver remap with \
+             devgate's runtime wrapper, which changes the spec before the runtime creates the \
+             container (docs/wrapper.md)",
             loc.describe()
         )
     })
@@ -102,31 +105,19 @@ pub fn systemd_running() -> bool {
     Path::new("/run/systemd/system").is_dir()
 }
 
-/// The rule list a v2 replacement program is built from: the container's own rules, the
-/// rules runc appends to every container, then the remaps (deny bad, allow spare), last so
-/// that they win.
-pub fn v2_rules(
-    spec_rules: &[oci_spec::runtime::LinuxDeviceCgroup],
-    changes: &[oci_spec::runtime::LinuxDeviceCgroup],
-) -> Vec<oci_spec::runtime::LinuxDeviceCgroup> {
-    let mut rules = spec_rules.to_vec();
-    rules.extend(cgroup::runtime_default_rules());
-    rules.extend(changes.iter().cloned());
-    rules
-}
-
 struct Ctx<'a> {
     config: &'a Config,
     state: &'a State,
-    spec: &'a Spec,
     ledger: &'a Ledger,
     gpu: Option<&'a GpuContext>,
     leases: Leases,
     pid: i32,
+    /// The container's pidfd, opened when the hook started.
+    pidfd: RawFd,
+    /// The container process's start time, read while the pidfd showed it alive.
+    pid_start: Option<u64>,
     loc: Location,
     rootfs: PathBuf,
-    /// v2: the changes so far, appended to the container's rules.
-    changes: Vec<oci_spec::runtime::LinuxDeviceCgroup>,
     taken: Vec<DevNum>,
 }
 
@@ -145,7 +136,7 @@ fn lease_spare(cx: &mut Ctx, d: &Device) -> std::result::Result<(Lease, Option<L
         class: d.class.clone(),
         container_id: cx.state.id.clone(),
         pid: cx.pid,
-        pid_start: lease::pid_start(cx.pid),
+        pid_start: cx.pid_start,
         replaces: d.num,
         container_path: d.container_path.clone(),
         runtime_state: None,
@@ -176,26 +167,22 @@ fn lease_spare(cx: &mut Ctx, d: &Device) -> std::result::Result<(Lease, Option<L
 }
 
 /// Denies `bad` and allows `spare` in the container's device cgroup; says what was edited.
-fn edit_cgroup(cx: &mut Ctx, bad: DevNum, spare: DevNum) -> std::result::Result<String, String> {
+fn edit_cgroup(cx: &Ctx, bad: DevNum, spare: DevNum) -> std::result::Result<String, String> {
     match &cx.loc {
         Location::V1 { dir, .. } => cgroup::v1::remap(dir, bad, spare)
             .map(|()| cx.loc.describe())
             .map_err(|e| format!("cannot edit the device cgroup: {e}")),
-        Location::V2 { dir, .. } => {
-            cx.changes.push(cgroup::device_rule(false, bad, "rwm"));
-            cx.changes.push(cgroup::device_rule(true, spare, "rwm"));
-            let rules = v2_rules(cx.spec.device_rules(), &cx.changes);
-            cgroup::v2::replace(dir, &rules)
-                .map(|r| {
-                    format!(
-                        "{}: device program {:?} replaced by {:?}",
-                        cx.loc.describe(),
-                        r.old,
-                        r.new
-                    )
-                })
-                .map_err(|e| format!("cannot replace the device program: {e}"))
-        }
+        Location::V2 { dir, .. } => cgroup::v2::remap(dir, bad, spare)
+            .map(|r| {
+                format!(
+                    "{}: device programs {:?} extended, {} as {:?}",
+                    cx.loc.describe(),
+                    r.old,
+                    r.how,
+                    r.new
+                )
+            })
+            .map_err(|e| format!("cannot extend the device programs: {e}")),
     }
 }
 
@@ -206,7 +193,7 @@ fn edit_node(cx: &Ctx, d: &Device, spare: DevNum) -> std::result::Result<String,
     };
     nsdev::replace_node(&nsdev::NodeEdit {
         pid: cx.pid,
-        pidfd: None,
+        pidfd: Some(cx.pidfd),
         rootfs: &cx.rootfs,
         container_path: cp,
         expect: d.num,
@@ -283,6 +270,7 @@ pub fn apply(
     spec: &Spec,
     ledger: &Ledger,
     gpu: Option<&GpuContext>,
+    process: Option<&ContainerProcess>,
     decisions: &mut [DeviceDecision],
 ) -> Applied {
     if !decisions
@@ -301,17 +289,32 @@ pub fn apply(
         );
         return Applied::default();
     }
-    let Some(pid) = state.pid() else {
+    let Some(process) = process else {
         fail_all(decisions, "the runtime state has no container pid");
         return Applied::default();
     };
-    let loc = match cgroup::locate(pid) {
+    let pid = process.pid;
+    let pidfd = match process.pidfd() {
+        Ok(fd) => fd,
+        Err(m) => {
+            fail_all(decisions, &m);
+            return Applied::default();
+        }
+    };
+    // Read by pid number, then checked alive by locate's pidfd check below.
+    let pid_start = lease::pid_start(pid);
+    let loc = match cgroup::locate(pid, pidfd) {
         Ok(l) => l,
         Err(e) => {
             fail_all(decisions, &e.to_string());
             return Applied::default();
         }
     };
+    let cgroups_path = spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref());
+    if let Err(m) = cgroup::path::check(loc.path(), cgroups_path, &state.id) {
+        fail_all(decisions, &m);
+        return Applied::default();
+    }
     if let Some(why) = systemd_refusal(&loc, systemd_running()) {
         fail_all(decisions, &why);
         return Applied::default();
@@ -326,14 +329,14 @@ pub fn apply(
     let mut cx = Ctx {
         config,
         state,
-        spec,
         ledger,
         gpu,
         leases: Leases::new(&config.state_dir),
         pid,
+        pidfd,
+        pid_start,
         loc,
         rootfs,
-        changes: Vec::new(),
         taken: Vec::new(),
     };
     let mut out = Applied::default();
@@ -382,34 +385,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn v2_rules_deny_the_bad_device_even_where_runc_allows_it() {
-        use crate::action::cgroup::bpf::{
-            self, ACC_MKNOD as M, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C,
-        };
-        use crate::model::device::DevType;
-        let n = |minor| DevNum {
-            typ: DevType::Char,
-            major: 1,
-            minor,
-        };
-        let spec: Vec<oci_spec::runtime::LinuxDeviceCgroup> = serde_json::from_str(
-            r#"[{"allow":false,"access":"rwm"},{"allow":true,"type":"c","major":1,"minor":5,"access":"rwm"}]"#,
-        )
-        .unwrap();
-        // 1:5 is in runc's defaults too: the change must come after them
-        let changes = [
-            cgroup::device_rule(false, n(5), "rwm"),
-            cgroup::device_rule(true, n(7), "rwm"),
-        ];
-        let p = bpf::program(&v2_rules(&spec, &changes)).unwrap();
-        assert_eq!(bpf::emulate(&p, C, R | W, 1, 5), Some(0));
-        assert_eq!(bpf::emulate(&p, C, M, 1, 5), Some(0));
-        assert_eq!(bpf::emulate(&p, C, R | W, 1, 7), Some(1));
-        assert_eq!(bpf::emulate(&p, C, R | W, 1, 3), Some(1), "/dev/null kept");
-        assert_eq!(bpf::emulate(&p, C, R | W, 136, 0), Some(1), "pts kept");
-    }
-
-    #[test]
     fn systemd_scope_refused_only_when_systemd_runs() {
         let scope = Location::V1 {
             dir: "/sys/fs/cgroup/devices/system.slice/docker-ab.scope".into(),
@@ -418,6 +393,8 @@ mod tests {
         let why = systemd_refusal(&scope, true).unwrap();
         assert!(why.contains("systemd unit docker-ab.scope"), "{why}");
         assert!(why.contains("daemon-reload"), "{why}");
+        assert!(why.contains("devgate's runtime wrapper"), "{why}");
+        assert!(!why.contains('\n'), "one line: {why}");
         assert_eq!(systemd_refusal(&scope, false), None);
         let plain = Location::V2 {
             dir: "/sys/fs/cgroup/t1".into(),

@@ -1,7 +1,9 @@
 //! A stand-in for a container at prestart, without a runtime: a sleeping process in its own
-//! mount namespace (a tmpfs on ROOTFS/dev holding the container's /dev/zero) and its own v1
-//! devices cgroup that allows c 1:5 the way runc's would.
+//! mount namespace (a tmpfs on ROOTFS/dev holding the container's /dev/zero) and its own
+//! device cgroup that allows c 1:5 the way runc's would: on the host node a v1 devices
+//! cgroup, on the v2 node a cgroup2 cgroup with a runc-like device program attached.
 
+use super::node::Node;
 use super::tempdir;
 use serde_json::json;
 use std::fs;
@@ -11,7 +13,9 @@ use std::process::{Child, Command, Stdio};
 
 pub struct FakeContainer {
     pub id: String,
+    pub node: Node,
     pub bundle: PathBuf,
+    /// The container's cgroup as this process sees it.
     pub cgroup: PathBuf,
     pub child: Child,
 }
@@ -22,15 +26,33 @@ pub fn have_v1_devices() -> bool {
     Path::new(DEVICES_ROOT).join("devices.allow").exists()
 }
 
+/// The rules runc gives a container granted /dev/zero, in short: deny all, /dev/null,
+/// /dev/zero, mknod of any char device.
+fn runc_like_rules() -> Vec<oci_spec::runtime::LinuxDeviceCgroup> {
+    serde_json::from_value(json!([
+        {"allow": false, "access": "rwm"},
+        {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
+        {"allow": true, "type": "c", "major": 1, "minor": 5, "access": "rwm"},
+        {"allow": true, "type": "c", "access": "m"}
+    ]))
+    .unwrap()
+}
+
 impl FakeContainer {
     pub fn new(id: &str) -> FakeContainer {
+        FakeContainer::on(Node::Host, id)
+    }
+
+    pub fn on(node: Node, id: &str) -> FakeContainer {
         let bundle = tempdir(&format!("fake-{id}"));
         let rootfs = bundle.join("rootfs");
         fs::create_dir_all(rootfs.join("dev")).unwrap();
+        let name = format!("dg-fake-{id}");
         let spec = json!({
             "ociVersion": "1.0.2",
             "root": {"path": "rootfs"},
             "linux": {
+                "cgroupsPath": format!("/{name}"),
                 "devices": [{"path": "/dev/zero", "type": "c", "major": 1, "minor": 5,
                              "fileMode": 0o666, "uid": 0, "gid": 0}],
                 "resources": {"devices": [{"allow": false, "access": "rwm"},
@@ -38,12 +60,22 @@ impl FakeContainer {
             }
         });
         fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
-        let cgroup = Path::new(DEVICES_ROOT).join(format!("dg-fake-{id}"));
+        let cgroup = match node {
+            Node::Host => Path::new(DEVICES_ROOT).join(&name),
+            Node::V2 => Node::cgroup2_root().join(&name),
+        };
         let _ = fs::remove_dir(&cgroup);
         fs::create_dir(&cgroup).unwrap();
-        fs::write(cgroup.join("devices.deny"), "a").unwrap();
-        for r in ["c 1:3 rwm", "c 1:5 rwm", "c *:* m"] {
-            fs::write(cgroup.join("devices.allow"), r).unwrap();
+        match node {
+            Node::Host => {
+                fs::write(cgroup.join("devices.deny"), "a").unwrap();
+                for r in ["c 1:3 rwm", "c 1:5 rwm", "c *:* m"] {
+                    fs::write(cgroup.join("devices.allow"), r).unwrap();
+                }
+            }
+            Node::V2 => {
+                devgate::action::cgroup::v2::attach_new(&cgroup, &runc_like_rules()).unwrap()
+            }
         }
         let script = format!(
             "mount -t tmpfs -o mode=755 tmpfs {r}/dev && mknod -m 666 {r}/dev/zero c 1 5 && echo ready && exec sleep 600",
@@ -63,6 +95,7 @@ impl FakeContainer {
         fs::write(cgroup.join("cgroup.procs"), child.id().to_string()).unwrap();
         FakeContainer {
             id: id.to_string(),
+            node,
             bundle,
             cgroup,
             child,
@@ -91,8 +124,23 @@ impl FakeContainer {
         (libc::major(m.rdev()), libc::minor(m.rdev()))
     }
 
-    pub fn devices_list(&self) -> String {
-        fs::read_to_string(self.cgroup.join("devices.list")).unwrap()
+    /// Whether a process in the container's device cgroup may open the host node `dev`
+    /// for reading and writing: the kernel's answer, on either node shape.
+    pub fn opens(&self, dev: &str) -> bool {
+        let out = Command::new("sh")
+            .args(["-c", r#"echo $$ > "$0" && true <> "$1""#])
+            .arg(self.cgroup.join("cgroup.procs"))
+            .arg(dev)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || err.contains("Operation not permitted"),
+            "opening {dev} in {}: {err}",
+            self.cgroup.display()
+        );
+        out.status.success()
     }
 }
 

@@ -2,6 +2,9 @@
 #![allow(dead_code)]
 
 pub mod fake_nvml;
+pub mod node;
+
+pub use node::{Node, Runtime};
 
 use serde_json::{json, Value};
 use std::fs;
@@ -109,7 +112,12 @@ impl Env {
 
     /// `devgate hook STAGE` as a runtime starts it, all three streams piped.
     pub fn hook_cmd(&self, stage: &str) -> Command {
-        let mut c = Command::new(devgate_bin());
+        self.hook_cmd_on(Node::Host, stage)
+    }
+
+    /// `devgate hook STAGE` as a runtime on `node` starts it.
+    pub fn hook_cmd_on(&self, node: Node, stage: &str) -> Command {
+        let mut c = node.command(devgate_bin());
         c.arg("--config")
             .arg(&self.config)
             .args(["hook", stage])
@@ -274,41 +282,26 @@ pub fn have(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The runtime's command line. crun 1.8 refuses a hybrid cgroup layout whose cgroup2
-/// hierarchy still has a controller (hugetlb here), so crun runs in a private mount
-/// namespace whose /sys/fs/cgroup is a plain cgroup2 mount, without managing cgroups: the
-/// gate needs none, and nothing outside that namespace changes.
-fn runtime_cmd(runtime: &str, root: &Path) -> Command {
-    if runtime == "crun" {
-        let mut cmd = Command::new("unshare");
-        cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
-            .arg(r#"mount -t cgroup2 none /sys/fs/cgroup && exec "$0" "$@""#)
-            .arg("crun")
-            .arg("--root")
-            .arg(root)
-            .arg("--cgroup-manager=disabled");
-        cmd
-    } else {
-        let mut cmd = Command::new(runtime);
-        cmd.arg("--root").arg(root);
-        cmd
-    }
+/// `runc run` (or crun) to completion, with its own state root so tests never meet the
+/// node's containers: runc on this host, crun on the v2 node without cgroups.
+pub fn runtime_run(runtime: &str, bundle: &Bundle, id: &str) -> Output {
+    runtime_run_on(Runtime::named(runtime), bundle, id)
 }
 
-/// `runc run` (or crun) to completion, with its own state root so tests never meet the
-/// node's containers.
-pub fn runtime_run(runtime: &str, bundle: &Bundle, id: &str) -> Output {
+/// `run` under `rt` to completion; whatever a failed start left is deleted.
+pub fn runtime_run_on(rt: Runtime, bundle: &Bundle, id: &str) -> Output {
     bundle.write();
     let root = bundle.dir.join("runtime-root");
-    let out = runtime_cmd(runtime, &root)
+    let out = rt
+        .command(&root)
         .args(["run", "--bundle"])
         .arg(&bundle.dir)
         .arg(id)
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    // Best-effort cleanup of a container left behind by a failed start.
-    let _ = runtime_cmd(runtime, &root)
+    let _ = rt
+        .command(&root)
         .args(["delete", "--force", id])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

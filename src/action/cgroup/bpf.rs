@@ -1,11 +1,15 @@
-//! A BPF_PROG_TYPE_CGROUP_DEVICE program built from a device rule list, as runc's
-//! devicefilter builds one: the rules in order, the last matching rule decides, no match
-//! denies. Emitted here in Rust; nothing is compiled or loaded from anywhere else.
+//! BPF_PROG_TYPE_CGROUP_DEVICE programs, emitted here in Rust; nothing is compiled or
+//! loaded from anywhere else.
+//! - `program`: a whole program from a device rule list, as runc's devicefilter builds one
+//!   (the rules in order, the last matching rule decides, no match denies).
+//! - `remap_prefix` + `compose`: a remap put in front of a program someone else attached
+//!   (the runtime's, or one another hook already extended), which is kept as it is.
 //!
 //! The program sees `struct bpf_cgroup_dev_ctx { u32 access_type; u32 major; u32 minor; }`
 //! where `access_type` is `(access << 16) | type`, type 1 block / 2 char, access bits
 //! mknod 1, read 2, write 4.
 
+use crate::model::device::{DevNum, DevType};
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
 
 pub const DEV_BLOCK: u32 = 1;
@@ -34,6 +38,18 @@ pub const ALU64_MOV_K: u8 = 0xb7;
 pub const JNE_K: u8 = 0x55;
 pub const JNE_X: u8 = 0x5d;
 pub const EXIT: u8 = 0x95;
+// Used by runtimes' programs (crun, runc); the emulator knows them too.
+pub const LDX_MEM_H: u8 = 0x69;
+pub const ALU32_MOV_K: u8 = 0xb4;
+pub const ALU64_MOV_X: u8 = 0xbf;
+pub const JEQ_K: u8 = 0x15;
+pub const JA: u8 = 0x05;
+/// What a program may not contain to be copied as it is: a helper call (its immediate is
+/// the kernel's, not the loader's), a 64-bit immediate load (a map or BTF reference), a
+/// tail call or BPF-to-BPF call.
+const CALL: u8 = 0x85;
+const CALLX: u8 = 0x8d;
+const LD_IMM64: u8 = 0x18;
 
 const R0: u8 = 0;
 const R1: u8 = 1;
@@ -161,6 +177,77 @@ pub fn program(rules: &[LinuxDeviceCgroup]) -> Result<Vec<Insn>, String> {
     Ok(prog)
 }
 
+/// Instructions that decide for every access to the devices in `deny` (0) and `allow` (1)
+/// and fall through for any other request, leaving R1 (the context) as the program after
+/// them expects it. Only R0, R2, R4 and R5 are written, and every program written after a
+/// prefix sets a register before it reads it (the verifier makes sure of it).
+pub fn remap_prefix(deny: &[DevNum], allow: &[DevNum]) -> Vec<Insn> {
+    let mut prog = vec![
+        insn(LDX_MEM_W, R2, R1, 0, 0),
+        insn(ALU32_AND_K, R2, 0, 0, 0xffff),
+        insn(LDX_MEM_W, R4, R1, 4, 0),
+        insn(LDX_MEM_W, R5, R1, 8, 0),
+    ];
+    let tagged = deny
+        .iter()
+        .map(|d| (d, 0))
+        .chain(allow.iter().map(|d| (d, 1)));
+    for (d, verdict) in tagged {
+        let typ = match d.typ {
+            DevType::Char => DEV_CHAR,
+            DevType::Block => DEV_BLOCK,
+        };
+        prog.extend([
+            insn(JNE_K, R2, 0, 4, typ as i32),
+            insn(JNE_K, R4, 0, 3, d.major as i32),
+            insn(JNE_K, R5, 0, 2, d.minor as i32),
+            insn(ALU64_MOV_K, R0, 0, 0, verdict),
+            insn(EXIT, 0, 0, 0, 0),
+        ]);
+    }
+    prog
+}
+
+/// `prefix` in front of an attached program's instructions. The program's jumps are
+/// relative, so they stay right. With no program (a cgroup whose runtime attached none
+/// allows everything) the prefix is followed by "allow".
+pub fn compose(prefix: &[Insn], program: Option<&[Insn]>) -> Vec<Insn> {
+    let mut out = prefix.to_vec();
+    match program {
+        Some(p) => out.extend_from_slice(p),
+        None => out.extend([insn(ALU64_MOV_K, R0, 0, 0, 1), insn(EXIT, 0, 0, 0, 0)]),
+    }
+    out
+}
+
+/// Why a program read back from the kernel cannot be copied as it is, if it cannot.
+pub fn not_copyable(prog: &[Insn]) -> Option<String> {
+    if prog.is_empty() {
+        return Some("the kernel returned no instructions".into());
+    }
+    prog.iter().enumerate().find_map(|(i, x)| match x.code {
+        CALL | CALLX => Some(format!("instruction {i} is a call")),
+        LD_IMM64 if x.src != 0 => Some(format!("instruction {i} loads a map or object reference")),
+        _ => None,
+    })
+}
+
+/// Instructions from the kernel's layout.
+pub fn decode(raw: &[u64]) -> Vec<Insn> {
+    raw.iter()
+        .map(|w| {
+            let b = w.to_ne_bytes();
+            Insn {
+                code: b[0],
+                dst: b[1] & 0xf,
+                src: b[1] >> 4,
+                off: i16::from_le_bytes([b[2], b[3]]),
+                imm: i32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            }
+        })
+        .collect()
+}
+
 /// The instructions as the kernel takes them.
 pub fn encode(prog: &[Insn]) -> Vec<u64> {
     prog.iter()
@@ -195,6 +282,22 @@ pub fn emulate(prog: &[Insn], typ: u32, access: u32, major: u32, minor: u32) -> 
                     return None;
                 }
                 r[d] = u64::from(*ctx.get((i.off / 4) as usize)?);
+            }
+            LDX_MEM_H => {
+                // little-endian halves of the context words
+                if s != 1 || i.off < 0 || i.off % 2 != 0 {
+                    return None;
+                }
+                let w = *ctx.get((i.off / 4) as usize)?;
+                r[d] = u64::from(if i.off % 4 == 0 { w & 0xffff } else { w >> 16 });
+            }
+            ALU32_MOV_K => r[d] = u64::from(i.imm as u32),
+            ALU64_MOV_X => r[d] = r[s],
+            JA => next = (pc as i64 + 1 + i64::from(i.off)).try_into().ok()?,
+            JEQ_K => {
+                if r[d] == i.imm as i64 as u64 {
+                    next = (pc as i64 + 1 + i64::from(i.off)).try_into().ok()?;
+                }
             }
             ALU32_AND_K => r[d] = u64::from((r[d] as u32) & (i.imm as u32)),
             ALU32_RSH_K => r[d] = u64::from((r[d] as u32) >> (i.imm as u32 & 31)),
@@ -324,5 +427,127 @@ mod tests {
         let e = encode(&[insn(LDX_MEM_W, R4, R1, 4, 0), insn(JNE_K, R5, 0, 3, 7)]);
         assert_eq!(e[0].to_ne_bytes(), [0x61, 0x14, 4, 0, 0, 0, 0, 0]);
         assert_eq!(e[1].to_ne_bytes(), [0x55, 0x05, 3, 0, 7, 0, 0, 0]);
+    }
+
+    const BAD: DevNum = DevNum {
+        typ: DevType::Char,
+        major: 1,
+        minor: 5,
+    };
+    const SPARE: DevNum = DevNum {
+        typ: DevType::Char,
+        major: 1,
+        minor: 7,
+    };
+
+    /// crun's shape for "deny all, allow c 1:5 rw": a 16-bit type load, JEQ on the access
+    /// mask, R1 reused as scratch.
+    fn crun_like() -> Vec<Insn> {
+        vec![
+            insn(LDX_MEM_H, R2, R1, 0, 0),
+            insn(LDX_MEM_W, R3, R1, 0, 0),
+            insn(ALU32_RSH_K, R3, 0, 0, 16),
+            insn(LDX_MEM_W, R4, R1, 4, 0),
+            insn(LDX_MEM_W, R5, R1, 8, 0),
+            insn(JNE_K, R2, 0, 7, DEV_CHAR as i32),
+            insn(ALU32_MOV_X, R1, R3, 0, 0),
+            insn(ALU32_AND_K, R1, 0, 0, (R | W) as i32),
+            insn(JEQ_K, R1, 0, 4, 0),
+            insn(JNE_K, R4, 0, 3, 1),
+            insn(JNE_K, R5, 0, 2, 5),
+            insn(ALU64_MOV_K, R0, 0, 0, 1),
+            insn(EXIT, 0, 0, 0, 0),
+            insn(ALU32_MOV_K, R0, 0, 0, 0),
+            insn(JA, 0, 0, 0, 0),
+            insn(EXIT, 0, 0, 0, 0),
+        ]
+    }
+
+    #[test]
+    fn prefix_decides_bad_and_spare_and_leaves_the_rest_to_the_program() {
+        let prefix = remap_prefix(&[BAD], &[SPARE]);
+        for body in [program(&remapped()[..13]).unwrap(), crun_like()] {
+            let p = compose(&prefix, Some(&body));
+            for acc in [R, W, M, R | W, R | W | M] {
+                assert_eq!(emulate(&p, DEV_CHAR, acc, 1, 5), Some(0), "bad {acc}");
+                assert_eq!(emulate(&p, DEV_CHAR, acc, 1, 7), Some(1), "spare {acc}");
+                // everything else exactly as the program alone decides
+                for (t, ma, mi) in [
+                    (DEV_CHAR, 1, 3),
+                    (DEV_CHAR, 195, 1),
+                    (DEV_BLOCK, 1, 5),
+                    (DEV_CHAR, 5, 7),
+                ] {
+                    assert_eq!(
+                        emulate(&p, t, acc, ma, mi),
+                        emulate(&body, t, acc, ma, mi),
+                        "{t} {acc} {ma}:{mi}"
+                    );
+                }
+            }
+        }
+        // the crun-like program alone allows 1:5 and denies 1:7, so the prefix is what
+        // changes them
+        let c = crun_like();
+        assert_eq!(emulate(&c, DEV_CHAR, R, 1, 5), Some(1));
+        assert_eq!(emulate(&c, DEV_CHAR, R, 1, 7), Some(0));
+    }
+
+    #[test]
+    fn prefix_over_no_program_denies_only_the_bad_device() {
+        let p = compose(&remap_prefix(&[BAD], &[SPARE]), None);
+        assert_eq!(emulate(&p, DEV_CHAR, R | W, 1, 5), Some(0));
+        assert_eq!(emulate(&p, DEV_CHAR, R | W, 1, 7), Some(1));
+        assert_eq!(
+            emulate(&p, DEV_BLOCK, R | W, 1, 5),
+            Some(1),
+            "block 1:5 is another device"
+        );
+        assert_eq!(emulate(&p, DEV_CHAR, R | W, 8, 0), Some(1));
+    }
+
+    #[test]
+    fn prefixes_stack_for_a_second_remap() {
+        let other = DevNum {
+            typ: DevType::Block,
+            major: 8,
+            minor: 16,
+        };
+        let spare2 = DevNum {
+            typ: DevType::Block,
+            major: 8,
+            minor: 32,
+        };
+        let once = compose(&remap_prefix(&[BAD], &[SPARE]), Some(&crun_like()));
+        let twice = compose(&remap_prefix(&[other], &[spare2]), Some(&once));
+        assert_eq!(emulate(&twice, DEV_CHAR, R, 1, 5), Some(0));
+        assert_eq!(emulate(&twice, DEV_CHAR, R, 1, 7), Some(1));
+        assert_eq!(emulate(&twice, DEV_BLOCK, R, 8, 16), Some(0));
+        assert_eq!(emulate(&twice, DEV_BLOCK, R, 8, 32), Some(1));
+        assert_eq!(
+            emulate(&twice, DEV_CHAR, R, 1, 3),
+            Some(0),
+            "crun denies 1:3"
+        );
+    }
+
+    #[test]
+    fn decode_reverses_encode_and_calls_are_not_copied() {
+        let p = crun_like();
+        assert_eq!(decode(&encode(&p)), p);
+        let neg = [insn(JNE_K, R5, 0, -3, -7)];
+        assert_eq!(decode(&encode(&neg)), neg);
+        assert_eq!(not_copyable(&p), None);
+        let mut with_call = p.clone();
+        with_call.insert(3, insn(CALL, 0, 0, 0, 14));
+        assert_eq!(
+            not_copyable(&with_call).as_deref(),
+            Some("instruction 3 is a call")
+        );
+        let map = [insn(LD_IMM64, R1, 1, 0, 5), insn(0, 0, 0, 0, 0)];
+        assert!(not_copyable(&map).unwrap().contains("map"));
+        let plain = [insn(LD_IMM64, R1, 0, 0, 5), insn(0, 0, 0, 0, 0)];
+        assert_eq!(not_copyable(&plain), None);
+        assert!(not_copyable(&[]).is_some());
     }
 }

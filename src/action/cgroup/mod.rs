@@ -1,8 +1,12 @@
 //! Device-cgroup edits for a running container: find its cgroup from its pid, then change
-//! what it may open. `v1` writes devices.deny / devices.allow; `v2` replaces the eBPF
-//! program the runtime attached with one `bpf` builds from the rule list.
+//! what it may open. `v1` writes devices.deny / devices.allow; `v2` puts deny-bad and
+//! allow-spare in front of every eBPF device program attached to the cgroup (`bpf` emits
+//! them). Which of the two is decided the way runc and crun decide it: by the filesystem
+//! at /sys/fs/cgroup in devgate's own mount namespace (the runtime's), never by the
+//! controllers a process's /proc/PID/cgroup happens to list.
 
 pub mod bpf;
+pub mod path;
 pub mod v1;
 pub mod v2;
 
@@ -10,9 +14,69 @@ use crate::error::{Error, Result};
 use crate::fsutil::read_bounded;
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceCgroupBuilder};
 use std::fs::File;
+use std::os::fd::RawFd;
 use std::path::{Component, Path, PathBuf};
 
 const MAX_PROC_BYTES: u64 = 1 << 20;
+
+/// Where runtimes look for cgroups.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// How the node's cgroups are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// /sys/fs/cgroup is cgroup2: device policy is eBPF programs.
+    Unified,
+    /// A tmpfs of v1 hierarchies with cgroup2 beside them at /sys/fs/cgroup/unified: runc
+    /// and crun keep device policy in the v1 devices controller.
+    Hybrid,
+    /// v1 hierarchies only.
+    Legacy,
+}
+
+impl Layout {
+    /// From the statfs f_type of /sys/fs/cgroup and of /sys/fs/cgroup/unified.
+    pub fn from_fs_types(root: i64, unified: Option<i64>) -> std::result::Result<Layout, String> {
+        match root {
+            CGROUP2_SUPER_MAGIC => Ok(Layout::Unified),
+            TMPFS_MAGIC if unified == Some(CGROUP2_SUPER_MAGIC) => Ok(Layout::Hybrid),
+            TMPFS_MAGIC => Ok(Layout::Legacy),
+            t => Err(format!(
+                "{CGROUP_ROOT} is neither cgroup2 nor a tmpfs of v1 hierarchies (filesystem type {t:#x})"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Unified => "unified (cgroup v2)",
+            Layout::Hybrid => "hybrid (v1 devices controller, cgroup2 beside it)",
+            Layout::Legacy => "legacy (cgroup v1)",
+        }
+    }
+}
+
+fn fs_type(path: &Path) -> std::io::Result<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a valid C string and a zeroed statfs buffer the call fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
+    Ok(st.f_type as i64)
+}
+
+/// The layout of this mount namespace's /sys/fs/cgroup, decided as runc and crun decide it.
+pub fn layout() -> Result<Layout> {
+    let root = Path::new(CGROUP_ROOT);
+    let t = fs_type(root).map_err(|e| Error::io("cannot statfs", root, e))?;
+    let unified = fs_type(&root.join("unified")).ok();
+    Layout::from_fs_types(t, unified).map_err(|m| Error::invalid("cgroup layout", m))
+}
 
 /// Where a container's device policy lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,55 +214,70 @@ fn join_under(mount: &MountEntry, path: &str) -> Option<PathBuf> {
     Some(mount.mount_point.join(rel))
 }
 
-/// Finds the device cgroup from /proc/PID/cgroup and the mounts: the v1 devices controller
-/// when it is mounted and the process is in it (the hybrid layout runc uses it on), else the
-/// cgroup2 hierarchy.
-pub fn locate_from(proc_cgroup: &str, mountinfo: &str) -> std::result::Result<Location, String> {
+/// The last mount in `mounts` that `want` accepts: a later mount on the same place hides an
+/// earlier one (in a private namespace a cgroup2 mount over /sys/fs/cgroup hides the v1
+/// hierarchies still listed below it).
+fn last_mount(mounts: &[MountEntry], want: impl Fn(&MountEntry) -> bool) -> Option<&MountEntry> {
+    mounts.iter().rev().find(|m| want(m))
+}
+
+/// Finds the device cgroup from /proc/PID/cgroup and the mounts: on a unified layout the
+/// cgroup2 cgroup under /sys/fs/cgroup, else the v1 devices controller's cgroup. The
+/// hierarchy's root is refused: it holds every process on the node.
+pub fn locate_from(
+    layout: Layout,
+    proc_cgroup: &str,
+    mountinfo: &str,
+) -> std::result::Result<Location, String> {
     let lines = parse_proc_cgroup(proc_cgroup);
     let mounts = parse_mountinfo(mountinfo);
-    if let Some(l) = lines
-        .iter()
-        .find(|l| l.id != 0 && l.controllers.iter().any(|c| c == "devices"))
-    {
-        let m = mounts
-            .iter()
-            .find(|m| m.fstype == "cgroup" && m.super_options.iter().any(|o| o == "devices"))
-            .ok_or_else(|| {
-                "the process is in a v1 devices cgroup but no devices controller is mounted"
-                    .to_string()
-            })?;
-        let dir = join_under(m, &l.path).ok_or_else(|| {
-            format!(
-                "devices cgroup {:?} is not under the mount {} (root {})",
-                l.path,
-                m.mount_point.display(),
-                m.root
-            )
-        })?;
-        return Ok(Location::V1 {
-            dir,
-            path: l.path.clone(),
-        });
+    let under_root = |m: &MountEntry| m.mount_point.starts_with(CGROUP_ROOT);
+    let (line, mount) = match layout {
+        Layout::Unified => {
+            let l = lines
+                .iter()
+                .find(|l| l.id == 0 && l.controllers.is_empty())
+                .ok_or("the process has no cgroup2 cgroup (no 0:: line)")?;
+            let m = last_mount(&mounts, |m| {
+                m.fstype == "cgroup2" && m.mount_point == Path::new(CGROUP_ROOT)
+            })
+            .ok_or_else(|| format!("no cgroup2 hierarchy is mounted at {CGROUP_ROOT}"))?;
+            (l, m)
+        }
+        Layout::Hybrid | Layout::Legacy => {
+            let l = lines
+                .iter()
+                .find(|l| l.id != 0 && l.controllers.iter().any(|c| c == "devices"))
+                .ok_or("the process has no v1 devices cgroup")?;
+            let m = last_mount(&mounts, |m| {
+                m.fstype == "cgroup"
+                    && under_root(m)
+                    && m.super_options.iter().any(|o| o == "devices")
+            })
+            .ok_or("the process is in a v1 devices cgroup but no devices controller is mounted")?;
+            (l, m)
+        }
+    };
+    let dir = join_under(mount, &line.path).ok_or_else(|| {
+        format!(
+            "cgroup {:?} is not under the mount {} (root {})",
+            line.path,
+            mount.mount_point.display(),
+            mount.root
+        )
+    })?;
+    if dir == mount.mount_point {
+        return Err(format!(
+            "the process is in the root cgroup {:?} of {}; devgate never edits the root cgroup",
+            line.path,
+            mount.mount_point.display()
+        ));
     }
-    if let Some(l) = lines.iter().find(|l| l.id == 0 && l.controllers.is_empty()) {
-        let m = mounts
-            .iter()
-            .find(|m| m.fstype == "cgroup2")
-            .ok_or_else(|| "no cgroup2 hierarchy is mounted".to_string())?;
-        let dir = join_under(m, &l.path).ok_or_else(|| {
-            format!(
-                "cgroup {:?} is not under the cgroup2 mount {} (root {})",
-                l.path,
-                m.mount_point.display(),
-                m.root
-            )
-        })?;
-        return Ok(Location::V2 {
-            dir,
-            path: l.path.clone(),
-        });
-    }
-    Err("the process is in neither a v1 devices cgroup nor a cgroup2 cgroup".into())
+    let path = line.path.clone();
+    Ok(match layout {
+        Layout::Unified => Location::V2 { dir, path },
+        Layout::Hybrid | Layout::Legacy => Location::V1 { dir, path },
+    })
 }
 
 fn read_proc(path: &Path) -> Result<String> {
@@ -207,11 +286,21 @@ fn read_proc(path: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&b).into_owned())
 }
 
-/// The device cgroup of process `pid`, read from /proc/PID/cgroup and devgate's mounts.
-pub fn locate(pid: i32) -> Result<Location> {
+/// The device cgroup of process `pid`, held by `pidfd`: /proc/PID/cgroup is read by number,
+/// so the pidfd is checked after the read (a live process still owns its pid), and the
+/// layout and mounts are devgate's own, which are the runtime's.
+pub fn locate(pid: i32, pidfd: RawFd) -> Result<Location> {
+    let layout = layout()?;
     let cg = read_proc(&PathBuf::from(format!("/proc/{pid}/cgroup")))?;
+    if !crate::action::nsdev::pidfd_alive(pidfd) {
+        return Err(Error::invalid(
+            format!("device cgroup of pid {pid}"),
+            "the container process exited; its pid may belong to another process now",
+        ));
+    }
     let mi = read_proc(Path::new("/proc/self/mountinfo"))?;
-    locate_from(&cg, &mi).map_err(|m| Error::invalid(format!("device cgroup of pid {pid}"), m))
+    locate_from(layout, &cg, &mi)
+        .map_err(|m| Error::invalid(format!("device cgroup of pid {pid} ({})", layout.name()), m))
 }
 
 /// `….scope` (runc's and crun's systemd driver, `cri-containerd-ID.scope`,
@@ -285,18 +374,54 @@ mod tests {
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
 
+    /// The private namespace of the tests' v2 node: cgroup2 mounted over the hybrid tmpfs.
+    const MOUNTINFO_V2_OVER_HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+900 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 none rw
+";
+
+    #[test]
+    fn layout_from_filesystem_types() {
+        assert_eq!(
+            Layout::from_fs_types(CGROUP2_SUPER_MAGIC, None),
+            Ok(Layout::Unified)
+        );
+        assert_eq!(
+            Layout::from_fs_types(TMPFS_MAGIC, Some(CGROUP2_SUPER_MAGIC)),
+            Ok(Layout::Hybrid)
+        );
+        assert_eq!(Layout::from_fs_types(TMPFS_MAGIC, None), Ok(Layout::Legacy));
+        assert_eq!(
+            Layout::from_fs_types(TMPFS_MAGIC, Some(TMPFS_MAGIC)),
+            Ok(Layout::Legacy)
+        );
+        let e = Layout::from_fs_types(0xef53, None).unwrap_err();
+        assert!(e.contains("filesystem type 0xef53"), "{e}");
+    }
+
+    #[test]
+    fn this_machine_has_a_layout() {
+        let l = layout().unwrap();
+        let t = fs_type(Path::new(CGROUP_ROOT)).unwrap();
+        assert_eq!(l == Layout::Unified, t == CGROUP2_SUPER_MAGIC, "{l:?}");
+    }
+
     #[test]
     fn v1_cgroupfs_and_systemd_paths() {
         let cg = "5:devices:/t1\n0::/t1\n";
-        assert_eq!(
-            locate_from(cg, MOUNTINFO).unwrap(),
-            Location::V1 {
-                dir: "/sys/fs/cgroup/devices/t1".into(),
-                path: "/t1".into()
-            }
-        );
+        for layout in [Layout::Hybrid, Layout::Legacy] {
+            assert_eq!(
+                locate_from(layout, cg, MOUNTINFO).unwrap(),
+                Location::V1 {
+                    dir: "/sys/fs/cgroup/devices/t1".into(),
+                    path: "/t1".into()
+                }
+            );
+        }
         let cg = "11:devices:/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope\n";
-        let l = locate_from(cg, MOUNTINFO).unwrap();
+        let l = locate_from(Layout::Hybrid, cg, MOUNTINFO).unwrap();
         assert_eq!(
             l.dir(),
             Path::new(
@@ -308,14 +433,45 @@ mod tests {
             Some("cri-containerd-abc.scope")
         );
         let cg = "5:devices:/docker/abc\n";
-        assert_eq!(locate_from(cg, MOUNTINFO).unwrap().systemd_unit(), None);
+        assert_eq!(
+            locate_from(Layout::Hybrid, cg, MOUNTINFO)
+                .unwrap()
+                .systemd_unit(),
+            None
+        );
     }
 
     #[test]
-    fn v2_only_and_nested_mount_root() {
+    fn unified_is_decided_by_the_layout_not_by_the_listed_controllers() {
+        // runc on the private v2 node: the process still lists its (root) v1 devices cgroup,
+        // and the v1 mounts are still in mountinfo, hidden under the cgroup2 mount.
+        let cg = "5:devices:/\n0::/t1\n";
+        assert_eq!(
+            locate_from(Layout::Unified, cg, MOUNTINFO_V2_OVER_HYBRID).unwrap(),
+            Location::V2 {
+                dir: "/sys/fs/cgroup/t1".into(),
+                path: "/t1".into()
+            }
+        );
+        // hybrid: v1 devices even when cgroup2 lists a deeper cgroup
+        let cg = "5:devices:/t1\n0::/t1/x\n";
+        assert_eq!(
+            locate_from(Layout::Hybrid, cg, MOUNTINFO).unwrap().dir(),
+            Path::new("/sys/fs/cgroup/devices/t1")
+        );
+        // unified needs the cgroup2 at /sys/fs/cgroup itself, not the hybrid's unified/
+        let e = locate_from(Layout::Unified, "0::/t1\n", MOUNTINFO).unwrap_err();
+        assert!(
+            e.contains("no cgroup2 hierarchy is mounted at /sys/fs/cgroup"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn v2_paths_and_nested_mount_root() {
         let mi = "25 1 0:22 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
         assert_eq!(
-            locate_from("0::/system.slice/x.scope\n", mi).unwrap(),
+            locate_from(Layout::Unified, "0::/system.slice/x.scope\n", mi).unwrap(),
             Location::V2 {
                 dir: "/sys/fs/cgroup/system.slice/x.scope".into(),
                 path: "/system.slice/x.scope".into()
@@ -324,24 +480,42 @@ mod tests {
         // a mount whose root is a sub-cgroup (inside a cgroup namespace's parent view)
         let mi = "25 1 0:22 /kube /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
         assert_eq!(
-            locate_from("0::/kube/pod/c1\n", mi).unwrap().dir(),
+            locate_from(Layout::Unified, "0::/kube/pod/c1\n", mi)
+                .unwrap()
+                .dir(),
             Path::new("/sys/fs/cgroup/pod/c1")
         );
-        assert!(locate_from("0::/kubelet/c1\n", mi).is_err());
-        assert!(locate_from("0::/kubex/c1\n", mi).is_err());
+        assert!(locate_from(Layout::Unified, "0::/kubelet/c1\n", mi).is_err());
+        assert!(locate_from(Layout::Unified, "0::/kubex/c1\n", mi).is_err());
+    }
+
+    #[test]
+    fn the_root_cgroup_is_never_a_container_cgroup() {
+        let e = locate_from(Layout::Unified, "0::/\n", MOUNTINFO_V2_OVER_HYBRID).unwrap_err();
+        assert!(e.contains("devgate never edits the root cgroup"), "{e}");
+        let e = locate_from(Layout::Hybrid, "5:devices:/\n0::/t1\n", MOUNTINFO).unwrap_err();
+        assert!(
+            e.contains("root cgroup \"/\" of /sys/fs/cgroup/devices"),
+            "{e}"
+        );
+        let mi = "25 1 0:22 /kube /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert!(locate_from(Layout::Unified, "0::/kube\n", mi).is_err());
     }
 
     #[test]
     fn refuses_odd_paths_and_missing_mounts() {
-        assert!(locate_from("5:devices:/a/../../etc\n", MOUNTINFO).is_err());
+        assert!(locate_from(Layout::Hybrid, "5:devices:/a/../../etc\n", MOUNTINFO).is_err());
         let e = locate_from(
+            Layout::Hybrid,
             "5:devices:/t\n",
             "41 31 0:38 / /u rw - cgroup2 cgroup2 rw\n",
         )
         .unwrap_err();
         assert!(e.contains("no devices controller is mounted"), "{e}");
-        assert!(locate_from("garbage\n", MOUNTINFO).is_err());
-        assert!(locate_from("", "").is_err());
+        let e = locate_from(Layout::Legacy, "0::/t\n", MOUNTINFO).unwrap_err();
+        assert!(e.contains("no v1 devices cgroup"), "{e}");
+        assert!(locate_from(Layout::Hybrid, "garbage\n", MOUNTINFO).is_err());
+        assert!(locate_from(Layout::Unified, "", "").is_err());
     }
 
     #[test]
@@ -355,9 +529,14 @@ mod tests {
     }
 
     #[test]
-    fn real_self_cgroup_is_found() {
-        // Every Linux process is in some cgroup; this machine must locate its own.
-        let l = locate(std::process::id() as i32).unwrap();
-        assert!(l.dir().is_dir(), "{l:?}");
+    fn real_self_cgroup_is_found_or_refused_as_the_root() {
+        // Every Linux process is in some cgroup; this one is either found or, in a root
+        // cgroup, refused for it.
+        let me = crate::action::nsdev::pidfd_open(std::process::id() as i32).unwrap();
+        use std::os::fd::AsRawFd;
+        match locate(std::process::id() as i32, me.as_raw_fd()) {
+            Ok(l) => assert!(l.dir().is_dir(), "{l:?}"),
+            Err(e) => assert!(e.to_string().contains("never edits the root cgroup"), "{e}"),
+        }
     }
 }

@@ -1,11 +1,18 @@
 //! cgroup v2 device policy: the BPF_PROG_TYPE_CGROUP_DEVICE programs attached to a
-//! cgroup. Several attached programs (BPF_F_ALLOW_MULTI) are ANDed, so adding an allow
-//! takes a replacement: load the new program, attach it beside the old ones, then detach
-//! those. Between the two steps both programs run, which can only deny more, never allow.
+//! cgroup. Several attached programs (BPF_F_ALLOW_MULTI) are ANDed, so an allow must be in
+//! every one of them. A remap is composed, never rebuilt from the spec: other hooks may
+//! have extended the runtime's program (NVIDIA's legacy hook prepends its GPU allow rules
+//! to each), and what they added must stay. For every attached program devgate reads its
+//! instructions back (BPF_OBJ_GET_INFO_BY_FD), puts deny-bad and allow-spare in front, loads
+//! the result and swaps it in with BPF_F_REPLACE, in place. Where the kernel has no
+//! BPF_F_REPLACE (before 5.6) the new program is attached beside the old, which is then
+//! detached: both run between the two steps, which can only deny more, never allow, and
+//! the cgroup is never without a filter.
 //! Raw bpf(2) through libc; no library, nothing loaded from a file.
 
 use super::bpf;
 use crate::error::{Error, Result};
+use crate::model::device::DevNum;
 use oci_spec::runtime::LinuxDeviceCgroup;
 use std::fs::File;
 use std::io;
@@ -17,11 +24,17 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_PROG_DETACH: libc::c_long = 9;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 const BPF_CGROUP_DEVICE: u32 = 6;
 pub const BPF_F_ALLOW_MULTI: u32 = 2;
+pub const BPF_F_REPLACE: u32 = 4;
 const MAX_PROGS: usize = 64;
+/// A device program longer than this is not a device filter devgate will copy.
+const MAX_INSNS: u32 = 1 << 16;
+/// Attempts at a remap when another writer (a runtime's update) swaps programs meanwhile.
+const ATTEMPTS: usize = 5;
 
 #[repr(C)]
 #[derive(Default)]
@@ -74,6 +87,33 @@ struct GetFdAttr {
     open_flags: u32,
     _pad: u32,
     _rest: [u64; 8],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+    _rest: [u64; 8],
+}
+
+/// The head of `struct bpf_prog_info`; the kernel fills no more than `info_len` bytes.
+#[repr(C)]
+#[derive(Default)]
+struct ProgInfo {
+    prog_type: u32,
+    id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+    load_time: u64,
+    created_by_uid: u32,
+    nr_map_ids: u32,
+    map_ids: u64,
+    name: [u8; 16],
 }
 
 fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i64> {
@@ -172,7 +212,7 @@ pub fn load(prog: &[bpf::Insn]) -> std::result::Result<OwnedFd, String> {
     }
 }
 
-fn attach(cg: &File, prog: &OwnedFd, flags: u32) -> io::Result<()> {
+fn attach(cg: &File, prog: &OwnedFd, flags: u32, replace: Option<&OwnedFd>) -> io::Result<()> {
     let mut a = AttachAttr {
         target_fd: cg.as_raw_fd() as u32,
         attach_bpf_fd: prog.as_raw_fd() as u32,
@@ -180,6 +220,10 @@ fn attach(cg: &File, prog: &OwnedFd, flags: u32) -> io::Result<()> {
         attach_flags: flags,
         ..Default::default()
     };
+    if let Some(old) = replace {
+        a.attach_flags |= BPF_F_REPLACE;
+        a.replace_bpf_fd = old.as_raw_fd() as u32;
+    }
     sys_bpf(BPF_PROG_ATTACH, &mut a).map(|_| ())
 }
 
@@ -193,7 +237,7 @@ fn detach(cg: &File, prog: &OwnedFd) -> io::Result<()> {
     sys_bpf(BPF_PROG_DETACH, &mut a).map(|_| ())
 }
 
-fn prog_fd(id: u32) -> io::Result<OwnedFd> {
+pub fn prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     let mut a = GetFdAttr {
         prog_id: id,
         ..Default::default()
@@ -201,74 +245,227 @@ fn prog_fd(id: u32) -> io::Result<OwnedFd> {
     sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut a).map(owned)
 }
 
-/// What a replacement did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Replaced {
-    pub old: Vec<u32>,
-    pub new: Vec<u32>,
+fn prog_info(fd: &OwnedFd, info: &mut ProgInfo) -> io::Result<()> {
+    let mut a = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<ProgInfo>() as u32,
+        info: info as *mut ProgInfo as u64,
+        ..Default::default()
+    };
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a).map(|_| ())
 }
 
-/// Attaches a program built from `rules` to the cgroup at `dir`, replacing the device
-/// programs attached there. On any failure after the attach the new program stays
-/// attached beside the old (both must allow: never more access than either grants).
-pub fn replace(dir: &Path, rules: &[LinuxDeviceCgroup]) -> Result<Replaced> {
-    let prog = bpf::program(rules).map_err(|m| Error::invalid("device rules", m))?;
-    let cg = open_cgroup(dir)?;
-    let (old, flags) = query_fd(&cg, dir)?;
-    let fd = load(&prog).map_err(|m| Error::invalid(format!("cgroup {}", dir.display()), m))?;
-    let olds: Vec<OwnedFd> = old
-        .iter()
-        .map(|id| {
-            prog_fd(*id).map_err(|e| {
-                Error::io(
-                    format!("cannot open attached device program {id} of"),
-                    dir,
-                    e,
-                )
-            })
-        })
-        .collect::<Result<_>>()?;
-    if old.is_empty() || flags & BPF_F_ALLOW_MULTI != 0 {
-        attach(&cg, &fd, BPF_F_ALLOW_MULTI).map_err(|e| {
+/// A program's id.
+fn prog_id(fd: &OwnedFd) -> io::Result<u32> {
+    let mut info = ProgInfo::default();
+    prog_info(fd, &mut info)?;
+    Ok(info.id)
+}
+
+/// A program's instructions as the kernel keeps them (after verification), if they can be
+/// copied into a new program as they are.
+pub fn instructions(fd: &OwnedFd) -> std::result::Result<Vec<bpf::Insn>, String> {
+    let mut info = ProgInfo::default();
+    prog_info(fd, &mut info).map_err(|e| format!("BPF_OBJ_GET_INFO_BY_FD: {e}"))?;
+    if info.nr_map_ids != 0 {
+        return Err(format!("it uses {} map(s)", info.nr_map_ids));
+    }
+    let n = info.xlated_prog_len / 8;
+    if n == 0 || n > MAX_INSNS {
+        return Err(format!(
+            "the kernel gives {} bytes of its instructions",
+            info.xlated_prog_len
+        ));
+    }
+    let mut raw = vec![0u64; n as usize];
+    let mut again = ProgInfo {
+        xlated_prog_len: n * 8,
+        xlated_prog_insns: raw.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    prog_info(fd, &mut again).map_err(|e| format!("BPF_OBJ_GET_INFO_BY_FD: {e}"))?;
+    if again.xlated_prog_len != n * 8 {
+        return Err("its instructions changed while read".into());
+    }
+    let prog = bpf::decode(&raw);
+    match bpf::not_copyable(&prog) {
+        Some(why) => Err(why),
+        None => Ok(prog),
+    }
+}
+
+/// What a remap did to a cgroup's device programs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Composed {
+    /// The programs attached before, in the kernel's order.
+    pub old: Vec<u32>,
+    /// The programs attached now.
+    pub new: Vec<u32>,
+    /// "replaced in place", "attached, then the old detached", or "attached (none was)".
+    pub how: &'static str,
+}
+
+/// One attempt; `Ok(None)` when an attached program went away meanwhile (a runtime's
+/// update raced this one), which is worth another attempt.
+fn compose_once(
+    cg: &File,
+    dir: &Path,
+    prefix: &[bpf::Insn],
+    use_replace: &mut bool,
+) -> Result<Option<Composed>> {
+    let (old, flags) = query_fd(cg, dir)?;
+    let ctx = || format!("cgroup {}", dir.display());
+    if old.is_empty() {
+        // No program: the container may open any device; allow all but the bad one.
+        let fd = load(&bpf::compose(prefix, None)).map_err(|m| Error::invalid(ctx(), m))?;
+        attach(cg, &fd, BPF_F_ALLOW_MULTI, None).map_err(|e| {
             Error::io(
-                "cannot attach device program (BPF_F_ALLOW_MULTI) to",
+                "cannot attach a device program (BPF_F_ALLOW_MULTI) to",
                 dir,
                 e,
             )
         })?;
-        for (id, f) in old.iter().zip(&olds) {
-            detach(&cg, f).map_err(|e| {
+        let id = prog_id(&fd).map_err(|e| Error::io("cannot read the new program of", dir, e))?;
+        return Ok(Some(Composed {
+            old,
+            new: vec![id],
+            how: "attached (none was)",
+        }));
+    }
+    let mut olds = Vec::new();
+    for id in &old {
+        let fd = match prog_fd_by_id(*id) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => {
+                return Err(Error::io(
+                    format!("cannot open attached device program {id} of"),
+                    dir,
+                    e,
+                ))
+            }
+        };
+        let insns = instructions(&fd).map_err(|m| {
+            Error::invalid(
+                ctx(),
+                format!("attached device program {id} cannot be extended: {m}"),
+            )
+        })?;
+        let new = load(&bpf::compose(prefix, Some(&insns)))
+            .map_err(|m| Error::invalid(ctx(), format!("program {id} extended: {m}")))?;
+        olds.push((*id, fd, new));
+    }
+    let multi = flags & BPF_F_ALLOW_MULTI != 0;
+    let mut new_ids = Vec::new();
+    let mut how = "replaced in place";
+    if multi && *use_replace {
+        for (id, fd, new) in &olds {
+            match attach(cg, new, BPF_F_ALLOW_MULTI, Some(fd)) {
+                Ok(()) => {}
+                // The old one was swapped by someone else meanwhile: query again. What was
+                // already replaced here keeps its prefix; a second prefix is harmless.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+                // No BPF_F_REPLACE in this kernel: attach beside, then detach.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && new_ids.is_empty() => {
+                    *use_replace = false;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("cannot replace device program {id} (BPF_F_REPLACE) of"),
+                        dir,
+                        e,
+                    ))
+                }
+            }
+            new_ids.push(
+                prog_id(new).map_err(|e| Error::io("cannot read the new program of", dir, e))?,
+            );
+        }
+    } else if multi {
+        how = "attached, then the old detached";
+        for (_, _, new) in &olds {
+            attach(cg, new, BPF_F_ALLOW_MULTI, None).map_err(|e| {
                 Error::io(
-                    format!("cannot detach the old device program {id} from"),
+                    "cannot attach a device program (BPF_F_ALLOW_MULTI) to",
                     dir,
                     e,
                 )
             })?;
+            new_ids.push(
+                prog_id(new).map_err(|e| Error::io("cannot read the new program of", dir, e))?,
+            );
+        }
+        for (id, fd, _) in &olds {
+            match detach(cg, fd) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("cannot detach the old device program {id} from"),
+                        dir,
+                        e,
+                    ))
+                }
+            }
         }
     } else {
-        // Attached without ALLOW_MULTI: a second attach with the same flags replaces the
-        // one program in place.
-        attach(&cg, &fd, flags)
-            .map_err(|e| Error::io("cannot attach device program to", dir, e))?;
+        // One program attached without ALLOW_MULTI: attaching with the same flags replaces
+        // it in place.
+        let (id, _, new) = &olds[0];
+        attach(cg, new, flags, None)
+            .map_err(|e| Error::io(format!("cannot replace device program {id} of"), dir, e))?;
+        new_ids
+            .push(prog_id(new).map_err(|e| Error::io("cannot read the new program of", dir, e))?);
     }
-    let (new, _) = query_fd(&cg, dir)?;
-    if new.len() != 1 || old.contains(&new[0]) {
-        return Err(Error::invalid(
-            format!("cgroup {}", dir.display()),
-            format!("after replacing device programs {old:?} the cgroup has {new:?}"),
-        ));
-    }
-    Ok(Replaced { old, new })
+    Ok(Some(Composed {
+        old,
+        new: new_ids,
+        how,
+    }))
 }
 
-/// Attaches a program beside whatever is there, as a runtime does: the kernel tests'
-/// starting point.
-#[cfg(test)]
+/// Puts "deny `bad`, allow `spare`" in front of every device program attached to the
+/// cgroup at `dir` (or attaches one that denies only `bad` where none is), then checks that
+/// exactly the new programs are attached. On a failure part-way, what is attached is never
+/// more permissive than before for anything but the spare.
+pub fn remap(dir: &Path, bad: DevNum, spare: DevNum) -> Result<Composed> {
+    let prefix = bpf::remap_prefix(&[bad], &[spare]);
+    let cg = open_cgroup(dir)?;
+    let mut use_replace = true;
+    for _ in 0..ATTEMPTS {
+        let Some(done) = compose_once(&cg, dir, &prefix, &mut use_replace)? else {
+            continue;
+        };
+        let (now, _) = query_fd(&cg, dir)?;
+        let mut want = done.new.clone();
+        let mut got = now.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        if want != got {
+            return Err(Error::invalid(
+                format!("cgroup {}", dir.display()),
+                format!(
+                    "after extending device programs {:?} the cgroup has {now:?}, expected {:?}",
+                    done.old, done.new
+                ),
+            ));
+        }
+        return Ok(done);
+    }
+    Err(Error::invalid(
+        format!("cgroup {}", dir.display()),
+        format!("its device programs kept changing; gave up after {ATTEMPTS} attempts"),
+    ))
+}
+
+/// Attaches a program built from `rules` beside whatever is there: a runtime's own attach,
+/// for tests and benchmarks.
 pub fn attach_new(dir: &Path, rules: &[LinuxDeviceCgroup]) -> Result<()> {
     let prog = bpf::program(rules).map_err(|m| Error::invalid("device rules", m))?;
     let cg = open_cgroup(dir)?;
     let fd = load(&prog).map_err(|m| Error::invalid(format!("cgroup {}", dir.display()), m))?;
-    attach(&cg, &fd, BPF_F_ALLOW_MULTI).map_err(|e| {
+    attach(&cg, &fd, BPF_F_ALLOW_MULTI, None).map_err(|e| {
         Error::io(
             "cannot attach device program (BPF_F_ALLOW_MULTI) to",
             dir,
