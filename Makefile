@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
+.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper install uninstall deb rpm clean lint
 
 all: build
 
@@ -47,6 +47,10 @@ bench:
 bench-remap: build
 	./benches/remap.sh $(BIN)
 
+# Time the runtime wrapper adds to `runc run` of a container with no devices (root).
+bench-wrapper: build
+	./benches/wrapper.sh $(BIN)
+
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build
 	./benches/nvml.sh $(BIN)
@@ -68,6 +72,7 @@ endif
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime podman --prefix $(PREFIX) --out $(GEN)/hooks.d
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime containerd --prefix $(PREFIX) --out $(GEN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/devgate
+	ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-runtime
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
 	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
@@ -76,7 +81,7 @@ endif
 
 # Leaves the config, the containerd base spec if changed, and the quarantine ledger.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/devgate
+	rm -f $(DESTDIR)$(BINDIR)/devgate $(DESTDIR)$(BINDIR)/devgate-runtime
 	rm -f $(DESTDIR)$(HOOKSDIR)/devgate.json
 	@if [ -e $(GEN)/devgate-base-spec.json ] && cmp -s $(GEN)/devgate-base-spec.json $(DESTDIR)$(BASESPEC); then \
 		rm -f $(DESTDIR)$(BASESPEC); else [ ! -e $(DESTDIR)$(BASESPEC) ] || echo "kept $(DESTDIR)$(BASESPEC)"; fi

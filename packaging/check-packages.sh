@@ -16,7 +16,11 @@ files="/usr/bin/devgate
 /usr/share/containers/oci/hooks.d/devgate.json
 /etc/devgate/config.json
 /etc/containerd/devgate-base-spec.json
-/usr/share/devgate/containerd/config.toml"
+/usr/share/devgate/containerd/config.toml
+/usr/share/devgate/containerd/containerd-runtime-wrapper.toml
+/usr/share/devgate/containerd/containerd-runtime-wrapper-v3.toml
+/usr/share/devgate/crio/10-devgate-runtime.conf
+/usr/share/devgate/podman/devgate-runtime.conf"
 # The documentation: README.md, SECURITY.md and every page under docs/ (a new page must be
 # added to both packages' assets in Cargo.toml).
 for f in README.md SECURITY.md docs/*.md; do
@@ -28,6 +32,8 @@ confs="/etc/containerd/devgate-base-spec.json
 
 deb_files=$(dpkg-deb -c "$deb" | awk '{print $6}' | sed 's#^\.##')
 for f in $files; do grep -qx "$f" <<<"$deb_files" || fail "$deb lacks $f"; done
+dpkg-deb -c "$deb" | grep -q ' \./usr/bin/devgate-runtime -> devgate$' \
+    || fail "$deb lacks the link /usr/bin/devgate-runtime -> devgate"
 ctl=$(mktemp -d); dpkg-deb -e "$deb" "$ctl"
 [ "$(sort "$ctl/conffiles")" = "$confs" ] || fail "$deb conffiles: $(cat "$ctl/conffiles")"
 rm -rf "$ctl"
@@ -36,6 +42,8 @@ if command -v rpm >/dev/null; then
     rpm_files=$(rpm -qpl "$rpm")
     for f in $files; do grep -qx "$f" <<<"$rpm_files" || fail "$rpm lacks $f"; done
     [ "$(rpm -qpc "$rpm" | sort)" = "$confs" ] || fail "$rpm config files: $(rpm -qpc "$rpm")"
+    rpm -qp --scripts "$rpm" | grep -q 'ln -sfn devgate /usr/bin/devgate-runtime' \
+        || fail "$rpm does not make /usr/bin/devgate-runtime"
 else
     fail "rpm is not installed: scripts/install-test-deps.sh installs it (apt-get install rpm)"
 fi
@@ -45,6 +53,8 @@ dpkg --purge devgate >/dev/null 2>&1 || true
 dpkg -i "$deb"
 [ -d /var/lib/devgate/quarantine ] || fail "postinst did not create /var/lib/devgate/quarantine"
 /usr/bin/devgate version
+[ "$(readlink /usr/bin/devgate-runtime)" = devgate ] || fail "no /usr/bin/devgate-runtime -> devgate"
+/usr/bin/devgate-runtime features >/dev/null || fail "devgate-runtime features failed"
 DEVGATE_TEST_INSTALLED=1 cargo test --locked --test e2e_podman podman_with_installed_package_files \
     -- --exact --nocapture
 
@@ -54,6 +64,7 @@ dpkg -i --force-confold "$deb"
 grep -q '"warn"' /etc/devgate/config.json || fail "reinstall replaced the edited config"
 dpkg -r devgate
 [ ! -e /usr/bin/devgate ] || fail "remove left /usr/bin/devgate"
+[ ! -L /usr/bin/devgate-runtime ] || fail "remove left /usr/bin/devgate-runtime"
 [ ! -e /usr/share/containers/oci/hooks.d/devgate.json ] || fail "remove left the hooks"
 grep -q '"warn"' /etc/devgate/config.json || fail "remove did not keep the config"
 dpkg --purge devgate

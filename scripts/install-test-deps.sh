@@ -7,9 +7,10 @@ set -euo pipefail
 
 # runc, crun: the OCI runtimes; busybox-static: every test container's rootfs;
 # podman, containerd (ctr, shim): the runtimes whose shipped configuration is tested;
-# python3-grpcio, protobuf-compiler: the CRI test's client; make, tar, git: the install,
-# podman-import and clone-and-demo tests; rpm: reading the .rpm in the package check.
-packages=(runc crun busybox-static podman containerd python3-grpcio protobuf-compiler
+# protobuf-compiler: protoc, which builds k8s-cri (the CRI tests' typed client);
+# make, tar, git: the install, podman-import and clone-and-demo tests;
+# rpm: reading the .rpm in the package check.
+packages=(runc crun busybox-static podman containerd protobuf-compiler
           make tar git rpm)
 
 die() { echo "install-test-deps: $*" >&2; exit 1; }

@@ -29,7 +29,10 @@ pub mod action;
 pub(crate) mod report;
 // 10. One hook call, start to end: the only module that knows every stage.
 pub(crate) mod pipeline;
-// 11. The command line.
+// 11. The OCI runtime wrapper (`devgate runtime`, `devgate-runtime`): the gate before the
+//     runtime reads the spec, a remap written into it, then the real runtime.
+pub mod wrapper;
+// 12. The command line.
 pub mod cli;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,9 +1,12 @@
 //! One hook call, start to end, and the only module that knows every stage:
 //! state → spec → devices → probes → policy → action → record (gate), and
 //! state → record → probes → fault diff → termination message (poststop).
+//!
+//! The runtime wrapper (`crate::wrapper`) runs the same gate before the runtime, through
+//! `gate_with`, with a remap that writes into the spec instead of the created container.
 
 use crate::action::nsdev::ContainerProcess;
-use crate::action::remap::{self, RemapRecord};
+use crate::action::remap::{self, Applied, RemapRecord};
 use crate::action::spare;
 use crate::config::policy::Action;
 use crate::config::Config;
@@ -22,6 +25,8 @@ use crate::probe::probe_all;
 use crate::report::fault::{self, Fault};
 use crate::report::record::{self, Decision, ExitRecord, PodInfo, StopLine};
 use crate::report::termination;
+use crate::store::lease::Leases;
+use crate::store::marker;
 use crate::store::quarantine::Ledger;
 use std::path::Path;
 use std::time::Instant;
@@ -31,7 +36,17 @@ use std::time::Instant;
 pub struct Reply {
     pub exit_code: i32,
     pub stderr: Vec<String>,
+    /// The decision, when devgate made one (a container with devices).
+    pub action: Option<Action>,
+    /// The reject line, also among `stderr`.
+    pub message: Option<String>,
 }
+
+/// How a gate carries out a remap: at hook time in the created container
+/// (`action::remap::apply`), or in the spec before the runtime reads it (the runtime
+/// wrapper).
+pub(crate) type Remapper<'a> =
+    dyn FnMut(&Config, &Ledger, Option<&GpuContext>, &mut [DeviceDecision]) -> Applied + 'a;
 
 /// One hook call, once the state is read (the caller reads stdin first, always: a
 /// runtime that writes the state into a pipe nobody reads can see EPIPE and report a
@@ -82,9 +97,6 @@ fn assigned(
 }
 
 /// prestart / createRuntime: decide whether the container may start.
-///
-/// Long because it is the hook call's one path from spec to record, stage after stage;
-/// each stage is a call into its layer.
 fn gate(
     stage: Stage,
     state: &State,
@@ -94,30 +106,84 @@ fn gate(
     // Held before anything slow runs: a pid that dies and is reused while devgate probes
     // can never send a remap into another process.
     let process = state.pid().map(ContainerProcess::open);
-    let spec = Spec::load(&state.bundle)?;
+    let (spec, bytes) = Spec::read(&state.bundle.join("config.json"))?;
     if !discover::may_have_devices(&spec) {
         return Ok(Reply::default());
     }
     let config = Config::load(config_path)?;
-    let (devices, gpu, selector_warnings) = assigned(&config, &spec)?;
+    // The runtime wrapper gated this very spec already (and remapped in it if it had to):
+    // probing again would double the cost, remapping again would remap the spare.
+    if marker::matches(&config.state_dir, &state.id, &bytes) {
+        adopt(&config.state_dir, &state.id, state.pid());
+        return Ok(Reply::default());
+    }
+    let mut remap = |config: &Config,
+                     ledger: &Ledger,
+                     gpu: Option<&GpuContext>,
+                     decisions: &mut [DeviceDecision]| {
+        remap::apply(
+            config,
+            state,
+            &spec,
+            ledger,
+            gpu,
+            process.as_ref(),
+            decisions,
+        )
+    };
+    gate_with(stage.name(), state, &spec, &config, started, &mut remap)
+}
+
+/// Once the container has a process, at the hook after the wrapper decided: the wrapper's
+/// record names no pid yet and its leases name the runtime's, so both are pointed at the
+/// container's (the record's pid is how `status` and pruning tell a live container's
+/// record; the lease's is how a spare's holder is known to be alive).
+fn adopt(state_dir: &Path, id: &str, pid: Option<i32>) {
+    let Some(pid) = pid else { return };
+    match record::read_record(state_dir, id) {
+        Ok(Some(mut rec)) if rec.pid.is_none() => {
+            rec.pid = Some(pid);
+            if let Err(e) = record::write_record(state_dir, &rec) {
+                log::error!("cannot keep container record: {e}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => log::error!("cannot read container record: {e}"),
+    }
+    let leases = Leases::new(state_dir);
+    if !leases.dir.exists() {
+        return;
+    }
+    if let Err(e) = leases.adopt(id, pid) {
+        log::error!("cannot point the spares of {id} at pid {pid}: {e}");
+    }
+}
+
+/// The gate on a loaded spec: discover, probe, decide, remap through `remap`, record.
+/// `stage` is the record's (`prestart`, or the runtime command for the wrapper).
+///
+/// Long because it is the one path from spec to record, stage after stage; each stage is
+/// a call into its layer.
+pub(crate) fn gate_with(
+    stage: &str,
+    state: &State,
+    spec: &Spec,
+    config: &Config,
+    started: Instant,
+    remap: &mut Remapper,
+) -> Result<Reply> {
+    let (devices, gpu, selector_warnings) = assigned(config, spec)?;
     if devices.is_empty() {
         return Ok(Reply {
             exit_code: 0,
             stderr: selector_warnings,
+            ..Reply::default()
         });
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let verdicts = probe_all(&config, &ledger, &devices, gpu.as_ref());
+    let verdicts = probe_all(config, &ledger, &devices, gpu.as_ref());
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
-    let applied = remap::apply(
-        &config,
-        state,
-        &spec,
-        &ledger,
-        gpu.as_ref(),
-        process.as_ref(),
-        &mut decisions,
-    );
+    let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = policy::summarize(&decisions);
     warnings.extend(selector_warnings);
 
@@ -127,16 +193,16 @@ fn gate(
         kmsg_seq: gpu.as_ref().and_then(GpuContext::next_kmsg_seq),
         devices: in_use(&decisions, &applied.remaps)
             .iter()
-            .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref()))
+            .map(|d| counters::snapshot_of(config, &ledger, d, gpu.as_ref()))
             .collect(),
     });
     let decision = Decision {
         time,
         time_unix,
-        stage: stage.name().to_string(),
+        stage: stage.to_string(),
         container_id: state.id.clone(),
         pid: state.pid(),
-        pod: PodInfo::from_annotations(&spec, &state.annotations),
+        pod: PodInfo::from_annotations(spec, &state.annotations),
         devices: decisions,
         action,
         message: message.clone(),
@@ -145,11 +211,13 @@ fn gate(
         snapshot,
         remaps: applied.remaps,
     };
-    keep_records(&config, &decision);
+    keep_records(config, &decision);
 
     let mut reply = Reply {
         exit_code: 0,
         stderr: applied.lines,
+        action: Some(action),
+        message: message.clone(),
     };
     reply.stderr.extend(warnings);
     if action == Action::Reject {
@@ -208,6 +276,11 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     let config = Config::load(config_path)?;
     // Spares go back first: whatever else fails below, a lease must not outlive its container.
     spare::release(&config, &state.id);
+    // The runtime wrapper's marker is for this run only (a runtime deleting without the
+    // wrapper never tells it).
+    if let Err(e) = marker::remove(&config.state_dir, &state.id) {
+        log::error!("cannot remove the decided marker of {}: {e}", state.id);
+    }
     let Some(rec) = record::read_record(&config.state_dir, &state.id)? else {
         return Ok(Reply::default());
     };
@@ -278,5 +351,6 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     Ok(Reply {
         exit_code: 0,
         stderr: lines,
+        ..Reply::default()
     })
 }

@@ -1,61 +1,22 @@
 //! devgate under containerd's CRI plugin configured with the shipped snippet
 //! (hooks/containerd/config.toml: base_runtime_spec for the runc runtime), driven as kubelet
 //! drives it: RunPodSandbox (host network), CreateContainer with a device and a
-//! termination-message mount, StartContainer, ContainerStatus. The CRI client is
-//! tests/cri/cri_client.py (grpcio from Debian's python3-grpcio; no generated code).
+//! termination-message mount, StartContainer, ContainerStatus. The CRI client is k8s-cri's
+//! typed runtime.v1 client (tests/common/cri.rs).
 
 mod common;
+use common::cri::{self, ContainerState, Cri, PodGuard};
 use common::*;
-use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-const PYTHON: &str = "/usr/bin/python3";
 const REJECT_LINE: &str =
     r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "cri test"; policy reject"#;
 const TERMINATION_PATH: &str = "/dev/termination-log";
 
-fn require_cri_client() {
-    let ok = Command::new(PYTHON)
-        .args(["-c", "import grpc"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "{PYTHON} with grpc is not installed: make test installs it (scripts/install-test-deps.sh; apt-get install python3-grpcio)"
-    );
-}
-
-/// One CRI call; Ok(response) or Err({"code", "details"}).
-fn cri(cd: &Containerd, method: &str, arg: Value) -> Result<Value, Value> {
-    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri/cri_client.py");
-    let out = Command::new(PYTHON)
-        .arg(client)
-        .arg(&cd.socket)
-        .arg(method)
-        .arg(arg.to_string())
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("cri client {method}: {}", text(&out)));
-    match v.get("error") {
-        Some(e) => Err(e.clone()),
-        None => Ok(v),
-    }
-}
-
-fn cri_ok(cd: &Containerd, method: &str, arg: Value) -> Value {
-    cri(cd, method, arg.clone())
-        .unwrap_or_else(|e| panic!("{method} {arg}: {e}\ncontainerd log:\n{}", cd.log()))
-}
-
 /// containerd's config: the shipped snippet with the base spec path of this test, and the
-/// CRI settings a node without a registry needs (the sandbox image is the imported busybox).
-/// restrict_oom_score_adj: this test machine (itself a container) may not lower
-/// oom_score_adj, as the sandbox's -998 would.
+/// CRI settings a node without a registry needs.
 fn start_containerd(base_spec: &Path) -> Containerd {
     let snippet = fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks/containerd/config.toml"),
@@ -73,18 +34,16 @@ fn start_containerd(base_spec: &Path) -> Containerd {
         "/etc/containerd/devgate-base-spec.json",
         base_spec.to_str().unwrap(),
     );
-    let cri = format!(
-        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{TEST_IMAGE}\"\n  \
-         restrict_oom_score_adj = true\n\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"runc\"\n  \
-         snapshotter = \"overlayfs\"\n"
-    );
-    Containerd::start("cri", "version = 2", &format!("{tables}\n\n{cri}"))
+    Containerd::start(
+        "cri",
+        "version = 2",
+        &format!("{tables}\n\n{}", cri::cri_plugin_settings(TEST_IMAGE)),
+    )
 }
 
 struct Pod {
     id: String,
-    config: Value,
+    config: cri::PodSandboxConfig,
     uid: String,
     kubelet_pods: PathBuf,
 }
@@ -92,7 +51,7 @@ struct Pod {
 impl Pod {
     /// What kubelet creates for a container: the termination-message file under its pod
     /// directory, mounted at the container's terminationMessagePath.
-    fn container(&self, name: &str, command: &[&str]) -> Value {
+    fn container(&self, name: &str, command: &[&str]) -> cri::ContainerConfig {
         let dir = self
             .kubelet_pods
             .join(&self.uid)
@@ -101,49 +60,25 @@ impl Pod {
         fs::create_dir_all(&dir).unwrap();
         let term = dir.join("termination-log");
         fs::write(&term, "").unwrap();
-        json!({
-            "pod_sandbox_id": self.id,
-            "sandbox_config": self.config,
-            "config": {
-                "name": name,
-                "image": TEST_IMAGE,
-                "command": command,
-                "devices": [{"container_path": "/dev/zero", "host_path": "/dev/zero",
-                             "permissions": "rwm"}],
-                "mounts": [{"container_path": TERMINATION_PATH, "host_path": term}],
-                "annotations": {"io.kubernetes.container.terminationMessagePath": TERMINATION_PATH},
-                "log_path": format!("{name}/0.log"),
-            }
-        })
+        let mut c = cri::container(name, TEST_IMAGE, command, &["/dev/zero"]);
+        c.mounts.push(cri::Mount {
+            container_path: TERMINATION_PATH.into(),
+            host_path: term.display().to_string(),
+            ..Default::default()
+        });
+        c.annotations.insert(
+            "io.kubernetes.container.terminationMessagePath".into(),
+            TERMINATION_PATH.into(),
+        );
+        c
     }
 }
 
-/// Stops and removes the sandbox however the test ends, so no pause process outlives it.
-struct SandboxGuard<'a> {
-    cd: &'a Containerd,
-    id: String,
-}
-
-impl Drop for SandboxGuard<'_> {
-    fn drop(&mut self) {
-        let _ = cri(
-            self.cd,
-            "StopPodSandbox",
-            json!({"pod_sandbox_id": self.id}),
-        );
-        let _ = cri(
-            self.cd,
-            "RemovePodSandbox",
-            json!({"pod_sandbox_id": self.id}),
-        );
-    }
-}
-
-fn wait_exited(cd: &Containerd, id: &str) -> Value {
+fn wait_exited(c: &mut Cri, id: &str) -> cri::ContainerStatus {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let st = cri_ok(cd, "ContainerStatus", json!({"container_id": id}));
-        if st["state"] == "CONTAINER_EXITED" || Instant::now() > deadline {
+        let st = c.container_status(id).unwrap();
+        if st.state == ContainerState::ContainerExited as i32 || Instant::now() > deadline {
             return st;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -152,38 +87,38 @@ fn wait_exited(cd: &Containerd, id: &str) -> Value {
 
 /// kubelet reads the termination message from the host file of the ContainerStatus mount
 /// whose container path is the termination-message path.
-fn termination_message(status: &Value) -> String {
-    let mounts = status["mounts"].as_array().unwrap();
-    let m = mounts
+fn termination_message(status: &cri::ContainerStatus) -> String {
+    let m = status
+        .mounts
         .iter()
-        .find(|m| m["container_path"] == TERMINATION_PATH)
-        .unwrap_or_else(|| panic!("no {TERMINATION_PATH} mount in {status}"));
-    fs::read_to_string(m["host_path"].as_str().unwrap()).unwrap()
+        .find(|m| m.container_path == TERMINATION_PATH)
+        .unwrap_or_else(|| panic!("no {TERMINATION_PATH} mount in {status:?}"));
+    fs::read_to_string(&m.host_path).unwrap()
 }
 
 #[test]
 fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     require_root!();
-    require_cri_client();
     let work = tempdir("cri-work");
     let kubelet_pods = work.join("kubelet/pods");
-    let env = Env::with("cri-env", json!({"kubelet_pods_dir": kubelet_pods}));
+    let env = Env::with(
+        "cri-env",
+        serde_json::json!({"kubelet_pods_dir": kubelet_pods}),
+    );
     let base_spec = work.join("devgate-base-spec.json");
     fs::write(&base_spec, containerd_base_spec_for(&env)).unwrap();
     let cd = start_containerd(&base_spec);
     cd.import_test_image("k8s.io");
-    let v = cri_ok(&cd, "Version", json!({}));
-    assert_eq!(v["runtime_api_version"], "v1");
+    let mut c = Cri::connect(&cd.socket);
+    assert_eq!(c.version().unwrap().runtime_api_version, "v1");
 
     let uid = "5f0c7d7e-devgate-cri-test";
-    let sandbox = json!({"name": "gpu-pod", "uid": uid, "namespace": "ml",
-                         "log_directory": work.join("pods").join(uid), "network": "NODE"});
-    let id = cri_ok(&cd, "RunPodSandbox", json!({"config": sandbox}))["pod_sandbox_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let _guard = SandboxGuard {
-        cd: &cd,
+    let sandbox = cri::host_network_pod("gpu-pod", uid, "ml", &work.join("pods").join(uid));
+    let id = c
+        .run_pod_sandbox(&sandbox)
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", cd.log()));
+    let _guard = PodGuard {
+        socket: cd.socket.clone(),
         id: id.clone(),
     };
     let pod = Pod {
@@ -192,29 +127,27 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
         uid: uid.into(),
         kubelet_pods,
     };
+    let create = |c: &mut Cri, req: cri::ContainerConfig| {
+        c.create_container(&pod.id, req, &pod.config)
+            .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", cd.log()))
+    };
 
     // A cordoned device: StartContainer fails with devgate's line, and ContainerStatus (what
     // kubelet shows in `kubectl describe pod`) carries it too.
     env.ok(&["cordon", "/dev/zero", "--reason", "cri test"]);
-    let req = pod.container("trainer", &["sh", "-c", "echo ran; echo ran > /tmp/ran"]);
-    let cid = cri_ok(&cd, "CreateContainer", req)["container_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let err = cri(&cd, "StartContainer", json!({"container_id": cid}))
+    let cid = create(
+        &mut c,
+        pod.container("trainer", &["sh", "-c", "echo ran; echo ran > /tmp/ran"]),
+    );
+    let err = c
+        .start_container(&cid)
         .expect_err("StartContainer must fail for a cordoned device");
-    assert!(
-        err["details"].as_str().unwrap().contains(REJECT_LINE),
-        "{err}"
-    );
-    let st = cri_ok(&cd, "ContainerStatus", json!({"container_id": cid}));
-    assert_eq!(st["state"], "CONTAINER_EXITED", "{st}");
-    assert_eq!(st["reason"], "StartError", "{st}");
-    assert!(
-        st["message"].as_str().unwrap().contains(REJECT_LINE),
-        "{st}"
-    );
-    assert_ne!(st["exit_code"], 0, "{st}");
+    assert!(err.message().contains(REJECT_LINE), "{err}");
+    let st = c.container_status(&cid).unwrap();
+    assert_eq!(st.state, ContainerState::ContainerExited as i32, "{st:?}");
+    assert_eq!(st.reason, "StartError", "{st:?}");
+    assert!(st.message.contains(REJECT_LINE), "{st:?}");
+    assert_ne!(st.exit_code, 0, "{st:?}");
     // The decision names the pod from containerd's CRI annotations.
     let last = env.decisions().last().cloned().unwrap();
     assert_eq!(last["action"], "reject");
@@ -226,25 +159,24 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     // The rejected container never ran: the termination file kubelet would read is as
     // kubelet made it.
     assert_eq!(termination_message(&st), "");
-    cri_ok(&cd, "RemoveContainer", json!({"container_id": cid}));
+    c.remove_container(&cid).unwrap();
 
     // Healthy again: the container starts, runs and exits 0.
     env.ok(&["uncordon", "/dev/zero"]);
-    let req = pod.container("trainer-2", &["sh", "-c", "test -c /dev/zero && echo ran"]);
-    let cid = cri_ok(&cd, "CreateContainer", req)["container_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    cri_ok(&cd, "StartContainer", json!({"container_id": cid}));
-    let st = wait_exited(&cd, &cid);
-    assert_eq!(st["state"], "CONTAINER_EXITED", "{st}");
-    assert_eq!(st["exit_code"], 0, "{st}");
-    let log = fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    let cid = create(
+        &mut c,
+        pod.container("trainer-2", &["sh", "-c", "test -c /dev/zero && echo ran"]),
+    );
+    c.start_container(&cid).unwrap();
+    let st = wait_exited(&mut c, &cid);
+    assert_eq!(st.state, ContainerState::ContainerExited as i32, "{st:?}");
+    assert_eq!(st.exit_code, 0, "{st:?}");
+    let log = fs::read_to_string(&st.log_path).unwrap();
     assert!(log.contains(" stdout F ran"), "{log}");
     assert_eq!(env.decisions().last().unwrap()["action"], "allow");
     // No fault during that run: kubelet's termination file is untouched.
     assert_eq!(termination_message(&st), "");
-    cri_ok(&cd, "RemoveContainer", json!({"container_id": cid}));
+    c.remove_container(&cid).unwrap();
 
     // A device fault during the run: the app writes its own message and waits; the
     // operator cordons its device; the app exits. What kubelet reads as the termination
@@ -260,16 +192,14 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
         ],
     );
     fs::create_dir_all(&go).unwrap();
-    req["config"]["mounts"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"container_path": "/go", "host_path": go}));
-    let cid = cri_ok(&cd, "CreateContainer", req)["container_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    cri_ok(&cd, "StartContainer", json!({"container_id": cid}));
-    let st = cri_ok(&cd, "ContainerStatus", json!({"container_id": cid}));
+    req.mounts.push(cri::Mount {
+        container_path: "/go".into(),
+        host_path: go.display().to_string(),
+        ..Default::default()
+    });
+    let cid = create(&mut c, req);
+    c.start_container(&cid).unwrap();
+    let st = c.container_status(&cid).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while termination_message(&st).is_empty() {
         assert!(Instant::now() < deadline, "the app never wrote its message");
@@ -277,8 +207,8 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     }
     env.ok(&["cordon", "/dev/zero", "--reason", "xid 79 during run"]);
     fs::write(go.join("now"), "").unwrap();
-    let st = wait_exited(&cd, &cid);
-    assert_eq!(st["exit_code"], 1, "{st}");
+    let st = wait_exited(&mut c, &cid);
+    assert_eq!(st.exit_code, 1, "{st:?}");
     // poststop runs when containerd deletes the task, just after the exit is reported.
     let want = "app: CUDA error\ndevgate: DeviceFault/Cordoned on /dev/zero (1:5): \
                 cordoned by operator during the run: \"xid 79 during run\"\n";
@@ -290,8 +220,8 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     let explained = env.ok(&["explain", &cid]);
     assert!(explained.contains("DeviceFault/Cordoned"), "{explained}");
     env.ok(&["uncordon", "/dev/zero"]);
-    cri_ok(&cd, "RemoveContainer", json!({"container_id": cid}));
+    c.remove_container(&cid).unwrap();
 
-    cri_ok(&cd, "StopPodSandbox", json!({"pod_sandbox_id": pod.id}));
-    cri_ok(&cd, "RemovePodSandbox", json!({"pod_sandbox_id": pod.id}));
+    c.stop_pod_sandbox(&pod.id).unwrap();
+    c.remove_pod_sandbox(&pod.id).unwrap();
 }

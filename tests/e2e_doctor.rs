@@ -346,12 +346,29 @@ fn containerd_binary_name_wrapper_and_nvidia_runtime() {
     let (code, lines) = node.doctor(&["--containerd-config", config.to_str().unwrap()]);
     assert!(
         lines.contains(&format!(
-            "✓ containerd: default runtime runc runs devgate's runtime wrapper {}",
+            "✓ containerd: default runtime runc runs devgate's runtime wrapper {}; no \
+             base_runtime_spec hook runs devgate at poststop, so faults during a run go \
+             unreported",
             wrapper.display()
         )),
         "{lines:#?}"
     );
     assert_eq!(code, 0, "{lines:#?}");
+
+    // devgate itself under its own name is no wrapper: it would read the runtime's
+    // arguments as devgate's command line.
+    let config = node.containerd_config("devgate.toml", &options(&bin));
+    let (code, lines) = node.doctor(&["--containerd-config", config.to_str().unwrap()]);
+    assert!(
+        lines.iter().any(|l| l.starts_with("✗ containerd:")
+            && l.contains(&format!(
+                "runs devgate as {}, which is the runtime wrapper only when named \
+                 devgate-runtime",
+                bin.display()
+            ))),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1, "{lines:#?}");
 
     // NVIDIA's runtime first, which runs the first of its `runtimes` that exists.
     let nvidia = node.dir().join("nvidia-container-runtime");
@@ -376,7 +393,9 @@ fn containerd_binary_name_wrapper_and_nvidia_runtime() {
     let (code, lines) = node.doctor(&nv_args);
     assert!(
         lines.contains(&format!(
-            "✓ containerd: default runtime runc runs NVIDIA's runtime {}, which runs {}",
+            "✓ containerd: default runtime runc runs NVIDIA's runtime {}, which runs {}; no \
+             base_runtime_spec hook runs devgate at poststop, so faults during a run go \
+             unreported",
             nvidia.display(),
             wrapper.display()
         )),

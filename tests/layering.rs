@@ -20,7 +20,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("action", 8),
     ("report", 9),
     ("pipeline", 10),
-    ("cli", 11),
+    ("wrapper", 11),
+    ("cli", 12),
 ];
 
 fn layer(module: &str) -> Option<u32> {

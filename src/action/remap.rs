@@ -95,7 +95,7 @@ pub fn systemd_refusal(loc: &Location, systemd_running: bool) -> Option<String> 
             "{} belongs to systemd unit {unit}, whose device policy systemd re-applies on \
              daemon-reload, undoing a hook's edit; under the systemd cgroup driver remap with \
              devgate's runtime wrapper, which changes the spec before the runtime creates the \
-             container (docs/remap.md)",
+             container (docs/wrapper.md)",
             loc.describe()
         )
     })
@@ -139,6 +139,7 @@ fn lease_spare(cx: &mut Ctx, d: &Device) -> std::result::Result<(Lease, Option<L
         pid_start: cx.pid_start,
         replaces: d.num,
         container_path: d.container_path.clone(),
+        runtime_state: None,
         since: time,
         since_unix: time_unix,
     };
@@ -246,7 +247,8 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
     }
 }
 
-fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
+/// Every device to remap becomes Reject, saying why (the runtime wrapper's remap too).
+pub(crate) fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
     for d in decisions
         .iter_mut()
         .filter(|d| d.disposition == Disposition::Remap)

@@ -201,7 +201,7 @@ pub(super) fn ensure_dir(dir: &Path) -> Result<()> {
 
 const HOOKS_CONFIG_USAGE: &str =
     "usage: devgate [--config PATH] hooks-config --runtime crio|podman|containerd \
-[--prefix DIR | --bin PATH] [--out DIR]";
+[--wrapper] [--prefix DIR | --bin PATH] [--out DIR]";
 
 /// Options of the two commands in this module; `--config` is devgate's global option.
 #[derive(Debug, Default)]
@@ -215,6 +215,8 @@ pub(super) struct Opts {
     pub(super) config_file: Option<PathBuf>,
     pub(super) hooks_dir: Option<PathBuf>,
     pub(super) command: Option<String>,
+    /// The runtime wrapper's configuration instead of the hooks' (cli/wrapper_config.rs).
+    pub(super) wrapper: bool,
 }
 
 fn parse(argv: &[String]) -> Result<Opts> {
@@ -230,7 +232,7 @@ fn parse(argv: &[String]) -> Result<Opts> {
             "--config-file",
             "--hooks-dir",
         ],
-        &[],
+        &["--wrapper"],
     )?;
     if let Some(extra) = p.positional.get(1) {
         return Err(Error::Usage(format!("unexpected argument {extra:?}")));
@@ -246,6 +248,7 @@ fn parse(argv: &[String]) -> Result<Opts> {
         config_file: path("--config-file"),
         hooks_dir: path("--hooks-dir"),
         command: p.positional.first().cloned(),
+        wrapper: p.flag("--wrapper"),
     })
 }
 
@@ -300,7 +303,11 @@ fn hooks_config(o: &Opts) -> Result<()> {
             Error::Usage(format!("--runtime is required\n{HOOKS_CONFIG_USAGE}"))
         })?)?;
     let target = target_of(o, "/usr")?;
-    let all = files(runtime, &target)?;
+    let all = if o.wrapper {
+        super::wrapper_config::files(runtime, &target)?
+    } else {
+        files(runtime, &target)?
+    };
     match &o.out {
         Some(dir) => {
             for p in write_files(dir, &all)? {
@@ -309,6 +316,9 @@ fn hooks_config(o: &Opts) -> Result<()> {
         }
         None => {
             for f in &all {
+                if all.len() > 1 {
+                    println!("# ---- {} ----", f.name);
+                }
                 print!("{}", f.content);
             }
         }

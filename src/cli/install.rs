@@ -5,6 +5,7 @@ use super::hooks_config::{
     absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
     HOST_HOOKS_DIR,
 };
+use super::wrapper_config;
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
 use crate::fsutil::{ensure_private_dir, write_atomic};
@@ -26,7 +27,7 @@ const INSTALL_HOST_USAGE: &str =
 /// Long because it is the installer's script, step after step, each with its own message;
 /// split, the order of the steps would be harder to read.
 pub(super) fn install_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper {
         return Err(Error::Usage(INSTALL_HOST_USAGE.into()));
     }
     let root = o
@@ -55,6 +56,9 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     }
     write_atomic(&bin, &bytes, 0o755)?;
     println!("devgate: installed {}", bin.display());
+    let link = under(&wrapper_config::wrapper_path(&target));
+    wrapper_config::link_wrapper(&link)?;
+    println!("devgate: installed {} -> devgate", link.display());
 
     let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;

@@ -6,6 +6,7 @@ mod doctor;
 pub(crate) mod hooks_config;
 mod install;
 mod node;
+mod wrapper_config;
 
 use crate::error::{Error, Result};
 use crate::model::text::one_line;
@@ -23,6 +24,8 @@ commands:
   hook STAGE                 run as an OCI hook (prestart, createRuntime, createContainer,
                              startContainer, poststart, poststop, or auto: the stage from
                              the state's status); the state is read on stdin
+  runtime RUNTIME-ARGS...    the OCI runtime wrapper (also run as devgate-runtime): gates
+                             create and run, remaps in the spec, then runs runtime.path
   cordon DEVICE --reason TEXT  quarantine a device (a path under /dev, or MAJ:MIN)
   uncordon DEVICE            lift a quarantine
   status [--json]            the node's accelerators, spares and quarantined devices
@@ -30,8 +33,9 @@ commands:
   check                      one-line node summary; exit 0 healthy, 1 unhealthy, 2 unknown
                              (node-problem-detector custom plugin contract)
   metrics --textfile PATH    write Prometheus text for node_exporter's textfile collector
-  hooks-config --runtime crio|podman|containerd [--prefix DIR | --bin PATH] [--out DIR]
-                             print (or write) the runtime configuration that runs devgate
+  hooks-config --runtime crio|podman|containerd [--wrapper] [--prefix DIR | --bin PATH]
+               [--out DIR]   print (or write) the runtime configuration that runs devgate's
+                             hooks, or with --wrapper devgate-runtime
   install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]
                              copy devgate and its configuration onto a host (Kubernetes installer)
   doctor [--bin PATH] [--hooks-dir DIR]... [--crio-config FILE] [--containerd BIN]
@@ -75,6 +79,10 @@ fn parse_args(argv: &[String]) -> Result<Args> {
 
 /// Runs the command and returns the exit status.
 pub fn main(argv: Vec<String>, started: Instant) -> i32 {
+    // The runtime wrapper's arguments are the runtime's, never devgate's options.
+    if let Some(code) = crate::wrapper::cli(&argv, started) {
+        return code;
+    }
     // hooks-config and install-host parse their own options (src/hooks_config.rs).
     if let Some(code) = hooks_config::cli(&argv) {
         return code;

@@ -44,6 +44,8 @@ pub struct Config {
     pub kubelet_pods_dir: PathBuf,
     /// How many exit records state_dir/exits keeps.
     pub exits_keep: usize,
+    /// The runtime `devgate runtime` (the OCI runtime wrapper) runs once it has decided.
+    pub runtime: RuntimeConfig,
     /// Where this config came from, for messages; not a key.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -66,6 +68,7 @@ impl Default for Config {
             gpu: GpuConfig::default(),
             kubelet_pods_dir: "/var/lib/kubelet/pods".into(),
             exits_keep: 1000,
+            runtime: RuntimeConfig::default(),
             source: None,
         }
     }
@@ -78,6 +81,23 @@ pub struct GpuConfig {
     pub max_volatile_uncorrectable_ecc: u64,
     /// XID number (as a string key) → "unhealthy" | "warn" | "ignore", over the built-in table.
     pub xid_actions: BTreeMap<String, String>,
+}
+
+/// `runtime`: what the OCI runtime wrapper runs. `path` is an absolute path or a bare name
+/// looked up in a fixed list of system directories (never the caller's PATH), so the
+/// wrapper can sit in front of runc, crun or another wrapper (NVIDIA's runtime).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    pub path: PathBuf,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            path: "runc".into(),
+        }
+    }
 }
 
 impl Config {
@@ -158,6 +178,19 @@ impl Config {
                 ),
             ));
         }
+        let rt = self.runtime.path.as_os_str();
+        if rt.is_empty()
+            || (!self.runtime.path.is_absolute() && rt.as_encoded_bytes().contains(&b'/'))
+        {
+            // A relative path would name whatever the shim's working directory holds.
+            return Err(Error::invalid(
+                &what,
+                format!(
+                    "runtime.path {:?} must be an absolute path or a bare command name",
+                    self.runtime.path
+                ),
+            ));
+        }
         if !(1..=MAX_PROBE_TIMEOUT_MS).contains(&self.probe_timeout_ms) {
             return Err(Error::invalid(
                 &what,
@@ -203,6 +236,7 @@ mod tests {
         assert_eq!(c.sysfs_root, Path::new("/sys"));
         assert!(c.log_file.is_none());
         assert_eq!(c.policy, Policy::default());
+        assert_eq!(c.runtime.path, Path::new("runc"));
     }
 
     #[test]
@@ -267,6 +301,12 @@ mod tests {
                 "is not an XID number",
             ),
             (r#"{"gpu":{"max_ecc":1}}"#, "unknown field `max_ecc`"),
+            (
+                r#"{"runtime":{"path":"bin/runc"}}"#,
+                "runtime.path \"bin/runc\" must be an absolute path or a bare command name",
+            ),
+            (r#"{"runtime":{"path":""}}"#, "must be an absolute path"),
+            (r#"{"runtime":{"bin":"runc"}}"#, "unknown field `bin`"),
         ] {
             let e = Config::parse(bad.as_bytes(), Path::new("/c.json"))
                 .unwrap_err()

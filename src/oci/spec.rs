@@ -103,9 +103,13 @@ impl Spec {
     }
 
     pub fn load(bundle: &Path) -> Result<Spec> {
-        let path = bundle.join("config.json");
-        let bytes = read_regular_file(&path, MAX_CONFIG_BYTES, "bundle config")?;
-        Spec::parse(&bytes, &path)
+        Spec::read(&bundle.join("config.json")).map(|(s, _)| s)
+    }
+
+    /// The spec file and its bytes (the runtime wrapper's marker names them by digest).
+    pub fn read(path: &Path) -> Result<(Spec, Vec<u8>)> {
+        let bytes = read_regular_file(path, MAX_CONFIG_BYTES, "bundle config")?;
+        Ok((Spec::parse(&bytes, path)?, bytes))
     }
 
     pub fn devices(&self) -> &[LinuxDevice] {

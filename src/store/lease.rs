@@ -36,6 +36,11 @@ pub struct Lease {
     pub replaces: DevNum,
     #[serde(default)]
     pub container_path: Option<PathBuf>,
+    /// The runtime's state directory for the container (`<root>/<id>`), when the lease
+    /// was taken before the container had a process (the runtime wrapper): while it
+    /// exists the container does, whatever became of `pid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_state: Option<PathBuf>,
     pub since: String,
     pub since_unix: u64,
 }
@@ -71,13 +76,15 @@ pub(crate) fn pid_start(pid: i32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// Whether the lease's holder still exists: its pid is alive and is the same process.
+/// Whether the lease's holder still exists: its pid is alive and is the same process, or
+/// the runtime still keeps state for its container.
 pub(crate) fn holder_alive(l: &Lease) -> bool {
-    match (pid_start(l.pid), l.pid_start) {
+    let pid_alive = match (pid_start(l.pid), l.pid_start) {
         (None, _) => false,
         (Some(now), Some(then)) => now == then,
         (Some(_), None) => true,
-    }
+    };
+    pid_alive || l.runtime_state.as_deref().is_some_and(Path::exists)
 }
 
 /// Holds the ledger lock until dropped.
@@ -246,6 +253,36 @@ impl Leases {
         Ok(Outcome::NoneFree(why))
     }
 
+    /// The leases `container_id` holds (read without the lock: each file is replaced
+    /// atomically).
+    pub fn held_by(&self, container_id: &str) -> Result<Vec<Lease>> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter_map(|(_, s)| match s {
+                Slot::Held(l) if l.container_id == container_id => Some(l),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Points `container_id`'s leases at its process once it has one (a lease the runtime
+    /// wrapper took names the runtime's pid); returns how many changed.
+    pub fn adopt(&self, container_id: &str, pid: i32) -> Result<usize> {
+        let _g = self.lock(LOCK_TIMEOUT)?;
+        let mut n = 0;
+        for mut l in self.held_by(container_id)? {
+            if l.pid == pid {
+                continue;
+            }
+            l.pid = pid;
+            l.pid_start = pid_start(pid);
+            self.write(&l)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Releases one spare if `container_id` holds it; true when a lease was removed.
     pub(crate) fn release(&self, num: DevNum, container_id: &str) -> Result<bool> {
         let _g = self.lock(LOCK_TIMEOUT)?;
@@ -303,6 +340,7 @@ mod tests {
             pid_start: pid_start(pid),
             replaces: num(1),
             container_path: Some("/dev/nvidia1".into()),
+            runtime_state: None,
             since: "t".into(),
             since_unix: 0,
         }
@@ -417,6 +455,43 @@ mod tests {
         fs::write(l.dir.join(".c-195-6.json.tmp.99999"), b"x").unwrap();
         drop(l.lock(LOCK_TIMEOUT).unwrap());
         assert!(!l.dir.join(".c-195-6.json.tmp.99999").exists());
+    }
+
+    #[test]
+    fn runtime_state_keeps_a_lease_of_a_gone_pid_and_adopt_repoints_it() {
+        let l = leases("witness");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id() as i32;
+        child.wait().unwrap();
+        let state = l.dir.parent().unwrap().join("runtime-root/c1");
+        fs::create_dir_all(&state).unwrap();
+        let mut w = want("c1", dead);
+        w.pid_start = Some(1);
+        w.runtime_state = Some(state.clone());
+        leased(l.acquire(&cands()[..1], &w).unwrap());
+        let me = std::process::id() as i32;
+        match l.acquire(&cands()[..1], &want("c2", me)).unwrap() {
+            Outcome::NoneFree(why) => assert!(why[0].contains("leased to c1"), "{why:?}"),
+            o => panic!("the runtime still has c1: {o:?}"),
+        }
+        assert_eq!(l.adopt("c1", me).unwrap(), 1);
+        assert_eq!(l.adopt("c1", me).unwrap(), 0, "already pointed");
+        let held = l.held_by("c1").unwrap();
+        assert_eq!((held[0].pid, held[0].pid_start), (me, pid_start(me)));
+        // gone from the runtime and from the process table: reclaimable
+        fs::remove_dir(&state).unwrap();
+        let mut w = held[0].clone();
+        w.pid = dead;
+        w.pid_start = Some(1);
+        l.write(&w).unwrap();
+        assert!(!holder_alive(&w));
+        assert!(matches!(
+            l.acquire(&cands()[..1], &want("c2", me)).unwrap(),
+            Outcome::Leased {
+                reclaimed: Some(_),
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! devgate's files on the node: the operator's quarantine (cordon) ledger, spare leases
-//! and, under state_dir, per-container records. Each is one JSON file read and written
-//! here: bounded reads, atomic writes, and every directory checked.
+//! and, under state_dir, per-container records and the runtime wrapper's marker. Each is
+//! one JSON file read and written here: bounded reads, atomic writes, and every directory
+//! checked.
 
 pub mod lease;
+pub(crate) mod marker;
 pub(crate) mod quarantine;
 pub(crate) mod records;
 

@@ -1,6 +1,7 @@
 //! Per-container records under state_dir: `containers/<id>.json` written at start,
-//! `exits/<id>.json` at stop. The file layout lives here; what a record holds is
-//! `report::record`'s.
+//! `exits/<id>.json` at stop, and `decided/<id>.json`, the runtime wrapper's marker. The
+//! file layout lives here; what a record holds is `report::record`'s (the marker's is
+//! `store::marker`'s).
 
 use super::{read_json, write_json};
 use crate::error::{Error, Result};
@@ -19,6 +20,8 @@ pub(crate) enum Kind {
     Start,
     /// What devgate found at stop: `exits/<id>.json`.
     Exit,
+    /// The runtime wrapper's "already decided" marker: `decided/<id>.json`.
+    Decided,
 }
 
 impl Kind {
@@ -26,6 +29,7 @@ impl Kind {
         match self {
             Kind::Start => state_dir.join("containers"),
             Kind::Exit => state_dir.join("exits"),
+            Kind::Decided => state_dir.join("decided"),
         }
     }
 
@@ -33,6 +37,7 @@ impl Kind {
         match self {
             Kind::Start => "container record",
             Kind::Exit => "exit record",
+            Kind::Decided => "decided marker",
         }
     }
 }

@@ -483,13 +483,19 @@ impl Podman {
     }
 
     pub fn cmd(&self) -> Command {
+        self.cmd_with_runtime(Path::new("runc"))
+    }
+
+    /// podman with `--runtime RUNTIME` (a name or a path).
+    pub fn cmd_with_runtime(&self, runtime: &Path) -> Command {
         let mut c = in_private_mounts("podman");
         c.env("CONTAINERS_CONF", self.dir.join("containers.conf"))
             .arg("--root")
             .arg(self.dir.join("root"))
             .arg("--runroot")
             .arg(self.dir.join("runroot"))
-            .args(["--storage-driver", "vfs", "--runtime", "runc"])
+            .args(["--storage-driver", "vfs", "--runtime"])
+            .arg(runtime)
             .stdin(Stdio::null());
         c
     }
@@ -591,6 +597,13 @@ pub struct Containerd {
 impl Containerd {
     /// `extra` is appended to the config (plugin sections); `top` goes before any table.
     pub fn start(tag: &str, top: &str, extra: &str) -> Containerd {
+        Containerd::start_under(tag, top, extra, &[])
+    }
+
+    /// As `start`, run through `under` (a command that ends by exec'ing its arguments:
+    /// `unshare ... sh -c '...; exec "$0" "$@"'`), so that containerd, its shims and the
+    /// runtimes see what it set up.
+    pub fn start_under(tag: &str, top: &str, extra: &str, under: &[&str]) -> Containerd {
         require_cmd("containerd", "containerd");
         require_cmd("ctr", "containerd");
         require_cmd("containerd-shim-runc-v2", "containerd");
@@ -606,7 +619,19 @@ impl Containerd {
         );
         fs::write(dir.join("config.toml"), &config).unwrap();
         let log = fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = in_private_mounts("containerd")
+        // `under` runs first and execs the private-mounts wrapper, which execs containerd.
+        let private = in_private_mounts("containerd");
+        let mut cmd = match under.split_first() {
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args)
+                    .arg(private.get_program())
+                    .args(private.get_args());
+                c
+            }
+            None => private,
+        };
+        let child = cmd
             .arg("--config")
             .arg(dir.join("config.toml"))
             .stdin(Stdio::null())
@@ -685,4 +710,6 @@ pub fn unmount_under(dir: &Path) {
         let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+pub mod cri;
 pub mod fake;
+pub mod wrapper;

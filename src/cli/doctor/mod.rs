@@ -426,9 +426,17 @@ fn runtime_checks(
                         .then(|| format!("default runtime {name}: {path}"))
                 });
                 lines.push(match (hooks, wrapper) {
-                    (_, Some(w)) => {
+                    (Ok(_), Some(w)) => {
                         Line::pass("cri-o", format!("{w} is devgate's runtime wrapper"))
                     }
+                    // The wrapper gates and remaps; only the poststop hook reports faults.
+                    (Err(_), Some(w)) => Line::pass(
+                        "cri-o",
+                        format!(
+                            "{w} is devgate's runtime wrapper; no oci-hooks file runs devgate \
+                             at poststop, so faults during a run go unreported"
+                        ),
+                    ),
                     (Ok(t), None) => Line::pass("cri-o", t),
                     (Err(e), None) => Line::fail(
                         "cri-o",

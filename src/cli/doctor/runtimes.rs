@@ -2,6 +2,7 @@
 //! (oci-hooks files, containerd's `config dump`, CRI-O's and NVIDIA's TOML) and a predicate
 //! that says whether a path is devgate; the readers next to them do the bounded I/O.
 
+use crate::wrapper::PROGRAM;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fs;
@@ -56,11 +57,13 @@ impl Identity {
         file_id(path).is_some_and(|id| self.files.contains(&id))
     }
 
-    /// `path` is devgate's runtime wrapper: devgate itself (under any name), or a small
-    /// script that execs one of devgate's paths.
+    /// `path` is devgate's runtime wrapper: devgate under the name `devgate-runtime` (the
+    /// runtime execs the configured path, and devgate acts as the wrapper only when its
+    /// argv[0] has that name), or a small script that runs devgate as `devgate runtime` or
+    /// through a `devgate-runtime` link to it.
     pub fn is_wrapper(&self, path: &Path) -> bool {
         if self.is_devgate(path) {
-            return true;
+            return path.file_name().is_some_and(|n| n == PROGRAM);
         }
         let Ok(meta) = fs::metadata(path) else {
             return false;
@@ -73,11 +76,14 @@ impl Identity {
         };
         let text = String::from_utf8_lossy(&text);
         text.starts_with("#!")
-            && self
-                .paths
-                .iter()
-                .filter(|p| file_id(p).is_some_and(|id| self.files.contains(&id)))
-                .any(|p| text.contains(&*p.to_string_lossy()))
+            && self.paths.iter().filter(|p| self.is_devgate(p)).any(|p| {
+                let bin = p.to_string_lossy();
+                let link = p.with_file_name(PROGRAM);
+                ["", "\"", "'"]
+                    .iter()
+                    .any(|q| text.contains(&format!("{bin}{q} runtime")))
+                    || (self.is_devgate(&link) && text.contains(&*link.to_string_lossy()))
+            })
     }
 }
 
@@ -558,6 +564,9 @@ pub enum Binary {
     /// Unset: the shim's default, runc.
     Default,
     DevgateWrapper(PathBuf),
+    /// devgate under another name than `devgate-runtime`: it would take the runtime's
+    /// arguments for devgate's own command line and fail every container.
+    DevgateMisnamed(PathBuf),
     /// NVIDIA's runtime, and the low-level runtime it would run (devgate's wrapper or not).
     Nvidia {
         path: PathBuf,
@@ -613,6 +622,9 @@ pub fn classify_binary(name: &str, id: &Identity, nvidia_config: &Path) -> Binar
     if id.is_wrapper(&path) {
         return Binary::DevgateWrapper(path);
     }
+    if id.is_devgate(&path) {
+        return Binary::DevgateMisnamed(path);
+    }
     if is_nvidia_runtime(&path) {
         let text = match fs::symlink_metadata(nvidia_config) {
             Ok(_) => match read_small(nvidia_config) {
@@ -659,6 +671,11 @@ impl Binary {
             Binary::DevgateWrapper(p) => {
                 format!("runs devgate's runtime wrapper {}", p.display())
             }
+            Binary::DevgateMisnamed(p) => format!(
+                "runs devgate as {}, which is the runtime wrapper only when named {PROGRAM} \
+                 (a link to devgate) or run as `devgate runtime`",
+                p.display()
+            ),
             Binary::Nvidia { path, runs, .. } => match runs {
                 Ok(r) => format!(
                     "runs NVIDIA's runtime {}, which runs {}",
@@ -701,7 +718,12 @@ pub fn judge_containerd_runtime(
         _ => None,
     };
     if binary.runs_devgate() {
-        return Ok(format!("runtime {name} {}", binary.describe()));
+        // The wrapper gates and remaps; only the poststop hook reports faults of a run.
+        let note = match hooks {
+            Some((_, true)) => "",
+            _ => "; no base_runtime_spec hook runs devgate at poststop, so faults during a run go unreported",
+        };
+        return Ok(format!("runtime {name} {}{note}", binary.describe()));
     }
     match hooks {
         Some((true, true)) => Ok(format!(
@@ -994,6 +1016,53 @@ disabled_plugins = ["cri"]
         ));
     }
 
+    /// devgate is the wrapper only as `devgate-runtime` (its argv[0]) or run as
+    /// `devgate runtime`: under any other name it would read the runtime's arguments as
+    /// its own command line.
+    #[test]
+    fn the_wrapper_is_devgate_named_devgate_runtime_or_a_script_running_it() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let dir = std::env::temp_dir().join(format!("devgate-doctor-id-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("devgate");
+        fs::write(&bin, b"\x7fELF").unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        let id = Identity::new(Some(&bin));
+        let script = |name: &str, body: String| {
+            let p = dir.join(name);
+            fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let link = dir.join("devgate-runtime");
+        symlink("devgate", &link).unwrap();
+        let other = dir.join("devgate-runc");
+        symlink("devgate", &other).unwrap();
+        assert!(id.is_wrapper(&link));
+        assert!(id.is_devgate(&other) && !id.is_wrapper(&other));
+        assert!(!id.is_wrapper(&bin));
+        let nv = dir.join("nvidia.toml");
+        let classify = |p: &Path| classify_binary(p.to_str().unwrap(), &id, &nv);
+        assert_eq!(classify(&link), Binary::DevgateWrapper(link.clone()));
+        assert_eq!(classify(&other), Binary::DevgateMisnamed(other.clone()));
+        let b = bin.display();
+        for (name, body, wrapper) in [
+            ("s1", format!("exec {b} runtime \"$@\""), true),
+            ("s2", format!("exec \"{b}\" runtime \"$@\""), true),
+            ("s3", format!("exec {} \"$@\"", link.display()), true),
+            ("s4", format!("exec {b} \"$@\""), false),
+            ("s5", "exec /usr/sbin/runc \"$@\"".to_string(), false),
+        ] {
+            assert_eq!(
+                id.is_wrapper(&script(name, body.clone())),
+                wrapper,
+                "{body}"
+            );
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn containerd_runtime_judgement() {
         let rt = CriRuntime {
@@ -1009,7 +1078,18 @@ disabled_plugins = ["cri"]
         let wrapper = Binary::DevgateWrapper("/usr/bin/devgate-runc".into());
         assert_eq!(
             judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &wrapper).unwrap(),
+            "runtime runc runs devgate's runtime wrapper /usr/bin/devgate-runc; no \
+             base_runtime_spec hook runs devgate at poststop, so faults during a run go unreported"
+        );
+        assert_eq!(
+            judge_containerd_runtime("runc", &rt, &ok, &wrapper).unwrap(),
             "runtime runc runs devgate's runtime wrapper /usr/bin/devgate-runc"
+        );
+        let misnamed = Binary::DevgateMisnamed("/usr/bin/devgate".into());
+        let e = judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &misnamed).unwrap_err();
+        assert!(
+            e.ends_with("runs devgate as /usr/bin/devgate, which is the runtime wrapper only when named devgate-runtime (a link to devgate) or run as `devgate runtime`"),
+            "{e}"
         );
         // An incomplete spec fails even with the wrapper: containerd would use it whole.
         let e = judge_containerd_runtime(

@@ -1,0 +1,106 @@
+#!/bin/sh
+# Time the runtime wrapper adds to `runc run`: the same busybox container with no devices
+# started N times straight through runc and N times through devgate-runtime (a link to
+# devgate, runtime.path runc), the two interleaved so that both see the same machine.
+# A third row starts a container with one healthy device through the wrapper (the gate
+# runs in the wrapper), for reference.
+# Prints the median and p90 wall time of each, and the median of the paired differences
+# wrapper minus runc (target: <= 1 ms). `runc run` varies by milliseconds on a busy
+# machine, so the script also times the wrapper alone: M `create` calls of the no-device
+# bundle with runtime.path /bin/true against M calls of /bin/true itself, in one loop each.
+# Usage: benches/wrapper.sh [DEVGATE_BIN] [N]   (root; runc and busybox-static installed)
+set -eu
+BIN=$(readlink -f "${1:-target/release/devgate}")
+N=${2:-100}
+M=${3:-500}
+[ -x "$BIN" ] || { echo "no devgate binary at $BIN (make build)" >&2; exit 2; }
+command -v runc >/dev/null || { echo "runc is not installed" >&2; exit 2; }
+BB=$(command -v busybox)
+W=$(mktemp -d /tmp/devgate-bench-wrapper.XXXXXX)
+chmod 755 "$W"
+trap 'rm -rf "$W"' EXIT
+
+ln -s "$BIN" "$W/devgate-runtime"
+cat >"$W/config.json" <<JSON
+{"state_dir": "$W/state", "quarantine_dir": "$W/quarantine", "runtime": {"path": "runc"}}
+JSON
+cat >"$W/true.json" <<JSON
+{"state_dir": "$W/state", "quarantine_dir": "$W/quarantine", "runtime": {"path": "/bin/true"}}
+JSON
+export DEVGATE_CONFIG="$W/config.json"
+
+bundle() { # $1: name, $2: linux.devices, $3: device rules after deny-all
+  mkdir -p "$W/$1/rootfs/bin" "$W/$1/rootfs/dev" "$W/$1/rootfs/proc"
+  cp "$BB" "$W/$1/rootfs/bin/busybox"
+  ln -s busybox "$W/$1/rootfs/bin/true"
+  cat >"$W/$1/config.json" <<JSON
+{"ociVersion":"1.0.2","process":{"user":{"uid":0,"gid":0},"args":["true"],"env":["PATH=/bin"],"cwd":"/"},
+ "root":{"path":"rootfs"},
+ "mounts":[{"destination":"/proc","type":"proc","source":"proc"},
+           {"destination":"/dev","type":"tmpfs","source":"tmpfs","options":["nosuid","mode=755"]}],
+ "linux":{"devices":[$2],
+          "resources":{"devices":[{"allow":false,"access":"rwm"}$3]},
+          "namespaces":[{"type":"pid"},{"type":"mount"},{"type":"ipc"},{"type":"uts"}]}}
+JSON
+}
+bundle plain "" ""
+bundle device '{"path":"/dev/zero","type":"c","major":1,"minor":5,"fileMode":438,"uid":0,"gid":0}' \
+  ',{"allow":true,"type":"c","major":1,"minor":5,"access":"rwm"}'
+
+now() { date +%s%N; }
+
+once() { # $1: label, $2: runtime, $3: bundle, $4: run number
+  t0=$(now)
+  "$2" --root "$W/runc" run --bundle "$W/$3" "bench-$1-$4" >/dev/null 2>"$W/err" ||
+    { echo "$2 run failed ($1):" >&2; cat "$W/err" >&2; exit 1; }
+  t1=$(now)
+  echo $(( (t1 - t0) / 1000 )) >>"$W/$1.times"
+}
+
+stats() { # $1: label -> "median p90" in microseconds
+  sort -n "$W/$1.times" | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; p=a[int(NR*0.9+0.5)]; print m, p}'
+}
+
+: >"$W/runc.times"; : >"$W/wrapper.times"; : >"$W/gated.times"
+i=0
+while [ $i -lt "$N" ]; do
+  once runc runc plain $i
+  once wrapper "$W/devgate-runtime" plain $i
+  once gated "$W/devgate-runtime" device $i
+  i=$((i + 1))
+done
+[ -e "$W/state/containers/bench-gated-0.json" ] ||
+  { echo "the wrapper did not gate the device container" >&2; exit 1; }
+[ ! -e "$W/state/containers/bench-wrapper-0.json" ] ||
+  { echo "the wrapper recorded a container with no devices" >&2; exit 1; }
+
+paste -d' ' "$W/wrapper.times" "$W/runc.times" | awk '{print $1 - $2}' >"$W/diff.times"
+
+loop() { # $1: program; M calls as the shim would make them, mean microseconds per call
+  t0=$(now)
+  i=0
+  while [ $i -lt "$M" ]; do
+    "$1" --root "$W/runc" --log "$W/log.json" --log-format json create --bundle "$W/plain" x
+    i=$((i + 1))
+  done
+  t1=$(now)
+  echo $(( (t1 - t0) / 1000 / M ))
+}
+true_us=$(loop /bin/true)
+alone_us=$(DEVGATE_CONFIG="$W/true.json" loop "$W/devgate-runtime")
+
+set -- $(stats runc); runc_m=$1 runc_p=$2
+set -- $(stats wrapper); wr_m=$1 wr_p=$2
+set -- $(stats gated); g_m=$1 g_p=$2
+printf 'runc run, %s starts each, interleaved (microseconds)\n' "$N"
+printf '  %-28s median %8s  p90 %8s\n' "runc, no devices" "$runc_m" "$runc_p" \
+  "devgate-runtime, no devices" "$wr_m" "$wr_p" \
+  "devgate-runtime, 1 device" "$g_m" "$g_p"
+set -- $(stats diff); d=$1
+verdict=ok; [ "$d" -le 1000 ] || verdict=OVER
+printf '  the wrapper adds %s us (median of the paired differences) to a container with no devices (target <= 1000 us: %s)\n' \
+  "$d" "$verdict"
+printf 'the wrapper alone, %s create calls each (mean microseconds per call)\n' "$M"
+printf '  %-28s %8s\n' "/bin/true" "$true_us" "devgate-runtime -> /bin/true" "$alone_us"
+printf '  the wrapper itself costs %s us per create of a container with no devices\n' \
+  $((alone_us - true_us))

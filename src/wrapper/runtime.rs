@@ -1,0 +1,129 @@
+//! Which program the wrapper runs: `runtime.path` from devgate's config, a bare name
+//! looked up in fixed system directories (never the caller's PATH: the wrapper runs as
+//! root for whoever invokes it), and checked so that root never executes a file someone
+//! else could have written, nor devgate itself in a loop.
+
+use crate::error::{Error, Result};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Where a bare `runtime.path` is looked up, in this order (the PATH devgate's hooks get).
+pub const SEARCH_DIRS: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// Set in the real runtime's environment: a devgate wrapper that finds it was started,
+/// through some chain of wrappers, by itself.
+pub const WRAPPED_ENV: &str = "DEVGATE_RUNTIME_WRAPPED";
+
+pub fn resolve(configured: &Path) -> Result<PathBuf> {
+    let candidates: Vec<PathBuf> = if configured.is_absolute() {
+        vec![configured.to_path_buf()]
+    } else {
+        SEARCH_DIRS
+            .iter()
+            .map(|d| Path::new(d).join(configured))
+            .collect()
+    };
+    for c in &candidates {
+        // The runtime's own path may be a symlink (alternatives); its target is checked.
+        let Ok(meta) = std::fs::metadata(c) else {
+            continue;
+        };
+        if !meta.is_file() || meta.mode() & 0o111 == 0 {
+            continue;
+        }
+        check(c, &meta)?;
+        return Ok(c.clone());
+    }
+    Err(Error::invalid(
+        "runtime.path",
+        if configured.is_absolute() {
+            format!("{} is not an executable file", configured.display())
+        } else {
+            format!(
+                "no executable {} in {}",
+                configured.display(),
+                SEARCH_DIRS.join(":")
+            )
+        },
+    ))
+}
+
+fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    if let Ok(me) = std::fs::metadata("/proc/self/exe") {
+        if (me.dev(), me.ino()) == (meta.dev(), meta.ino()) {
+            return Err(Error::invalid(
+                "runtime.path",
+                format!(
+                    "{} is devgate itself; name the runtime devgate runs (runc, crun, or \
+                     another wrapper)",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(Error::unsafe_path(
+            path,
+            format!("owned by uid {}, not root", meta.uid()),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(Error::unsafe_path(
+            path,
+            format!(
+                "writable by group or others (mode {:o})",
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn bare_name_is_found_in_system_dirs_only() {
+        let sh = resolve(Path::new("sh")).unwrap();
+        assert!(SEARCH_DIRS.iter().any(|d| sh.starts_with(d)), "{sh:?}");
+        let e = resolve(Path::new("devgate-no-such-runtime"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no executable devgate-no-such-runtime in /usr/local/sbin:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn self_and_writable_files_are_refused() {
+        let me = fs::read_link("/proc/self/exe").unwrap();
+        let e = resolve(&me).unwrap_err().to_string();
+        assert!(e.contains("is devgate itself"), "{e}");
+        let d = std::env::temp_dir().join(format!("devgate-rt-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        let f = d.join("runc");
+        fs::write(&f, "#!/bin/sh\n").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = resolve(&f).unwrap_err().to_string();
+        assert!(e.contains("writable by group or others"), "{e}");
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(resolve(&f).unwrap(), f);
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
+        let e = resolve(&f).unwrap_err().to_string();
+        assert!(e.contains("is not an executable file"), "{e}");
+        fs::remove_dir_all(&d).unwrap();
+    }
+}

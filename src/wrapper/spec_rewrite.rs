@@ -1,0 +1,479 @@
+//! A remap written into the container's spec before the runtime reads it, so that runc or
+//! crun create the spare's node and grant it in the device cgroup themselves, on every
+//! cgroup version and driver (under systemd, runc's DeviceAllow= carries the spare).
+//!
+//! The document is edited in place as JSON so that every field devgate does not know
+//! reaches the runtime as it was; only these change, for each swap of a bad device for
+//! its spare:
+//! - `linux.devices` entries with the bad device's number get the spare's number (path,
+//!   mode, uid and gid stay: the container sees the same name);
+//! - device bind mounts whose source is the bad device's node get the spare's node;
+//! - `linux.resources.devices` ends with a deny rule for the bad device and an allow rule
+//!   for the spare, after every rule of the spec, so a wildcard allow cannot re-admit it.
+//!
+//! The same rule edit is applied to the resources `update` passes on (see update.rs).
+
+use crate::action::cgroup;
+use crate::error::{Error, Result};
+use crate::model::device::{DevNum, DevType};
+use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
+use serde_json::Value;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// One bad device and the spare that stands in for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swap {
+    pub bad: DevNum,
+    pub spare: DevNum,
+    pub spare_path: PathBuf,
+}
+
+/// What the rewrite did for one swap, for the record.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Changed {
+    /// `linux.devices` and bind mounts, one clause each.
+    pub nodes: Vec<String>,
+    /// The rules appended.
+    pub rules: String,
+}
+
+fn dev_type(letter: &str) -> Option<DevType> {
+    match letter {
+        "c" | "u" => Some(DevType::Char),
+        "b" => Some(DevType::Block),
+        _ => None,
+    }
+}
+
+fn rule_type(t: LinuxDeviceType) -> Option<DevType> {
+    match t {
+        LinuxDeviceType::C | LinuxDeviceType::U => Some(DevType::Char),
+        LinuxDeviceType::B => Some(DevType::Block),
+        _ => None,
+    }
+}
+
+/// Whether a device rule names exactly `num` (no wildcard).
+fn names_exactly(r: &LinuxDeviceCgroup, num: DevNum) -> bool {
+    r.typ().and_then(rule_type) == Some(num.typ)
+        && r.major() == Some(i64::from(num.major))
+        && r.minor() == Some(i64::from(num.minor))
+}
+
+/// The access the spec gave the bad device by name (`rw`, `rwm`), for the spare; `rwm`
+/// when no rule names it (a `linux.devices` entry alone is granted `rwm` by runtimes).
+fn access_of(rules: &[Value], bad: DevNum) -> String {
+    let mut access = String::new();
+    for r in rules {
+        let Ok(r) = serde_json::from_value::<LinuxDeviceCgroup>(r.clone()) else {
+            continue;
+        };
+        if r.allow() && names_exactly(&r, bad) {
+            for c in r.access().as_deref().unwrap_or("rwm").chars() {
+                if "rwm".contains(c) && !access.contains(c) {
+                    access.push(c);
+                }
+            }
+        }
+    }
+    if access.is_empty() {
+        "rwm".into()
+    } else {
+        // the order runtimes and the kernel print
+        "rwm".chars().filter(|c| access.contains(*c)).collect()
+    }
+}
+
+fn rule_value(r: LinuxDeviceCgroup) -> Value {
+    // A rule built from numbers always serializes.
+    serde_json::to_value(r).unwrap_or(Value::Null)
+}
+
+/// Appends, for each swap, deny-bad and allow-spare to a device rule list.
+pub fn remap_rules(rules: &mut Vec<Value>, swaps: &[Swap]) -> Vec<String> {
+    let mut said = Vec::new();
+    for s in swaps {
+        let access = access_of(rules, s.bad);
+        rules.push(rule_value(cgroup::device_rule(false, s.bad, "rwm")));
+        rules.push(rule_value(cgroup::device_rule(true, s.spare, &access)));
+        said.push(format!(
+            "deny {t} {} rwm, allow {t} {} {access}",
+            s.bad,
+            s.spare,
+            t = s.bad.typ.letter()
+        ));
+    }
+    said
+}
+
+fn num_of(entry: &Value) -> Option<DevNum> {
+    let typ = dev_type(entry.get("type")?.as_str()?)?;
+    let major = u32::try_from(entry.get("major")?.as_i64()?).ok()?;
+    let minor = u32::try_from(entry.get("minor")?.as_i64()?).ok()?;
+    Some(DevNum { typ, major, minor })
+}
+
+/// Rewrites `doc` (a whole config.json) for `swaps`. Fails only on a document whose
+/// shape no runtime would accept (a `linux` that is not an object, and the like).
+pub fn rewrite(doc: &mut Value, swaps: &[Swap]) -> std::result::Result<Vec<Changed>, String> {
+    let mut out = vec![Changed::default(); swaps.len()];
+    let root = doc
+        .as_object_mut()
+        .ok_or("config.json is not a JSON object")?;
+
+    if let Some(mounts) = root.get_mut("mounts").and_then(Value::as_array_mut) {
+        for m in mounts.iter_mut() {
+            let Ok(parsed) = serde_json::from_value::<crate::oci::spec::Mount>(m.clone()) else {
+                continue;
+            };
+            if !parsed.is_bind() {
+                continue;
+            }
+            let Some(src) = &parsed.source else {
+                continue;
+            };
+            // The source is a host path the runtime's caller chose, as in discovery.
+            let Some(num) = fs::metadata(src)
+                .ok()
+                .and_then(|meta| DevNum::from_metadata(&meta))
+            else {
+                continue;
+            };
+            for (s, changed) in swaps.iter().zip(out.iter_mut()) {
+                if s.bad == num {
+                    m["source"] = Value::String(s.spare_path.display().to_string());
+                    changed.nodes.push(format!(
+                        "bind mount {} now from {}",
+                        parsed.destination.display(),
+                        s.spare_path.display()
+                    ));
+                }
+            }
+        }
+    }
+
+    let linux = root
+        .entry("linux")
+        .or_insert_with(|| Value::Object(Default::default()))
+        .as_object_mut()
+        .ok_or("config.json linux is not an object")?;
+    if let Some(devices) = linux.get_mut("devices").and_then(Value::as_array_mut) {
+        for d in devices.iter_mut() {
+            let Some(num) = num_of(d) else { continue };
+            for (s, changed) in swaps.iter().zip(out.iter_mut()) {
+                if s.bad != num {
+                    continue;
+                }
+                d["type"] = Value::String(s.spare.typ.letter().to_string());
+                d["major"] = Value::from(s.spare.major);
+                d["minor"] = Value::from(s.spare.minor);
+                let field = |k: &str, octal: bool| match d.get(k).and_then(Value::as_u64) {
+                    Some(v) if octal => format!("{v:o}"),
+                    Some(v) => v.to_string(),
+                    None => "unset".into(),
+                };
+                changed.nodes.push(format!(
+                    "linux.devices {} is now {} {} (mode {}, uid {}, gid {})",
+                    d.get("path").and_then(Value::as_str).unwrap_or("?"),
+                    s.spare.typ.letter(),
+                    s.spare,
+                    field("fileMode", true),
+                    field("uid", false),
+                    field("gid", false),
+                ));
+            }
+        }
+    }
+
+    let resources = linux
+        .entry("resources")
+        .or_insert_with(|| Value::Object(Default::default()))
+        .as_object_mut()
+        .ok_or("config.json linux.resources is not an object")?;
+    let rules = resources
+        .entry("devices")
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or("config.json linux.resources.devices is not an array")?;
+    for (said, changed) in remap_rules(rules, swaps).into_iter().zip(out.iter_mut()) {
+        changed.rules = format!("linux.resources.devices: {said}");
+    }
+    Ok(out)
+}
+
+/// Replaces the spec file with `bytes` so that the runtime reads the old or the new
+/// document, never a mix: a temp file in the same directory with the original's mode and
+/// owner, written and synced, renamed over it. The bundle directory is the runtime
+/// caller's (root's), never the container's.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::invalid("spec file", format!("{} has no parent", path.display())))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::invalid("spec file", format!("{} has no name", path.display())))?;
+    let meta = fs::symlink_metadata(path).map_err(|e| Error::io("cannot stat", path, e))?;
+    if !meta.is_file() {
+        return Err(Error::invalid(
+            format!("spec file {}", path.display()),
+            "not a regular file",
+        ));
+    }
+    let tmp = dir.join(format!(
+        ".{}.devgate.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = fs::remove_file(&tmp);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(|e| Error::io("cannot create", &tmp, e))?;
+        use std::os::fd::AsRawFd;
+        nix::unistd::fchown(
+            f.as_raw_fd(),
+            Some(nix::unistd::Uid::from_raw(meta.uid())),
+            Some(nix::unistd::Gid::from_raw(meta.gid())),
+        )
+        .map_err(|e| Error::io("cannot chown", &tmp, e.into()))?;
+        f.set_permissions(fs::Permissions::from_mode(meta.mode() & 0o7777))
+            .map_err(|e| Error::io("cannot chmod", &tmp, e))?;
+        f.write_all(bytes)
+            .map_err(|e| Error::io("cannot write", &tmp, e))?;
+        f.sync_all()
+            .map_err(|e| Error::io("cannot fsync", &tmp, e))?;
+        fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn c(major: u32, minor: u32) -> DevNum {
+        DevNum {
+            typ: DevType::Char,
+            major,
+            minor,
+        }
+    }
+
+    fn swap(bad: DevNum, spare: DevNum, path: &str) -> Swap {
+        Swap {
+            bad,
+            spare,
+            spare_path: path.into(),
+        }
+    }
+
+    /// What containerd's CRI plugin writes for a pod with a GPU, trimmed.
+    fn cri_spec() -> Value {
+        json!({
+            "ociVersion": "1.1.0",
+            "process": {"args": ["sleep", "1"], "env": ["A=1"]},
+            "annotations": {"io.kubernetes.cri.container-name": "trainer"},
+            "someFutureField": {"kept": [1, 2, 3]},
+            "linux": {
+                "devices": [
+                    {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1,
+                     "fileMode": 438, "uid": 0, "gid": 44},
+                    {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255,
+                     "fileMode": 438, "uid": 0, "gid": 0}
+                ],
+                "resources": {
+                    "devices": [
+                        {"allow": false, "access": "rwm"},
+                        {"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rw"},
+                        {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"}
+                    ],
+                    "cpu": {"shares": 1024}
+                },
+                "cgroupsPath": "kubepods-pod1.slice:cri-containerd:abc"
+            }
+        })
+    }
+
+    #[test]
+    fn device_entry_and_rules_are_swapped_and_the_rest_kept() {
+        let mut doc = cri_spec();
+        let before = doc.clone();
+        let changed = rewrite(&mut doc, &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")]).unwrap();
+        assert_eq!(
+            doc["linux"]["devices"][0],
+            json!({"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 7,
+                   "fileMode": 438, "uid": 0, "gid": 44})
+        );
+        assert_eq!(doc["linux"]["devices"][1], before["linux"]["devices"][1]);
+        let rules = doc["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules.len(), 5);
+        assert_eq!(
+            rules[..3],
+            before["linux"]["resources"]["devices"].as_array().unwrap()[..]
+        );
+        assert_eq!(
+            rules[3],
+            json!({"allow": false, "type": "c", "major": 195, "minor": 1, "access": "rwm"})
+        );
+        // the spare gets what the bad device was given
+        assert_eq!(
+            rules[4],
+            json!({"allow": true, "type": "c", "major": 195, "minor": 7, "access": "rw"})
+        );
+        for k in ["process", "annotations", "someFutureField", "ociVersion"] {
+            assert_eq!(doc[k], before[k], "{k}");
+        }
+        assert_eq!(doc["linux"]["cgroupsPath"], before["linux"]["cgroupsPath"]);
+        assert_eq!(
+            doc["linux"]["resources"]["cpu"],
+            before["linux"]["resources"]["cpu"]
+        );
+        assert_eq!(
+            changed,
+            [Changed {
+                nodes: vec![
+                    "linux.devices /dev/nvidia1 is now c 195:7 (mode 666, uid 0, gid 44)".into()
+                ],
+                rules: "linux.resources.devices: deny c 195:1 rwm, allow c 195:7 rw".into(),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_wildcard_allow_cannot_readmit_the_bad_device() {
+        use crate::action::cgroup::bpf::{self, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C};
+        let mut doc = json!({"linux": {"resources": {"devices": [
+            {"allow": true, "access": "rwm"}
+        ]}}});
+        rewrite(&mut doc, &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")]).unwrap();
+        let rules: Vec<LinuxDeviceCgroup> =
+            serde_json::from_value(doc["linux"]["resources"]["devices"].clone()).unwrap();
+        let p = bpf::program(&rules).unwrap();
+        assert_eq!(bpf::emulate(&p, C, R | W, 195, 1), Some(0), "bad denied");
+        assert_eq!(bpf::emulate(&p, C, R | W, 195, 7), Some(1), "spare allowed");
+        assert_eq!(
+            bpf::emulate(&p, C, R | W, 195, 2),
+            Some(1),
+            "others as before"
+        );
+    }
+
+    #[test]
+    fn no_rules_and_no_devices_get_just_the_two_rules() {
+        let mut doc = json!({"ociVersion": "1.0.2"});
+        let changed = rewrite(
+            &mut doc,
+            &[swap(c(10, 229), c(10, 237), "/dev/loop-control")],
+        )
+        .unwrap();
+        assert_eq!(
+            doc["linux"]["resources"]["devices"],
+            json!([
+                {"allow": false, "type": "c", "major": 10, "minor": 229, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 10, "minor": 237, "access": "rwm"}
+            ])
+        );
+        assert!(changed[0].nodes.is_empty());
+    }
+
+    #[test]
+    fn two_swaps_and_block_devices() {
+        let b = |major, minor| DevNum {
+            typ: DevType::Block,
+            major,
+            minor,
+        };
+        let mut doc = json!({"linux": {"devices": [
+            {"path": "/dev/a", "type": "c", "major": 195, "minor": 1},
+            {"path": "/dev/b", "type": "b", "major": 7, "minor": 1}
+        ]}});
+        let changed = rewrite(
+            &mut doc,
+            &[
+                swap(c(195, 1), c(195, 7), "/dev/nvidia7"),
+                swap(b(7, 1), b(7, 5), "/dev/loop5"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(doc["linux"]["devices"][0]["minor"], 7);
+        assert_eq!(doc["linux"]["devices"][1]["minor"], 5);
+        assert_eq!(doc["linux"]["devices"][1]["type"], "b");
+        assert_eq!(
+            changed[1].nodes,
+            ["linux.devices /dev/b is now b 7:5 (mode unset, uid unset, gid unset)"]
+        );
+        assert_eq!(
+            doc["linux"]["resources"]["devices"]
+                .as_array()
+                .unwrap()
+                .len(),
+            4
+        );
+    }
+
+    #[test]
+    fn device_bind_mount_source_is_the_spare() {
+        let mut doc = json!({"mounts": [
+            {"destination": "/dev/accel", "type": "bind", "source": "/dev/zero", "options": ["rbind"]},
+            {"destination": "/data", "type": "bind", "source": "/tmp", "options": ["rbind"]},
+            {"destination": "/proc", "type": "proc", "source": "proc"}
+        ]});
+        let before = doc["mounts"].clone();
+        let changed = rewrite(&mut doc, &[swap(c(1, 5), c(1, 7), "/dev/full")]).unwrap();
+        assert_eq!(doc["mounts"][0]["source"], "/dev/full");
+        assert_eq!(doc["mounts"][1], before[1]);
+        assert_eq!(doc["mounts"][2], before[2]);
+        assert_eq!(
+            changed[0].nodes,
+            ["bind mount /dev/accel now from /dev/full"]
+        );
+    }
+
+    #[test]
+    fn shapes_no_runtime_accepts_are_errors() {
+        for bad in [
+            json!([]),
+            json!({"linux": 3}),
+            json!({"linux": {"resources": []}}),
+        ] {
+            let mut doc = bad.clone();
+            assert!(
+                rewrite(&mut doc, &[swap(c(1, 5), c(1, 7), "/dev/full")]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn replace_file_keeps_mode_and_owner_and_leaves_no_temp() {
+        let dir = std::env::temp_dir().join(format!("devgate-sr-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("config.json");
+        fs::write(&p, b"{}").unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
+        let before = fs::metadata(&p).unwrap();
+        replace_file(&p, b"{\"a\":1}").unwrap();
+        let after = fs::metadata(&p).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"{\"a\":1}");
+        assert_eq!(after.mode() & 0o7777, 0o640);
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+        assert_ne!(after.ino(), before.ino(), "replaced, not written in place");
+        let names: Vec<_> = fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
+        std::os::unix::fs::symlink(&p, dir.join("link")).unwrap();
+        assert!(replace_file(&dir.join("link"), b"{}").is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
