@@ -220,15 +220,16 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     let termination_message = if faults.is_empty() {
         None
     } else {
-        let host = spec
-            .as_ref()
-            .and_then(|s| termination::host_file(s, &state.annotations));
+        let host = match spec.as_ref() {
+            Some(s) => termination::host_file(s, &state.annotations, &config.kubelet_pods_dir),
+            None => Err("no bundle spec".into()),
+        };
         Some(match host {
-            Some(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
-            None => termination::Delivery {
+            Ok(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
+            Err(why) => termination::Delivery {
                 host_path: None,
                 written: false,
-                note: "no termination-message mount".into(),
+                note: format!("not written: {why}"),
             },
         })
     };
