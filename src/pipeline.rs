@@ -153,7 +153,7 @@ fn keep_records(config: &Config, decision: &Decision) {
     if let Err(e) = record::remove_exit(&config.state_dir, &decision.container_id) {
         log::error!("cannot remove the previous run's exit record: {e}");
     }
-    if let Err(e) = record::write_record(&config.state_dir, decision) {
+    if let Err(e) = record::write_record(&config.state_dir, decision, config.exits_keep) {
         log::error!("cannot keep container record: {e}");
     }
     if let Some(log_file) = &config.log_file {

@@ -154,15 +154,21 @@ pub fn read_exit(state_dir: &Path, id: &str) -> Result<Option<ExitRecord>> {
 pub fn write_exit(state_dir: &Path, rec: &ExitRecord, keep: usize) -> Result<()> {
     records::write(state_dir, Kind::Exit, &rec.container_id, rec)?;
     records::prune(state_dir, Kind::Exit, keep.max(1), |_| false);
-    // Start records of containers that are gone (rejected ones never get an exit record)
-    // are trimmed alike; a live container's record is never removed, its poststop needs it.
+    prune_starts(state_dir, keep);
+    Ok(())
+}
+
+/// Start records of containers that are gone are trimmed to the newest `keep`, and so are
+/// those of rejected starts (they never ran and never get an exit record, so a
+/// crash-looping pod would otherwise leave one per container id forever). The record of
+/// an admitted container that still runs is never removed: its poststop needs it.
+fn prune_starts(state_dir: &Path, keep: usize) {
     records::prune(state_dir, Kind::Start, keep.max(1), |p| {
         records::read_file::<Decision>(p, Kind::Start)
             .ok()
             .flatten()
-            .is_some_and(|d| d.is_alive())
+            .is_some_and(|d| d.snapshot.is_some() && d.is_alive())
     });
-    Ok(())
 }
 
 impl Decision {
@@ -180,8 +186,12 @@ pub fn list_exits(state_dir: &Path) -> Vec<ExitRecord> {
     out
 }
 
-pub fn write_record(state_dir: &Path, decision: &Decision) -> Result<()> {
-    records::write(state_dir, Kind::Start, &decision.container_id, decision)
+/// Writes the start record, then trims start records as `write_exit` does, so rejected
+/// starts (which never reach an exit record) stay bounded too.
+pub fn write_record(state_dir: &Path, decision: &Decision, keep: usize) -> Result<()> {
+    records::write(state_dir, Kind::Start, &decision.container_id, decision)?;
+    prune_starts(state_dir, keep);
+    Ok(())
 }
 
 pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
@@ -276,10 +286,23 @@ mod tests {
         let d = std::env::temp_dir().join(format!("devgate-recs-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         // oldest first: a live container (this test's own pid), then three dead ones
-        write_record(&d, &decision("live", Some(std::process::id() as i32))).unwrap();
+        let mut live = decision("live", Some(std::process::id() as i32));
+        live.snapshot = Some(Snapshot {
+            time_unix: 0,
+            kmsg_seq: None,
+            devices: vec![],
+        });
+        write_record(&d, &live, 10).unwrap();
+        // a rejected start whose process still exists: it never ran, so it may go
+        write_record(
+            &d,
+            &decision("rejected", Some(std::process::id() as i32)),
+            10,
+        )
+        .unwrap();
         for i in 0..3 {
             std::thread::sleep(std::time::Duration::from_millis(15));
-            write_record(&d, &decision(&format!("dead{i}"), Some(i32::MAX))).unwrap();
+            write_record(&d, &decision(&format!("dead{i}"), Some(i32::MAX)), 10).unwrap();
         }
         write_exit(&d, &exit("dead2", 0), 2).unwrap();
         let mut left: Vec<String> = std::fs::read_dir(Kind::Start.dir(&d))
