@@ -131,10 +131,18 @@ pub fn append_log(log_file: &Path, entry: &impl Serialize) -> Result<()> {
     let mut f = OpenOptions::new()
         .append(true)
         .create(true)
-        .mode(0o640)
+        .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(log_file)
         .map_err(|e| Error::io("cannot open log file", log_file, e))?;
+    // A log created by an older devgate (0640) or by hand is made root's alone.
+    let meta = f
+        .metadata()
+        .map_err(|e| Error::io("cannot stat log file", log_file, e))?;
+    if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| Error::io("cannot chmod log file", log_file, e))?;
+    }
     f.write_all(&line)
         .map_err(|e| Error::io("cannot write log file", log_file, e))
 }
@@ -248,6 +256,29 @@ mod tests {
             termination_message: None,
             version: String::new(),
         }
+    }
+
+    #[test]
+    fn records_and_logs_are_root_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("devgate-modes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        write_record(&d, &decision("m", None), 10).unwrap();
+        write_exit(&d, &exit("m", 0), 10).unwrap();
+        let log = d.join("log/devgate.log");
+        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+        std::fs::write(&log, b"").unwrap();
+        std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o644)).unwrap();
+        append_log(&log, &decision("m", None)).unwrap();
+        for p in [
+            Kind::Start.dir(&d).join("m.json"),
+            Kind::Exit.dir(&d).join("m.json"),
+            log,
+        ] {
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", p.display());
+        }
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
