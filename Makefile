@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper install uninstall deb rpm clean lint
+.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint
 
 all: build
 
@@ -54,6 +54,10 @@ bench-wrapper: build
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build
 	./benches/nvml.sh $(BIN)
+
+# status, check and metrics with 10,000 start and 10,000 exit records on disk (root).
+bench-state: build
+	./benches/state.sh $(BIN)
 
 # A config file is installed only where none exists; one that differs (the operator's) is
 # kept and the new version is put beside it as FILE.new.

@@ -136,6 +136,9 @@ s["linux"]["resources"]["devices"].append(
     {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"})
 s["mounts"].append({"destination": "/dev/termination-log", "type": "bind", "source": term,
                     "options": ["rbind", "rprivate", "rw"]})
+# containerd's CRI annotations: which pod and container kubelet's termination file is for
+s["annotations"] = {"io.kubernetes.cri.sandbox-uid": "pod-uid-1",
+                    "io.kubernetes.cri.container-name": "trainer"}
 entry = lambda stage: {"path": hook, "args": ["devgate-hook", stage],
                        "env": ["FAKE_NVML_CONFIG=" + nvml], "timeout": 30}
 s["hooks"] = {"prestart": [entry("prestart")], "poststop": [entry("poststop")]}

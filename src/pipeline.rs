@@ -114,7 +114,7 @@ fn gate(
     // The runtime wrapper gated this very spec already (and remapped in it if it had to):
     // probing again would double the cost, remapping again would remap the spare.
     if marker::matches(&config.state_dir, &state.id, &bytes) {
-        adopt(&config.state_dir, &state.id, state.pid());
+        adopt(&config.state_dir, config.exits_keep, &state.id, state.pid());
         return Ok(Reply::default());
     }
     let mut remap = |config: &Config,
@@ -138,12 +138,12 @@ fn gate(
 /// record names no pid yet and its leases name the runtime's, so both are pointed at the
 /// container's (the record's pid is how `status` and pruning tell a live container's
 /// record; the lease's is how a spare's holder is known to be alive).
-fn adopt(state_dir: &Path, id: &str, pid: Option<i32>) {
+fn adopt(state_dir: &Path, keep: usize, id: &str, pid: Option<i32>) {
     let Some(pid) = pid else { return };
     match record::read_record(state_dir, id) {
         Ok(Some(mut rec)) if rec.pid.is_none() => {
             rec.pid = Some(pid);
-            if let Err(e) = record::write_record(state_dir, &rec) {
+            if let Err(e) = record::write_record(state_dir, &rec, keep) {
                 log::error!("cannot keep container record: {e}");
             }
         }
@@ -233,7 +233,7 @@ fn keep_records(config: &Config, decision: &Decision) {
     if let Err(e) = record::remove_exit(&config.state_dir, &decision.container_id) {
         log::error!("cannot remove the previous run's exit record: {e}");
     }
-    if let Err(e) = record::write_record(&config.state_dir, decision) {
+    if let Err(e) = record::write_record(&config.state_dir, decision, config.exits_keep) {
         log::error!("cannot keep container record: {e}");
     }
     if let Some(log_file) = &config.log_file {
@@ -305,15 +305,16 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     let termination_message = if faults.is_empty() {
         None
     } else {
-        let host = spec
-            .as_ref()
-            .and_then(|s| termination::host_file(s, &state.annotations));
+        let host = match spec.as_ref() {
+            Some(s) => termination::host_file(s, &state.annotations, &config.kubelet_pods_dir),
+            None => Err("no bundle spec".into()),
+        };
         Some(match host {
-            Some(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
-            None => termination::Delivery {
+            Ok(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
+            Err(why) => termination::Delivery {
                 host_path: None,
                 written: false,
-                note: "no termination-message mount".into(),
+                note: format!("not written: {why}"),
             },
         })
     };

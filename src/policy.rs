@@ -292,7 +292,7 @@ mod tests {
         );
         assert_eq!(
             reject_line([&d, &d2]),
-            "devgate: rejected /dev/nvidia1 (195:1): quarantined by operator: \"xid 79 seen\"; policy reject | /dev/nvidia2 (195:2): a b; c; policy reject"
+            "devgate: rejected /dev/nvidia1 (195:1): quarantined by operator: \"xid 79 seen\"; policy reject | /dev/nvidia2 (195:2): a\\x0ab; c; policy reject"
         );
     }
 }

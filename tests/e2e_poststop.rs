@@ -20,11 +20,17 @@ fn env_with_pods(tag: &str) -> (Env, PathBuf, PathBuf) {
     (env, pods, log)
 }
 
+/// The pod uid and container name containerd's CRI annotations give this container.
+const UID: &str = "8f0c1a2e";
+const NAME: &str = "app";
+
 fn bind_termination_log(b: &mut Bundle, host: &Path) {
     b.spec["mounts"].as_array_mut().unwrap().push(json!({
         "destination": "/dev/termination-log", "type": "bind", "source": host,
         "options": ["rbind", "rprivate", "rw"]
     }));
+    b.spec["annotations"] = json!({"io.kubernetes.cri.sandbox-uid": UID,
+                                   "io.kubernetes.cri.container-name": NAME});
 }
 
 #[test]
@@ -149,7 +155,7 @@ fn termination_log_outside_pods_dir_is_not_written() {
     assert!(exit["termination_message"]["note"]
         .as_str()
         .unwrap()
-        .contains("not below kubelet_pods_dir"));
+        .contains("no bind mount of kubelet's termination file"));
 }
 
 #[test]
@@ -243,4 +249,139 @@ fn a_reused_container_id_gets_its_own_exit_record() {
         "{second}"
     );
     assert!(fs::read_to_string(&log).unwrap().contains("second run"));
+}
+
+/// Runs `b` under runc with a cordon during the run (the fault) and returns the exit record.
+fn fault_under_runc(env: &Env, b: &mut Bundle, tag: &str) -> serde_json::Value {
+    b.spec["process"]["args"] = json!([
+        "sh",
+        "-c",
+        "touch /out/up; while [ ! -e /out/go ]; do sleep 0.05; done; exit 3"
+    ]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.add_hooks(env, &["prestart", "poststop"]);
+    let id = unique_id(tag);
+    let running = Running::start(b, &id);
+    let up = b.rootfs().join("out/up");
+    wait_for("the container to run", || up.exists());
+    env.ok(&["cordon", "/dev/zero", "--reason", "fault during the run"]);
+    fs::write(b.rootfs().join("out/go"), b"").unwrap();
+    let out = running.wait();
+    env.ok(&["uncordon", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
+        .unwrap()
+}
+
+/// The attack of issue 10: terminationMessagePath names a read-only subPath mount, whose
+/// source is a host file under volume-subpaths. Only kubelet's own file gets the line.
+#[test]
+fn subpath_named_by_termination_path_is_never_written() {
+    require_root!();
+    let (env, pods, log) = env_with_pods("subpath");
+    let sub = pods.join(UID).join("volume-subpaths/config/app/0");
+    fs::create_dir_all(sub.parent().unwrap()).unwrap();
+    fs::write(&sub, b"host config\n").unwrap();
+    let mut b = Bundle::new("subpath", &["true"]);
+    b.spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/etc/app.conf", "type": "bind", "source": sub,
+        "options": ["rbind", "rprivate", "ro"]
+    }));
+    bind_termination_log(&mut b, &log);
+    b.spec["annotations"]["io.kubernetes.container.terminationMessagePath"] =
+        json!("/etc/app.conf");
+    let exit = fault_under_runc(&env, &mut b, "subpath");
+    assert_eq!(fs::read(&sub).unwrap(), b"host config\n");
+    let msg = fs::read_to_string(&log).unwrap();
+    assert!(
+        msg.starts_with("devgate: DeviceFault/Cordoned on /dev/zero (1:5)"),
+        "{msg:?}"
+    );
+    assert_eq!(exit["termination_message"]["written"], true, "{exit}");
+    assert_eq!(
+        exit["termination_message"]["host_path"],
+        log.to_str().unwrap()
+    );
+}
+
+/// kubelet's file name, but a symlink (at the file or at a directory on the way) to a
+/// host file: not followed, not written, and the exit record says why.
+#[test]
+fn symlinked_termination_file_is_not_written_under_runc() {
+    require_root!();
+    let (env, pods, _log) = env_with_pods("symrunc");
+    let target = env.dir.join("host-file");
+    fs::write(&target, b"host\n").unwrap();
+    let link = pods
+        .join(UID)
+        .join("containers")
+        .join(NAME)
+        .join("0badc0de");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let mut b = Bundle::new("symrunc", &["true"]);
+    bind_termination_log(&mut b, &link);
+    let exit = fault_under_runc(&env, &mut b, "symrunc");
+    assert_eq!(fs::read(&target).unwrap(), b"host\n");
+    assert_eq!(exit["termination_message"]["written"], false, "{exit}");
+    assert!(
+        exit["termination_message"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("a component is a symlink"),
+        "{exit}"
+    );
+
+    // a symlinked directory: <pods>/<uid>/containers/<name> -> a dir elsewhere
+    let (env, pods, _log) = env_with_pods("symdir");
+    let elsewhere = env.dir.join("elsewhere");
+    fs::create_dir_all(&elsewhere).unwrap();
+    fs::write(elsewhere.join("0badc0de"), b"host\n").unwrap();
+    let cdir = pods.join(UID).join("containers").join(NAME);
+    fs::remove_dir_all(&cdir).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &cdir).unwrap();
+    let mut b = Bundle::new("symdir", &["true"]);
+    bind_termination_log(&mut b, &cdir.join("0badc0de"));
+    let exit = fault_under_runc(&env, &mut b, "symdir");
+    assert_eq!(fs::read(elsewhere.join("0badc0de")).unwrap(), b"host\n");
+    assert_eq!(exit["termination_message"]["written"], false, "{exit}");
+}
+
+/// Unmounts on drop, so a failed assertion leaves no mount behind.
+struct Unmount(PathBuf);
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// The container's directory is another mount (here a tmpfs): reaching kubelet's file
+/// would cross a mount point, so it is not written.
+#[test]
+fn termination_file_across_a_mount_point_is_not_written() {
+    require_root!();
+    let (env, pods, _log) = env_with_pods("xdev");
+    let cdir = pods.join(UID).join("containers").join(NAME);
+    nix::mount::mount(
+        Some("tmpfs"),
+        &cdir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("mode=0755"),
+    )
+    .unwrap();
+    let _guard = Unmount(cdir.clone());
+    let file = cdir.join("0badc0de");
+    fs::write(&file, b"").unwrap();
+    let mut b = Bundle::new("xdev", &["true"]);
+    bind_termination_log(&mut b, &file);
+    let exit = fault_under_runc(&env, &mut b, "xdev");
+    assert_eq!(fs::read(&file).unwrap(), b"");
+    assert_eq!(exit["termination_message"]["written"], false, "{exit}");
+    assert!(
+        exit["termination_message"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("crosses a mount point"),
+        "{exit}"
+    );
 }

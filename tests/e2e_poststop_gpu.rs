@@ -49,6 +49,9 @@ fn xid_and_ecc_during_run_reach_termination_message() {
     b.spec["mounts"].as_array_mut().unwrap().push(json!({
         "destination": "/dev/termination-log", "type": "bind", "source": term,
         "options": ["rbind", "rprivate", "rw"]}));
+    // containerd's CRI annotations name kubelet's file for this container
+    b.spec["annotations"] = json!({"io.kubernetes.cri.sandbox-uid": "uid-1",
+                                   "io.kubernetes.cri.container-name": "trainer"});
     let id = unique_id("gpu");
     let running = Running::start(&b, &id);
     wait_for("the container's own message", || {

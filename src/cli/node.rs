@@ -14,6 +14,14 @@ use crate::store::lease::Lease;
 use crate::store::quarantine::{self, Ledger};
 use serde::Serialize;
 
+/// Prints one line of human output with everything from outside escaped (see
+/// `model::text::one_line`): device paths from specs, reasons, container ids, NVML text.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        println!("{}", one_line(&format!($($arg)*)))
+    };
+}
+
 pub(super) fn cordon(args: &Args, dev: &str) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let reason = args
@@ -22,8 +30,8 @@ pub(super) fn cordon(args: &Args, dev: &str) -> Result<()> {
         .ok_or_else(|| Error::Usage("cordon needs --reason TEXT".into()))?;
     let (num, path) = parse_device_arg(dev, &config.sysfs_root)?;
     let e = Ledger::new(&config.quarantine_dir).cordon(num, path, reason, &quarantine::who())?;
-    println!(
-        "devgate: cordoned {} {} ({}): {:?}",
+    outln!(
+        "devgate: cordoned {} {} ({}): \"{}\"",
         num.typ.letter(),
         num,
         dev,
@@ -36,9 +44,9 @@ pub(super) fn uncordon(args: &Args, dev: &str) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let (num, _) = parse_device_arg(dev, &config.sysfs_root)?;
     if Ledger::new(&config.quarantine_dir).uncordon(num)? {
-        println!("devgate: uncordoned {} {} ({dev})", num.typ.letter(), num);
+        outln!("devgate: uncordoned {} {} ({dev})", num.typ.letter(), num);
     } else {
-        println!(
+        outln!(
             "devgate: {} {} ({dev}) was not cordoned",
             num.typ.letter(),
             num
@@ -60,26 +68,28 @@ pub(super) fn status(args: &Args) -> Result<()> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no accelerators, spares, quarantined or assigned devices");
+        outln!("no accelerators, spares, quarantined or assigned devices");
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:<8} {:<12} {:<10} {:<24} QUARANTINE",
-        "DEVICE", "NUMBER", "CLASS", "HEALTH", "ROLE"
+        "DEVICE",
+        "NUMBER",
+        "CLASS",
+        "HEALTH",
+        "ROLE"
     );
     for r in &rows {
         let q = r
             .quarantine
             .as_ref()
             .map(|q| match q {
-                // The reason quoted as JSON quotes it: escaped, one line.
-                Filed::Read(e) => {
-                    format!("{} by {}", serde_json::Value::from(e.reason.as_str()), e.by)
-                }
+                // The reason quoted and escaped (outln escapes the whole line).
+                Filed::Read(e) => format!("\"{}\" by {}", e.reason, e.by),
                 Filed::Damaged { .. } => "damaged entry".into(),
             })
             .unwrap_or_else(|| "-".into());
-        println!(
+        outln!(
             "{:<24} {:<8} {:<12} {:<10} {:<24} {}",
             r.device.name(),
             r.device.num.to_string(),
@@ -89,10 +99,10 @@ pub(super) fn status(args: &Args) -> Result<()> {
             q
         );
         for reason in &r.reasons {
-            println!("    {}", one_line(reason));
+            outln!("    {}", one_line(reason));
         }
         if let Some(g) = &r.gpu {
-            println!(
+            outln!(
                 "    gpu minor {} uuid {} pci {}",
                 g.minor,
                 g.uuid.as_deref().unwrap_or("?"),
@@ -105,13 +115,13 @@ pub(super) fn status(args: &Args) -> Result<()> {
                     c.verdict.status(),
                     one_line(c.verdict.reason().unwrap_or(""))
                 );
-                println!("{}", line.trim_end());
+                outln!("{}", line.trim_end());
             }
         }
         if let Some(l) = &r.lease {
-            println!("    {}", one_line(&lease_text(l)));
+            outln!("    {}", one_line(&lease_text(l)));
         } else if r.roles.contains(&"spare") {
-            println!("    spare, free");
+            outln!("    spare, free");
         }
     }
     Ok(())
@@ -123,11 +133,11 @@ pub(super) fn check(args: &Args) -> i32 {
     match rows {
         Ok(rows) => {
             let (code, line) = inventory::check_summary(&rows);
-            println!("{}", one_line(&line));
+            outln!("{}", one_line(&line));
             code
         }
         Err(e) => {
-            println!("devgate: unknown: {e}");
+            outln!("devgate: unknown: {e}");
             2
         }
     }
@@ -183,18 +193,18 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
     }
     let rejected = rec.as_ref().is_some_and(|r| r.action == Action::Reject);
     match &exit {
-        None if rejected => println!("  stop: none (the start was rejected; it never ran)"),
-        None => println!(
-            "  stop: not recorded (still running, or stopped before devgate's poststop ran)"
-        ),
+        None if rejected => outln!("  stop: none (the start was rejected; it never ran)"),
+        None => {
+            outln!("  stop: not recorded (still running, or stopped before devgate's poststop ran)")
+        }
         Some(x) => {
-            println!(
+            outln!(
                 "  stopped at {}: {} device fault(s)",
                 x.stopped,
                 x.faults.len()
             );
             for f in &x.faults {
-                println!("    {}", f.line());
+                outln!("    {}", f.line());
             }
             if let Some(t) = &x.termination_message {
                 let path = t
@@ -202,7 +212,7 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
                     .as_ref()
                     .map(|p| p.display().to_string())
                     .unwrap_or_default();
-                println!("    termination message {path}: {}", t.note);
+                outln!("    termination message {path}: {}", t.note);
             }
         }
     }
@@ -210,7 +220,7 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
 }
 
 fn explain_start(rec: &record::Decision) {
-    println!(
+    outln!(
         "container {} at {} ({}): {}",
         rec.container_id,
         rec.stage,
@@ -218,7 +228,7 @@ fn explain_start(rec: &record::Decision) {
         word(&rec.action)
     );
     if let (Some(ns), Some(name)) = (&rec.pod.namespace, &rec.pod.name) {
-        println!(
+        outln!(
             "  pod {ns}/{name} container {}",
             rec.pod.container.as_deref().unwrap_or("?")
         );
@@ -229,7 +239,7 @@ fn explain_start(rec: &record::Decision) {
         } else {
             format!(" ({})", d.rule)
         };
-        println!(
+        outln!(
             "  {} class {}: {}{rule}",
             d.device.describe(),
             d.device.class,
@@ -242,11 +252,11 @@ fn explain_start(rec: &record::Decision) {
                 v.verdict.status(),
                 v.verdict.reason().unwrap_or("")
             );
-            println!("{}", line.trim_end());
+            outln!("{}", line.trim_end());
         }
     }
     for r in &rec.remaps {
-        println!(
+        outln!(
             "  remapped {} ({}) -> {} ({}): {}",
             r.container_path
                 .as_deref()
@@ -258,14 +268,14 @@ fn explain_start(rec: &record::Decision) {
             r.spare,
             one_line(&r.reason)
         );
-        println!("    cgroup: {}", r.cgroup);
-        println!("    node:   {}", one_line(&r.node));
+        outln!("    cgroup: {}", r.cgroup);
+        outln!("    node:   {}", one_line(&r.node));
         if let Some(from) = &r.reclaimed_from {
-            println!("    lease reclaimed from {from}, which no longer exists");
+            outln!("    lease reclaimed from {from}, which no longer exists");
         }
     }
     if let Some(m) = &rec.message {
-        println!("  {m}");
+        outln!("  {m}");
     }
 }
 

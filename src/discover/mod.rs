@@ -69,11 +69,27 @@ fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
     Ok(())
 }
 
-/// Candidates from bind mounts whose source is a device node. The source is a host path
-/// chosen by the runtime or kubelet, never a path inside the container, so stat may follow it.
-fn from_bind_mounts(spec: &Spec, out: &mut Vec<Candidate>) {
+/// A path that is lexically below `root`: absolute, no `.` or `..`, and starting with it.
+/// Decided on the text alone, without touching the filesystem.
+fn lexically_below(path: &Path, root: &Path) -> bool {
+    use std::path::Component;
+    path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && path.starts_with(root)
+        && path != root
+}
+
+/// Candidates from bind mounts whose source is a device node under `dev_root`. Any other
+/// source is never stat'ed: it may be on a filesystem a pod controls (a volume, a hung
+/// NFS server), a stat there cannot be interrupted, and runc waits for the hook.
+fn from_bind_mounts(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) {
     for m in spec.mounts.iter().filter(|m| m.is_bind()) {
         let Some(src) = &m.source else { continue };
+        if !lexically_below(src, dev_root) {
+            continue;
+        }
         let Ok(meta) = fs::metadata(src) else {
             continue;
         };
@@ -144,7 +160,9 @@ pub fn may_have_devices(spec: &Spec) -> bool {
     if !c.is_empty() {
         return true;
     }
-    from_bind_mounts(spec, &mut c);
+    // Before the config is read dev_root is not known: only binds of nodes under the
+    // host's own /dev count here (never a source elsewhere, which is not stat'ed).
+    from_bind_mounts(spec, Path::new("/dev"), &mut c);
     !c.is_empty()
 }
 
@@ -157,7 +175,7 @@ pub fn discover(
 ) -> Result<Vec<Device>> {
     let mut cands = Vec::new();
     from_linux_devices(spec, &mut cands)?;
-    from_bind_mounts(spec, &mut cands);
+    from_bind_mounts(spec, dev_root, &mut cands);
     from_rules(spec, &mut cands);
 
     let mut devices: Vec<Device> = Vec::new();
@@ -339,6 +357,55 @@ mod tests {
             );
             assert_eq!(d[0].container_path.as_deref(), Some(Path::new("/x")));
         }
+    }
+
+    #[test]
+    fn bind_sources_outside_dev_root_are_never_stated() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for mknod (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("devgate-binddev-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        let (dev, outside) = (d.join("dev"), d.join("outside"));
+        fs::create_dir_all(&dev).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        // loop-control, 10:237: not a device every container gets
+        for dir in [&dev, &outside] {
+            nix::sys::stat::mknod(
+                &dir.join("node"),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(10, 237),
+            )
+            .unwrap();
+        }
+        let with_source = |src: &Path| {
+            spec(&format!(
+                r#"{{"mounts":[{{"destination":"/x","source":"{}","options":["bind"]}}]}}"#,
+                src.display()
+            ))
+        };
+        let found = |src: &Path| {
+            discover(
+                &with_source(src),
+                &class::builtin(),
+                &dev,
+                Path::new("/sys"),
+            )
+            .unwrap()
+        };
+        assert_eq!(found(&dev.join("node")).len(), 1, "a node under dev_root");
+        for src in [
+            outside.join("node"),
+            dev.join("../outside/node"),
+            Path::new("/dev/loop-control").to_path_buf(),
+        ] {
+            assert!(found(&src).is_empty(), "{} was stat'ed", src.display());
+        }
+        // the fast test looks only under /dev
+        assert!(!may_have_devices(&with_source(&outside.join("node"))));
+        let _ = fs::remove_dir_all(&d);
     }
 
     #[test]

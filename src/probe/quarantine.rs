@@ -19,7 +19,7 @@ impl Probe for QuarantineProbe<'_> {
         match self.ledger.lookup(device.num) {
             Lookup::Clear => Verdict::Healthy,
             Lookup::Cordoned(e) => Verdict::Unhealthy(format!(
-                "quarantined by operator: {:?}",
+                "quarantined by operator: \"{}\"",
                 one_line(&e.reason)
             )),
             Lookup::Damaged { error, .. } => Verdict::Unhealthy(format!(

@@ -7,6 +7,7 @@ use crate::discover::devnode::{accelerators, find_host_node};
 use crate::error::Result;
 use crate::model::class::{self, Class};
 use crate::model::device::{DevNum, Device};
+use crate::model::text::one_line;
 use crate::model::verdict::{ProbeResult, Verdict};
 use crate::probe::nvidia::{gpu, nvml, GpuContext};
 use crate::probe::probe_all;
@@ -271,8 +272,11 @@ pub fn check_summary(rows: &[Row]) -> (i32, String) {
     }
 }
 
+/// A label value: outside text escaped first (so a newline cannot end the sample), then
+/// quoted as Prometheus's text format wants.
 fn label(s: &str) -> String {
-    s.replace('\\', "\\\\")
+    one_line(s)
+        .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }

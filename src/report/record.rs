@@ -131,10 +131,18 @@ pub fn append_log(log_file: &Path, entry: &impl Serialize) -> Result<()> {
     let mut f = OpenOptions::new()
         .append(true)
         .create(true)
-        .mode(0o640)
+        .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(log_file)
         .map_err(|e| Error::io("cannot open log file", log_file, e))?;
+    // A log created by an older devgate (0640) or by hand is made root's alone.
+    let meta = f
+        .metadata()
+        .map_err(|e| Error::io("cannot stat log file", log_file, e))?;
+    if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| Error::io("cannot chmod log file", log_file, e))?;
+    }
     f.write_all(&line)
         .map_err(|e| Error::io("cannot write log file", log_file, e))
 }
@@ -154,15 +162,21 @@ pub fn read_exit(state_dir: &Path, id: &str) -> Result<Option<ExitRecord>> {
 pub fn write_exit(state_dir: &Path, rec: &ExitRecord, keep: usize) -> Result<()> {
     records::write(state_dir, Kind::Exit, &rec.container_id, rec)?;
     records::prune(state_dir, Kind::Exit, keep.max(1), |_| false);
-    // Start records of containers that are gone (rejected ones never get an exit record)
-    // are trimmed alike; a live container's record is never removed, its poststop needs it.
+    prune_starts(state_dir, keep);
+    Ok(())
+}
+
+/// Start records of containers that are gone are trimmed to the newest `keep`, and so are
+/// those of rejected starts (they never ran and never get an exit record, so a
+/// crash-looping pod would otherwise leave one per container id forever). The record of
+/// an admitted container that still runs is never removed: its poststop needs it.
+fn prune_starts(state_dir: &Path, keep: usize) {
     records::prune(state_dir, Kind::Start, keep.max(1), |p| {
         records::read_file::<Decision>(p, Kind::Start)
             .ok()
             .flatten()
-            .is_some_and(|d| d.is_alive())
+            .is_some_and(|d| d.snapshot.is_some() && d.is_alive())
     });
-    Ok(())
 }
 
 impl Decision {
@@ -180,8 +194,12 @@ pub fn list_exits(state_dir: &Path) -> Vec<ExitRecord> {
     out
 }
 
-pub fn write_record(state_dir: &Path, decision: &Decision) -> Result<()> {
-    records::write(state_dir, Kind::Start, &decision.container_id, decision)
+/// Writes the start record, then trims start records as `write_exit` does, so rejected
+/// starts (which never reach an exit record) stay bounded too.
+pub fn write_record(state_dir: &Path, decision: &Decision, keep: usize) -> Result<()> {
+    records::write(state_dir, Kind::Start, &decision.container_id, decision)?;
+    prune_starts(state_dir, keep);
+    Ok(())
 }
 
 pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
@@ -241,6 +259,29 @@ mod tests {
     }
 
     #[test]
+    fn records_and_logs_are_root_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("devgate-modes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        write_record(&d, &decision("m", None), 10).unwrap();
+        write_exit(&d, &exit("m", 0), 10).unwrap();
+        let log = d.join("log/devgate.log");
+        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+        std::fs::write(&log, b"").unwrap();
+        std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o644)).unwrap();
+        append_log(&log, &decision("m", None)).unwrap();
+        for p in [
+            Kind::Start.dir(&d).join("m.json"),
+            Kind::Exit.dir(&d).join("m.json"),
+            log,
+        ] {
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", p.display());
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
     fn exit_records_are_pruned_to_keep() {
         let d = std::env::temp_dir().join(format!("devgate-exits-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -276,10 +317,23 @@ mod tests {
         let d = std::env::temp_dir().join(format!("devgate-recs-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         // oldest first: a live container (this test's own pid), then three dead ones
-        write_record(&d, &decision("live", Some(std::process::id() as i32))).unwrap();
+        let mut live = decision("live", Some(std::process::id() as i32));
+        live.snapshot = Some(Snapshot {
+            time_unix: 0,
+            kmsg_seq: None,
+            devices: vec![],
+        });
+        write_record(&d, &live, 10).unwrap();
+        // a rejected start whose process still exists: it never ran, so it may go
+        write_record(
+            &d,
+            &decision("rejected", Some(std::process::id() as i32)),
+            10,
+        )
+        .unwrap();
         for i in 0..3 {
             std::thread::sleep(std::time::Duration::from_millis(15));
-            write_record(&d, &decision(&format!("dead{i}"), Some(i32::MAX))).unwrap();
+            write_record(&d, &decision(&format!("dead{i}"), Some(i32::MAX)), 10).unwrap();
         }
         write_exit(&d, &exit("dead2", 0), 2).unwrap();
         let mut left: Vec<String> = std::fs::read_dir(Kind::Start.dir(&d))

@@ -1,7 +1,13 @@
 //! The container's termination-message file, where kubelet looks for why a container
-//! ended. devgate appends its fault line after what the application wrote, only to a
-//! regular file below kubelet_pods_dir reached without any symlink, and never past the
-//! 4096 bytes kubelet reads.
+//! ended. devgate appends its fault line after what the application wrote, and only to
+//! kubelet's own file for this container: `<kubelet_pods_dir>/<pod uid>/containers/<name>/<file>`,
+//! with the pod uid and container name from the runtime's CRI annotations. Which mount
+//! the pod's terminationMessagePath names does not matter: a pod can point it at a
+//! read-only subPath volume, whose source is a host file devgate must never write.
+//!
+//! The file is opened relative to kubelet_pods_dir with openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV), non-blocking, and must be a regular file on a
+//! writable mount; never past the 4096 bytes kubelet reads.
 
 use crate::error::{Error, Result};
 use crate::oci::spec::Spec;
@@ -9,14 +15,23 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 /// kubelet reads at most this much of the file (MaxContainerTerminationMessageLength).
 pub const KUBELET_LIMIT: usize = 4096;
-pub const PATH_ANNOTATION: &str = "io.kubernetes.container.terminationMessagePath";
-pub const DEFAULT_PATH: &str = "/dev/termination-log";
+
+/// The CRI annotations naming the pod uid and container name, as (uid key, name key):
+/// containerd's and CRI-O's. The runtimes set them after any pass-through annotations,
+/// so a pod cannot choose them.
+const CRI_KEYS: [(&str, &str); 2] = [
+    (
+        "io.kubernetes.cri.sandbox-uid",
+        "io.kubernetes.cri.container-name",
+    ),
+    ("io.kubernetes.pod.uid", "io.kubernetes.container.name"),
+];
 
 /// What happened to the termination message, for the exit record.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -27,18 +42,49 @@ pub struct Delivery {
     pub note: String,
 }
 
-/// The host file behind the container's termination-message path: the source of the bind
-/// mount whose destination is that path.
-pub fn host_file(spec: &Spec, state_annotations: &BTreeMap<String, String>) -> Option<PathBuf> {
-    let dest = spec
-        .annotation(state_annotations, PATH_ANNOTATION)
-        .filter(|p| !p.is_empty())
-        .unwrap_or(DEFAULT_PATH);
+/// One path component kubelet could have made: not empty, no '/', not '.' or '..'.
+fn plain_name(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains('/') && !s.contains('\0')
+}
+
+/// kubelet's termination file for this container: the source of the bind mount that is
+/// `<pods_dir>/<pod uid>/containers/<container name>/<file>`. Err says why there is none.
+pub fn host_file(
+    spec: &Spec,
+    state_annotations: &BTreeMap<String, String>,
+    pods_dir: &Path,
+) -> std::result::Result<PathBuf, String> {
+    let (uid, name) = CRI_KEYS
+        .iter()
+        .find_map(|(u, n)| {
+            Some((
+                spec.annotation(state_annotations, u)?,
+                spec.annotation(state_annotations, n)?,
+            ))
+        })
+        .ok_or("no CRI pod uid and container name annotations")?;
+    if !plain_name(uid) || !plain_name(name) {
+        return Err("the CRI pod uid or container name is not a plain file name".into());
+    }
+    let dir = pods_dir.join(uid).join("containers").join(name);
     spec.mounts
         .iter()
         .rev()
-        .find(|m| m.destination == Path::new(dest) && m.is_bind())
-        .and_then(|m| m.source.clone())
+        .filter(|m| m.is_bind())
+        .filter_map(|m| m.source.clone())
+        .find(|src| {
+            let mut rest = match src.strip_prefix(&dir) {
+                Ok(r) => r.components(),
+                Err(_) => return false,
+            };
+            matches!(rest.next(), Some(Component::Normal(_))) && rest.next().is_none()
+        })
+        .ok_or_else(|| {
+            format!(
+                "no bind mount of kubelet's termination file in {}",
+                dir.display()
+            )
+        })
 }
 
 /// The text to append: `lines` after the app's `existing` bytes (`ends_in_newline` says
@@ -69,32 +115,28 @@ pub fn text_to_append(existing: usize, ends_in_newline: bool, lines: &[String]) 
     Some(text)
 }
 
-fn cstr(p: &Path) -> Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| Error::invalid("termination message path", "contains a NUL byte"))
+/// struct open_how of openat2(2); libc's is non-exhaustive.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
 }
 
-fn openat(dir: libc::c_int, name: &Path, flags: libc::c_int, what: &Path) -> Result<OwnedFd> {
-    let c = cstr(name)?;
-    // SAFETY: a valid NUL-terminated path and flags; the fd is owned on success.
-    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::io(
-            "cannot open",
-            what,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: fd was just returned by openat and is not owned elsewhere.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+fn last_os_error(what: &str, path: &Path) -> Error {
+    let e = std::io::Error::last_os_error();
+    let why = match e.raw_os_error() {
+        Some(libc::ELOOP) => "a component is a symlink".to_string(),
+        Some(libc::EXDEV) => "it crosses a mount point or leaves kubelet_pods_dir".to_string(),
+        Some(libc::ENOSYS) => "openat2 is not available (Linux 5.6 or later)".to_string(),
+        _ => return Error::io(what, path, e),
+    };
+    Error::unsafe_path(path, why)
 }
 
-/// Opens `path` for appending when it is a regular file below `root`, walking every
-/// component under `root` with O_NOFOLLOW. `root` itself is the operator's configuration
-/// and may be a symlink (kubelet's directory often is).
-///
-/// Long because it walks the path one component at a time with openat, refusing
-/// symlinks at each step; the steps share the directory fd.
+/// Opens `path` for appending when it is a regular file below `root` on root's own mount,
+/// reached without any symlink. `root` itself is the operator's configuration and may be
+/// a symlink (kubelet's directory often is).
 pub fn open_below(root: &Path, path: &Path) -> Result<File> {
     let rel = path.strip_prefix(root).map_err(|_| {
         Error::unsafe_path(
@@ -102,63 +144,56 @@ pub fn open_below(root: &Path, path: &Path) -> Result<File> {
             format!("not below kubelet_pods_dir {}", root.display()),
         )
     })?;
-    let comps: Vec<&Path> = rel
-        .components()
-        .map(|c| match c {
-            Component::Normal(n) => Ok(Path::new(n)),
-            _ => Err(Error::unsafe_path(path, "has a '..' or '.' component")),
-        })
-        .collect::<Result<_>>()?;
-    let Some((last, dirs)) = comps.split_last() else {
-        return Err(Error::unsafe_path(path, "is kubelet_pods_dir itself"));
-    };
-    let mut dir = openat(libc::AT_FDCWD, root, libc::O_PATH | libc::O_DIRECTORY, root)?;
-    for c in dirs {
-        dir = openat(
-            std::os::fd::AsRawFd::as_raw_fd(&dir),
-            c,
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-            path,
-        )
-        .map_err(|e| match e {
-            Error::Io { source, .. }
-                if source.raw_os_error() == Some(libc::ENOTDIR)
-                    || source.raw_os_error() == Some(libc::ELOOP) =>
-            {
-                Error::unsafe_path(
-                    path,
-                    format!("component {} is a symlink or not a directory", c.display()),
-                )
-            }
-            e => e,
-        })?;
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(Error::unsafe_path(path, "has a '..' or '.' component"));
     }
-    let leaf = openat(
-        std::os::fd::AsRawFd::as_raw_fd(&dir),
-        last,
-        libc::O_PATH | libc::O_NOFOLLOW,
-        path,
-    )?;
-    let leaf = File::from(leaf);
-    let meta = leaf
+    if rel.as_os_str().is_empty() {
+        return Err(Error::unsafe_path(path, "is kubelet_pods_dir itself"));
+    }
+    let dir = File::open(root).map_err(|e| Error::io("cannot open", root, e))?;
+    let c = CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| Error::invalid("termination message path", "contains a NUL byte"))?;
+    // O_NONBLOCK: a FIFO planted in its place must not hold poststop (and so runc).
+    let how = OpenHow {
+        flags: (libc::O_RDWR
+            | libc::O_APPEND
+            | libc::O_NOFOLLOW
+            | libc::O_NONBLOCK
+            | libc::O_NOCTTY
+            | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_BENEATH
+            | libc::RESOLVE_NO_SYMLINKS
+            | libc::RESOLVE_NO_XDEV
+            | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid fd, NUL-terminated path and open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    } as libc::c_int;
+    if fd < 0 {
+        return Err(last_os_error("cannot open", path));
+    }
+    // SAFETY: fd was just returned by openat2 and is not owned elsewhere.
+    let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let meta = f
         .metadata()
         .map_err(|e| Error::io("cannot stat", path, e))?;
-    if meta.file_type().is_symlink() {
-        return Err(Error::unsafe_path(path, "is a symlink"));
-    }
     if !meta.is_file() {
         return Err(Error::unsafe_path(path, "is not a regular file"));
     }
-    // Reopen the very inode we checked, for writing; O_PATH fds cannot write.
-    let proc_path = PathBuf::from(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&leaf)
-    ));
-    std::fs::OpenOptions::new()
-        .read(true)
-        .append(true)
-        .open(&proc_path)
-        .map_err(|e| Error::io("cannot open for append", path, e))
+    let vfs = nix::sys::statvfs::fstatvfs(&f)
+        .map_err(|e| Error::io("cannot statvfs", path, std::io::Error::from(e)))?;
+    if vfs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
+        return Err(Error::unsafe_path(path, "is on a read-only mount"));
+    }
+    Ok(f)
 }
 
 /// Appends the fault lines to the termination-message file; the outcome says what was done.
@@ -264,11 +299,8 @@ mod tests {
         assert!(open_below(&root, &c.join("log")).is_ok());
         for (p, want) in [
             (d.join("outside"), "not below kubelet_pods_dir"),
-            (c.join("link"), "is a symlink"),
-            (
-                root.join("uid/dirlink/log"),
-                "is a symlink or not a directory",
-            ),
+            (c.join("link"), "a component is a symlink"),
+            (root.join("uid/dirlink/log"), "a component is a symlink"),
             (c.join("fifo"), "is not a regular file"),
             (root.join("uid/../../outside"), "'..'"),
         ] {
@@ -278,5 +310,64 @@ mod tests {
         let o = append(&root, &c.join("link"), &["x".into()]);
         assert!(!o.written);
         assert_eq!(fs::read(d.join("outside")).unwrap(), b"host file\n");
+    }
+
+    fn spec_with(annotations: &[(&str, &str)], sources: &[&str]) -> Spec {
+        let mounts: Vec<_> = sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| serde_json::json!({"destination": format!("/m{i}"), "type": "bind", "source": s, "options": ["rbind"]}))
+            .collect();
+        let ann: BTreeMap<_, _> = annotations.iter().cloned().collect();
+        serde_json::from_value(
+            serde_json::json!({"ociVersion": "1.0.2", "mounts": mounts, "annotations": ann}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn host_file_is_kubelets_file_named_by_cri_annotations() {
+        let pods = Path::new("/k/pods");
+        let cd = [
+            ("io.kubernetes.cri.sandbox-uid", "u1"),
+            ("io.kubernetes.cri.container-name", "app"),
+            ("io.kubernetes.container.terminationMessagePath", "/m0"),
+        ];
+        let s = spec_with(
+            &cd,
+            &[
+                "/k/pods/u1/volume-subpaths/v/app/0",
+                "/k/pods/u1/containers/app/1a2b3c4d",
+            ],
+        );
+        let none = BTreeMap::new();
+        assert_eq!(
+            host_file(&s, &none, pods).unwrap(),
+            Path::new("/k/pods/u1/containers/app/1a2b3c4d")
+        );
+        let crio = [
+            ("io.kubernetes.pod.uid", "u1"),
+            ("io.kubernetes.container.name", "app"),
+        ];
+        let s = spec_with(&crio, &["/k/pods/u1/containers/app/x"]);
+        assert!(host_file(&s, &none, pods).is_ok());
+        for (ann, src) in [
+            (&cd[..], "/k/pods/u1/volume-subpaths/v/app/0"),
+            (&cd[..], "/k/pods/u1/containers/other/x"),
+            (&cd[..], "/k/pods/u1/containers/app/d/x"),
+            (&cd[..0], "/k/pods/u1/containers/app/x"),
+            (
+                &[
+                    ("io.kubernetes.cri.sandbox-uid", ".."),
+                    ("io.kubernetes.cri.container-name", "app"),
+                ][..],
+                "/k/pods/../containers/app/x",
+            ),
+        ] {
+            assert!(
+                host_file(&spec_with(ann, &[src]), &none, pods).is_err(),
+                "{src}"
+            );
+        }
     }
 }

@@ -32,12 +32,13 @@ pub(crate) fn read_json<T: DeserializeOwned>(
     }
 }
 
-/// Replaces `path` with `value` as pretty JSON, atomically, readable by all (mode 0644).
+/// Replaces `path` with `value` as pretty JSON, atomically, readable by root only (mode
+/// 0600): records hold pod names, paths and reasons other local users have no need for.
 /// The caller has checked the directory.
 pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let mut json = serde_json::to_vec_pretty(value).expect("devgate's own types serialize");
     json.push(b'\n');
-    write_atomic(path, &json, 0o644)
+    write_atomic(path, &json, 0o600)
 }
 
 /// Both ledgers keep one file per device, named by type and major:minor: `c-195-1.json`.

@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(l.lookup(GPU1), Lookup::Cordoned(e.clone()));
         assert!(l.path(GPU1).ends_with("c-195-1.json"));
         let mode = fs::metadata(l.path(GPU1)).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o644);
+        assert_eq!(mode, 0o600);
         assert_eq!(l.list().unwrap(), vec![(GPU1, Lookup::Cordoned(e))]);
         assert!(l.uncordon(GPU1).unwrap());
         assert!(!l.uncordon(GPU1).unwrap());
