@@ -30,5 +30,8 @@ pub(crate) mod report;
 pub(crate) mod pipeline;
 // 11. The command line.
 pub mod cli;
+// 12. Entry points for the fuzz targets under fuzz/; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("report", 9),
     ("pipeline", 10),
     ("cli", 11),
+    ("fuzzing", 12),
 ];
 
 fn layer(module: &str) -> Option<u32> {
