@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint
+.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint fuzz
 
 all: build
 
@@ -34,6 +34,11 @@ test-deps:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
+
+# Every fuzz target under fuzz/ for FUZZ_SECONDS each; needs cargo-fuzz (docs/development.md).
+FUZZ_SECONDS ?= 60
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh
 
 # The whole story on a machine without a GPU (root): an XID rejects a start, remap moves
 # the container to a spare, a fault during a run becomes its exit reason.

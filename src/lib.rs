@@ -34,5 +34,8 @@ pub(crate) mod pipeline;
 pub mod wrapper;
 // 12. The command line.
 pub mod cli;
+// 13. Entry points for the fuzz targets under fuzz/; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

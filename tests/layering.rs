@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("pipeline", 10),
     ("wrapper", 11),
     ("cli", 12),
+    ("fuzzing", 13),
 ];
 
 fn layer(module: &str) -> Option<u32> {

@@ -319,20 +319,29 @@ pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, String> {
     Ok(scanner.finish())
 }
 
+/// The scanner over reads already made (the fuzz targets use it: read_kmsg's loop without
+/// the file).
+pub(crate) fn scan_chunks<'a>(
+    chunks: impl Iterator<Item = &'a [u8]>,
+    limits: ReadLimits,
+) -> KmsgScan {
+    let mut s = Scanner::new(limits);
+    for chunk in chunks {
+        if !s.feed(chunk) {
+            break;
+        }
+    }
+    s.finish()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 
     pub(crate) fn scan_bytes(bytes: &[u8], limits: ReadLimits) -> KmsgScan {
-        let mut s = Scanner::new(limits);
         // feed in odd-sized pieces: records straddle reads in a regular file
-        for chunk in bytes.chunks(7) {
-            if !s.feed(chunk) {
-                break;
-            }
-        }
-        s.finish()
+        scan_chunks(bytes.chunks(7), limits)
     }
 
     pub(crate) const FIXTURE: &str = "\

@@ -1,0 +1,179 @@
+//! Entry points for the fuzz targets under fuzz/ (`make fuzz`; docs/development.md).
+//! Each takes raw bytes as they would arrive from outside, runs the parser devgate runs
+//! on them, and asserts what must hold of whatever it returns (a round trip, a bound), so
+//! a fuzzer finds a broken invariant as a crash. Not an API: hidden from the docs, and
+//! it re-exports nothing, so the parsers keep their crate-private visibility.
+
+use crate::config::Config;
+use crate::discover::gpu::{gpu_selectors, GpuSelector};
+use crate::model::class;
+use crate::oci::spec::Spec;
+use crate::oci::state::State;
+use crate::probe::nvidia::kmsg::{self, ReadLimits};
+use crate::probe::nvidia::pci::PciAddr;
+use crate::report::record::{Decision, ExitRecord};
+use crate::store::lease::Lease;
+use crate::store::quarantine::Entry;
+use crate::store::{file_name, num_from_file_name};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Where no fuzz input can point: discovery looks under these and finds nothing.
+const NOWHERE: &str = "/nonexistent/devgate-fuzz";
+
+/// The container state a runtime passes on stdin.
+pub fn oci_state(data: &[u8]) {
+    if let Ok(s) = State::parse(data) {
+        assert!(!s.id.is_empty());
+        assert!(s.bundle.is_absolute());
+    }
+}
+
+/// A bundle's config.json, then everything devgate reads out of it: devices, bind
+/// mounts, cgroup rules, NVIDIA_VISIBLE_DEVICES and CDI annotations.
+pub fn oci_spec(data: &[u8]) {
+    let Ok(spec) = Spec::parse(data, Path::new("config.json")) else {
+        return;
+    };
+    let selectors = gpu_selectors(&spec);
+    assert!(selectors.len() <= 256);
+    let may = crate::discover::may_have_devices(&spec);
+    let nowhere = Path::new(NOWHERE);
+    if let Ok(devices) = crate::discover::discover(&spec, &class::builtin(), nowhere, nowhere) {
+        // What discovery finds, the cheap pre-check must have said might be there.
+        assert!(
+            devices.is_empty() || may,
+            "discover found devices may_have_devices missed"
+        );
+    }
+}
+
+/// devgate's own config file.
+pub fn config(data: &[u8]) {
+    let _ = Config::parse(data, Path::new("config.json"));
+}
+
+/// Reads `data` as a ledger or record file, and checks that what devgate would write
+/// back reads the same.
+fn round_trip<T: DeserializeOwned + Serialize>(data: &[u8]) -> Option<T> {
+    let v: T = serde_json::from_slice(data).ok()?;
+    let once = serde_json::to_vec_pretty(&v).expect("devgate's own types serialize");
+    let back: T = serde_json::from_slice(&once).expect("what devgate writes, it reads");
+    let twice = serde_json::to_vec_pretty(&back).unwrap();
+    assert_eq!(once, twice, "a record changes when written back");
+    Some(back)
+}
+
+/// A quarantine ledger entry, and the ledger's file names.
+pub fn quarantine_entry(data: &[u8]) {
+    if let Some(e) = round_trip::<Entry>(data) {
+        assert_eq!(num_from_file_name(&file_name(e.num)), Some(e.num));
+    }
+    if let Ok(name) = std::str::from_utf8(data) {
+        if let Some(num) = num_from_file_name(name) {
+            assert_eq!(num_from_file_name(&file_name(num)), Some(num));
+        }
+    }
+}
+
+/// A spare lease.
+pub fn lease(data: &[u8]) {
+    if let Some(l) = round_trip::<Lease>(data) {
+        let again: Lease = serde_json::from_slice(&serde_json::to_vec(&l).unwrap()).unwrap();
+        assert_eq!(l, again);
+    }
+}
+
+/// A container's start record, or its exit record.
+pub fn records(data: &[u8]) {
+    let _ = round_trip::<Decision>(data);
+    let _ = round_trip::<ExitRecord>(data);
+}
+
+/// One kernel log line: the record, and when it is the driver's, the driver-load and XID
+/// parsers. A parsed XID's PCI address prints as an address that parses back to itself.
+pub fn kmsg_record(data: &[u8]) {
+    let line = String::from_utf8_lossy(data);
+    let Some(rec) = kmsg::parse_record(&line) else {
+        return;
+    };
+    let _ = kmsg::is_driver_load(rec.msg);
+    if let Some((pci, xid, text)) = kmsg::parse_xid(rec.msg) {
+        assert!(xid < 1_000_000);
+        assert!(text.chars().count() <= 160);
+        let printed = pci.to_string();
+        assert_eq!(PciAddr::parse_exact(&printed), Some(pci), "{printed}");
+    }
+}
+
+/// A stream of kernel log bytes through the same scanner read_kmsg uses, in reads of a
+/// size the input chooses, with small limits so they are reached.
+pub fn kmsg_scan(data: &[u8]) {
+    let Some((&chunk, rest)) = data.split_first() else {
+        return;
+    };
+    let limits = ReadLimits {
+        max_bytes: 1 << 16,
+        max_records: 64,
+        max_line: 512,
+        max_events: 8,
+        deadline: std::time::Duration::from_secs(5),
+    };
+    let scan = kmsg::scan_chunks(rest.chunks(usize::from(chunk).max(1)), limits);
+    assert!(scan.events.len() <= limits.max_events);
+    assert!(scan.records <= limits.max_records);
+    for e in &scan.events {
+        assert!(e.text.chars().count() <= 160);
+        assert_eq!(PciAddr::parse_exact(&e.pci.to_string()), Some(e.pci));
+    }
+}
+
+/// /proc/PID/cgroup.
+pub fn proc_cgroup(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    for c in crate::action::cgroup::parse_proc_cgroup(&text) {
+        assert!(!c.path.contains('\n'));
+        assert!(c
+            .controllers
+            .iter()
+            .all(|x| !x.is_empty() && !x.contains(',')));
+    }
+}
+
+/// /proc/self/mountinfo.
+pub fn mountinfo(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    for m in crate::action::cgroup::parse_mountinfo(&text) {
+        assert!(!m.fstype.contains(' '));
+        assert!(!m.super_options.is_empty());
+    }
+}
+
+/// A value of NVIDIA_VISIBLE_DEVICES and of a CDI annotation, as a container sets them.
+pub fn gpu_selector_values(data: &[u8]) {
+    let Ok(value) = std::str::from_utf8(data) else {
+        return;
+    };
+    let spec = Spec {
+        annotations: BTreeMap::from([("cdi.k8s.io/fuzz".to_string(), value.to_string())]),
+        process: serde_json::from_value(serde_json::json!({
+            "env": [format!("NVIDIA_VISIBLE_DEVICES={value}")]
+        }))
+        .ok(),
+        ..Spec::default()
+    };
+    let selectors = gpu_selectors(&spec);
+    assert!(selectors.len() <= 256);
+    for (s, _) in selectors {
+        match s {
+            GpuSelector::All => {}
+            GpuSelector::Index(i) => assert!(i <= 9999),
+            GpuSelector::Uuid(u) => {
+                assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-"));
+                assert_eq!(u.trim(), u);
+            }
+        }
+    }
+}
