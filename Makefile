@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-nvml bench-remap install uninstall deb rpm clean lint
+.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-gate install uninstall deb rpm clean lint
 
 all: build
 
@@ -46,6 +46,11 @@ bench:
 # Time a remap adds to `runc run` (root).
 bench-remap: build
 	./benches/remap.sh $(BIN)
+
+# The issue-9 gate: runc run and the standalone prestart, devgate vs /bin/true hooks,
+# interleaved in random order, with callgrind instruction counts (benches/gate.sh).
+bench-gate: build
+	./benches/gate.sh $(BIN)
 
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build

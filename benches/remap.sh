@@ -67,7 +67,7 @@ spec 1; run_n gate
 "$BIN" --config "$W/config.json" cordon /dev/zero --reason bench >/dev/null
 run_n remap
 ls "$W/state/leases"/*.json >/dev/null 2>&1 && { echo "a lease was left behind" >&2; exit 1; }
-grep -c '"action": "remap"' "$W/state/containers/bench-remap-0.json" >/dev/null ||
+grep -c '"action":"remap"' "$W/state/containers/bench-remap-0.json" >/dev/null ||
   { echo "the remap runs did not remap" >&2; exit 1; }
 
 set -- $(stats none); none_m=$1 none_p=$2
