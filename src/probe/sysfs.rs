@@ -25,6 +25,12 @@ impl Probe for SysfsProbe {
 
     fn check(&self, device: &Device) -> Verdict {
         let entry = device.num.sysfs_path(&self.sysfs_root);
+        // Resolved once here; the links below are followed from it without realpath.
+        let devices = fs::canonicalize(self.sysfs_root.join("devices")).ok();
+        let entry = match devices.as_deref().and_then(Path::parent) {
+            Some(root) => device.num.sysfs_path(root),
+            None => entry,
+        };
         if fs::symlink_metadata(&entry).is_err() {
             return Verdict::NotApplicable(format!(
                 "no sysfs entry for {} {}",
@@ -32,7 +38,11 @@ impl Probe for SysfsProbe {
                 device.num
             ));
         }
-        let Ok(mut base) = fs::canonicalize(&entry) else {
+        let resolved = match devices {
+            Some(_) => resolve(&entry),
+            None => fs::canonicalize(&entry),
+        };
+        let Ok(mut base) = resolved else {
             return Verdict::Unknown(format!("cannot resolve {}", entry.display()));
         };
         // A partition's hardware is its disk's.
@@ -46,7 +56,9 @@ impl Probe for SysfsProbe {
             return Verdict::NotApplicable("virtual device".into());
         }
         let chain = device_chain(&hw);
-        let pci = chain.iter().find_map(|d| pci_ancestor(&self.sysfs_root, d));
+        let pci = devices
+            .as_deref()
+            .and_then(|stop| chain.iter().find_map(|d| pci_ancestor_below(stop, d)));
 
         let mut findings = Vec::new();
         let bound = chain
@@ -79,12 +91,12 @@ impl Probe for SysfsProbe {
 /// nvme0 has no driver of its own but its PCI function does.
 fn device_chain(hw: &Path) -> Vec<PathBuf> {
     let mut chain = Vec::new();
-    let mut cur = fs::canonicalize(hw).ok();
+    let mut cur = resolve(hw).ok();
     while let Some(d) = cur {
         if chain.len() >= MAX_DEVICE_LINKS || chain.contains(&d) {
             break;
         }
-        cur = fs::canonicalize(d.join("device")).ok();
+        cur = resolve(&d.join("device")).ok();
         chain.push(d);
     }
     chain
@@ -93,10 +105,15 @@ fn device_chain(hw: &Path) -> Vec<PathBuf> {
 /// The nearest directory at or above `dir` whose subsystem is pci.
 pub fn pci_ancestor(sysfs_root: &Path, dir: &Path) -> Option<PathBuf> {
     let stop = fs::canonicalize(sysfs_root.join("devices")).ok()?;
+    pci_ancestor_below(&stop, dir)
+}
+
+/// `pci_ancestor` with sysfs's resolved `devices` directory (`stop`) already known.
+fn pci_ancestor_below(stop: &Path, dir: &Path) -> Option<PathBuf> {
     let mut cur = Some(dir);
     for _ in 0..MAX_PARENTS {
         let d = cur?;
-        if d == stop || !d.starts_with(&stop) {
+        if d == stop || !d.starts_with(stop) {
             return None;
         }
         let sub = fs::read_link(d.join("subsystem")).ok();
@@ -114,11 +131,49 @@ pub fn pci_ancestor(sysfs_root: &Path, dir: &Path) -> Option<PathBuf> {
 
 /// The PCI function behind a device, for other parts (status, poststop snapshots).
 pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
-    let entry = device.num.sysfs_path(sysfs_root);
-    let hw = fs::canonicalize(entry).ok()?.join("device");
+    let devices = fs::canonicalize(sysfs_root.join("devices")).ok()?;
+    let entry = device.num.sysfs_path(devices.parent()?);
+    let hw = resolve(&entry).ok()?.join("device");
     device_chain(&hw)
         .iter()
-        .find_map(|d| pci_ancestor(sysfs_root, d))
+        .find_map(|d| pci_ancestor_below(&devices, d))
+}
+
+/// What `fs::canonicalize` returns for a sysfs path whose directory is already resolved,
+/// for a fraction of its cost: realpath reads every component as a link (a dozen readlink
+/// calls a path), while sysfs's own directories are never links, only its entries. So a
+/// relative link target (the kernel's are `../../devices/...`) is joined to the link's
+/// directory by name. Anything else (an absolute target, `..` after a name, a chain of
+/// links) goes to realpath.
+fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    let target = match fs::read_link(path) {
+        Ok(t) => t,
+        // Not a link: the path is already resolved.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(path.to_path_buf()),
+        Err(e) => return Err(e),
+    };
+    let Some(mut out) = path.parent().map(Path::to_path_buf) else {
+        return fs::canonicalize(path);
+    };
+    let mut named = false;
+    for c in target.components() {
+        match c {
+            Component::ParentDir if !named => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            Component::Normal(n) => {
+                named = true;
+                out.push(n);
+            }
+            _ => return fs::canonicalize(path),
+        }
+    }
+    match fs::read_link(&out) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(out),
+        _ => fs::canonicalize(path),
+    }
 }
 
 fn block_state(hw: &Path) -> Verdict {
