@@ -58,7 +58,7 @@ impl Probe for SysfsProbe {
         let chain = device_chain(&hw);
         let pci = devices
             .as_deref()
-            .and_then(|stop| chain.iter().find_map(|d| pci_ancestor_below(stop, d)));
+            .and_then(|stop| chain.iter().find_map(|d| pci_ancestor(stop, d)));
 
         let mut findings = Vec::new();
         let bound = chain
@@ -102,14 +102,9 @@ fn device_chain(hw: &Path) -> Vec<PathBuf> {
     chain
 }
 
-/// The nearest directory at or above `dir` whose subsystem is pci.
-pub fn pci_ancestor(sysfs_root: &Path, dir: &Path) -> Option<PathBuf> {
-    let stop = fs::canonicalize(sysfs_root.join("devices")).ok()?;
-    pci_ancestor_below(&stop, dir)
-}
-
-/// `pci_ancestor` with sysfs's resolved `devices` directory (`stop`) already known.
-fn pci_ancestor_below(stop: &Path, dir: &Path) -> Option<PathBuf> {
+/// The nearest directory at or above `dir` whose subsystem is pci, below sysfs's resolved
+/// `devices` directory (`stop`).
+fn pci_ancestor(stop: &Path, dir: &Path) -> Option<PathBuf> {
     let mut cur = Some(dir);
     for _ in 0..MAX_PARENTS {
         let d = cur?;
@@ -136,7 +131,7 @@ pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
     let hw = resolve(&entry).ok()?.join("device");
     device_chain(&hw)
         .iter()
-        .find_map(|d| pci_ancestor_below(&devices, d))
+        .find_map(|d| pci_ancestor(&devices, d))
 }
 
 /// What `fs::canonicalize` returns for a sysfs path whose directory is already resolved,
