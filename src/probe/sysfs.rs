@@ -24,13 +24,10 @@ impl Probe for SysfsProbe {
     }
 
     fn check(&self, device: &Device) -> Verdict {
-        let entry = device.num.sysfs_path(&self.sysfs_root);
         // Resolved once here; the links below are followed from it without realpath.
         let devices = fs::canonicalize(self.sysfs_root.join("devices")).ok();
-        let entry = match devices.as_deref().and_then(Path::parent) {
-            Some(root) => device.num.sysfs_path(root),
-            None => entry,
-        };
+        let root = devices.as_deref().and_then(Path::parent);
+        let entry = device.num.sysfs_path(root.unwrap_or(&self.sysfs_root));
         if fs::symlink_metadata(&entry).is_err() {
             return Verdict::NotApplicable(format!(
                 "no sysfs entry for {} {}",
@@ -141,30 +138,38 @@ pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
 /// directory by name. Anything else (an absolute target, `..` after a name, a chain of
 /// links) goes to realpath.
 fn resolve(path: &Path) -> std::io::Result<PathBuf> {
-    use std::path::Component;
+    use std::ffi::OsString;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let target = match fs::read_link(path) {
         Ok(t) => t,
         // Not a link: the path is already resolved.
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(path.to_path_buf()),
         Err(e) => return Err(e),
     };
-    let Some(mut out) = path.parent().map(Path::to_path_buf) else {
+    // By bytes, not Path components: this runs for every link of every device.
+    let whole = path.as_os_str().as_bytes();
+    let (Some(slash), false) = (whole.iter().rposition(|&b| b == b'/'), target.is_absolute())
+    else {
         return fs::canonicalize(path);
     };
+    let mut out = whole[..slash].to_vec();
     let mut named = false;
-    for c in target.components() {
-        match c {
-            Component::ParentDir if !named => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            Component::Normal(n) => {
+    for part in target.as_os_str().as_bytes().split(|&b| b == b'/') {
+        match part {
+            b"" | b"." => {}
+            b".." if !named => match out.iter().rposition(|&b| b == b'/') {
+                Some(i) => out.truncate(i),
+                None => return fs::canonicalize(path),
+            },
+            b".." => return fs::canonicalize(path),
+            name => {
                 named = true;
-                out.push(n);
+                out.push(b'/');
+                out.extend_from_slice(name);
             }
-            _ => return fs::canonicalize(path),
         }
     }
+    let out = PathBuf::from(OsString::from_vec(out));
     match fs::read_link(&out) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(out),
         _ => fs::canonicalize(path),
