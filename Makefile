@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint fuzz
+.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint fuzz bench-gate
 
 all: build
 
@@ -55,6 +55,10 @@ bench-remap: build
 # Time the runtime wrapper adds to `runc run` of a container with no devices (root).
 bench-wrapper: build
 	./benches/wrapper.sh $(BIN)
+# The issue-9 gate: runc run and the standalone prestart, devgate vs /bin/true hooks,
+# interleaved in random order, with callgrind instruction counts (benches/gate.sh).
+bench-gate: build
+	./benches/gate.sh $(BIN)
 
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build

@@ -109,6 +109,17 @@ pub fn check_dir(dir: &Path) -> Result<()> {
 /// mix, and a crash at any point leaves one of the two (plus at most a stray temp file,
 /// which readers ignore because it starts with '.').
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    replace_file(path, data, mode, true)
+}
+
+/// Like `write_atomic` but without the fsyncs: for files on tmpfs (state_dir under /run),
+/// where fsync does nothing and a crash loses the whole filesystem anyway. Readers still see
+/// the old or the new content, never a mix.
+pub fn write_atomic_volatile(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    replace_file(path, data, mode, false)
+}
+
+fn replace_file(path: &Path, data: &[u8], mode: u32, durable: bool) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| Error::invalid("path", format!("{} has no parent", path.display())))?;
@@ -133,10 +144,15 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
             .map_err(|e| Error::io("cannot create", &tmp, e))?;
         f.write_all(data)
             .map_err(|e| Error::io("cannot write", &tmp, e))?;
-        f.sync_all()
-            .map_err(|e| Error::io("cannot fsync", &tmp, e))?;
+        if durable {
+            f.sync_all()
+                .map_err(|e| Error::io("cannot fsync", &tmp, e))?;
+        }
         fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))?;
-        sync_dir(dir)
+        if durable {
+            sync_dir(dir)?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -159,6 +175,16 @@ pub fn remove_durable(path: &Path) -> Result<bool> {
             }
             Ok(true)
         }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io("cannot remove", path, e)),
+    }
+}
+
+/// Removes a file on tmpfs (state_dir): no fsync, as in `write_atomic_volatile`; a file
+/// already gone is not an error.
+pub fn remove_volatile(path: &Path) -> Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io("cannot remove", path, e)),
     }

@@ -5,9 +5,9 @@
 //! A lease file that cannot be read is never overwritten and never reclaimed: it may be
 //! the only record that a container uses the spare. The operator removes it.
 
-use super::{file_name, num_from_file_name, read_json, write_json};
+use super::{file_name, num_from_file_name, read_json, write_json_volatile};
 use crate::error::{Error, Result};
-use crate::fsutil::{ensure_private_dir, remove_durable};
+use crate::fsutil::{ensure_private_dir, remove_volatile};
 use crate::model::class::Class;
 use crate::model::device::DevNum;
 use serde::{Deserialize, Serialize};
@@ -188,7 +188,7 @@ impl Leases {
     }
 
     fn write(&self, lease: &Lease) -> Result<()> {
-        write_json(&self.path(lease.spare), lease)
+        write_json_volatile(&self.path(lease.spare), lease)
     }
 
     /// Leases the first free candidate to `want.container_id`, under the lock. A spare
@@ -287,7 +287,7 @@ impl Leases {
     pub(crate) fn release(&self, num: DevNum, container_id: &str) -> Result<bool> {
         let _g = self.lock(LOCK_TIMEOUT)?;
         match self.lookup(num) {
-            Slot::Held(l) if l.container_id == container_id => remove_durable(&self.path(num)),
+            Slot::Held(l) if l.container_id == container_id => remove_volatile(&self.path(num)),
             _ => Ok(false),
         }
     }
@@ -302,7 +302,7 @@ impl Leases {
         for (num, slot) in self.list()? {
             if let Slot::Held(l) = slot {
                 if l.container_id == container_id {
-                    remove_durable(&self.path(num))?;
+                    remove_volatile(&self.path(num))?;
                     out.push(l);
                 }
             }

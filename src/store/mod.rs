@@ -9,7 +9,7 @@ pub(crate) mod quarantine;
 pub(crate) mod records;
 
 use crate::error::{Error, Result};
-use crate::fsutil::{read_regular_file, write_atomic};
+use crate::fsutil::{read_regular_file, write_atomic, write_atomic_volatile};
 use crate::model::device::{DevNum, DevType};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -32,13 +32,24 @@ pub(crate) fn read_json<T: DeserializeOwned>(
     }
 }
 
-/// Replaces `path` with `value` as pretty JSON, atomically, readable by root only (mode
-/// 0600): records hold pod names, paths and reasons other local users have no need for.
-/// The caller has checked the directory.
+/// Replaces `path` with `value` as compact JSON (one line; `jq` pretty-prints it),
+/// atomically and durably, readable by root only (mode 0600): for the operator's quarantine
+/// ledger on disk; records hold pod names, paths and reasons other local users have no
+/// need for. The caller has checked the directory.
 pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
-    let mut json = serde_json::to_vec_pretty(value).expect("devgate's own types serialize");
+    write_atomic(path, &to_json_line(value), 0o600)
+}
+
+/// As `write_json` but without fsync: leases and records live in state_dir on tmpfs
+/// (/run), where fsync does nothing and a reboot clears them anyway.
+pub(crate) fn write_json_volatile(path: &Path, value: &impl Serialize) -> Result<()> {
+    write_atomic_volatile(path, &to_json_line(value), 0o600)
+}
+
+fn to_json_line(value: &impl Serialize) -> Vec<u8> {
+    let mut json = serde_json::to_vec(value).expect("devgate's own types serialize");
     json.push(b'\n');
-    write_atomic(path, &json, 0o600)
+    json
 }
 
 /// Both ledgers keep one file per device, named by type and major:minor: `c-195-1.json`.

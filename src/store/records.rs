@@ -3,9 +3,9 @@
 //! file layout lives here; what a record holds is `report::record`'s (the marker's is
 //! `store::marker`'s).
 
-use super::{read_json, write_json};
+use super::{read_json, write_json_volatile};
 use crate::error::{Error, Result};
-use crate::fsutil::{ensure_private_dir, is_safe_component, remove_durable};
+use crate::fsutil::{ensure_private_dir, is_safe_component, remove_volatile};
 use crate::model::text::one_line;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -76,11 +76,11 @@ pub(crate) fn read_file<T: DeserializeOwned>(path: &Path, kind: Kind) -> Result<
 pub(crate) fn write(state_dir: &Path, kind: Kind, id: &str, record: &impl Serialize) -> Result<()> {
     let path = path(state_dir, kind, id)?;
     ensure_private_dir(&kind.dir(state_dir))?;
-    write_json(&path, record)
+    write_json_volatile(&path, record)
 }
 
 pub(crate) fn remove(state_dir: &Path, kind: Kind, id: &str) -> Result<bool> {
-    remove_durable(&path(state_dir, kind, id)?)
+    remove_volatile(&path(state_dir, kind, id)?)
 }
 
 /// Removes the oldest records (by modification time) beyond `keep`, except those `spare`

@@ -1,0 +1,136 @@
+#!/bin/bash
+# The performance gate of issue 9, measured side by side in one run. Every case is run N
+# times, all runs interleaved in one random order (so drift and neighbours' load hit every
+# case alike), with devgate's state_dir, quarantine and log_file on tmpfs (/run, as on a
+# node). Cases:
+#   runc8-gate / runc8-true   `runc run` of busybox `true` with 8 devices, devgate
+#                             prestart+poststop hooks vs /bin/true hooks
+#   runc0-gate / runc0-true   the same with no devices
+#   pre8-gate / pre8-true     the prestart hook alone, 8 devices, vs /bin/true, same stdin
+# Then 100 prestarts (8 devices) started at once, for p99/p50 on this machine's cores.
+# Wall clock on a shared machine is noisy; the instruction counts (callgrind) printed beside
+# each ratio are the stable measure.
+# Usage: benches/gate.sh [DEVGATE_BIN] [N]   (root; runc, busybox-static, valgrind)
+set -eu
+BIN=$(readlink -f "${1:-target/release/devgate}")
+N=${2:-80}
+[ -x "$BIN" ] || { echo "no devgate binary at $BIN (make build)" >&2; exit 2; }
+for c in runc busybox shuf valgrind; do
+  command -v $c >/dev/null || { echo "$c is not installed" >&2; exit 2; }
+done
+TRUE=/bin/true
+W=$(mktemp -d /run/devgate-bench-gate.XXXXXX)
+chmod 755 "$W"
+trap 'rm -rf "$W"' EXIT
+
+mkdir -p "$W/rootfs/bin" "$W/rootfs/dev" "$W/rootfs/proc"
+cp "$(command -v busybox)" "$W/rootfs/bin/busybox"
+ln -s busybox "$W/rootfs/bin/true"
+cat >"$W/config.json" <<JSON
+{"state_dir": "$W/state", "quarantine_dir": "$W/quarantine", "log_file": "$W/devgate.log"}
+JSON
+
+DEVS8='/dev/null c 1 3
+/dev/zero c 1 5
+/dev/full c 1 7
+/dev/random c 1 8
+/dev/urandom c 1 9
+/dev/tty c 5 0
+/dev/ptmx c 5 2
+/dev/kmsg c 1 11'
+
+bundle() { # $1: name, $2: 8 or 0 devices, $3: hook binary (devgate or true)
+  local b="$W/$1" devs="" rules='{"allow":false,"access":"rwm"}' hooks
+  mkdir -p "$b"
+  if [ "$2" = 8 ]; then
+    while read -r p t ma mi; do
+      devs="$devs${devs:+,}{\"path\":\"$p\",\"type\":\"$t\",\"major\":$ma,\"minor\":$mi,\"fileMode\":438,\"uid\":0,\"gid\":0}"
+      rules="$rules,{\"allow\":true,\"type\":\"$t\",\"major\":$ma,\"minor\":$mi,\"access\":\"rwm\"}"
+    done <<<"$DEVS8"
+  fi
+  if [ "$3" = devgate ]; then
+    hooks="{\"prestart\":[{\"path\":\"$BIN\",\"args\":[\"devgate\",\"--config\",\"$W/config.json\",\"hook\",\"prestart\"]}],
+            \"poststop\":[{\"path\":\"$BIN\",\"args\":[\"devgate\",\"--config\",\"$W/config.json\",\"hook\",\"poststop\"]}]}"
+  else
+    hooks="{\"prestart\":[{\"path\":\"$TRUE\",\"args\":[\"true\"]}],\"poststop\":[{\"path\":\"$TRUE\",\"args\":[\"true\"]}]}"
+  fi
+  cat >"$b/config.json" <<JSON
+{"ociVersion":"1.0.2","process":{"user":{"uid":0,"gid":0},"args":["true"],"env":["PATH=/bin"],"cwd":"/"},
+ "root":{"path":"$W/rootfs"},
+ "mounts":[{"destination":"/proc","type":"proc","source":"proc"},
+           {"destination":"/dev","type":"tmpfs","source":"tmpfs","options":["nosuid","mode=755"]}],
+ "hooks":$hooks,
+ "linux":{"devices":[$devs],"resources":{"devices":[$rules]},
+          "namespaces":[{"type":"pid"},{"type":"mount"},{"type":"ipc"},{"type":"uts"}]}}
+JSON
+}
+bundle runc8-gate 8 devgate
+bundle runc8-true 8 true
+bundle runc0-gate 0 devgate
+bundle runc0-true 0 true
+# The standalone prestart reads the state runc would give it; the bundle is the 8-device one.
+printf '{"ociVersion":"1.0.2","id":"bench-pre","status":"creating","pid":%s,"bundle":"%s"}' \
+  $$ "$W/runc8-gate" >"$W/state.json"
+
+run_case() { # $1: case
+  case $1 in
+    runc*) runc --root "$W/runc" run --bundle "$W/$1" "b-$1-$RANDOM$RANDOM" </dev/null >/dev/null 2>"$W/err" ;;
+    pre8-gate) "$BIN" --config "$W/config.json" hook prestart <"$W/state.json" 2>"$W/err" ;;
+    pre8-true) "$TRUE" <"$W/state.json" ;;
+  esac || { echo "$1 failed:" >&2; cat "$W/err" >&2; exit 1; }
+}
+
+CASES="runc8-gate runc8-true runc0-gate runc0-true pre8-gate pre8-true"
+for c in $CASES; do run_case "$c"; : >"$W/$c.times"; done # warm caches, check each works
+for c in $CASES; do for _ in $(seq "$N"); do echo "$c"; done; done | shuf >"$W/order"
+while read -r -u 3 c; do
+  t0=$EPOCHREALTIME
+  run_case "$c"
+  t1=$EPOCHREALTIME
+  echo $(( (${t1/./} - ${t0/./}) )) >>"$W/$c.times"
+done 3<"$W/order"
+
+# median, then the spread as p10..p90, in microseconds
+stats() { sort -n "$W/$1.times" | awk '{a[NR]=$1} END {
+  printf "%d %d %d", a[int((NR+1)/2)], a[int(NR*0.1+0.5)], a[int(NR*0.9+0.5)]}'; }
+# instructions of one process (and none of its children), counted by callgrind
+insns() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" 2>&1 <"$W/state.json" |
+  sed -n 's/.*Collected : //p'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+
+POST="$W/post.json"
+printf '{"ociVersion":"1.0.2","id":"bench-pre","status":"stopped","bundle":"%s"}' "$W/runc8-gate" >"$POST"
+i_pre=$(insns "$BIN" --config "$W/config.json" hook prestart)
+i_post=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$BIN" --config "$W/config.json" \
+  hook poststop <"$POST" 2>&1 | sed -n 's/.*Collected : //p')
+i_true=$(insns "$TRUE")
+
+echo "devgate gate bench: $N runs of each case, interleaved in random order; times in us"
+echo "state_dir, quarantine and log on tmpfs ($W); machine: $(nproc) cores"
+printf '%-11s %8s %8s %8s\n' case median p10 p90
+for c in $CASES; do set -- $(stats "$c"); printf '%-11s %8s %8s %8s\n' "$c" "$1" "$2" "$3"; done
+med() { stats "$1" | cut -d' ' -f1; }
+echo
+printf 'runc run, 8 devices, devgate/true hooks: %s (goal <= 1.03); hooks: prestart %s + poststop %s instructions vs 2 x %s\n' \
+  "$(ratio "$(med runc8-gate)" "$(med runc8-true)")" "$i_pre" "$i_post" "$i_true"
+printf 'runc run, no devices, devgate/true hooks: %s (goal <= 1.02)\n' \
+  "$(ratio "$(med runc0-gate)" "$(med runc0-true)")"
+printf 'prestart alone, 8 devices, devgate/true:  %s (goal <= 2); instructions %s vs %s (%s)\n' \
+  "$(ratio "$(med pre8-gate)" "$(med pre8-true)")" "$i_pre" "$i_true" "$(ratio "$i_pre" "$i_true")"
+
+# 100 prestarts at once: each one's own wall time
+: >"$W/conc.times"
+for i in $(seq 100); do
+  sed "s/bench-pre/bench-c$i/" "$W/state.json" >"$W/state-$i.json"
+done
+for i in $(seq 100); do
+  (t0=$EPOCHREALTIME
+   "$BIN" --config "$W/config.json" hook prestart <"$W/state-$i.json" 2>/dev/null
+   t1=$EPOCHREALTIME
+   echo $(( (${t1/./} - ${t0/./}) )) >>"$W/conc.times") &
+done
+wait
+sort -n "$W/conc.times" | awk -v cores="$(nproc)" '{a[NR]=$1} END {
+  p50=a[int((NR+1)/2)]; p99=a[int(NR*0.99+0.5)];
+  printf "100 concurrent prestarts on %d cores: p50 %d us, p99 %d us, p99/p50 %.2f (goal <= 3)\n",
+    cores, p50, p99, p99/p50}'
