@@ -64,3 +64,30 @@ fn runc_rejects_a_broken_gpu_with_nvmls_reason_and_starts_a_healthy_one() {
     assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
     assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
 }
+
+/// A GPU lost at every query (its minor number too) is named lost by its PCI address and
+/// UUID from the driver's /proc list, not reported as a numbering problem.
+#[test]
+fn runc_names_a_lost_gpu_lost_by_its_pci_address() {
+    require_root!();
+    let node = GpuNode::new("e2e-nvml-lost");
+    let (dir, dev_root) = (&node.dir, &node.dev_root);
+    let mut cfg = node.config();
+    cfg["proc_root"] = json!(dir);
+    let env = Env::with("e2e-nvml-lost", cfg);
+    let scenario = node_with(1, fault::lost_at_every_query());
+    write_proc_gpus(dir, &scenario);
+    let lost = write_scenario(dir, "lost", &scenario);
+    let b = gpu_bundle(&env, "nvml-lost", &lost);
+    let out = runtime_run("runc", &b, &unique_id("lost"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    let reason = format!(
+        "devgate: rejected /dev/nvidia1 (host {}/nvidia1, 195:1): nvml: GPU {} ({}): GPU is lost (fallen off the bus); policy reject",
+        dev_root.display(),
+        uuid(1),
+        bus(1)
+    );
+    assert!(all.contains(&reason), "{all}");
+    assert!(!b.marker().exists(), "the container ran although rejected");
+}

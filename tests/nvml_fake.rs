@@ -222,7 +222,7 @@ fn lost_gpu_has_fallen_off_the_bus() {
     n.rejected(
         &out,
         &format!(
-            "devgate: rejected /dev/nvidia4 (195:4): nvml: GPU {} (0000:af:00.0) has fallen off the bus; policy reject",
+            "devgate: rejected /dev/nvidia4 (195:4): nvml: GPU {} (0000:af:00.0): GPU is lost (fallen off the bus); policy reject",
             uuid(4)
         ),
     );
@@ -233,8 +233,38 @@ fn lost_gpu_has_fallen_off_the_bus() {
     );
     n.rejected(
         &out,
-        "devgate: rejected /dev/nvidia4 (195:4): nvml: no reachable GPU with minor number 4; unreachable index 4: GPU is lost; policy reject",
+        "devgate: rejected /dev/nvidia4 (195:4): nvml: no reachable GPU with minor number 4; unreachable index 4: GPU is lost (fallen off the bus); policy reject",
     );
+}
+
+/// With the driver's /proc list, each way NVML shows a lost GPU names it lost, by its PCI
+/// address and UUID from /proc, not as a numbering problem; the others stay healthy.
+#[test]
+fn lost_gpu_is_named_lost_by_its_pci_address_in_each_way_nvml_shows_it() {
+    require_root!();
+    let n = node("lostproc", fake_nvml::lib(), json!({}));
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&n.env.config).unwrap()).unwrap();
+    cfg["proc_root"] = json!(n.dir);
+    fs::write(&n.env.config, cfg.to_string()).unwrap();
+    write_proc_gpus(&n.dir, &node_with(2, json!({})));
+    let want = format!(
+        "devgate: rejected /dev/nvidia2 (195:2): nvml: GPU {} ({}): GPU is lost (fallen off the bus); policy reject",
+        uuid(2),
+        bus(2)
+    );
+    for (how, edit) in [
+        ("handle", fault::lost_at_handle()),
+        ("every query", fault::lost_at_every_query()),
+        ("missing", fault::missing()),
+    ] {
+        let scenario = node_with(2, edit);
+        let out = n.prestart(&spec_with_gpus(&[2]), &scenario);
+        assert_eq!(out.status.code(), Some(1), "{how}: {}", text(&out));
+        assert_eq!(n.said(&out).trim_end(), want, "{how}: {}", text(&out));
+        // GPU 3 on the same node is judged on its own facts
+        let out = n.prestart(&spec_with_gpus(&[3]), &scenario);
+        assert!(out.status.success(), "{how}: {}", text(&out));
+    }
 }
 
 #[test]
@@ -262,7 +292,7 @@ fn hanging_nvml_is_abandoned_at_the_deadline() {
         fake_nvml::lib(),
         json!({"probe_timeout_ms": 300, "policy": {"on_unknown": "reject"}}),
     );
-    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInit_v2"));
+    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInitWithFlags"));
     strict.rejected(
         &out,
         "devgate: rejected /dev/nvidia1 (195:1): nvml unknown: NVML did not answer in 300 ms; policy on_unknown reject",

@@ -27,6 +27,8 @@ pub struct Config {
     pub quarantine_dir: PathBuf,
     pub sysfs_root: PathBuf,
     pub dev_root: PathBuf,
+    /// procfs, for the NVIDIA driver's list of GPUs (`driver/nvidia/gpus`).
+    pub proc_root: PathBuf,
     pub log_file: Option<PathBuf>,
     pub policy: Policy,
     /// class → host device paths held back as spares.
@@ -56,6 +58,7 @@ impl Default for Config {
             quarantine_dir: "/var/lib/devgate/quarantine".into(),
             sysfs_root: "/sys".into(),
             dev_root: "/dev".into(),
+            proc_root: "/proc".into(),
             log_file: None,
             policy: Policy::default(),
             spares: BTreeMap::new(),
@@ -116,6 +119,7 @@ impl Config {
             ("quarantine_dir", &self.quarantine_dir),
             ("sysfs_root", &self.sysfs_root),
             ("dev_root", &self.dev_root),
+            ("proc_root", &self.proc_root),
             ("kmsg_path", &self.kmsg_path),
             ("kubelet_pods_dir", &self.kubelet_pods_dir),
         ] {

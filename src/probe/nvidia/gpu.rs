@@ -1,7 +1,7 @@
 //! What NVML's answer means for a container's GPUs: each GPU's checks against the
 //! operator's limits (pure), the NVML probe, and which GPUs a selector names.
 
-use super::nvml::{GpuFacts, Link, NvmlAnswer, Reading};
+use super::nvml::{GpuFacts, Link, NvmlAnswer, Reading, LOST};
 use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
 use crate::model::class::Class;
 use crate::model::device::{Device, Source};
@@ -44,7 +44,7 @@ pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
         match &g.unreachable {
             Some(why) if g.is_lost() => Verdict::Unhealthy(format!("unreachable: {why}")),
             Some(why) => Verdict::Unknown(format!("no NVML handle: {why}")),
-            None if g.is_lost() => Verdict::Unhealthy("GPU is lost".into()),
+            None if g.is_lost() => Verdict::Unhealthy(LOST.into()),
             None => Verdict::Healthy,
         },
     );
@@ -131,7 +131,7 @@ fn judge<T>(r: &Reading<T>, what: &str, f: impl FnOnce(&T) -> Verdict) -> Verdic
     match r {
         Reading::Value(v) => f(v),
         Reading::NotSupported(why) => Verdict::NotApplicable(format!("{what}: {why}")),
-        Reading::Lost => Verdict::Unhealthy("GPU is lost".into()),
+        Reading::Lost => Verdict::Unhealthy(LOST.into()),
         Reading::Failed(why) => Verdict::Unknown(format!("cannot read {what}: {why}")),
     }
 }
@@ -141,7 +141,7 @@ fn judge<T>(r: &Reading<T>, what: &str, f: impl FnOnce(&T) -> Verdict) -> Verdic
 pub fn verdict_for(g: &GpuFacts, checks: &[Check]) -> Verdict {
     let label = g.label();
     if g.is_lost() {
-        return Verdict::Unhealthy(format!("nvml: GPU {label} has fallen off the bus"));
+        return Verdict::Unhealthy(format!("nvml: GPU {label}: {LOST}"));
     }
     let prefix = |r: String| format!("nvml: GPU {label}: {r}");
     match Verdict::worst(checks.iter().map(|c| c.verdict.clone()).collect()) {
@@ -346,16 +346,16 @@ mod tests {
         assert_eq!(
             verdict(&g),
             Verdict::Unhealthy(
-                "nvml: GPU GPU-00000002-0000-0000-0000-000000000000 (0000:3b:00.0) has fallen off the bus".into()
+                "nvml: GPU GPU-00000002-0000-0000-0000-000000000000 (0000:3b:00.0): GPU is lost (fallen off the bus)".into()
             )
         );
         let pcie = &checks(&g, L)[5];
-        assert_eq!(pcie.verdict, Verdict::Unhealthy("GPU is lost".into()));
+        assert_eq!(pcie.verdict, Verdict::Unhealthy(LOST.into()));
         let u = GpuFacts::unreachable(5, "GPU is lost".into(), true);
         assert!(u.is_lost());
         assert_eq!(
             verdict(&u),
-            Verdict::Unhealthy("nvml: GPU index 5 has fallen off the bus".into())
+            Verdict::Unhealthy("nvml: GPU index 5: GPU is lost (fallen off the bus)".into())
         );
     }
 

@@ -5,6 +5,7 @@ pub(crate) mod gpu;
 pub mod kmsg;
 pub(crate) mod nvml;
 pub mod pci;
+pub(crate) mod procfs;
 pub(crate) mod xid;
 
 use crate::config::xid::XidTable;
@@ -25,7 +26,8 @@ impl GpuContext {
     /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path`.
     pub fn gather(config: &Config) -> GpuContext {
         let timeout = Duration::from_millis(config.probe_timeout_ms);
-        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout);
+        let proc = procfs::read_gpus(&config.proc_root);
+        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout, proc);
         let limits = kmsg::ReadLimits {
             deadline: timeout,
             ..kmsg::ReadLimits::default()
