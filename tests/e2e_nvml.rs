@@ -91,3 +91,43 @@ fn runc_names_a_lost_gpu_lost_by_its_pci_address() {
     assert!(all.contains(&reason), "{all}");
     assert!(!b.marker().exists(), "the container ran although rejected");
 }
+
+/// `NVIDIA_VISIBLE_DEVICES=all`, which every CUDA base image sets, with one GPU of the node
+/// broken: the container starts under runc and the broken GPU is named in a warning.
+#[test]
+fn runc_starts_an_all_gpus_container_with_a_warning_for_the_bad_gpu() {
+    require_root!();
+    let node = GpuNode::new("e2e-nvml-all");
+    let env = Env::with("e2e-nvml-all", node.config());
+    let broken = write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    let mut b = Bundle::new("nvml-all", &["sh", "-c", "echo ran > /out/ran"]);
+    b.spec["process"]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!("NVIDIA_VISIBLE_DEVICES=all"));
+    b.add_hooks(&env, &["prestart", "poststop"]);
+    for stage in ["prestart", "poststop"] {
+        for h in b.spec["hooks"][stage].as_array_mut().unwrap() {
+            h["env"] = json!([format!("FAKE_NVML_CONFIG={}", broken.display())]);
+        }
+    }
+    let out = runtime_run("runc", &b, &unique_id("all"));
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+    // runc shows a hook's stderr only on failure; the decision log has the warning
+    let last = env.decisions().pop().expect("a decision log line");
+    let line = last.to_string();
+    assert!(
+        line.contains("row remapping failed")
+            && line.contains("selected only by all: warns, never rejects"),
+        "{line}"
+    );
+}

@@ -105,17 +105,14 @@ pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
             }
         }),
     );
-    let pcie = [
-        judge(&g.pcie_gen, "PCIe link generation", |l| {
-            below(l, "PCIe link gen ", "")
-        }),
+    // Only the width: an idle GPU trains its link down to gen 1 to save power, and NVML
+    // has no "under load" signal, so the generation says nothing at prestart.
+    push(
+        "pcie_link",
         judge(&g.pcie_width, "PCIe link width", |l| {
             below(l, "PCIe link width x", "x")
         }),
-    ];
-    let mut pcie = pcie.to_vec();
-    pcie.dedup(); // a lost GPU fails both the same way; say it once
-    push("pcie_link", Verdict::worst(pcie));
+    );
     out
 }
 
@@ -215,8 +212,11 @@ pub fn resolve_selectors(
     let mut chosen: Vec<(u32, Source)> = Vec::new();
     let mut unresolved = Vec::new();
     let mut add = |minor: u32, source: Source| {
-        if !chosen.iter().any(|(m, _)| *m == minor) {
-            chosen.push((minor, source));
+        match chosen.iter_mut().find(|(m, _)| *m == minor) {
+            // a GPU also named on its own is judged as named
+            Some(c) if c.1 == Source::AllGpus => c.1 = source,
+            Some(_) => {}
+            None => chosen.push((minor, source)),
         }
     };
     let minor_of = |g: &GpuFacts| g.minor.value().copied().unwrap_or(g.index);
@@ -226,7 +226,9 @@ pub fn resolve_selectors(
             _ => NVIDIA_VISIBLE_DEVICES,
         };
         match (&snapshot.gpus, sel) {
-            (Ok(gpus), GpuSelector::All) => gpus.iter().for_each(|g| add(minor_of(g), *source)),
+            (Ok(gpus), GpuSelector::All) => {
+                gpus.iter().for_each(|g| add(minor_of(g), Source::AllGpus))
+            }
             (Ok(gpus), GpuSelector::Index(i)) => match gpus.get(*i as usize) {
                 Some(g) => add(minor_of(g), *source),
                 None => unresolved.push(format!(
@@ -245,7 +247,7 @@ pub fn resolve_selectors(
                     }
                 }
             }
-            (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, *source)),
+            (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, Source::AllGpus)),
             (Err(_), GpuSelector::Index(i)) => add(*i, *source),
             (Err(why), GpuSelector::Uuid(u)) => {
                 unresolved.push(format!("{how} selects {u}, which cannot be checked: {why}"))
@@ -372,9 +374,13 @@ mod tests {
         assert_eq!(
             v,
             Verdict::Warn(
-                "nvml: GPU GPU-00000000-0000-0000-0000-000000000000 (0000:1b:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x4c); PCIe link gen 3 below max 4; PCIe link width x8 below max x16".into()
+                "nvml: GPU GPU-00000000-0000-0000-0000-000000000000 (0000:1b:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x4c); PCIe link width x8 below max x16".into()
             )
         );
+        // an idle link (gen 1 of 5, full width) is no finding at all
+        g = healthy(0);
+        g.pcie_gen = Reading::Value(Link { current: 1, max: 5 });
+        assert_eq!(verdict(&g), Verdict::Healthy);
         // a power cap alone (0x4) is policy, not a fault
         g = healthy(0);
         g.throttle_reasons = Reading::Value(0x4);
@@ -492,7 +498,15 @@ mod tests {
             ]
         );
         let (chosen, _) = resolve_selectors(&[(GpuSelector::All, env)], &ok, &[]);
-        assert_eq!(chosen, vec![(0, env), (5, env), (2, env)]);
+        let all = Source::AllGpus;
+        assert_eq!(chosen, vec![(0, all), (5, all), (2, all)]);
+        // a GPU also named on its own is judged as named
+        let (chosen, _) = resolve_selectors(
+            &[(GpuSelector::All, env), (GpuSelector::Index(2), cdi)],
+            &ok,
+            &[],
+        );
+        assert_eq!(chosen, vec![(0, all), (5, all), (2, cdi)]);
 
         let failed = NvmlAnswer {
             gpus: Err("cannot load x".into()),
@@ -508,7 +522,7 @@ mod tests {
             &failed,
             &[0, 1],
         );
-        assert_eq!(chosen, vec![(0, env), (1, env), (4, env)]);
+        assert_eq!(chosen, vec![(0, all), (1, all), (4, env)]);
         assert_eq!(
             unresolved,
             vec!["NVIDIA_VISIBLE_DEVICES selects GPU-1, which cannot be checked: cannot load x"]
