@@ -264,8 +264,10 @@ mod tests {
 
     #[test]
     fn a_gpu_selected_only_by_all_warns_never_rejects() {
-        let mut p = Policy::default();
-        p.on_unknown = OnUnknown::Reject;
+        let p = Policy {
+            on_unknown: OnUnknown::Reject,
+            ..Policy::default()
+        };
         let all = || Device {
             source: Source::AllGpus,
             ..gpu(1)
