@@ -1096,3 +1096,38 @@ mod direct {
         assert_eq!(field("GPU Excluded"), "No");
     }
 }
+
+/// A node with no NVIDIA driver (no /proc/driver/nvidia, no NVML): env and CDI selectors do
+/// nothing. With an NVIDIA PCI function in sysfs but no driver, it is a GPU node with a
+/// broken driver, and the selector is judged (unknown, per on_unknown).
+#[test]
+fn selectors_do_nothing_on_a_node_without_nvidia_and_are_judged_with_a_broken_driver() {
+    require_root!();
+    let dir = tempdir("nodriver");
+    let (proc_root, sysfs_root) = (dir.join("proc"), dir.join("sys"));
+    fs::create_dir_all(&proc_root).unwrap();
+    fs::create_dir_all(sysfs_root.join("bus/pci/devices")).unwrap();
+    let n = node(
+        "nodriver",
+        Path::new("/nonexistent/libnvidia-ml.so.1"),
+        json!({"proc_root": proc_root, "sysfs_root": sysfs_root,
+               "policy": {"on_unknown": "reject"}}),
+    );
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=0"]);
+    let out = n.prestart(&spec, &healthy_node());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stderr(&out), "", "{}", text(&out));
+
+    let f = sysfs_root.join("bus/pci/devices/0000:3b:00.0");
+    fs::create_dir_all(&f).unwrap();
+    fs::write(f.join("vendor"), "0x10de\n").unwrap();
+    let out = n.prestart(&spec, &healthy_node());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        n.said(&out)
+            .contains("nvml unknown: cannot load /nonexistent/libnvidia-ml.so.1"),
+        "{}",
+        text(&out)
+    );
+}

@@ -60,6 +60,29 @@ impl GpuContext {
     }
 }
 
+/// A node with no NVIDIA GPU at all: no driver in procfs, NVML unusable, and no PCI
+/// function of vendor 0x10de in sysfs. There, GPU selectors from env and annotations (set
+/// by every CUDA image) mean nothing. A node with NVIDIA functions but no driver loaded is
+/// a GPU node with a broken driver, and its selectors are judged.
+pub fn no_nvidia_node(config: &Config, nvml: &nvml::NvmlAnswer) -> bool {
+    nvml.gpus.is_err()
+        && !config.proc_root.join("driver/nvidia").exists()
+        && !has_nvidia_pci(&config.sysfs_root)
+}
+
+/// More PCI functions than any node has; the rest are not read.
+const MAX_PCI_FUNCTIONS: usize = 4096;
+
+fn has_nvidia_pci(sysfs_root: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(sysfs_root.join("bus/pci/devices")) else {
+        return false;
+    };
+    entries.take(MAX_PCI_FUNCTIONS).flatten().any(|e| {
+        crate::fsutil::read_regular_file(&e.path().join("vendor"), 64, "PCI vendor")
+            .is_ok_and(|v| String::from_utf8_lossy(&v).trim() == "0x10de")
+    })
+}
+
 pub fn has_gpu(devices: &[Device]) -> bool {
     devices.iter().any(|d| d.class == Class::NvidiaGpu)
 }
