@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::discover::{self, gpu};
 use crate::error::Result;
 use crate::model::clock;
-use crate::model::device::Device;
+use crate::model::device::{Device, Source};
 use crate::model::text::one_line;
 use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
@@ -60,6 +60,9 @@ fn assigned(
     let rules = config.class_rules();
     let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
     let mut selectors = gpu::gpu_selectors(spec);
+    if !config.env_selectors() {
+        selectors.retain(|(_, source)| *source != Source::NvidiaVisibleDevices);
+    }
     let ctx =
         (!selectors.is_empty() || nvidia::has_gpu(&devices)).then(|| GpuContext::gather(config));
     if let Some(g) = &ctx {

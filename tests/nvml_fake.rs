@@ -1131,3 +1131,26 @@ fn selectors_do_nothing_on_a_node_without_nvidia_and_are_judged_with_a_broken_dr
         text(&out)
     );
 }
+
+/// `gpu.env_selectors: false`: NVIDIA_VISIBLE_DEVICES selects nothing; a CDI annotation
+/// still does.
+#[test]
+fn env_selectors_false_ignores_nvidia_visible_devices() {
+    require_root!();
+    let n = node(
+        "envsel",
+        fake_nvml::lib(),
+        json!({"gpu": {"env_selectors": false}}),
+    );
+    let bad = node_with(
+        3,
+        json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
+    );
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=3"]);
+    let out = n.prestart(&spec, &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    spec["annotations"] = json!({"cdi.k8s.io/x": "nvidia.com/gpu=3"});
+    let out = n.prestart(&spec, &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+}
