@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::discover::{self, gpu};
 use crate::error::Result;
 use crate::model::clock;
-use crate::model::device::Device;
+use crate::model::device::{Device, Source};
 use crate::model::text::one_line;
 use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
@@ -75,9 +75,17 @@ fn assigned(
 ) -> Result<(Vec<Device>, Option<GpuContext>, Vec<String>)> {
     let rules = config.class_rules();
     let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
-    let selectors = gpu::gpu_selectors(spec);
+    let mut selectors = gpu::gpu_selectors(spec);
+    if !config.env_selectors() {
+        selectors.retain(|(_, source)| *source != Source::NvidiaVisibleDevices);
+    }
     let ctx =
         (!selectors.is_empty() || nvidia::has_gpu(&devices)).then(|| GpuContext::gather(config));
+    if let Some(g) = &ctx {
+        if nvidia::no_nvidia_node(config, &g.nvml) {
+            selectors.clear();
+        }
+    }
     let mut warnings = Vec::new();
     if let Some(g) = &ctx {
         let nodes = gpu::gpu_minor_nodes(&config.dev_root);

@@ -2,7 +2,7 @@
 //! policy, give one disposition. Pure functions over plain data.
 
 use crate::config::policy::{Action, OnUnknown, Policy};
-use crate::model::device::Device;
+use crate::model::device::{Device, Source};
 use crate::model::text::one_line;
 use crate::model::verdict::{ProbeResult, Verdict};
 use serde::{Deserialize, Serialize};
@@ -57,42 +57,53 @@ pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> De
         _ => None,
     });
 
-    let (disposition, rule, reasons) = if !bad.is_empty() {
-        let action = policy.action_for(&device.class);
-        let d = match action {
-            Action::Allow | Action::Warn => Disposition::Allowed,
-            Action::Reject => Disposition::Reject,
-            // Only a device the spec grants (linux.devices, a device rule, a bind mount) may
-            // be swapped: a GPU named only by env or an annotation was never allocated to
-            // the pod, and a spare granted for it would widen the pod's devices.
-            Action::Remap if device.source.is_selector() => Disposition::Reject,
-            Action::Remap => Disposition::Remap,
-        };
-        let rule = if action == Action::Remap && device.source.is_selector() {
-            format!(
-                "policy remap; not remapped: named only by {}, not granted by the spec",
-                device.source.describe()
-            )
-        } else {
-            format!("policy {}", action.as_str())
-        };
-        (d, rule, bad)
-    } else if !unknown.is_empty() {
-        match policy.on_unknown {
-            OnUnknown::Allow => (
+    let (disposition, rule, reasons) =
+        if device.source == Source::AllGpus && !(bad.is_empty() && unknown.is_empty()) {
+            // `all` is what every CUDA image asks for: a bad GPU must not block a container
+            // that may not even use it.
+            let mut reasons = bad.clone();
+            reasons.extend(unknown);
+            (
                 Disposition::Allowed,
-                "policy on_unknown allow".into(),
-                unknown,
-            ),
-            OnUnknown::Reject => (
-                Disposition::Reject,
-                "policy on_unknown reject".into(),
-                unknown,
-            ),
-        }
-    } else {
-        (Disposition::Healthy, String::new(), Vec::new())
-    };
+                "selected only by all: warns, never rejects".into(),
+                reasons,
+            )
+        } else if !bad.is_empty() {
+            let action = policy.action_for(&device.class);
+            let d = match action {
+                Action::Allow | Action::Warn => Disposition::Allowed,
+                Action::Reject => Disposition::Reject,
+                // Only a device the spec grants (linux.devices, a device rule, a bind mount) may
+                // be swapped: a GPU named only by env or an annotation was never allocated to
+                // the pod, and a spare granted for it would widen the pod's devices.
+                Action::Remap if device.source.is_selector() => Disposition::Reject,
+                Action::Remap => Disposition::Remap,
+            };
+            let rule = if action == Action::Remap && device.source.is_selector() {
+                format!(
+                    "policy remap; not remapped: named only by {}, not granted by the spec",
+                    device.source.describe()
+                )
+            } else {
+                format!("policy {}", action.as_str())
+            };
+            (d, rule, bad)
+        } else if !unknown.is_empty() {
+            match policy.on_unknown {
+                OnUnknown::Allow => (
+                    Disposition::Allowed,
+                    "policy on_unknown allow".into(),
+                    unknown,
+                ),
+                OnUnknown::Reject => (
+                    Disposition::Reject,
+                    "policy on_unknown reject".into(),
+                    unknown,
+                ),
+            }
+        } else {
+            (Disposition::Healthy, String::new(), Vec::new())
+        };
     DeviceDecision {
         device,
         verdicts,
@@ -177,7 +188,7 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::device::{DevNum, DevType, Source};
+    use crate::model::device::{DevNum, DevType};
 
     fn gpu(minor: u32) -> Device {
         Device {
@@ -249,6 +260,29 @@ mod tests {
         p.default = Action::Allow;
         p.classes.clear();
         assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Allowed);
+    }
+
+    #[test]
+    fn a_gpu_selected_only_by_all_warns_never_rejects() {
+        let p = Policy {
+            on_unknown: OnUnknown::Reject,
+            ..Policy::default()
+        };
+        let all = || Device {
+            source: Source::AllGpus,
+            ..gpu(1)
+        };
+        let bad = vec![res(
+            "nvml",
+            Verdict::Unhealthy("row remapping failed".into()),
+        )];
+        let d = decide(all(), bad.clone(), &p);
+        assert_eq!(d.disposition, Disposition::Allowed);
+        assert_eq!(d.reasons, vec!["row remapping failed".to_string()]);
+        let unk = vec![res("nvml", Verdict::Unknown("hang".into()))];
+        assert_eq!(decide(all(), unk, &p).disposition, Disposition::Allowed);
+        // the same GPU named on its own is gated
+        assert_eq!(decide(gpu(1), bad, &p).disposition, Disposition::Reject);
     }
 
     #[test]

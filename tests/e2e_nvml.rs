@@ -64,3 +64,70 @@ fn runc_rejects_a_broken_gpu_with_nvmls_reason_and_starts_a_healthy_one() {
     assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
     assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
 }
+
+/// A GPU lost at every query (its minor number too) is named lost by its PCI address and
+/// UUID from the driver's /proc list, not reported as a numbering problem.
+#[test]
+fn runc_names_a_lost_gpu_lost_by_its_pci_address() {
+    require_root!();
+    let node = GpuNode::new("e2e-nvml-lost");
+    let (dir, dev_root) = (&node.dir, &node.dev_root);
+    let mut cfg = node.config();
+    cfg["proc_root"] = json!(dir);
+    let env = Env::with("e2e-nvml-lost", cfg);
+    let scenario = node_with(1, fault::lost_at_every_query());
+    write_proc_gpus(dir, &scenario);
+    let lost = write_scenario(dir, "lost", &scenario);
+    let b = gpu_bundle(&env, "nvml-lost", &lost);
+    let out = runtime_run("runc", &b, &unique_id("lost"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    let reason = format!(
+        "devgate: rejected /dev/nvidia1 (host {}/nvidia1, 195:1): nvml: GPU {} ({}): GPU is lost (fallen off the bus); policy reject",
+        dev_root.display(),
+        uuid(1),
+        bus(1)
+    );
+    assert!(all.contains(&reason), "{all}");
+    assert!(!b.marker().exists(), "the container ran although rejected");
+}
+
+/// `NVIDIA_VISIBLE_DEVICES=all`, which every CUDA base image sets, with one GPU of the node
+/// broken: the container starts under runc and the broken GPU is named in a warning.
+#[test]
+fn runc_starts_an_all_gpus_container_with_a_warning_for_the_bad_gpu() {
+    require_root!();
+    let node = GpuNode::new("e2e-nvml-all");
+    let env = Env::with("e2e-nvml-all", node.config());
+    let broken = write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    let mut b = Bundle::new("nvml-all", &["sh", "-c", "echo ran > /out/ran"]);
+    b.spec["process"]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!("NVIDIA_VISIBLE_DEVICES=all"));
+    b.add_hooks(&env, &["prestart", "poststop"]);
+    for stage in ["prestart", "poststop"] {
+        for h in b.spec["hooks"][stage].as_array_mut().unwrap() {
+            h["env"] = json!([format!("FAKE_NVML_CONFIG={}", broken.display())]);
+        }
+    }
+    let out = runtime_run("runc", &b, &unique_id("all"));
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+    // runc shows a hook's stderr only on failure; the decision log has the warning
+    let last = env.decisions().pop().expect("a decision log line");
+    let line = last.to_string();
+    assert!(
+        line.contains("row remapping failed")
+            && line.contains("selected only by all: warns, never rejects"),
+        "{line}"
+    );
+}

@@ -222,7 +222,7 @@ fn lost_gpu_has_fallen_off_the_bus() {
     n.rejected(
         &out,
         &format!(
-            "devgate: rejected /dev/nvidia4 (195:4): nvml: GPU {} (0000:af:00.0) has fallen off the bus; policy reject",
+            "devgate: rejected /dev/nvidia4 (195:4): nvml: GPU {} (0000:af:00.0): GPU is lost (fallen off the bus); policy reject",
             uuid(4)
         ),
     );
@@ -233,8 +233,38 @@ fn lost_gpu_has_fallen_off_the_bus() {
     );
     n.rejected(
         &out,
-        "devgate: rejected /dev/nvidia4 (195:4): nvml: no reachable GPU with minor number 4; unreachable index 4: GPU is lost; policy reject",
+        "devgate: rejected /dev/nvidia4 (195:4): nvml: no reachable GPU with minor number 4; unreachable index 4: GPU is lost (fallen off the bus); policy reject",
     );
+}
+
+/// With the driver's /proc list, each way NVML shows a lost GPU names it lost, by its PCI
+/// address and UUID from /proc, not as a numbering problem; the others stay healthy.
+#[test]
+fn lost_gpu_is_named_lost_by_its_pci_address_in_each_way_nvml_shows_it() {
+    require_root!();
+    let n = node("lostproc", fake_nvml::lib(), json!({}));
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&n.env.config).unwrap()).unwrap();
+    cfg["proc_root"] = json!(n.dir);
+    fs::write(&n.env.config, cfg.to_string()).unwrap();
+    write_proc_gpus(&n.dir, &node_with(2, json!({})));
+    let want = format!(
+        "devgate: rejected /dev/nvidia2 (195:2): nvml: GPU {} ({}): GPU is lost (fallen off the bus); policy reject",
+        uuid(2),
+        bus(2)
+    );
+    for (how, edit) in [
+        ("handle", fault::lost_at_handle()),
+        ("every query", fault::lost_at_every_query()),
+        ("missing", fault::missing()),
+    ] {
+        let scenario = node_with(2, edit);
+        let out = n.prestart(&spec_with_gpus(&[2]), &scenario);
+        assert_eq!(out.status.code(), Some(1), "{how}: {}", text(&out));
+        assert_eq!(n.said(&out).trim_end(), want, "{how}: {}", text(&out));
+        // GPU 3 on the same node is judged on its own facts
+        let out = n.prestart(&spec_with_gpus(&[3]), &scenario);
+        assert!(out.status.success(), "{how}: {}", text(&out));
+    }
 }
 
 #[test]
@@ -262,7 +292,7 @@ fn hanging_nvml_is_abandoned_at_the_deadline() {
         fake_nvml::lib(),
         json!({"probe_timeout_ms": 300, "policy": {"on_unknown": "reject"}}),
     );
-    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInit_v2"));
+    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInitWithFlags"));
     strict.rejected(
         &out,
         "devgate: rejected /dev/nvidia1 (195:1): nvml unknown: NVML did not answer in 300 ms; policy on_unknown reject",
@@ -364,7 +394,7 @@ fn throttle_and_pcie_downtraining_are_warnings() {
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         n.said(&out).trim_end(),
-        format!("devgate: warning: /dev/nvidia5 (195:5): nvml: GPU {} (0000:d8:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x48); PCIe link gen 3 below max 4; PCIe link width x8 below max x16", uuid(5))
+        format!("devgate: warning: /dev/nvidia5 (195:5): nvml: GPU {} (0000:d8:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x48); PCIe link width x8 below max x16", uuid(5))
     );
     assert_eq!(n.env.log_lines().pop().unwrap()["action"], "warn");
 }
@@ -457,11 +487,22 @@ fn nvidia_visible_devices_and_cdi_select_gpus() {
         text(&out)
     );
 
-    // all: every GPU is checked, only the bad one is named
+    // all (every CUDA image sets it): every GPU is checked, the bad one is named in a
+    // warning, and the container starts
     let mut spec = base_spec(&["true"]);
     spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=all"]);
     let out = n.prestart(&spec, &bad);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(out.status.success(), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(
+        said.starts_with("devgate: warning: /dev/nvidia6 (195:6): nvml: GPU ")
+            && said.contains("row remapping failed")
+            && said
+                .trim_end()
+                .ends_with("selected only by all: warns, never rejects"),
+        "{}",
+        text(&out)
+    );
     assert_eq!(
         n.env.log_lines().pop().unwrap()["devices"]
             .as_array()
@@ -1054,4 +1095,62 @@ mod direct {
         assert_eq!(field("GPU UUID"), uuid(3));
         assert_eq!(field("GPU Excluded"), "No");
     }
+}
+
+/// A node with no NVIDIA driver (no /proc/driver/nvidia, no NVML): env and CDI selectors do
+/// nothing. With an NVIDIA PCI function in sysfs but no driver, it is a GPU node with a
+/// broken driver, and the selector is judged (unknown, per on_unknown).
+#[test]
+fn selectors_do_nothing_on_a_node_without_nvidia_and_are_judged_with_a_broken_driver() {
+    require_root!();
+    let dir = tempdir("nodriver");
+    let (proc_root, sysfs_root) = (dir.join("proc"), dir.join("sys"));
+    fs::create_dir_all(&proc_root).unwrap();
+    fs::create_dir_all(sysfs_root.join("bus/pci/devices")).unwrap();
+    let n = node(
+        "nodriver",
+        Path::new("/nonexistent/libnvidia-ml.so.1"),
+        json!({"proc_root": proc_root, "sysfs_root": sysfs_root,
+               "policy": {"on_unknown": "reject"}}),
+    );
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=0"]);
+    let out = n.prestart(&spec, &healthy_node());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stderr(&out), "", "{}", text(&out));
+
+    let f = sysfs_root.join("bus/pci/devices/0000:3b:00.0");
+    fs::create_dir_all(&f).unwrap();
+    fs::write(f.join("vendor"), "0x10de\n").unwrap();
+    let out = n.prestart(&spec, &healthy_node());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        n.said(&out)
+            .contains("nvml unknown: cannot load /nonexistent/libnvidia-ml.so.1"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// `gpu.env_selectors: false`: NVIDIA_VISIBLE_DEVICES selects nothing; a CDI annotation
+/// still does.
+#[test]
+fn env_selectors_false_ignores_nvidia_visible_devices() {
+    require_root!();
+    let n = node(
+        "envsel",
+        fake_nvml::lib(),
+        json!({"gpu": {"env_selectors": false}}),
+    );
+    let bad = node_with(
+        3,
+        json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
+    );
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=3"]);
+    let out = n.prestart(&spec, &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    spec["annotations"] = json!({"cdi.k8s.io/x": "nvidia.com/gpu=3"});
+    let out = n.prestart(&spec, &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
 }

@@ -27,6 +27,10 @@ pub struct Config {
     pub quarantine_dir: PathBuf,
     pub sysfs_root: PathBuf,
     pub dev_root: PathBuf,
+    /// procfs, for the NVIDIA driver's list of GPUs (`driver/nvidia/gpus`).
+    pub proc_root: PathBuf,
+    /// NVIDIA container toolkit's config, for the default of `gpu.env_selectors`.
+    pub nvidia_toolkit_config: PathBuf,
     pub log_file: Option<PathBuf>,
     pub policy: Policy,
     /// class → host device paths held back as spares.
@@ -58,6 +62,8 @@ impl Default for Config {
             quarantine_dir: "/var/lib/devgate/quarantine".into(),
             sysfs_root: "/sys".into(),
             dev_root: "/dev".into(),
+            proc_root: "/proc".into(),
+            nvidia_toolkit_config: "/etc/nvidia-container-runtime/config.toml".into(),
             log_file: None,
             policy: Policy::default(),
             spares: BTreeMap::new(),
@@ -81,6 +87,8 @@ pub struct GpuConfig {
     pub max_volatile_uncorrectable_ecc: u64,
     /// XID number (as a string key) → "unhealthy" | "warn" | "ignore", over the built-in table.
     pub xid_actions: BTreeMap<String, String>,
+    /// Whether `NVIDIA_VISIBLE_DEVICES` selects GPUs; unset follows the NVIDIA toolkit.
+    pub env_selectors: Option<bool>,
 }
 
 /// `runtime`: what the OCI runtime wrapper runs. `path` is an absolute path or a bare name
@@ -129,6 +137,25 @@ impl Config {
     }
 
     /// Long because it is a list of independent checks, one per key, in the config's order.
+    /// `gpu.env_selectors`, else NVIDIA toolkit's
+    /// `accept-nvidia-visible-devices-envvar-when-unprivileged` where its config is present
+    /// (so the two cannot disagree), else true.
+    pub fn env_selectors(&self) -> bool {
+        if let Some(b) = self.gpu.env_selectors {
+            return b;
+        }
+        const KEY: &str = "accept-nvidia-visible-devices-envvar-when-unprivileged";
+        let Ok(bytes) = read_regular_file(&self.nvidia_toolkit_config, 64 * 1024, "toolkit config")
+        else {
+            return true;
+        };
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .find(|(k, _)| k.trim() == KEY)
+            .map_or(true, |(_, v)| v.trim() != "false")
+    }
+
     fn validate(&self, path: &Path) -> Result<()> {
         let what = format!("config {}", path.display());
         for (key, p) in [
@@ -136,6 +163,8 @@ impl Config {
             ("quarantine_dir", &self.quarantine_dir),
             ("sysfs_root", &self.sysfs_root),
             ("dev_root", &self.dev_root),
+            ("proc_root", &self.proc_root),
+            ("nvidia_toolkit_config", &self.nvidia_toolkit_config),
             ("kmsg_path", &self.kmsg_path),
             ("kubelet_pods_dir", &self.kubelet_pods_dir),
         ] {
@@ -339,5 +368,31 @@ mod tests {
         .unwrap();
         assert_eq!(c.class_rules()[0].class, "fpga");
         assert_eq!(c.spares["nvidia-gpu"].len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod env_selector_tests {
+    use super::*;
+
+    #[test]
+    fn env_selectors_follow_the_key_then_the_toolkit_then_true() {
+        let dir = std::env::temp_dir().join(format!("dg-toolkit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let toolkit = dir.join("config.toml");
+        let mut c = Config {
+            nvidia_toolkit_config: toolkit.clone(),
+            ..Config::default()
+        };
+        assert!(c.env_selectors(), "no toolkit config: true");
+        std::fs::write(
+            &toolkit,
+            "disable-require = false\naccept-nvidia-visible-devices-envvar-when-unprivileged = false\n",
+        )
+        .unwrap();
+        assert!(!c.env_selectors(), "the toolkit says false");
+        c.gpu.env_selectors = Some(true);
+        assert!(c.env_selectors(), "the key wins");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

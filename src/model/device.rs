@@ -99,6 +99,9 @@ pub enum Source {
     NvidiaVisibleDevices,
     /// A GPU named by a CDI annotation (`cdi.k8s.io/…: nvidia.com/gpu=…`).
     CdiAnnotation,
+    /// A GPU named only by `all` (env or CDI). Every CUDA base image sets
+    /// `NVIDIA_VISIBLE_DEVICES=all`, so its findings warn and never block a start.
+    AllGpus,
     /// Not a container's: a node on the host (an accelerator, a spare, a quarantined device).
     Host,
 }
@@ -106,7 +109,10 @@ pub enum Source {
 impl Source {
     /// Named by the container's env or annotations, not granted by the spec.
     pub fn is_selector(self) -> bool {
-        matches!(self, Source::NvidiaVisibleDevices | Source::CdiAnnotation)
+        matches!(
+            self,
+            Source::NvidiaVisibleDevices | Source::CdiAnnotation | Source::AllGpus
+        )
     }
 
     pub fn describe(self) -> &'static str {
@@ -116,6 +122,7 @@ impl Source {
             Source::CgroupRule => "a device cgroup rule",
             Source::NvidiaVisibleDevices => "NVIDIA_VISIBLE_DEVICES",
             Source::CdiAnnotation => "a CDI annotation",
+            Source::AllGpus => "a selector of all GPUs",
             Source::Host => "the host",
         }
     }

@@ -1,7 +1,7 @@
 //! What NVML's answer means for a container's GPUs: each GPU's checks against the
 //! operator's limits (pure), the NVML probe, and which GPUs a selector names.
 
-use super::nvml::{GpuFacts, Link, NvmlAnswer, Reading};
+use super::nvml::{GpuFacts, Link, NvmlAnswer, Reading, LOST};
 use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
 use crate::model::class::Class;
 use crate::model::device::{Device, Source};
@@ -44,7 +44,7 @@ pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
         match &g.unreachable {
             Some(why) if g.is_lost() => Verdict::Unhealthy(format!("unreachable: {why}")),
             Some(why) => Verdict::Unknown(format!("no NVML handle: {why}")),
-            None if g.is_lost() => Verdict::Unhealthy("GPU is lost".into()),
+            None if g.is_lost() => Verdict::Unhealthy(LOST.into()),
             None => Verdict::Healthy,
         },
     );
@@ -105,17 +105,14 @@ pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
             }
         }),
     );
-    let pcie = [
-        judge(&g.pcie_gen, "PCIe link generation", |l| {
-            below(l, "PCIe link gen ", "")
-        }),
+    // Only the width: an idle GPU trains its link down to gen 1 to save power, and NVML
+    // has no "under load" signal, so the generation says nothing at prestart.
+    push(
+        "pcie_link",
         judge(&g.pcie_width, "PCIe link width", |l| {
             below(l, "PCIe link width x", "x")
         }),
-    ];
-    let mut pcie = pcie.to_vec();
-    pcie.dedup(); // a lost GPU fails both the same way; say it once
-    push("pcie_link", Verdict::worst(pcie));
+    );
     out
 }
 
@@ -131,7 +128,7 @@ fn judge<T>(r: &Reading<T>, what: &str, f: impl FnOnce(&T) -> Verdict) -> Verdic
     match r {
         Reading::Value(v) => f(v),
         Reading::NotSupported(why) => Verdict::NotApplicable(format!("{what}: {why}")),
-        Reading::Lost => Verdict::Unhealthy("GPU is lost".into()),
+        Reading::Lost => Verdict::Unhealthy(LOST.into()),
         Reading::Failed(why) => Verdict::Unknown(format!("cannot read {what}: {why}")),
     }
 }
@@ -141,7 +138,7 @@ fn judge<T>(r: &Reading<T>, what: &str, f: impl FnOnce(&T) -> Verdict) -> Verdic
 pub fn verdict_for(g: &GpuFacts, checks: &[Check]) -> Verdict {
     let label = g.label();
     if g.is_lost() {
-        return Verdict::Unhealthy(format!("nvml: GPU {label} has fallen off the bus"));
+        return Verdict::Unhealthy(format!("nvml: GPU {label}: {LOST}"));
     }
     let prefix = |r: String| format!("nvml: GPU {label}: {r}");
     match Verdict::worst(checks.iter().map(|c| c.verdict.clone()).collect()) {
@@ -215,8 +212,11 @@ pub fn resolve_selectors(
     let mut chosen: Vec<(u32, Source)> = Vec::new();
     let mut unresolved = Vec::new();
     let mut add = |minor: u32, source: Source| {
-        if !chosen.iter().any(|(m, _)| *m == minor) {
-            chosen.push((minor, source));
+        match chosen.iter_mut().find(|(m, _)| *m == minor) {
+            // a GPU also named on its own is judged as named
+            Some(c) if c.1 == Source::AllGpus => c.1 = source,
+            Some(_) => {}
+            None => chosen.push((minor, source)),
         }
     };
     let minor_of = |g: &GpuFacts| g.minor.value().copied().unwrap_or(g.index);
@@ -226,7 +226,9 @@ pub fn resolve_selectors(
             _ => NVIDIA_VISIBLE_DEVICES,
         };
         match (&snapshot.gpus, sel) {
-            (Ok(gpus), GpuSelector::All) => gpus.iter().for_each(|g| add(minor_of(g), *source)),
+            (Ok(gpus), GpuSelector::All) => {
+                gpus.iter().for_each(|g| add(minor_of(g), Source::AllGpus))
+            }
             (Ok(gpus), GpuSelector::Index(i)) => match gpus.get(*i as usize) {
                 Some(g) => add(minor_of(g), *source),
                 None => unresolved.push(format!(
@@ -245,7 +247,7 @@ pub fn resolve_selectors(
                     }
                 }
             }
-            (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, *source)),
+            (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, Source::AllGpus)),
             (Err(_), GpuSelector::Index(i)) => add(*i, *source),
             (Err(why), GpuSelector::Uuid(u)) => {
                 unresolved.push(format!("{how} selects {u}, which cannot be checked: {why}"))
@@ -346,16 +348,16 @@ mod tests {
         assert_eq!(
             verdict(&g),
             Verdict::Unhealthy(
-                "nvml: GPU GPU-00000002-0000-0000-0000-000000000000 (0000:3b:00.0) has fallen off the bus".into()
+                "nvml: GPU GPU-00000002-0000-0000-0000-000000000000 (0000:3b:00.0): GPU is lost (fallen off the bus)".into()
             )
         );
         let pcie = &checks(&g, L)[5];
-        assert_eq!(pcie.verdict, Verdict::Unhealthy("GPU is lost".into()));
+        assert_eq!(pcie.verdict, Verdict::Unhealthy(LOST.into()));
         let u = GpuFacts::unreachable(5, "GPU is lost".into(), true);
         assert!(u.is_lost());
         assert_eq!(
             verdict(&u),
-            Verdict::Unhealthy("nvml: GPU index 5 has fallen off the bus".into())
+            Verdict::Unhealthy("nvml: GPU index 5: GPU is lost (fallen off the bus)".into())
         );
     }
 
@@ -372,9 +374,13 @@ mod tests {
         assert_eq!(
             v,
             Verdict::Warn(
-                "nvml: GPU GPU-00000000-0000-0000-0000-000000000000 (0000:1b:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x4c); PCIe link gen 3 below max 4; PCIe link width x8 below max x16".into()
+                "nvml: GPU GPU-00000000-0000-0000-0000-000000000000 (0000:1b:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x4c); PCIe link width x8 below max x16".into()
             )
         );
+        // an idle link (gen 1 of 5, full width) is no finding at all
+        g = healthy(0);
+        g.pcie_gen = Reading::Value(Link { current: 1, max: 5 });
+        assert_eq!(verdict(&g), Verdict::Healthy);
         // a power cap alone (0x4) is policy, not a fault
         g = healthy(0);
         g.throttle_reasons = Reading::Value(0x4);
@@ -492,7 +498,15 @@ mod tests {
             ]
         );
         let (chosen, _) = resolve_selectors(&[(GpuSelector::All, env)], &ok, &[]);
-        assert_eq!(chosen, vec![(0, env), (5, env), (2, env)]);
+        let all = Source::AllGpus;
+        assert_eq!(chosen, vec![(0, all), (5, all), (2, all)]);
+        // a GPU also named on its own is judged as named
+        let (chosen, _) = resolve_selectors(
+            &[(GpuSelector::All, env), (GpuSelector::Index(2), cdi)],
+            &ok,
+            &[],
+        );
+        assert_eq!(chosen, vec![(0, all), (5, all), (2, cdi)]);
 
         let failed = NvmlAnswer {
             gpus: Err("cannot load x".into()),
@@ -508,7 +522,7 @@ mod tests {
             &failed,
             &[0, 1],
         );
-        assert_eq!(chosen, vec![(0, env), (1, env), (4, env)]);
+        assert_eq!(chosen, vec![(0, all), (1, all), (4, env)]);
         assert_eq!(
             unresolved,
             vec!["NVIDIA_VISIBLE_DEVICES selects GPU-1, which cannot be checked: cannot load x"]

@@ -5,6 +5,7 @@ pub(crate) mod gpu;
 pub mod kmsg;
 pub(crate) mod nvml;
 pub mod pci;
+pub(crate) mod procfs;
 pub(crate) mod xid;
 
 use crate::config::xid::XidTable;
@@ -25,7 +26,8 @@ impl GpuContext {
     /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path`.
     pub fn gather(config: &Config) -> GpuContext {
         let timeout = Duration::from_millis(config.probe_timeout_ms);
-        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout);
+        let proc = procfs::read_gpus(&config.proc_root);
+        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout, proc);
         let limits = kmsg::ReadLimits {
             deadline: timeout,
             ..kmsg::ReadLimits::default()
@@ -56,6 +58,29 @@ impl GpuContext {
         }
         Some(scan.last_seq.map_or(0, |s| s + 1))
     }
+}
+
+/// A node with no NVIDIA GPU at all: no driver in procfs, NVML unusable, and no PCI
+/// function of vendor 0x10de in sysfs. There, GPU selectors from env and annotations (set
+/// by every CUDA image) mean nothing. A node with NVIDIA functions but no driver loaded is
+/// a GPU node with a broken driver, and its selectors are judged.
+pub fn no_nvidia_node(config: &Config, nvml: &nvml::NvmlAnswer) -> bool {
+    nvml.gpus.is_err()
+        && !config.proc_root.join("driver/nvidia").exists()
+        && !has_nvidia_pci(&config.sysfs_root)
+}
+
+/// More PCI functions than any node has; the rest are not read.
+const MAX_PCI_FUNCTIONS: usize = 4096;
+
+fn has_nvidia_pci(sysfs_root: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(sysfs_root.join("bus/pci/devices")) else {
+        return false;
+    };
+    entries.take(MAX_PCI_FUNCTIONS).flatten().any(|e| {
+        crate::fsutil::read_regular_file(&e.path().join("vendor"), 64, "PCI vendor")
+            .is_ok_and(|v| String::from_utf8_lossy(&v).trim() == "0x10de")
+    })
 }
 
 pub fn has_gpu(devices: &[Device]) -> bool {

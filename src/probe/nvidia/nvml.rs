@@ -12,7 +12,9 @@
 //! panic on a missing symbol; both check the symbol first.
 
 use super::pci::PciAddr;
+use super::procfs::ProcGpu;
 use crate::probe::counters::GpuCounters;
+use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::error::{nvml_sym, nvml_try, NvmlError};
 use nvml_wrapper::Nvml;
@@ -22,6 +24,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// What every lost GPU's reason says, whichever way NVML showed it.
+pub const LOST: &str = "GPU is lost (fallen off the bus)";
 
 /// More GPUs than any node has; a library reporting more is broken or hostile.
 const MAX_GPUS: u32 = 256;
@@ -187,10 +192,11 @@ pub struct NvmlAnswer {
 }
 
 impl NvmlAnswer {
-    /// Opens NVML, reads every GPU and closes it again, within `timeout`.
-    pub fn take(library: &Path, timeout: Duration) -> NvmlAnswer {
+    /// Opens NVML, reads every GPU and closes it again, within `timeout`. `proc` is the
+    /// driver's own list (minor ↔ PCI address), used to find GPUs NVML cannot identify.
+    pub fn take(library: &Path, timeout: Duration, proc: Vec<ProcGpu>) -> NvmlAnswer {
         let started = Instant::now();
-        let (gpus, driver_version) = with_deadline(library.as_os_str().to_owned(), timeout);
+        let (gpus, driver_version) = with_deadline(library.as_os_str().to_owned(), timeout, proc);
         NvmlAnswer {
             gpus,
             driver_version,
@@ -243,12 +249,13 @@ enum Msg {
 fn with_deadline(
     library: OsString,
     timeout: Duration,
+    proc: Vec<ProcGpu>,
 ) -> (Result<Vec<GpuFacts>, String>, Option<String>) {
     let started = Instant::now();
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("devgate-nvml".into())
-        .spawn(move || collect(&library, &tx));
+        .spawn(move || collect(&library, &proc, &tx));
     if let Err(e) = spawned {
         return (Err(format!("cannot start the NVML thread: {e}")), None);
     }
@@ -277,15 +284,21 @@ fn with_deadline(
 }
 
 /// The NVML thread: init, read every GPU, answer, shut down.
-fn collect(library: &OsString, tx: &mpsc::Sender<Msg>) {
-    let nvml = match Nvml::builder().lib_path(library).init() {
+fn collect(library: &OsString, proc: &[ProcGpu], tx: &mpsc::Sender<Msg>) {
+    // NO_ATTACH: NVML opens a GPU only when asked about it, so a GPU that hangs at attach
+    // does not hang the init for every other GPU.
+    let nvml = match Nvml::builder()
+        .lib_path(library)
+        .flags(InitFlags::NO_ATTACH)
+        .init()
+    {
         Ok(n) => n,
         Err(e) => {
             let _ = tx.send(Msg::Facts(Err(init_error(library, &e))));
             return;
         }
     };
-    let result = inventory(&nvml);
+    let result = inventory(&nvml, proc);
     let _ = tx.send(Msg::Facts(result));
     close(nvml);
     let _ = tx.send(Msg::Closed);
@@ -310,23 +323,67 @@ fn close(nvml: Nvml) {
     }
 }
 
-fn inventory(nvml: &Nvml) -> Result<(Vec<GpuFacts>, Option<String>), String> {
+fn inventory(nvml: &Nvml, proc: &[ProcGpu]) -> Result<(Vec<GpuFacts>, Option<String>), String> {
     let count = nvml
         .device_count()
         .map_err(|e| format!("NVML cannot count GPUs: {e}"))?;
     if count > MAX_GPUS {
         return Err(format!("NVML reports {count} GPUs, more than {MAX_GPUS}"));
     }
-    let gpus = (0..count).map(|i| facts(nvml, i)).collect();
+    let mut gpus: Vec<GpuFacts> = (0..count).map(|i| facts(nvml, i)).collect();
+    identify(nvml, &mut gpus, proc);
     Ok((gpus, nvml.sys_driver_version().ok()))
 }
 
-fn facts(nvml: &Nvml, index: u32) -> GpuFacts {
-    let dev = match nvml.device_by_index(index) {
-        Ok(d) => d,
-        Err(NvmlError::GpuLost) => return GpuFacts::unreachable(index, "GPU is lost".into(), true),
-        Err(e) => return GpuFacts::unreachable(index, e.to_string(), false),
+/// A lost GPU may give no minor (no handle, or GPU_IS_LOST on every query) or not be
+/// counted at all. Each GPU the driver lists whose minor NVML did not name is looked up by
+/// its PCI address instead, and takes the place of an entry NVML could not identify.
+fn identify(nvml: &Nvml, gpus: &mut Vec<GpuFacts>, proc: &[ProcGpu]) {
+    for p in proc {
+        if gpus.iter().any(|g| g.minor.value() == Some(&p.minor)) {
+            continue;
+        }
+        let slot = gpus.iter().position(|g| g.minor.value().is_none());
+        let index = slot.map_or(gpus.len() as u32, |i| gpus[i].index);
+        let f = by_pci(nvml, p, index);
+        match slot {
+            Some(i) => gpus[i] = f,
+            None => gpus.push(f),
+        }
+    }
+}
+
+/// One GPU by its PCI address, carrying the driver's minor, address and UUID whatever
+/// NVML answers.
+fn by_pci(nvml: &Nvml, p: &ProcGpu, index: u32) -> GpuFacts {
+    let bus = p.nvml_bus_id();
+    let mut f = match nvml.device_by_pci_bus_id(bus.as_str()) {
+        Ok(dev) => facts_of(nvml, &dev, index),
+        Err(NvmlError::GpuLost) => GpuFacts::unreachable(index, LOST.into(), true),
+        Err(NvmlError::NotFound) => GpuFacts::unreachable(
+            index,
+            format!("{LOST}: the driver lists it, NVML does not count it"),
+            true,
+        ),
+        Err(e) => GpuFacts::unreachable(index, e.to_string(), false),
     };
+    f.minor = Reading::Value(p.minor);
+    f.pci_bus_id = Reading::Value(bus);
+    if let (None, Some(u)) = (f.uuid.value(), &p.uuid) {
+        f.uuid = Reading::Value(u.clone());
+    }
+    f
+}
+
+fn facts(nvml: &Nvml, index: u32) -> GpuFacts {
+    match nvml.device_by_index(index) {
+        Ok(d) => facts_of(nvml, &d, index),
+        Err(NvmlError::GpuLost) => GpuFacts::unreachable(index, LOST.into(), true),
+        Err(e) => GpuFacts::unreachable(index, e.to_string(), false),
+    }
+}
+
+fn facts_of(nvml: &Nvml, dev: &nvml_wrapper::Device, index: u32) -> GpuFacts {
     let link = |cur: Result<u32, NvmlError>, max: Result<u32, NvmlError>| match (cur, max) {
         (Ok(current), Ok(max)) => Reading::Value(Link { current, max }),
         (Err(e), _) | (_, Err(e)) => Reading::from_error(e),
@@ -337,7 +394,7 @@ fn facts(nvml: &Nvml, index: u32) -> GpuFacts {
         minor: Reading::from_result(dev.minor_number()),
         uuid: Reading::from_result(dev.uuid()),
         pci_bus_id: Reading::from_result(dev.pci_info().map(|p| p.bus_id)),
-        remapped_rows: Reading::from_result(remapped_rows(nvml, &dev)),
+        remapped_rows: Reading::from_result(remapped_rows(nvml, dev)),
         retired_pages_pending: Reading::from_result(dev.are_pages_pending_retired()),
         volatile_uncorrectable_ecc: Reading::from_result(
             dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
@@ -405,6 +462,7 @@ pub(crate) mod tests {
         let s = NvmlAnswer::take(
             Path::new("/nonexistent/libnvidia-ml.so.1"),
             Duration::from_secs(5),
+            Vec::new(),
         );
         let e = s.gpus.unwrap_err();
         assert!(
@@ -412,7 +470,7 @@ pub(crate) mod tests {
             "{e}"
         );
         // a library that is not NVML at all
-        let s = NvmlAnswer::take(Path::new("libc.so.6"), Duration::from_secs(5));
+        let s = NvmlAnswer::take(Path::new("libc.so.6"), Duration::from_secs(5), Vec::new());
         let e = s.gpus.unwrap_err();
         assert!(e.contains("is not a usable NVML library"), "{e}");
     }
