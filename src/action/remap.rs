@@ -258,6 +258,46 @@ pub(crate) fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
     }
 }
 
+/// Whether any remap is to be tried: some device asks for one, and no other device
+/// rejects the container outright (then every remap fails alike, saying so). Shared by
+/// the hook-time remap and the runtime wrapper's.
+pub(crate) fn wanted(decisions: &mut [DeviceDecision]) -> bool {
+    if !decisions
+        .iter()
+        .any(|d| d.disposition == Disposition::Remap)
+    {
+        return false;
+    }
+    if decisions
+        .iter()
+        .any(|d| d.disposition == Disposition::Reject)
+    {
+        fail_all(
+            decisions,
+            "not attempted, the container is rejected for another device",
+        );
+        return false;
+    }
+    true
+}
+
+/// Device `i` could not be remapped (`why`): it is rejected, and every other remap is
+/// abandoned with it, naming it.
+pub(crate) fn abandon(decisions: &mut [DeviceDecision], i: usize, why: String) {
+    let name = decisions[i].device.describe();
+    for (j, d) in decisions.iter_mut().enumerate() {
+        if j == i {
+            d.disposition = Disposition::Reject;
+            d.reasons.push(why.clone());
+        } else if d.disposition == Disposition::Remap {
+            d.disposition = Disposition::Reject;
+            d.reasons.push(format!(
+                "remap abandoned: not attempted, {name} could not be remapped"
+            ));
+        }
+    }
+}
+
 /// Remaps every device whose disposition is Remap. On success they stay Remap and the
 /// records say what was done; on any failure every such device becomes Reject with the
 /// reason, and the spares leased here are given back.
@@ -273,20 +313,7 @@ pub fn apply(
     process: Option<&ContainerProcess>,
     decisions: &mut [DeviceDecision],
 ) -> Applied {
-    if !decisions
-        .iter()
-        .any(|d| d.disposition == Disposition::Remap)
-    {
-        return Applied::default();
-    }
-    if decisions
-        .iter()
-        .any(|d| d.disposition == Disposition::Reject)
-    {
-        fail_all(
-            decisions,
-            "not attempted, the container is rejected for another device",
-        );
+    if !wanted(decisions) {
         return Applied::default();
     }
     let Some(process) = process else {
@@ -341,7 +368,7 @@ pub fn apply(
     };
     let mut out = Applied::default();
     let mut failed = None;
-    for (i, dec) in decisions.iter_mut().enumerate() {
+    for (i, dec) in decisions.iter().enumerate() {
         if dec.disposition != Disposition::Remap {
             continue;
         }
@@ -351,30 +378,19 @@ pub fn apply(
                 out.remaps.push(r);
             }
             Err(m) => {
-                dec.disposition = Disposition::Reject;
-                dec.reasons.push(format!("remap impossible: {m}"));
-                failed = Some(i);
+                failed = Some((i, format!("remap impossible: {m}")));
                 break;
             }
         }
     }
-    if let Some(i) = failed {
+    if let Some((i, why)) = failed {
         // The container will not start: give back every spare taken for it.
         for r in &out.remaps {
             if let Err(e) = cx.leases.release(r.spare, &state.id) {
                 log::error!("cannot give back spare {} of {}: {e}", r.spare, state.id);
             }
         }
-        let why = format!(
-            "not attempted, {} could not be remapped",
-            decisions[i].device.describe()
-        );
-        for (j, d) in decisions.iter_mut().enumerate() {
-            if j != i && d.disposition == Disposition::Remap {
-                d.disposition = Disposition::Reject;
-                d.reasons.push(format!("remap abandoned: {why}"));
-            }
-        }
+        abandon(decisions, i, why);
         return Applied::default();
     }
     out

@@ -4,7 +4,7 @@
 //! saying why with every spare taken for it given back.
 
 use super::spec_rewrite::{self, Swap};
-use crate::action::remap::{fail_all, Applied, RemapRecord};
+use crate::action::remap::{abandon, fail_all, wanted, Applied, RemapRecord};
 use crate::action::spare::healthy_spares;
 use crate::config::Config;
 use crate::model::device::{self, DevNum};
@@ -146,20 +146,7 @@ impl SpecRemap<'_> {
         gpu: Option<&GpuContext>,
         decisions: &mut [DeviceDecision],
     ) -> Applied {
-        if !decisions
-            .iter()
-            .any(|d| d.disposition == Disposition::Remap)
-        {
-            return Applied::default();
-        }
-        if decisions
-            .iter()
-            .any(|d| d.disposition == Disposition::Reject)
-        {
-            fail_all(
-                decisions,
-                "not attempted, the container is rejected for another device",
-            );
+        if !wanted(decisions) {
             return Applied::default();
         }
         let leases = Leases::new(&config.state_dir);
@@ -204,18 +191,7 @@ impl SpecRemap<'_> {
             for (_, l, _) in &held {
                 give_back(&leases, l);
             }
-            let name = decisions[i].device.describe();
-            for (j, d) in decisions.iter_mut().enumerate() {
-                if j == i {
-                    d.disposition = Disposition::Reject;
-                    d.reasons.push(why.clone());
-                } else if d.disposition == Disposition::Remap {
-                    d.disposition = Disposition::Reject;
-                    d.reasons.push(format!(
-                        "remap abandoned: not attempted, {name} could not be remapped"
-                    ));
-                }
-            }
+            abandon(decisions, i, why);
             return Applied::default();
         }
         let mut out = Applied::default();
