@@ -109,17 +109,30 @@ pub fn check_dir(dir: &Path) -> Result<()> {
 /// mix, and a crash at any point leaves one of the two (plus at most a stray temp file,
 /// which readers ignore because it starts with '.').
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    replace_file(path, data, mode, true)
+    replace_file(path, data, mode, None, true)
+}
+
+/// Like `write_atomic`, for a file that is not devgate's own (a bundle's config.json): the
+/// new file gets exactly `mode` and the given owner, set through its fd before it is
+/// renamed into place.
+pub fn write_atomic_owned(path: &Path, data: &[u8], mode: u32, uid: u32, gid: u32) -> Result<()> {
+    replace_file(path, data, mode, Some((uid, gid)), true)
 }
 
 /// Like `write_atomic` but without the fsyncs: for files on tmpfs (state_dir under /run),
 /// where fsync does nothing and a crash loses the whole filesystem anyway. Readers still see
 /// the old or the new content, never a mix.
 pub fn write_atomic_volatile(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    replace_file(path, data, mode, false)
+    replace_file(path, data, mode, None, false)
 }
 
-fn replace_file(path: &Path, data: &[u8], mode: u32, durable: bool) -> Result<()> {
+fn replace_file(
+    path: &Path,
+    data: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    durable: bool,
+) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| Error::invalid("path", format!("{} has no parent", path.display())))?;
@@ -142,6 +155,18 @@ fn replace_file(path: &Path, data: &[u8], mode: u32, durable: bool) -> Result<()
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(|e| Error::io("cannot create", &tmp, e))?;
+        if let Some((uid, gid)) = owner {
+            use std::os::fd::AsRawFd;
+            nix::unistd::fchown(
+                f.as_raw_fd(),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .map_err(|e| Error::io("cannot chown", &tmp, e.into()))?;
+            // The umask narrowed the mode at create, and chown may clear set-id bits.
+            f.set_permissions(fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io("cannot chmod", &tmp, e))?;
+        }
         f.write_all(data)
             .map_err(|e| Error::io("cannot write", &tmp, e))?;
         if durable {

@@ -18,9 +18,8 @@ use crate::error::{Error, Result};
 use crate::model::device::{DevNum, DevType};
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
 use serde_json::Value;
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// One bad device and the spare that stands in for it.
@@ -205,16 +204,10 @@ pub fn rewrite(doc: &mut Value, swaps: &[Swap]) -> std::result::Result<Vec<Chang
 }
 
 /// Replaces the spec file with `bytes` so that the runtime reads the old or the new
-/// document, never a mix: a temp file in the same directory with the original's mode and
-/// owner, written and synced, renamed over it. The bundle directory is the runtime
-/// caller's (root's), never the container's.
+/// document, never a mix, keeping the original's mode and owner. The bundle directory is
+/// the runtime caller's (root's), never the container's; the file itself must be a regular
+/// file, not a symlink.
 pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| Error::invalid("spec file", format!("{} has no parent", path.display())))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::invalid("spec file", format!("{} has no name", path.display())))?;
     let meta = fs::symlink_metadata(path).map_err(|e| Error::io("cannot stat", path, e))?;
     if !meta.is_file() {
         return Err(Error::invalid(
@@ -222,45 +215,14 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
             "not a regular file",
         ));
     }
-    let tmp = dir.join(format!(
-        ".{}.devgate.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let _ = fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(|e| Error::io("cannot create", &tmp, e))?;
-        use std::os::fd::AsRawFd;
-        nix::unistd::fchown(
-            f.as_raw_fd(),
-            Some(nix::unistd::Uid::from_raw(meta.uid())),
-            Some(nix::unistd::Gid::from_raw(meta.gid())),
-        )
-        .map_err(|e| Error::io("cannot chown", &tmp, e.into()))?;
-        f.set_permissions(fs::Permissions::from_mode(meta.mode() & 0o7777))
-            .map_err(|e| Error::io("cannot chmod", &tmp, e))?;
-        f.write_all(bytes)
-            .map_err(|e| Error::io("cannot write", &tmp, e))?;
-        f.sync_all()
-            .map_err(|e| Error::io("cannot fsync", &tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    crate::fsutil::write_atomic_owned(path, bytes, meta.mode() & 0o7777, meta.uid(), meta.gid())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::os::unix::fs::PermissionsExt;
 
     fn c(major: u32, minor: u32) -> DevNum {
         DevNum {
