@@ -16,6 +16,7 @@ pub mod runtimes;
 
 use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
 use crate::config::{self, Config};
+use crate::model::text::one_line;
 use node::{DriverVerdict, DriverVote, NvmlAnswer};
 use runtimes::{BaseSpec, Identity};
 use std::io::Write;
@@ -82,7 +83,7 @@ impl Line {
 
     /// The printed form: the mark line, and for a failure its fix on the next line.
     pub fn render(&self) -> String {
-        let mut s = escape(&format!(
+        let mut s = one_line(&format!(
             "{} {}: {}",
             self.mark.symbol(),
             self.check,
@@ -90,23 +91,10 @@ impl Line {
         ));
         if let Some(f) = &self.fix {
             s.push_str("\n  fix: ");
-            s.push_str(&escape(f));
+            s.push_str(&one_line(f));
         }
         s
     }
-}
-
-/// Control characters (newlines included) as `\xNN`: one check stays one line.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            out.push_str(&format!("\\x{:02x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Where doctor looks, for tests and unusual installs; each default is the node's own.
@@ -177,7 +165,7 @@ pub fn cli(argv: &[String]) -> Option<i32> {
     let opts = match parse(argv) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("devgate: error: {}\n{USAGE}", escape(&e));
+            eprintln!("devgate: error: {}\n{USAGE}", one_line(&e));
             return Some(2);
         }
     };
@@ -876,8 +864,8 @@ mod tests {
 
     #[test]
     fn escape_control_characters() {
-        assert_eq!(escape("a\x1b[31mb\nc\u{9b}"), "a\\x1b[31mb\\x0ac\\x9b");
-        assert_eq!(escape("GPU ✓ é"), "GPU ✓ é");
+        assert_eq!(one_line("a\x1b[31mb\nc\u{9b}"), "a\\x1b[31mb\\x0ac\\x9b");
+        assert_eq!(one_line("GPU ✓ é"), "GPU ✓ é");
         let l = Line::fail("x", "bad\nline", "do\x07this");
         assert_eq!(l.render(), "✗ x: bad\\x0aline\n  fix: do\\x07this");
     }
