@@ -72,3 +72,19 @@ fn device_path_and_cordon_reason_are_escaped_everywhere() {
     );
     assert_clean("status", &env.ok(&["status"]));
 }
+
+/// An error about a spec's device (a path that is not absolute here) names its path: printed escaped
+/// on one line, so a pod cannot forge lines in the runtime's error or kubelet's event.
+#[test]
+fn an_error_naming_a_spec_path_is_escaped() {
+    let env = Env::with("escapes-err", json!({}));
+    let mut b = Bundle::new("escapes-err", &["true"]);
+    b.add_device(&EVIL_PATH[1..], "c", 1, 5);
+    b.write();
+    let out = env.hook_stdin("prestart", b.state_json("esc-err").as_bytes());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.starts_with("devgate: error: "), "{err:?}");
+    assert_eq!(err.matches('\n').count(), 1, "{err:?}");
+    assert_clean("the error line", &err);
+}

@@ -145,8 +145,14 @@ pub fn exit(code: i32) -> ! {
 }
 
 fn fail(e: &Error) -> i32 {
-    eprintln!("devgate: error: {e}");
+    print_error(&format!("devgate: error: {e}"));
     2
+}
+
+/// An error names spec paths and other outside text: printed as one escaped line, like
+/// every other line devgate prints.
+fn print_error(line: &str) {
+    eprintln!("{}", one_line(line));
 }
 
 fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
@@ -162,7 +168,7 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
         Ok(s) => s,
         Err(e) => {
             // Unreadable input is the one error that fails even poststop.
-            eprintln!("devgate: error: {stage}: {e}");
+            print_error(&format!("devgate: error: {stage}: {e}"));
             return 2;
         }
     };
@@ -183,7 +189,7 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             report.exit_code
         }
         Err(e) => {
-            eprintln!("devgate: error: {stage}: {e}", stage = stage.name());
+            print_error(&format!("devgate: error: {}: {e}", stage.name()));
             // poststop must not fail the lifecycle once its own input was readable; the
             // error is still printed for the runtime's log.
             if stage == Stage::Poststop {
