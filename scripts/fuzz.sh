@@ -16,7 +16,8 @@ export CARGO_TARGET_DIR=${FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:+$CARGO_TARGET_DIR
 targets=${FUZZ_TARGETS:-$(cargo fuzz list)}
 cargo fuzz build -O
 for t in $targets; do
-    mkdir -p "corpus/$t"
+    # A target without checked-in seeds starts from nothing rather than failing.
+    mkdir -p "corpus/$t" "seeds/$t"
     echo "== fuzz $t for ${seconds}s"
     # -timeout: one input taking longer is a hang; -rss_limit_mb: a bounded-memory check.
     cargo fuzz run -O "$t" "corpus/$t" "seeds/$t" -- \
