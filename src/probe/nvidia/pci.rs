@@ -43,7 +43,9 @@ impl PciAddr {
         })
     }
 
-    /// The driver's own form in an XID line: `DDDD:BB:DD` (domain 4 or 8 hex digits), or
+    /// The driver's own form in an XID line: `DDDD:BB:DD` (domain 4 to 8 hex digits: the
+    /// kernel and NVRM print it with `%04x`, so a domain above 0xffff, as VMD gives, is 5
+    /// to 8 digits wide; NVML pads to 8), or
     /// the legacy `BB:DD`-less-domain forms old drivers wrote; no function, no spaces.
     pub fn parse_exact(s: &str) -> Option<PciAddr> {
         if s.contains('.') || s.bytes().any(|b| b.is_ascii_whitespace()) {
@@ -52,7 +54,7 @@ impl PciAddr {
         let a = PciAddr::parse(s)?;
         let parts: Vec<&str> = s.split(':').collect();
         let widths_ok = match parts.as_slice() {
-            [d, b, v] => (d.len() == 4 || d.len() == 8) && b.len() == 2 && v.len() == 2,
+            [d, b, v] => (4..=8).contains(&d.len()) && b.len() == 2 && v.len() == 2,
             [b, v] => b.len() == 2 && v.len() == 2,
             _ => false,
         };
@@ -87,6 +89,23 @@ impl fmt::Display for PciAddr {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn wide_domains_round_trip() {
+        // Found by the kmsg_record fuzz target: `09551615` parsed, printed as `9551615`,
+        // and the printed form no longer parsed.
+        for s in [
+            "09551615:3b:00",
+            "10000:e1:00",
+            "0000:3b:00",
+            "00000000:3b:00",
+        ] {
+            let a = PciAddr::parse_exact(s).unwrap_or_else(|| panic!("{s}"));
+            assert_eq!(PciAddr::parse_exact(&a.to_string()), Some(a), "{s}");
+        }
+        assert_eq!(PciAddr::parse_exact("123:3b:00"), None);
+        assert_eq!(PciAddr::parse_exact("000000000:3b:00"), None);
+    }
+
     use super::*;
 
     #[test]
