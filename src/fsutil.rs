@@ -59,47 +59,149 @@ pub fn read_attr(path: &Path) -> io::Result<String> {
 }
 
 /// Makes sure `dir` exists as a real directory owned by us and writable by nobody else,
-/// creating it (and missing parents) with mode 0755 when absent. Anything else — a symlink,
-/// a file, a directory another user could write to — is refused: devgate runs as root and a
-/// planted directory would let someone else choose what root writes.
+/// along its whole path (see [`check_path`]), creating it (and missing parents) with mode
+/// 0755 when absent. Anything else — a symlink, a file, a directory another user could
+/// write to or rename — is refused: devgate runs as root and a planted directory would let
+/// someone else choose what root writes.
 pub fn ensure_private_dir(dir: &Path) -> Result<()> {
-    match fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+    match check_path(dir)? {
+        DirState::Present => Ok(()),
+        DirState::Absent => {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o755)
                 .create(dir)
                 .map_err(|e| Error::io("cannot create directory", dir, e))?;
-            check_dir(dir)
+            check_last(dir)
         }
-        Err(e) => Err(Error::io("cannot stat directory", dir, e)),
-        Ok(_) => check_dir(dir),
     }
 }
 
-/// Checks without creating: see [`ensure_private_dir`].
+/// Checks without creating: the directory must exist, and be safe along its whole path.
 pub fn check_dir(dir: &Path) -> Result<()> {
-    let meta = fs::symlink_metadata(dir).map_err(|e| Error::io("cannot stat directory", dir, e))?;
-    if meta.file_type().is_symlink() {
-        return Err(Error::unsafe_path(dir, "is a symlink"));
+    match check_path(dir)? {
+        DirState::Present => Ok(()),
+        DirState::Absent => Err(Error::io(
+            "cannot stat directory",
+            dir,
+            io::Error::from(io::ErrorKind::NotFound),
+        )),
     }
+}
+
+/// What [`check_path`] found at the end of a safe path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirState {
+    Present,
+    /// Missing, below a last existing directory nobody else can write, so devgate can
+    /// create it before anyone else does.
+    Absent,
+}
+
+/// Checks every directory from `/` down to `dir`: each must be ours (root's, or the
+/// effective user's) and not writable by group or others, because whoever can write any
+/// one of them can rename the rest of the path away and put their own in its place. Two
+/// exceptions, both as the kernel enforces them: a sticky ancestor (like /tmp), where
+/// nobody can rename or remove our entry; and a root-owned symlink on the way (/var/run →
+/// /run), whose target is checked the same way. `dir` itself must not be a symlink.
+pub fn check_path(dir: &Path) -> Result<DirState> {
+    check_chain(dir, 0)
+}
+
+fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
+    if depth > 8 {
+        return Err(Error::unsafe_path(dir, "too many symlinks on the way"));
+    }
+    if !dir.is_absolute() {
+        return Err(Error::unsafe_path(dir, "not an absolute path"));
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    let mut chain: Vec<&Path> = dir.ancestors().collect();
+    chain.reverse();
+    // The last existing directory and its mode: whoever can write it could create the
+    // missing rest of the path first.
+    let mut parent: (PathBuf, u32) = ("/".into(), 0o755);
+    for (i, p) in chain.iter().enumerate() {
+        let last = i + 1 == chain.len();
+        let meta = match fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let (pdir, mode) = parent;
+                if mode & 0o022 != 0 {
+                    return Err(Error::unsafe_path(
+                        dir,
+                        format!(
+                            "is absent and {} is writable by others (mode {:o}), who could \
+                             create it first",
+                            pdir.display(),
+                            mode & 0o7777
+                        ),
+                    ));
+                }
+                return Ok(DirState::Absent);
+            }
+            Err(e) => return Err(Error::io("cannot stat directory", p, e)),
+        };
+        if meta.file_type().is_symlink() {
+            if last {
+                return Err(Error::unsafe_path(p, "is a symlink"));
+            }
+            judge_owner(p, meta.uid(), euid)?;
+            let target = fs::canonicalize(p).map_err(|e| Error::io("cannot resolve", p, e))?;
+            if check_chain(&target, depth + 1)? == DirState::Absent {
+                return Err(Error::unsafe_path(p, "is a dangling symlink"));
+            }
+            let mode = fs::metadata(&target)
+                .map_err(|e| Error::io("cannot stat directory", &target, e))?
+                .mode();
+            parent = (target, mode);
+            continue;
+        }
+        if !meta.is_dir() {
+            return Err(Error::unsafe_path(p, "is not a directory"));
+        }
+        judge_dir(p, meta.uid(), euid, meta.mode(), !last)?;
+        parent = (p.to_path_buf(), meta.mode());
+    }
+    Ok(DirState::Present)
+}
+
+/// The last component again, after devgate created it: no symlink, ours, not writable.
+fn check_last(dir: &Path) -> Result<()> {
+    let meta = fs::symlink_metadata(dir).map_err(|e| Error::io("cannot stat directory", dir, e))?;
     if !meta.is_dir() {
         return Err(Error::unsafe_path(dir, "is not a directory"));
     }
-    let euid = nix::unistd::geteuid().as_raw();
-    if meta.uid() != euid {
-        return Err(Error::unsafe_path(
-            dir,
-            format!("owned by uid {}, not {}", meta.uid(), euid),
-        ));
+    judge_dir(
+        dir,
+        meta.uid(),
+        nix::unistd::geteuid().as_raw(),
+        meta.mode(),
+        false,
+    )
+}
+
+fn judge_owner(path: &Path, uid: u32, euid: u32) -> Result<()> {
+    if uid == 0 || uid == euid {
+        return Ok(());
     }
-    if meta.permissions().mode() & 0o022 != 0 {
+    Err(Error::unsafe_path(
+        path,
+        format!("is owned by uid {uid}, not root"),
+    ))
+}
+
+/// One existing directory on the way (`ancestor`) or at the end of a path devgate writes
+/// into. Pure, so each rule is tested on its own.
+pub fn judge_dir(path: &Path, uid: u32, euid: u32, mode: u32, ancestor: bool) -> Result<()> {
+    judge_owner(path, uid, euid)?;
+    let others_write = mode & 0o022 != 0;
+    // In a sticky directory (like /tmp) nobody else can rename or remove our entries, so
+    // an existing directory of ours below it stays ours.
+    if others_write && !(ancestor && mode & 0o1000 != 0) {
         return Err(Error::unsafe_path(
-            dir,
-            format!(
-                "writable by group or others (mode {:o})",
-                meta.permissions().mode() & 0o7777
-            ),
+            path,
+            format!("is writable by group or others (mode {:o})", mode & 0o7777),
         ));
     }
     Ok(())
@@ -295,6 +397,90 @@ mod tests {
         assert!(e.to_string().contains("writable by group or others"), "{e}");
         ensure_private_dir(&d.join("new/nested")).unwrap();
         assert!(d.join("new/nested").is_dir());
+    }
+
+    #[test]
+    fn dir_rules() {
+        let p = Path::new("/x");
+        assert!(judge_dir(p, 0, 0, 0o40755, false).is_ok());
+        assert_eq!(
+            judge_dir(p, 1000, 0, 0o40755, true)
+                .unwrap_err()
+                .to_string(),
+            "unsafe path /x: is owned by uid 1000, not root"
+        );
+        assert_eq!(
+            judge_dir(p, 0, 0, 0o40775, true).unwrap_err().to_string(),
+            "unsafe path /x: is writable by group or others (mode 775)"
+        );
+        // /tmp: sticky, so our entries below it stay ours; never for the dir itself.
+        assert!(judge_dir(p, 0, 0, 0o41777, true).is_ok());
+        assert!(judge_dir(p, 0, 0, 0o41777, false).is_err());
+        // Run as a user, that user's own directories are as good as root's.
+        assert!(judge_dir(p, 1000, 1000, 0o40755, false).is_ok());
+    }
+
+    /// The whole path, not only the last component: the attacker owns or can write a
+    /// directory above devgate's and would swap what is below it.
+    #[test]
+    fn whole_path_is_checked() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (CI runs as root) to own dirs as another uid");
+            return;
+        }
+        let d = tempdir("chain");
+        fs::create_dir_all(d.join("open/state")).unwrap();
+        fs::set_permissions(d.join("open"), fs::Permissions::from_mode(0o775)).unwrap();
+        let e = ensure_private_dir(&d.join("open/state")).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("open: is writable by group or others (mode 775)"),
+            "{e}"
+        );
+        assert!(check_dir(&d.join("open/state")).is_err());
+        // An ancestor owned by another user, even with mode 0755.
+        fs::set_permissions(d.join("open"), fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(d.join("open"), Some(65534), None).unwrap();
+        let e = ensure_private_dir(&d.join("open/state")).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        std::os::unix::fs::chown(d.join("open"), Some(0), None).unwrap();
+        assert_eq!(
+            check_path(&d.join("open/state")).unwrap(),
+            DirState::Present
+        );
+        // Sticky and world-writable, like /tmp: an existing root directory below it is
+        // safe, a missing one could be created first by anyone.
+        fs::create_dir_all(d.join("sticky/mine")).unwrap();
+        fs::set_permissions(d.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+        assert_eq!(
+            check_path(&d.join("sticky/mine")).unwrap(),
+            DirState::Present
+        );
+        let e = ensure_private_dir(&d.join("sticky/new")).unwrap_err();
+        assert!(e.to_string().contains("who could create it first"), "{e}");
+        assert!(!d.join("sticky/new").exists());
+        assert_eq!(
+            check_path(&d.join("open/new/deeper")).unwrap(),
+            DirState::Absent
+        );
+        // A root-owned symlink on the way is followed and its target checked; a symlink
+        // at the end, or one owned by someone else, is refused.
+        std::os::unix::fs::symlink(d.join("open"), d.join("link")).unwrap();
+        assert_eq!(
+            check_path(&d.join("link/state")).unwrap(),
+            DirState::Present
+        );
+        assert!(check_path(&d.join("link"))
+            .unwrap_err()
+            .to_string()
+            .contains("is a symlink"));
+        std::os::unix::fs::symlink(d.join("open"), d.join("theirs")).unwrap();
+        std::os::unix::fs::lchown(d.join("theirs"), Some(65534), None).unwrap();
+        let e = check_path(&d.join("theirs/state")).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        fs::set_permissions(d.join("open"), fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(check_path(&d.join("link/state")).is_err());
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

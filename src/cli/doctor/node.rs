@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -19,92 +19,16 @@ use std::time::{Duration, Instant};
 // Directories devgate (root) writes into: every component of the path must be root's and
 // writable by nobody else, or someone else could swap what root writes through.
 
-/// One existing directory on the way to a devgate directory.
-pub fn judge_dir(path: &Path, uid: u32, mode: u32, ancestor: bool) -> Result<(), String> {
-    if uid != 0 {
-        return Err(format!(
-            "{} is owned by uid {uid}, not root",
-            path.display()
-        ));
-    }
-    let others_write = mode & 0o022 != 0;
-    // In a sticky directory (like /tmp) nobody else can rename or remove root's entries,
-    // so an existing root-owned directory below it stays root's.
-    if others_write && !(ancestor && mode & 0o1000 != 0) {
-        return Err(format!(
-            "{} is writable by group or others (mode {:o})",
-            path.display(),
-            mode & 0o7777
-        ));
-    }
-    Ok(())
-}
-
-/// Checks the whole path of a directory devgate writes into. Ok: a note for the ✓ line.
+/// Checks the whole path of a directory devgate writes into (the runtime's own check,
+/// fsutil::check_path). Ok: a note for the ✓ line.
 pub fn check_safe_dir(dir: &Path) -> Result<String, String> {
-    check_chain(dir, 0)
-}
-
-fn check_chain(dir: &Path, depth: u32) -> Result<String, String> {
-    if depth > 8 {
-        return Err(format!("{}: too many symlinks on the way", dir.display()));
-    }
-    if !dir.is_absolute() {
-        return Err(format!("{} is not an absolute path", dir.display()));
-    }
-    let mut chain: Vec<&Path> = dir.ancestors().collect();
-    chain.reverse();
-    let mut last_existing: Option<(PathBuf, u32)> = None;
-    for (i, p) in chain.iter().enumerate() {
-        let last = i + 1 == chain.len();
-        let meta = match fs::symlink_metadata(p) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // devgate creates the rest (mode 0755); whoever can write the last existing
-                // directory could create it first.
-                let (parent, mode) = last_existing.unwrap_or(("/".into(), 0o755));
-                if mode & 0o022 != 0 {
-                    return Err(format!(
-                        "{} is absent and {} is writable by others (mode {:o}), who could \
-                         create it first",
-                        dir.display(),
-                        parent.display(),
-                        mode & 0o7777
-                    ));
-                }
-                return Ok("absent; devgate creates it".into());
-            }
-            Err(e) => return Err(format!("cannot stat {}: {e}", p.display())),
-        };
-        if meta.file_type().is_symlink() {
-            if last {
-                return Err(format!(
-                    "{} is a symlink (devgate refuses one)",
-                    dir.display()
-                ));
-            }
-            if meta.uid() != 0 {
-                return Err(format!(
-                    "{} is a symlink owned by uid {}, not root",
-                    p.display(),
-                    meta.uid()
-                ));
-            }
-            let target =
-                fs::canonicalize(p).map_err(|e| format!("cannot resolve {}: {e}", p.display()))?;
-            check_chain(&target, depth + 1)?;
-            let m = fs::metadata(&target)
-                .map_err(|e| format!("cannot stat {}: {e}", target.display()))?;
-            last_existing = Some((target, m.mode()));
-            continue;
+    match crate::fsutil::check_path(dir) {
+        Ok(crate::fsutil::DirState::Present) => {
+            Ok("every directory on its path is root's and not writable by others".into())
         }
-        if !meta.is_dir() {
-            return Err(format!("{} is not a directory", p.display()));
-        }
-        judge_dir(p, meta.uid(), meta.mode(), !last)?;
-        last_existing = Some((p.to_path_buf(), meta.mode()));
+        Ok(crate::fsutil::DirState::Absent) => Ok("absent; devgate creates it".into()),
+        Err(e) => Err(e.to_string()),
     }
-    Ok("every directory on its path is root's and not writable by others".into())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -494,57 +418,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dir_components() {
-        let p = Path::new("/x");
-        assert!(judge_dir(p, 0, 0o40755, false).is_ok());
-        assert_eq!(
-            judge_dir(p, 1000, 0o40755, true).unwrap_err(),
-            "/x is owned by uid 1000, not root"
-        );
-        assert_eq!(
-            judge_dir(p, 0, 0o40775, true).unwrap_err(),
-            "/x is writable by group or others (mode 775)"
-        );
-        // /tmp: sticky, so root's entries below it stay root's; never for the dir itself.
-        assert!(judge_dir(p, 0, 0o41777, true).is_ok());
-        assert!(judge_dir(p, 0, 0o41777, false).is_err());
-    }
-
-    #[test]
-    fn safe_dir_walks_the_whole_path() {
+    fn safe_dir_notes() {
+        // The rules themselves are tested in fsutil; doctor only words the outcome.
         let d = std::env::temp_dir().join(format!("dg-doctor-unit-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(d.join("open/state")).unwrap();
+        fs::create_dir_all(d.join("state")).unwrap();
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
-        fs::set_permissions(d.join("open"), fs::Permissions::from_mode(0o775)).unwrap();
-        fs::set_permissions(d.join("open/state"), fs::Permissions::from_mode(0o755)).unwrap();
-        if nix::unistd::geteuid().is_root() {
-            let e = check_safe_dir(&d.join("open/state")).unwrap_err();
-            assert!(
-                e.ends_with("open is writable by group or others (mode 775)"),
-                "{e}"
-            );
-            // Sticky and world-writable, like /tmp: an existing root directory below it is
-            // safe, a missing one could be created first by anyone.
-            fs::create_dir_all(d.join("sticky/mine")).unwrap();
-            fs::set_permissions(d.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
-            fs::set_permissions(d.join("sticky/mine"), fs::Permissions::from_mode(0o755)).unwrap();
-            assert!(check_safe_dir(&d.join("sticky/mine")).is_ok());
-            let e = check_safe_dir(&d.join("sticky/new")).unwrap_err();
-            assert!(e.contains("who could create it first"), "{e}");
-            fs::set_permissions(d.join("open"), fs::Permissions::from_mode(0o755)).unwrap();
-            assert!(check_safe_dir(&d.join("open/state")).is_ok());
-            assert_eq!(
-                check_safe_dir(&d.join("open/new/deeper")).unwrap(),
-                "absent; devgate creates it"
-            );
-            std::os::unix::fs::symlink(d.join("open"), d.join("link")).unwrap();
-            assert!(check_safe_dir(&d.join("link/state")).is_ok());
-            assert!(check_safe_dir(&d.join("link"))
-                .unwrap_err()
-                .contains("is a symlink"));
-        }
+        fs::set_permissions(d.join("state"), fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(check_safe_dir(&d.join("state"))
+            .unwrap()
+            .starts_with("every directory"));
+        assert_eq!(
+            check_safe_dir(&d.join("new")).unwrap(),
+            "absent; devgate creates it"
+        );
+        fs::set_permissions(d.join("state"), fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_safe_dir(&d.join("state")).unwrap_err();
+        assert!(
+            e.ends_with("is writable by group or others (mode 777)"),
+            "{e}"
+        );
         fs::remove_dir_all(&d).unwrap();
     }
 
