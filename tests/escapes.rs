@@ -88,3 +88,72 @@ fn an_error_naming_a_spec_path_is_escaped() {
     assert_eq!(err.matches('\n').count(), 1, "{err:?}");
     assert_clean("the error line", &err);
 }
+
+/// JSON that reaches a terminal (`--json`, `cat` of a record or the decision log) carries
+/// DEL, C1 controls (U+0085 ends a line on some terminals) and bidi controls only as
+/// `\uXXXX`, and still reads back to the same value.
+#[test]
+fn json_outputs_and_files_hold_no_raw_controls() {
+    const REASON: &str = "bad\u{202e}\u{85}\u{7f}\u{2028}FAKE";
+    let env = Env::with("escapes-json", json!({}));
+    let mut b = Bundle::new("escapes-json", &["true"]);
+    b.add_device("/dev/zz\u{202e}\u{85}x", "c", 1, 5);
+    b.write();
+    env.ok(&["cordon", "1:5", "--reason", REASON]);
+    let pre = env.hook_stdin("prestart", b.state_json("esc-json").as_bytes());
+    assert!(!pre.status.success(), "{}", text(&pre));
+
+    let raw = |c: char| {
+        c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || c == '\u{202e}' || c == '\u{2028}'
+    };
+    let mut outputs = vec![
+        ("status --json", env.ok(&["status", "--json"])),
+        ("explain --json", env.ok(&["explain", "esc-json", "--json"])),
+        (
+            "decision log",
+            fs::read_to_string(env.dir.join("log/decisions.jsonl")).unwrap(),
+        ),
+    ];
+    let mut stack = vec![env.dir.join("state"), env.dir.join("quarantine")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                outputs.push((
+                    "a file devgate wrote",
+                    fs::read_to_string(e.path()).unwrap(),
+                ));
+            }
+        }
+    }
+    assert!(outputs.len() >= 5, "{outputs:?}");
+    for (what, out) in &outputs {
+        assert!(!out.chars().any(raw), "{what} holds a raw control: {out:?}");
+    }
+    // The same values come back: escaping is JSON's own, not a change of content.
+    let entry = fs::read_to_string(env.dir.join("quarantine/c-1-5.json")).unwrap();
+    let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
+    assert_eq!(entry["reason"], REASON);
+}
+
+/// devgate's own log lines (stderr, through env_logger) are escaped as a whole: here a
+/// directory the log names, when the decision log cannot be written there.
+#[test]
+fn log_lines_are_escaped() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir("escapes-log");
+    let evil = dir.join("evil\u{1b}[2J\r\nFAKE: all devices healthy\u{202e}");
+    fs::create_dir(&evil).unwrap();
+    fs::set_permissions(&evil, fs::Permissions::from_mode(0o777)).unwrap();
+    let evil = evil.join("d.jsonl");
+    let env = Env::with("escapes-log", json!({ "log_file": evil }));
+    let mut b = Bundle::new("escapes-log", &["true"]);
+    b.add_device("/dev/null", "c", 1, 3);
+    b.write();
+    let pre = env.hook_stdin("prestart", b.state_json("esc-log").as_bytes());
+    assert!(pre.status.success(), "{}", text(&pre));
+    let err = String::from_utf8_lossy(&pre.stderr).into_owned();
+    assert!(err.contains("cannot append decision log"), "{err:?}");
+    assert_clean("a log line", &err);
+}

@@ -123,6 +123,25 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
 }
 
 /// A bug must not turn into a backtrace in kubelet's event: a panic prints one line.
+/// Log lines go to stderr, which runtimes pass on to kubelet's events and the operator's
+/// terminal. They carry outside text (paths, kernel lines, NVML strings), so the whole line
+/// goes through the one escaping function, whatever the call site did.
+pub fn init_logging() {
+    use std::io::Write;
+    env_logger::Builder::new()
+        .filter_level(log::LevelFilter::Warn)
+        .parse_env("DEVGATE_LOG")
+        .format(|buf, record| {
+            writeln!(
+                buf,
+                "devgate: {}: {}",
+                record.level().as_str().to_lowercase(),
+                one_line(&record.args().to_string())
+            )
+        })
+        .init();
+}
+
 pub fn set_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let line = format!("devgate: error: internal error, please report: {info}");

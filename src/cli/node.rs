@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::discover::devnode::parse_device_arg;
 use crate::error::{Error, Result};
 use crate::fsutil::{check_dir, write_atomic};
-use crate::model::text::one_line;
+use crate::model::text::{json_safe_string, one_line};
 use crate::report::inventory::{self, Filed};
 use crate::report::record;
 use crate::store::lease::Lease;
@@ -63,7 +63,7 @@ pub(super) fn status(args: &Args) -> Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&rows).expect("status serializes")
+            json_safe_string(serde_json::to_string_pretty(&rows).expect("status serializes"))
         );
         return Ok(());
     }
@@ -184,7 +184,7 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
         let v = serde_json::json!({ "start": rec, "stop": exit });
         println!(
             "{}",
-            serde_json::to_string_pretty(&v).expect("record serializes")
+            json_safe_string(serde_json::to_string_pretty(&v).expect("record serializes"))
         );
         return Ok(());
     }

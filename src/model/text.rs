@@ -24,9 +24,64 @@ pub fn one_line(s: &str) -> String {
     out
 }
 
+/// The characters [`one_line`] escapes beyond C0 (which JSON escapes itself).
+fn needs_json_escape(c: char) -> bool {
+    let n = c as u32;
+    (0x7f..=0x9f).contains(&n) || matches!(n, 0x2028 | 0x2029 | 0x202a..=0x202e | 0x2066..=0x2069)
+}
+
+/// Serialized JSON made safe to show: serde_json escapes C0 controls, quotes and
+/// backslashes, but leaves DEL, C1 controls, the line separators and the bidi controls
+/// raw, and `cat` of a record or `--json` output would pass them to the terminal. Those
+/// can only occur inside JSON strings, so each becomes a `\uXXXX` escape there: the JSON
+/// means exactly the same, and every reader gets the same value back.
+pub fn json_safe(json: Vec<u8>) -> Vec<u8> {
+    // Nearly every record is plain ASCII: one pass over the bytes, no copy.
+    if json.iter().all(|&b| b < 0x7f) {
+        return json;
+    }
+    let Ok(text) = std::str::from_utf8(&json) else {
+        return json;
+    };
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if needs_json_escape(c) {
+            use std::fmt::Write;
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out.into_bytes()
+}
+
+/// [`json_safe`] for a String.
+pub fn json_safe_string(json: String) -> String {
+    String::from_utf8(json_safe(json.into_bytes())).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::{json_safe, one_line};
+
+    #[test]
+    fn json_keeps_its_value_and_loses_raw_controls() {
+        let value = "a\u{7f}\u{85}\u{202e}b\u{2028}\x1b日本";
+        let raw = serde_json::to_vec(&serde_json::json!({ "message": value })).unwrap();
+        let safe = json_safe(raw);
+        let text = String::from_utf8(safe.clone()).unwrap();
+        assert!(
+            !text
+                .chars()
+                .any(|c| c.is_control() || super::needs_json_escape(c)),
+            "{text:?}"
+        );
+        assert!(text.contains("\\u202e") && text.contains("日本"), "{text}");
+        let back: serde_json::Value = serde_json::from_slice(&safe).unwrap();
+        assert_eq!(back["message"], value);
+        let ascii = br#"{"a":"b"}"#.to_vec();
+        assert_eq!(json_safe(ascii.clone()), ascii);
+    }
 
     #[test]
     fn escapes_controls_separators_and_bidi_only() {

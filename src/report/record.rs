@@ -126,7 +126,8 @@ pub fn append_log(log_file: &Path, entry: &impl Serialize) -> Result<()> {
     if let Some(dir) = log_file.parent() {
         ensure_private_dir(dir)?;
     }
-    let mut line = serde_json::to_vec(entry).expect("log entry serializes");
+    let mut line =
+        crate::model::text::json_safe(serde_json::to_vec(entry).expect("log entry serializes"));
     line.push(b'\n');
     let mut f = OpenOptions::new()
         .append(true)

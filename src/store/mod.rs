@@ -47,7 +47,9 @@ pub(crate) fn write_json_volatile(path: &Path, value: &impl Serialize) -> Result
 }
 
 fn to_json_line(value: &impl Serialize) -> Vec<u8> {
-    let mut json = serde_json::to_vec(value).expect("devgate's own types serialize");
+    let mut json = crate::model::text::json_safe(
+        serde_json::to_vec(value).expect("devgate's own types serialize"),
+    );
     json.push(b'\n');
     json
 }
