@@ -71,7 +71,7 @@ fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
 
 /// A path that is lexically below `root`: absolute, no `.` or `..`, and starting with it.
 /// Decided on the text alone, without touching the filesystem.
-fn lexically_below(path: &Path, root: &Path) -> bool {
+pub(crate) fn lexically_below(path: &Path, root: &Path) -> bool {
     use std::path::Component;
     path.is_absolute()
         && path

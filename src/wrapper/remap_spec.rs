@@ -127,10 +127,14 @@ impl SpecRemap<'_> {
         }
     }
 
-    fn write(&mut self, swaps: &[Swap]) -> Result<Vec<spec_rewrite::Changed>, String> {
+    fn write(
+        &mut self,
+        swaps: &[Swap],
+        dev_root: &Path,
+    ) -> Result<Vec<spec_rewrite::Changed>, String> {
         let mut doc: serde_json::Value = serde_json::from_slice(&self.bytes)
             .map_err(|e| format!("cannot parse {}: {e}", self.spec_file.display()))?;
-        let changed = spec_rewrite::rewrite(&mut doc, swaps)?;
+        let changed = spec_rewrite::rewrite(&mut doc, swaps, dev_root)?;
         let bytes = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
         spec_rewrite::replace_file(self.spec_file, &bytes)
             .map_err(|e| format!("cannot rewrite the spec: {e}"))?;
@@ -175,7 +179,7 @@ impl SpecRemap<'_> {
             .collect();
         let changed = match failed {
             Some(_) => Vec::new(),
-            None => match self.write(&swaps) {
+            None => match self.write(&swaps, &config.dev_root) {
                 Ok(c) => c,
                 Err(m) => {
                     // Every device fails alike: none of them was written.

@@ -116,8 +116,13 @@ fn num_of(entry: &Value) -> Option<DevNum> {
 }
 
 /// Rewrites `doc` (a whole config.json) for `swaps`. Fails only on a document whose
-/// shape no runtime would accept (a `linux` that is not an object, and the like).
-pub fn rewrite(doc: &mut Value, swaps: &[Swap]) -> std::result::Result<Vec<Changed>, String> {
+/// shape no runtime would accept (a `linux` that is not an object, and the like). Bind
+/// mounts are swapped only when their source is under `dev_root`, as discovery finds them.
+pub fn rewrite(
+    doc: &mut Value,
+    swaps: &[Swap],
+    dev_root: &Path,
+) -> std::result::Result<Vec<Changed>, String> {
     let mut out = vec![Changed::default(); swaps.len()];
     let root = doc
         .as_object_mut()
@@ -134,7 +139,12 @@ pub fn rewrite(doc: &mut Value, swaps: &[Swap]) -> std::result::Result<Vec<Chang
             let Some(src) = &parsed.source else {
                 continue;
             };
-            // The source is a host path the runtime's caller chose, as in discovery.
+            // As in discovery: a source outside dev_root is never stat'ed. It may be on a
+            // filesystem a pod controls (a hung NFS volume), where a stat cannot be
+            // interrupted, and the runtime is waiting.
+            if !crate::discover::lexically_below(src, dev_root) {
+                continue;
+            }
             let Some(num) = fs::metadata(src)
                 .ok()
                 .and_then(|meta| DevNum::from_metadata(&meta))
@@ -271,7 +281,12 @@ mod tests {
     fn device_entry_and_rules_are_swapped_and_the_rest_kept() {
         let mut doc = cri_spec();
         let before = doc.clone();
-        let changed = rewrite(&mut doc, &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")]).unwrap();
+        let changed = rewrite(
+            &mut doc,
+            &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")],
+            Path::new("/dev"),
+        )
+        .unwrap();
         assert_eq!(
             doc["linux"]["devices"][0],
             json!({"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 7,
@@ -318,7 +333,12 @@ mod tests {
         let mut doc = json!({"linux": {"resources": {"devices": [
             {"allow": true, "access": "rwm"}
         ]}}});
-        rewrite(&mut doc, &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")]).unwrap();
+        rewrite(
+            &mut doc,
+            &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")],
+            Path::new("/dev"),
+        )
+        .unwrap();
         let rules: Vec<LinuxDeviceCgroup> =
             serde_json::from_value(doc["linux"]["resources"]["devices"].clone()).unwrap();
         let p = bpf::program(&rules).unwrap();
@@ -337,6 +357,7 @@ mod tests {
         let changed = rewrite(
             &mut doc,
             &[swap(c(10, 229), c(10, 237), "/dev/loop-control")],
+            Path::new("/dev"),
         )
         .unwrap();
         assert_eq!(
@@ -366,6 +387,7 @@ mod tests {
                 swap(c(195, 1), c(195, 7), "/dev/nvidia7"),
                 swap(b(7, 1), b(7, 5), "/dev/loop5"),
             ],
+            Path::new("/dev"),
         )
         .unwrap();
         assert_eq!(doc["linux"]["devices"][0]["minor"], 7);
@@ -392,7 +414,12 @@ mod tests {
             {"destination": "/proc", "type": "proc", "source": "proc"}
         ]});
         let before = doc["mounts"].clone();
-        let changed = rewrite(&mut doc, &[swap(c(1, 5), c(1, 7), "/dev/full")]).unwrap();
+        let changed = rewrite(
+            &mut doc,
+            &[swap(c(1, 5), c(1, 7), "/dev/full")],
+            Path::new("/dev"),
+        )
+        .unwrap();
         assert_eq!(doc["mounts"][0]["source"], "/dev/full");
         assert_eq!(doc["mounts"][1], before[1]);
         assert_eq!(doc["mounts"][2], before[2]);
@@ -400,6 +427,31 @@ mod tests {
             changed[0].nodes,
             ["bind mount /dev/accel now from /dev/full"]
         );
+    }
+
+    /// The wrapper must not stat what discovery would not: a source outside dev_root (a
+    /// pod's volume, maybe on a hung NFS server) is left alone, even when it is the bad
+    /// device's node, and so is one reaching out of dev_root through `..`.
+    #[test]
+    fn bind_sources_outside_dev_root_are_never_stated() {
+        let mut doc = json!({"mounts": [
+            {"destination": "/dev/a", "type": "bind", "source": "/dev/zero", "options": ["rbind"]},
+            {"destination": "/dev/b", "type": "bind", "source": "/dev/../dev/zero", "options": ["rbind"]}
+        ]});
+        let before = doc["mounts"].clone();
+        let root = Path::new("/elsewhere");
+        let changed = rewrite(&mut doc, &[swap(c(1, 5), c(1, 7), "/dev/full")], root).unwrap();
+        assert_eq!(doc["mounts"], before);
+        assert!(changed[0].nodes.is_empty());
+        let changed = rewrite(
+            &mut doc,
+            &[swap(c(1, 5), c(1, 7), "/dev/full")],
+            Path::new("/dev"),
+        )
+        .unwrap();
+        assert_eq!(doc["mounts"][0]["source"], "/dev/full");
+        assert_eq!(doc["mounts"][1], before[1]);
+        assert_eq!(changed[0].nodes.len(), 1);
     }
 
     #[test]
@@ -411,7 +463,12 @@ mod tests {
         ] {
             let mut doc = bad.clone();
             assert!(
-                rewrite(&mut doc, &[swap(c(1, 5), c(1, 7), "/dev/full")]).is_err(),
+                rewrite(
+                    &mut doc,
+                    &[swap(c(1, 5), c(1, 7), "/dev/full")],
+                    Path::new("/dev")
+                )
+                .is_err(),
                 "{bad}"
             );
         }
