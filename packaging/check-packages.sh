@@ -30,9 +30,12 @@ done
 confs="/etc/containerd/devgate-base-spec.json
 /etc/devgate/config.json"
 
-deb_files=$(dpkg-deb -c "$deb" | awk '{print $6}' | sed 's#^\.##')
+# The listing is read once into a variable: `dpkg-deb -c | grep -q` under pipefail fails
+# when grep stops reading early and dpkg-deb dies of SIGPIPE.
+deb_list=$(dpkg-deb -c "$deb")
+deb_files=$(awk '{print $6}' <<<"$deb_list" | sed 's#^\.##')
 for f in $files; do grep -qx "$f" <<<"$deb_files" || fail "$deb lacks $f"; done
-dpkg-deb -c "$deb" | grep -q ' \./usr/bin/devgate-runtime -> devgate$' \
+grep -q ' \./usr/bin/devgate-runtime -> devgate$' <<<"$deb_list" \
     || fail "$deb lacks the link /usr/bin/devgate-runtime -> devgate"
 ctl=$(mktemp -d); dpkg-deb -e "$deb" "$ctl"
 [ "$(sort "$ctl/conffiles")" = "$confs" ] || fail "$deb conffiles: $(cat "$ctl/conffiles")"
@@ -42,7 +45,7 @@ if command -v rpm >/dev/null; then
     rpm_files=$(rpm -qpl "$rpm")
     for f in $files; do grep -qx "$f" <<<"$rpm_files" || fail "$rpm lacks $f"; done
     [ "$(rpm -qpc "$rpm" | sort)" = "$confs" ] || fail "$rpm config files: $(rpm -qpc "$rpm")"
-    rpm -qp --scripts "$rpm" | grep -q 'ln -sfn devgate /usr/bin/devgate-runtime' \
+    grep -q 'ln -sfn devgate /usr/bin/devgate-runtime' <<<"$(rpm -qp --scripts "$rpm")" \
         || fail "$rpm does not make /usr/bin/devgate-runtime"
 else
     fail "rpm is not installed: scripts/install-test-deps.sh installs it (apt-get install rpm)"
