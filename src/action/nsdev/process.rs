@@ -1,0 +1,177 @@
+//! The container's process as a pidfd, and the parent's side of the child: its pipe, its
+//! bounded report read and its bounded reaping.
+
+use super::child::errno;
+use super::wire::Wire;
+use crate::error::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid two-int array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Error::io(
+            "cannot create pipe",
+            "pipe2",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: both fds were just created and are owned only here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A pidfd for `pid` (pidfd_open, Linux 5.3).
+pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain system call; the returned fd is owned here.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as RawFd;
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The container's process as a hook holds it: the state's pid and a pidfd opened before
+/// anything slow (probing) ran. Everything the remap does to "the container" goes through
+/// it, so a pid that dies and is reused meanwhile is noticed instead of edited.
+#[derive(Debug)]
+pub struct ContainerProcess {
+    pub pid: i32,
+    fd: std::result::Result<OwnedFd, String>,
+}
+
+impl ContainerProcess {
+    pub fn open(pid: i32) -> ContainerProcess {
+        ContainerProcess {
+            pid,
+            fd: pidfd_open(pid).map_err(|e| {
+                format!(
+                    "cannot open a pidfd for container process {pid}: {}",
+                    e.to_string().to_lowercase()
+                )
+            }),
+        }
+    }
+
+    /// The pidfd, or why there is none (the process had exited when the hook started).
+    pub fn pidfd(&self) -> std::result::Result<RawFd, String> {
+        self.fd
+            .as_ref()
+            .map(|f| f.as_raw_fd())
+            .map_err(Clone::clone)
+    }
+}
+
+/// True while the process behind `pidfd` has not exited. A file under /proc/PID opened
+/// before this returns true belongs to that process, not to a later one with its pid.
+pub fn pidfd_alive(pidfd: RawFd) -> bool {
+    // SAFETY: signal 0 only checks; null siginfo is allowed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd,
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}
+
+/// Waits up to `deadline` for the pipe to fill `buf`.
+pub(super) fn read_full(
+    fd: &OwnedFd,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let mut got = 0usize;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("timed out".into());
+        }
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe {
+            libc::poll(
+                &mut p,
+                1,
+                left.as_millis().clamp(1, i32::MAX as u128) as i32,
+            )
+        };
+        if n < 0 && errno() != libc::EINTR {
+            return Err(format!("poll: {}", std::io::Error::last_os_error()));
+        }
+        if n <= 0 {
+            continue;
+        }
+        // SAFETY: reads into the buffer's remaining bytes.
+        let k = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                buf[got..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - got,
+            )
+        };
+        if k < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return Err(format!("read: {}", std::io::Error::last_os_error()));
+        }
+        if k == 0 {
+            return Err("the child exited without a report".into());
+        }
+        got += k as usize;
+    }
+    Ok(())
+}
+
+pub(super) fn read_report(fd: &OwnedFd, deadline: Instant) -> std::result::Result<Wire, String> {
+    let mut buf = [0u8; std::mem::size_of::<Wire>()];
+    read_full(fd, &mut buf, deadline)?;
+    // SAFETY: Wire is repr(C) plain integers; every bit pattern is valid.
+    Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr() as *const Wire) })
+}
+
+/// Reaps the child, waiting at most a short while: a child stuck in an uninterruptible
+/// system call (a hung filesystem) cannot be killed, and devgate must not hang with it.
+pub(super) fn reap(child: i32) {
+    const WAIT: Duration = Duration::from_millis(500);
+    // A pidfd turns readable when the child exits: wait on it, bounded, instead of sleeping
+    // in steps (the child is normally exiting already; a step would cost a whole sleep).
+    if let Ok(fd) = pidfd_open(child) {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let until = Instant::now() + WAIT;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) };
+            if n >= 0 || errno() != libc::EINTR || left.is_zero() {
+                break;
+            }
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child without blocking.
+        unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+        return;
+    }
+    let until = Instant::now() + WAIT;
+    loop {
+        let mut status = 0;
+        // SAFETY: reaps our own child without blocking.
+        let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+        if r != 0 || Instant::now() >= until {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
