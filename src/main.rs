@@ -1,16 +1,53 @@
+// devgate runs on every container start, where a few hundred microseconds matter (issue 9,
+// docs/performance.md). Rust's runtime start (`fn main` through lang_start) sets up a
+// stack-overflow guard for the main thread, and glibc finds that thread's stack by reading
+// and sscanf-parsing all of /proc/self/maps: a tenth of the hook's instructions. So devgate
+// has a C `main` instead. std still works without lang_start on Linux (arguments come from
+// glibc's init_array); what lang_start did that devgate relies on is done by hand below.
+#![no_main]
+
 use std::time::Instant;
 
-fn main() {
+#[no_mangle]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     let started = Instant::now();
+    // As Rust's runtime does: a closed stdout or stderr pipe is an EPIPE error to handle, not
+    // a signal that kills the hook before it can answer the runtime.
+    // SAFETY: sets a signal disposition before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    // Also as Rust's runtime does: a runtime may start the hook with fd 0, 1 or 2 closed;
+    // the next file devgate opened would take that number, and a log line would be written
+    // into it. /dev/null takes any free one first.
+    for fd in 0..=2 {
+        // SAFETY: F_GETFD only asks whether the fd is open; open() of a constant path.
+        unsafe {
+            if libc::fcntl(fd, libc::F_GETFD) == -1 {
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
     devgate::cli::init_logging();
     devgate::cli::set_panic_hook();
+    // As lang_start does: a panic that reaches main ends the process with 101 after the
+    // panic hook's one line, instead of unwinding out of a C function (an abort).
+    let code = std::panic::catch_unwind(|| run(started)).unwrap_or(101);
+    devgate::cli::exit(code)
+}
+
+fn run(started: Instant) -> i32 {
     let argv0 = std::env::args_os().next();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some(argv) = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().ok())
+        .collect::<Option<Vec<String>>>()
+    else {
+        eprintln!("devgate: error: an argument is not valid UTF-8");
+        devgate::cli::exit(2)
+    };
     // Installed as `devgate-runtime`: the OCI runtime wrapper, for configs that name one path.
-    let code = if devgate::wrapper::invoked_as_runtime(argv0.as_deref()) {
+    if devgate::wrapper::invoked_as_runtime(argv0.as_deref()) {
         devgate::wrapper::main(&argv, None, started)
     } else {
         devgate::cli::main(argv, started)
-    };
-    devgate::cli::exit(code)
+    }
 }

@@ -247,3 +247,37 @@ fn poststop_with_bundle_gone_exits_zero() {
     let out = hook_with_stdin(&env, "poststop", b"{");
     assert_one_line_error(&out, "devgate: error: poststop: state on stdin");
 }
+
+/// devgate has its own C `main` (src/main.rs): an argument that is not UTF-8 is one clear
+/// line and exit 2, and a hook whose stdout is a closed pipe is not killed by a signal.
+#[test]
+fn non_utf8_argument_and_closed_stdout() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::process::{Command, Stdio};
+    let out = Command::new(devgate_bin())
+        .arg(std::ffi::OsStr::from_bytes(b"stat\xffus"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_one_line_error(&out, "devgate: error: an argument is not valid UTF-8");
+
+    // `devgate help | true`: the reader is gone before devgate writes. Rust's runtime would
+    // have ignored SIGPIPE; devgate's own main must too, so the write is an error it
+    // handles, not a signal.
+    let mut child = Command::new(devgate_bin())
+        .arg("help")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    // Not killed by any signal: no SIGPIPE, and no abort from a panic unwinding out of a
+    // C main (the write's error ends it as Rust's own runtime would, with a code).
+    assert!(
+        out.status.code().is_some(),
+        "{:?} {}",
+        out.status,
+        text(&out)
+    );
+}
