@@ -329,7 +329,7 @@ pub fn is_safe_component(s: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn tempdir(tag: &str) -> PathBuf {

@@ -447,7 +447,7 @@ fn group_writable_parent_is_unsafe() {
         lines[1..3],
         [
             format!(
-                "✗ state_dir: {}/state: {} is writable by group or others (mode 775)",
+                "✗ state_dir: {}/state: unsafe path {}: is writable by group or others (mode 775)",
                 open.display(),
                 open.display()
             ),

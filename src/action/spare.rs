@@ -103,8 +103,7 @@ mod tests {
 
     #[test]
     fn unhealthy_and_missing_spares_are_named() {
-        let dir = std::env::temp_dir().join(format!("devgate-remap-sp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::fsutil::tests::tempdir("devgate-remap-sp");
         let mut config = Config {
             quarantine_dir: dir.join("q"),
             state_dir: dir.join("s"),

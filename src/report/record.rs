@@ -237,7 +237,7 @@ mod tests {
 
     #[test]
     fn record_refuses_path_like_ids() {
-        let d = std::env::temp_dir().join(format!("devgate-rec-{}", std::process::id()));
+        let d = crate::fsutil::tests::tempdir("devgate-rec");
         for id in ["../../etc/passwd", "a/b", ".x", ""] {
             assert!(read_record(&d, id).is_err(), "{id}");
         }
@@ -262,8 +262,7 @@ mod tests {
     #[test]
     fn records_and_logs_are_root_only() {
         use std::os::unix::fs::PermissionsExt;
-        let d = std::env::temp_dir().join(format!("devgate-modes-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let d = crate::fsutil::tests::tempdir("devgate-modes");
         write_record(&d, &decision("m", None), 10).unwrap();
         write_exit(&d, &exit("m", 0), 10).unwrap();
         let log = d.join("log/devgate.log");
@@ -284,8 +283,7 @@ mod tests {
 
     #[test]
     fn exit_records_are_pruned_to_keep() {
-        let d = std::env::temp_dir().join(format!("devgate-exits-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let d = crate::fsutil::tests::tempdir("devgate-exits");
         for i in 0..5 {
             write_exit(&d, &exit(&format!("c{i}"), i), 3).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(15));
@@ -315,8 +313,7 @@ mod tests {
 
     #[test]
     fn start_records_of_gone_containers_are_pruned_live_ones_kept() {
-        let d = std::env::temp_dir().join(format!("devgate-recs-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let d = crate::fsutil::tests::tempdir("devgate-recs");
         // oldest first: a live container (this test's own pid), then three dead ones
         let mut live = decision("live", Some(std::process::id() as i32));
         live.snapshot = Some(Snapshot {

@@ -317,8 +317,7 @@ mod tests {
     use crate::model::device::DevType;
 
     fn leases(tag: &str) -> Leases {
-        let d = std::env::temp_dir().join(format!("devgate-lease-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
+        let d = crate::fsutil::tests::tempdir(&format!("devgate-lease-{tag}"));
         Leases::new(&d)
     }
 

@@ -65,8 +65,7 @@ mod tests {
 
     #[test]
     fn matches_only_the_same_id_and_spec() {
-        let d = std::env::temp_dir().join(format!("devgate-marker-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let d = crate::fsutil::tests::tempdir("devgate-marker");
         write(&d, "c1", b"{\"a\":1}", Action::Remap).unwrap();
         assert!(matches(&d, "c1", b"{\"a\":1}"));
         assert!(

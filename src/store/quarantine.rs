@@ -9,6 +9,7 @@ use crate::fsutil::{check_dir, ensure_private_dir, remove_durable};
 use crate::model::clock;
 use crate::model::device::DevNum;
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -31,6 +32,12 @@ pub struct Entry {
 
 pub struct Ledger {
     pub dir: PathBuf,
+    /// The devices that have a file, listed once on the first lookup: a start asks about
+    /// each of its devices twice (probe, then start snapshot), nearly always to hear "no
+    /// entry", and one directory read answers them all. None until listed, or after this
+    /// process changed the ledger; Some(None) when the directory could not be listed, and
+    /// each lookup reads its file.
+    listed: RefCell<Option<Option<Vec<DevNum>>>>,
 }
 
 /// What the ledger holds for one device: an entry, or a file too damaged to read.
@@ -45,7 +52,23 @@ impl Ledger {
     pub fn new(dir: &Path) -> Ledger {
         Ledger {
             dir: dir.to_path_buf(),
+            listed: RefCell::new(None),
         }
+    }
+
+    /// Whether `num` may have a file: false only when the listing says it has none.
+    fn may_have(&self, num: DevNum) -> bool {
+        let mut listed = self.listed.borrow_mut();
+        let names = listed.get_or_insert_with(|| match fs::read_dir(&self.dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(Vec::new()),
+            Err(_) => None,
+            Ok(rd) => Some(
+                rd.flatten()
+                    .filter_map(|e| e.file_name().to_str().and_then(num_from_file_name))
+                    .collect(),
+            ),
+        });
+        names.as_ref().map_or(true, |n| n.contains(&num))
     }
 
     pub fn path(&self, num: DevNum) -> PathBuf {
@@ -53,6 +76,9 @@ impl Ledger {
     }
 
     pub fn lookup(&self, num: DevNum) -> Lookup {
+        if !self.may_have(num) {
+            return Lookup::Clear;
+        }
         let path = self.path(num);
         match read_json::<Entry>(&path, MAX_ENTRY_BYTES, "quarantine entry") {
             Ok(None) => Lookup::Clear,
@@ -75,6 +101,7 @@ impl Ledger {
             return Err(Error::Usage("cordon needs --reason TEXT".into()));
         }
         ensure_private_dir(&self.dir)?;
+        self.listed.take();
         let (since_unix, since) = clock::now();
         let entry = Entry {
             num,
@@ -94,6 +121,7 @@ impl Ledger {
             return Ok(false);
         }
         check_dir(&self.dir)?;
+        self.listed.take();
         remove_durable(&self.path(num))
     }
 
@@ -139,8 +167,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn ledger(tag: &str) -> Ledger {
-        let d = std::env::temp_dir().join(format!("devgate-q-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
+        let d = crate::fsutil::tests::tempdir(&format!("devgate-q-{tag}"));
         Ledger::new(&d.join("quarantine"))
     }
 
@@ -149,6 +176,34 @@ mod tests {
         major: 195,
         minor: 1,
     };
+
+    /// One listing answers a process's lookups (a start asks twice per device); changes
+    /// this ledger makes are seen at once; a new ledger (the next start) sees the rest.
+    #[test]
+    fn one_listing_answers_lookups() {
+        let l = ledger("listing");
+        let other = DevNum { minor: 2, ..GPU1 };
+        l.cordon(GPU1, None, "bad", "me").unwrap();
+        assert!(matches!(l.lookup(GPU1), Lookup::Cordoned(_)));
+        assert_eq!(l.lookup(other), Lookup::Clear);
+        // Written behind this ledger's back after it listed: the next start sees it.
+        fs::write(l.path(other), b"{ damaged").unwrap();
+        assert_eq!(l.lookup(other), Lookup::Clear);
+        assert!(matches!(
+            Ledger::new(&l.dir).lookup(other),
+            Lookup::Damaged { .. }
+        ));
+        // A damaged file still quarantines; a temp file is no entry.
+        fs::write(l.dir.join(".c-195-3.json.tmp"), b"{}").unwrap();
+        let fresh = Ledger::new(&l.dir);
+        assert_eq!(fresh.lookup(DevNum { minor: 3, ..GPU1 }), Lookup::Clear);
+        assert!(fresh.uncordon(other).unwrap());
+        assert_eq!(fresh.lookup(other), Lookup::Clear);
+        // A directory that cannot be listed: every lookup reads its own file, and one that
+        // cannot be read quarantines, as before there was a listing.
+        let not_dir = Ledger::new(&l.path(GPU1));
+        assert!(matches!(not_dir.lookup(GPU1), Lookup::Damaged { .. }));
+    }
 
     #[test]
     fn cordon_lookup_uncordon_roundtrip() {
