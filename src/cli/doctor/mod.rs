@@ -11,13 +11,16 @@
 //! Every outside string (paths, GPU names, parse errors) is printed escaped: a control
 //! character becomes `\xNN`, so nothing read from the node can rewrite the terminal.
 
+pub(crate) mod cgroup;
 pub mod node;
+pub(crate) mod nvml;
 pub mod runtimes;
 
 use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
 use crate::config::{self, Config};
 use crate::model::text::one_line;
-use node::{DriverVerdict, DriverVote, NvmlAnswer};
+use cgroup::{DriverVerdict, DriverVote};
+use nvml::NvmlAnswer;
 use runtimes::{BaseSpec, Identity};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -182,7 +185,7 @@ pub fn cli(argv: &[String]) -> Option<i32> {
         "devgate doctor: {failed} failed, {passed} passed, {notes} notes"
     );
     let code = if failed > 0 { 1 } else { 0 };
-    if node::nvml_abandoned() {
+    if nvml::nvml_abandoned() {
         // NVML is stuck on its thread: exit() would run the library's destructors under
         // it (see probe::nvml). Everything doctor says is already written.
         let _ = out.flush();
@@ -255,7 +258,7 @@ pub fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     }
 
     let timeout = Duration::from_millis(config.probe_timeout_ms);
-    let nvml = node::nvml_inventory(&config.nvml_library, timeout);
+    let nvml = nvml::nvml_inventory(&config.nvml_library, timeout);
     for l in nvml_checks(&config, &nvml) {
         push(l);
     }
@@ -570,8 +573,8 @@ fn containerd_checks(
 }
 
 fn cgroup_checks(opts: &Options, config: &Config, votes: Vec<DriverVote>) -> Vec<Line> {
-    let mut lines = vec![match node::read_cgroup_mode(&config.sysfs_root) {
-        Ok((mode, top)) => Line::pass("cgroup mode", node::describe_cgroup_mode(mode, &top)),
+    let mut lines = vec![match cgroup::read_cgroup_mode(&config.sysfs_root) {
+        Ok((mode, top)) => Line::pass("cgroup mode", cgroup::describe_cgroup_mode(mode, &top)),
         Err(e) => Line::fail(
             "cgroup mode",
             e,
@@ -603,7 +606,7 @@ fn cgroup_checks(opts: &Options, config: &Config, votes: Vec<DriverVote>) -> Vec
             Err(e) => lines.push(Line::note("cgroup driver", e)),
         }
     }
-    lines.push(match node::decide_driver(kubelet_vote.as_ref(), &votes) {
+    lines.push(match cgroup::decide_driver(kubelet_vote.as_ref(), &votes) {
         DriverVerdict::Unknown => Line::note(
             "cgroup driver",
             "unknown: no containerd, CRI-O or kubelet configuration says",
@@ -629,7 +632,7 @@ fn nvml_checks(config: &Config, nvml: &NvmlAnswer) -> Vec<Line> {
     let lib = config.nvml_library.display();
     match nvml {
         NvmlAnswer::Failed { error, no_driver } => {
-            if *no_driver && !node::has_nvidia_nodes(&config.dev_root) {
+            if *no_driver && !nvml::has_nvidia_nodes(&config.dev_root) {
                 vec![Line::note(
                     "nvml",
                     format!("no NVIDIA driver (CPU node): {error}"),
@@ -655,7 +658,7 @@ fn nvml_checks(config: &Config, nvml: &NvmlAnswer) -> Vec<Line> {
             )];
             for g in gpus {
                 let check = format!("gpu {}", g.index);
-                let desc = node::describe_gpu(g);
+                let desc = nvml::describe_gpu(g);
                 lines.push(match (&g.unreachable, &g.persistence) {
                     (Some(e), _) => Line::fail(
                         check,
