@@ -88,6 +88,19 @@ pub(crate) fn decide_driver(
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// kubelet's cgroup driver, from its KubeletConfiguration (YAML). devgate reads only the one
+// top-level scalar it needs rather than carrying a YAML parser.
+
+/// `Some(driver)` when the file sets `cgroupDriver`; kubelet's default is cgroupfs.
+pub(crate) fn kubelet_cgroup_driver(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix("cgroupDriver:")?;
+        let v = rest.split('#').next()?.trim().trim_matches(['"', '\'']);
+        (!v.is_empty()).then(|| v.to_string())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +144,18 @@ mod tests {
             ),
             DriverVerdict::Mixed(_)
         ));
+    }
+
+    #[test]
+    fn kubelet_driver_line() {
+        assert_eq!(
+            kubelet_cgroup_driver(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\ncgroupDriver: \"systemd\" # kubeadm\n"
+            )
+            .as_deref(),
+            Some("systemd")
+        );
+        assert_eq!(kubelet_cgroup_driver("  cgroupDriver: systemd\n"), None);
+        assert_eq!(kubelet_cgroup_driver("kind: KubeletConfiguration\n"), None);
     }
 }

@@ -14,14 +14,16 @@
 pub(crate) mod cgroup;
 pub mod node;
 pub(crate) mod nvml;
-pub mod runtimes;
+pub(crate) mod runtimes;
 
 use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
 use crate::config::{self, Config};
 use crate::model::text::one_line;
 use cgroup::{DriverVerdict, DriverVote};
 use nvml::NvmlAnswer;
-use runtimes::{BaseSpec, Identity};
+use runtimes::binary::{self, Identity};
+use runtimes::containerd::{self, BaseSpec};
+use runtimes::{crio, hooks};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -359,7 +361,7 @@ fn runtime_checks(
     let nvidia_config = opts
         .nvidia_runtime_config
         .clone()
-        .unwrap_or_else(|| runtimes::NVIDIA_RUNTIME_CONFIG.into());
+        .unwrap_or_else(|| binary::NVIDIA_RUNTIME_CONFIG.into());
 
     // podman
     if runtimes::which("podman").is_some() {
@@ -368,22 +370,20 @@ fn runtime_checks(
         } else {
             opts.hooks_dirs.clone()
         };
-        let files = runtimes::read_hook_dirs(&dirs);
-        lines.push(
-            match runtimes::judge_hook_files(&files, &dirs, &is_devgate) {
-                Ok(t) => Line::pass("podman", t),
-                Err(e) => Line::fail(
+        let files = hooks::read_hook_dirs(&dirs);
+        lines.push(match hooks::judge_hook_files(&files, &dirs, &is_devgate) {
+            Ok(t) => Line::pass("podman", t),
+            Err(e) => Line::fail(
+                "podman",
+                e,
+                fix.hooks_config(
                     "podman",
-                    e,
-                    fix.hooks_config(
-                        "podman",
-                        dirs.last()
-                            .map(PathBuf::as_path)
-                            .unwrap_or(Path::new(HOST_HOOKS_DIR)),
-                    ),
+                    dirs.last()
+                        .map(PathBuf::as_path)
+                        .unwrap_or(Path::new(HOST_HOOKS_DIR)),
                 ),
-            },
-        );
+            ),
+        });
     } else {
         lines.push(Line::note("podman", "not installed"));
     }
@@ -394,7 +394,7 @@ fn runtime_checks(
             .crio_config
             .clone()
             .unwrap_or_else(|| "/etc/crio/crio.conf".into());
-        match runtimes::read_crio(&main).and_then(|f| runtimes::parse_crio(&f)) {
+        match crio::read_crio(&main).and_then(|f| crio::parse_crio(&f)) {
             Err(e) => lines.push(Line::fail(
                 "cri-o",
                 e,
@@ -406,13 +406,13 @@ fn runtime_checks(
                 } else {
                     crio.hooks_dir
                         .clone()
-                        .unwrap_or_else(|| vec![runtimes::CRIO_DEFAULT_HOOKS_DIR.into()])
+                        .unwrap_or_else(|| vec![crio::CRIO_DEFAULT_HOOKS_DIR.into()])
                 };
-                let files = runtimes::read_hook_dirs(&dirs);
-                let hooks = runtimes::judge_hook_files(&files, &dirs, &is_devgate);
+                let files = hooks::read_hook_dirs(&dirs);
+                let hooks = hooks::judge_hook_files(&files, &dirs, &is_devgate);
                 let wrapper = crio.default_runtime.as_ref().and_then(|name| {
                     let path = crio.runtime_paths.get(name)?;
-                    let b = runtimes::classify_binary(path, id, &nvidia_config);
+                    let b = binary::classify_binary(path, id, &nvidia_config);
                     b.runs_devgate()
                         .then(|| format!("default runtime {name}: {path}"))
                 });
@@ -438,7 +438,7 @@ fn runtime_checks(
                                 "crio",
                                 dirs.first()
                                     .map(PathBuf::as_path)
-                                    .unwrap_or(Path::new(runtimes::CRIO_DEFAULT_HOOKS_DIR))
+                                    .unwrap_or(Path::new(crio::CRIO_DEFAULT_HOOKS_DIR))
                             )
                         ),
                     ),
@@ -494,8 +494,8 @@ fn containerd_checks(
     nvidia_config: &Path,
     votes: &mut Vec<DriverVote>,
 ) -> Vec<Line> {
-    let cri = match runtimes::containerd_dump(cbin, config)
-        .and_then(|t| runtimes::parse_containerd_dump(&t))
+    let cri = match containerd::containerd_dump(cbin, config)
+        .and_then(|t| containerd::parse_containerd_dump(&t))
     {
         Ok(c) => c,
         Err(e) => {
@@ -513,17 +513,17 @@ fn containerd_checks(
         )];
     }
     let is_devgate = |p: &Path| id.is_devgate(p);
-    let judge = |name: &str, rt: &runtimes::CriRuntime| {
+    let judge = |name: &str, rt: &containerd::CriRuntime| {
         let spec = if rt.base_runtime_spec.is_empty() {
             BaseSpec::NotSet
         } else {
             match runtimes::read_small(Path::new(&rt.base_runtime_spec)) {
-                Ok(t) => runtimes::examine_base_spec(&t, &is_devgate),
+                Ok(t) => containerd::examine_base_spec(&t, &is_devgate),
                 Err(e) => BaseSpec::Unreadable(e),
             }
         };
-        let binary = runtimes::classify_binary(&rt.binary_name, id, nvidia_config);
-        runtimes::judge_containerd_runtime(name, rt, &spec, &binary)
+        let binary = binary::classify_binary(&rt.binary_name, id, nvidia_config);
+        containerd::judge_containerd_runtime(name, rt, &spec, &binary)
     };
     let mut lines = Vec::new();
     let default = cri.default_runtime.clone();
@@ -543,7 +543,7 @@ fn containerd_checks(
         Err(e) => Line::fail(
             "containerd",
             e,
-            runtimes::containerd_fix(&cri, &default, fix),
+            containerd::containerd_fix(&cri, &default, fix),
         ),
     });
     for (name, other) in &cri.runtimes {
@@ -589,7 +589,7 @@ fn cgroup_checks(opts: &Options, config: &Config, votes: Vec<DriverVote>) -> Vec
     if let Some(k) = kubelet {
         match runtimes::read_small(&k) {
             Ok(t) => {
-                kubelet_vote = Some(match runtimes::kubelet_cgroup_driver(&t) {
+                kubelet_vote = Some(match cgroup::kubelet_cgroup_driver(&t) {
                     Some(d) => DriverVote {
                         source: format!("kubelet {} cgroupDriver: {d}", k.display()),
                         driver: d,
