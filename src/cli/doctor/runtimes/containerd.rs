@@ -5,6 +5,7 @@
 use super::binary::Binary;
 use super::hooks::runs_devgate_hook;
 use super::one_line_toml;
+use crate::cli::doctor::runtime_checks::FixCmd;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -339,11 +340,7 @@ pub(crate) fn judge_containerd_runtime(
 }
 
 /// The fix line for an unwired containerd.
-pub(crate) fn containerd_fix(
-    cri: &ContainerdCri,
-    runtime: &str,
-    fix: &crate::cli::doctor::FixCmd,
-) -> String {
+pub(crate) fn containerd_fix(cri: &ContainerdCri, runtime: &str, fix: &FixCmd) -> String {
     format!(
         "{}, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" under \
          [plugins.\"{}\".containerd.runtimes.{runtime}], and restart containerd",
