@@ -133,6 +133,9 @@ pub(crate) fn cli(argv: &[String]) -> Option<i32> {
 }
 
 /// Every check, in order; `emit` sees each line as soon as it is decided.
+/// Long because it is the order of the checks written out once: each group's lines in turn,
+/// with what the later groups need (the config, devgate's identity, NVML's answer) made
+/// between them.
 pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     let mut lines = Vec::new();
     let mut push = |l: Line| {

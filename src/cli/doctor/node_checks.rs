@@ -147,6 +147,9 @@ pub(crate) fn nvml_checks(config: &Config, nvml: &NvmlAnswer) -> Vec<Line> {
     }
 }
 
+/// Three lines per spare: its device, its /dev/char link, and whether it is hidden from the
+/// device plugin. Long because what the last needs for every spare (kubelet's checkpoint, the
+/// GPUs the plugin should keep) is read once, before the loop.
 pub(crate) fn spare_checks(config: &Config, config_path: &Path, nvml: &NvmlAnswer) -> Vec<Line> {
     let mut lines = Vec::new();
     let checkpoint = config
@@ -227,7 +230,9 @@ pub(crate) fn spare_checks(config: &Config, config_path: &Path, nvml: &NvmlAnswe
 type Registered = Option<Result<std::collections::BTreeMap<String, Vec<String>>, String>>;
 
 /// Is the spare hidden from the device plugin? kubelet would otherwise hand the "spare"
-/// to another pod.
+/// to another pod. Long because each way of not knowing (not a GPU, NVML does not name it,
+/// no checkpoint, an unreadable one, no NVIDIA plugin) has a note of its own saying what to
+/// check by hand.
 fn hidden_check(
     class: &str,
     path: &Path,

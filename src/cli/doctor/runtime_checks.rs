@@ -57,6 +57,9 @@ impl FixCmd {
     }
 }
 
+/// podman, CRI-O and containerd, in the order printed; CRI-O's and containerd's cgroup drivers
+/// go to `votes`. Long because each runtime is installed or not, wired or not, with a fix
+/// worded for it, and reads best next to the others.
 pub(crate) fn runtime_checks(
     opts: &Options,
     id: &Identity,
@@ -193,6 +196,10 @@ pub(crate) fn runtime_checks(
     lines
 }
 
+/// containerd's lines: its default runtime, then every other runc runtime that is not gated
+/// (as notes), and the default runtime's SystemdCgroup as its cgroup-driver vote. Long because
+/// each way the dump can fall short (no dump, CRI disabled, no default runtime) ends it early
+/// with its own line.
 fn containerd_checks(
     cbin: &Path,
     config: Option<&Path>,

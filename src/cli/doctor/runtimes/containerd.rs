@@ -143,6 +143,9 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String>
 }
 
 /// Runs `containerd [--config FILE] config dump` with a deadline and a bound on its output.
+/// Long because a child with a deadline takes it: both pipes drained on threads (a full pipe
+/// would stop containerd), a polled wait, a kill at the deadline, and the last stderr line
+/// for the error.
 pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, String> {
     let mut cmd = Command::new(bin);
     if let Some(c) = config {

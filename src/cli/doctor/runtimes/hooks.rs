@@ -95,6 +95,8 @@ pub(crate) fn runs_devgate_hook(
 }
 
 /// Ok: which file runs devgate, for a ✓ line. Err: why the runtime is not wired.
+/// Long because each way devgate's hooks fall short (none, unreadable, conditional, start
+/// only, poststop only) has a message of its own.
 pub(crate) fn judge_hook_files(
     files: &[HookFile],
     dirs: &[PathBuf],
