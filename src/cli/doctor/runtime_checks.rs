@@ -1,0 +1,287 @@
+//! doctor's runtime lines: does podman, CRI-O and containerd each run devgate? The runtimes/
+//! readers and judges decide; this turns their answers into lines with fixes, and collects
+//! each runtime's cgroup driver for the cgroup checks.
+
+use super::cgroup::DriverVote;
+use super::line::Line;
+use super::runtimes::binary::{self, Identity};
+use super::runtimes::containerd::{self, BaseSpec};
+use super::runtimes::{self, crio, hooks};
+use super::Options;
+use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
+use std::path::{Path, PathBuf};
+
+/// podman's hook directories: containers.conf's [engine] hooks_dir, else both defaults.
+fn podman_hook_dirs() -> Vec<PathBuf> {
+    #[derive(serde::Deserialize, Default)]
+    struct ContainersConf {
+        #[serde(default)]
+        engine: Engine,
+    }
+    #[derive(serde::Deserialize, Default)]
+    struct Engine {
+        hooks_dir: Option<Vec<PathBuf>>,
+    }
+    let mut dirs = None;
+    for f in [
+        "/usr/share/containers/containers.conf",
+        "/etc/containers/containers.conf",
+    ] {
+        let set = runtimes::read_small(Path::new(f))
+            .ok()
+            .and_then(|t| toml::from_str::<ContainersConf>(&t).ok())
+            .and_then(|c| c.engine.hooks_dir);
+        if set.is_some() {
+            dirs = set;
+        }
+    }
+    dirs.unwrap_or_else(|| vec![PACKAGE_HOOKS_DIR.into(), HOST_HOOKS_DIR.into()])
+}
+
+/// How the fix lines spell `devgate hooks-config` for this node.
+pub(crate) struct FixCmd {
+    /// `devgate [--config PATH] hooks-config`.
+    pub(crate) prefix: String,
+    /// The devgate the hooks should run.
+    pub(crate) bin: PathBuf,
+}
+
+impl FixCmd {
+    pub(crate) fn hooks_config(&self, runtime: &str, out: &Path) -> String {
+        format!(
+            "{} --runtime {runtime} --bin {} --out {}",
+            self.prefix,
+            self.bin.display(),
+            out.display()
+        )
+    }
+}
+
+/// podman, CRI-O and containerd, in the order printed; CRI-O's and containerd's cgroup drivers
+/// go to `votes`. Long because each runtime is installed or not, wired or not, with a fix
+/// worded for it, and reads best next to the others.
+pub(crate) fn runtime_checks(
+    opts: &Options,
+    id: &Identity,
+    fix: &FixCmd,
+    votes: &mut Vec<DriverVote>,
+) -> Vec<Line> {
+    let mut lines = Vec::new();
+    let is_devgate = |p: &Path| id.is_devgate(p);
+    let nvidia_config = opts
+        .nvidia_runtime_config
+        .clone()
+        .unwrap_or_else(|| binary::NVIDIA_RUNTIME_CONFIG.into());
+
+    // podman
+    if runtimes::which("podman").is_some() {
+        let dirs = if opts.hooks_dirs.is_empty() {
+            podman_hook_dirs()
+        } else {
+            opts.hooks_dirs.clone()
+        };
+        let files = hooks::read_hook_dirs(&dirs);
+        lines.push(match hooks::judge_hook_files(&files, &dirs, &is_devgate) {
+            Ok(t) => Line::pass("podman", t),
+            Err(e) => Line::fail(
+                "podman",
+                e,
+                fix.hooks_config(
+                    "podman",
+                    dirs.last()
+                        .map(PathBuf::as_path)
+                        .unwrap_or(Path::new(HOST_HOOKS_DIR)),
+                ),
+            ),
+        });
+    } else {
+        lines.push(Line::note("podman", "not installed"));
+    }
+
+    // CRI-O
+    if runtimes::which("crio").is_some() || opts.crio_config.is_some() {
+        let main = opts
+            .crio_config
+            .clone()
+            .unwrap_or_else(|| "/etc/crio/crio.conf".into());
+        match crio::read_crio(&main).and_then(|f| crio::parse_crio(&f)) {
+            Err(e) => lines.push(Line::fail(
+                "cri-o",
+                e,
+                "correct CRI-O's configuration (crio config prints what it reads)",
+            )),
+            Ok(crio) => {
+                let dirs = if !opts.hooks_dirs.is_empty() {
+                    opts.hooks_dirs.clone()
+                } else {
+                    crio.hooks_dir
+                        .clone()
+                        .unwrap_or_else(|| vec![crio::CRIO_DEFAULT_HOOKS_DIR.into()])
+                };
+                let files = hooks::read_hook_dirs(&dirs);
+                let hooks = hooks::judge_hook_files(&files, &dirs, &is_devgate);
+                let wrapper = crio.default_runtime.as_ref().and_then(|name| {
+                    let path = crio.runtime_paths.get(name)?;
+                    let b = binary::classify_binary(path, id, &nvidia_config);
+                    b.runs_devgate()
+                        .then(|| format!("default runtime {name}: {path}"))
+                });
+                lines.push(match (hooks, wrapper) {
+                    (Ok(_), Some(w)) => {
+                        Line::pass("cri-o", format!("{w} is devgate's runtime wrapper"))
+                    }
+                    // The wrapper gates and remaps; only the poststop hook reports faults.
+                    (Err(_), Some(w)) => Line::pass(
+                        "cri-o",
+                        format!(
+                            "{w} is devgate's runtime wrapper; no oci-hooks file runs devgate \
+                             at poststop, so faults during a run go unreported"
+                        ),
+                    ),
+                    (Ok(t), None) => Line::pass("cri-o", t),
+                    (Err(e), None) => Line::fail(
+                        "cri-o",
+                        e,
+                        format!(
+                            "{} (a directory in CRI-O's hooks_dir), then restart CRI-O",
+                            fix.hooks_config(
+                                "crio",
+                                dirs.first()
+                                    .map(PathBuf::as_path)
+                                    .unwrap_or(Path::new(crio::CRIO_DEFAULT_HOOKS_DIR))
+                            )
+                        ),
+                    ),
+                });
+                let vote = match crio.cgroup_manager.as_deref() {
+                    Some(m) => DriverVote {
+                        source: format!("CRI-O cgroup_manager = {m:?}"),
+                        driver: m.to_string(),
+                    },
+                    None => DriverVote {
+                        source: "CRI-O cgroup_manager unset (its default is systemd)".into(),
+                        driver: "systemd".into(),
+                    },
+                };
+                votes.push(vote);
+            }
+        }
+    } else {
+        lines.push(Line::note("cri-o", "not installed"));
+    }
+
+    // containerd
+    let containerd_bin = opts
+        .containerd
+        .clone()
+        .or_else(|| runtimes::which("containerd"));
+    match (containerd_bin, &opts.containerd_config) {
+        (None, None) => lines.push(Line::note("containerd", "not installed")),
+        (None, Some(_)) => lines.push(Line::fail(
+            "containerd",
+            "containerd is not in PATH, so its configuration cannot be dumped",
+            "name the binary with --containerd BIN",
+        )),
+        (Some(cbin), config) => {
+            lines.extend(containerd_checks(
+                &cbin,
+                config.as_deref(),
+                id,
+                fix,
+                &nvidia_config,
+                votes,
+            ));
+        }
+    }
+    lines
+}
+
+/// containerd's lines: its default runtime, then every other runc runtime that is not gated
+/// (as notes), and the default runtime's SystemdCgroup as its cgroup-driver vote. Long because
+/// each way the dump can fall short (no dump, CRI disabled, no default runtime) ends it early
+/// with its own line.
+fn containerd_checks(
+    cbin: &Path,
+    config: Option<&Path>,
+    id: &Identity,
+    fix: &FixCmd,
+    nvidia_config: &Path,
+    votes: &mut Vec<DriverVote>,
+) -> Vec<Line> {
+    let cri = match containerd::containerd_dump(cbin, config)
+        .and_then(|t| containerd::parse_containerd_dump(&t))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            return vec![Line::fail(
+                "containerd",
+                e,
+                "correct containerd's configuration (`containerd config dump` must succeed)",
+            )]
+        }
+    };
+    if cri.disabled {
+        return vec![Line::note(
+            "containerd",
+            "its CRI plugin is disabled: kubelet does not use this containerd",
+        )];
+    }
+    let is_devgate = |p: &Path| id.is_devgate(p);
+    let judge = |name: &str, rt: &containerd::CriRuntime| {
+        let spec = if rt.base_runtime_spec.is_empty() {
+            BaseSpec::NotSet
+        } else {
+            match runtimes::read_small(Path::new(&rt.base_runtime_spec)) {
+                Ok(t) => containerd::examine_base_spec(&t, &is_devgate),
+                Err(e) => BaseSpec::Unreadable(e),
+            }
+        };
+        let binary = binary::classify_binary(&rt.binary_name, id, nvidia_config);
+        containerd::judge_containerd_runtime(name, rt, &spec, &binary)
+    };
+    let mut lines = Vec::new();
+    let default = cri.default_runtime.clone();
+    let Some(rt) = cri.runtimes.get(&default) else {
+        return vec![Line::fail(
+            "containerd",
+            format!("its default runtime {default:?} is not configured"),
+            format!(
+                "set default_runtime_name under [plugins.\"{}\".containerd] to a configured \
+                 runtime",
+                cri.plugin
+            ),
+        )];
+    };
+    lines.push(match judge(&default, rt) {
+        Ok(t) => Line::pass("containerd", format!("default {t}")),
+        Err(e) => Line::fail(
+            "containerd",
+            e,
+            containerd::containerd_fix(&cri, &default, fix),
+        ),
+    });
+    for (name, other) in &cri.runtimes {
+        if *name == default || other.runtime_type != "io.containerd.runc.v2" {
+            continue;
+        }
+        if let Err(e) = judge(name, other) {
+            lines.push(Line::note(
+                "containerd",
+                format!("{e}: pods whose RuntimeClass names {name} are not gated"),
+            ));
+        }
+    }
+    let driver = if rt.systemd_cgroup == Some(true) {
+        "systemd"
+    } else {
+        "cgroupfs"
+    };
+    votes.push(DriverVote {
+        source: format!(
+            "containerd runtime {default} SystemdCgroup = {}",
+            rt.systemd_cgroup == Some(true)
+        ),
+        driver: driver.into(),
+    });
+    lines
+}

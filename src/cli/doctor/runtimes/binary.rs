@@ -1,0 +1,278 @@
+//! What a runtime's configured binary (containerd's BinaryName, CRI-O's runtime_path) is:
+//! devgate's runtime wrapper, devgate under a name that does not make it the wrapper,
+//! NVIDIA's runtime and the runtime that one would run, or another runtime. Identity says
+//! which files are devgate.
+
+use super::{one_line_toml, read_small, which};
+use crate::wrapper::PROGRAM;
+use serde::Deserialize;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A runtime wrapper script that names devgate is small; larger files are binaries.
+const MAX_WRAPPER_SCRIPT: u64 = 64 << 10;
+
+/// NVIDIA's runtime, and where it lists the runtimes it runs.
+pub(crate) const NVIDIA_RUNTIME: &str = "nvidia-container-runtime";
+pub(crate) const NVIDIA_RUNTIME_CONFIG: &str = "/etc/nvidia-container-runtime/config.toml";
+
+/// The files that are devgate: this binary and the usual install paths (the packages' and
+/// install-host's), and any the operator names. Compared by device and inode, so a symlink
+/// or a hard link to devgate counts and a different file with the same name does not.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub(crate) this: PathBuf,
+    paths: Vec<PathBuf>,
+    files: Vec<(u64, u64)>,
+}
+
+impl Identity {
+    pub(crate) fn new(extra: Option<&Path>) -> Identity {
+        let this = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+        let mut paths = vec![this.clone()];
+        if let Some(p) = extra {
+            paths.push(p.to_path_buf());
+        }
+        paths.push("/usr/bin/devgate".into());
+        paths.push("/usr/local/bin/devgate".into());
+        let files = paths.iter().filter_map(|p| file_id(p)).collect();
+        Identity { this, paths, files }
+    }
+
+    /// The hook or runtime at `path` is devgate itself.
+    pub(crate) fn is_devgate(&self, path: &Path) -> bool {
+        file_id(path).is_some_and(|id| self.files.contains(&id))
+    }
+
+    /// `path` is devgate's runtime wrapper: devgate under the name `devgate-runtime` (the
+    /// runtime execs the configured path, and devgate acts as the wrapper only when its
+    /// argv[0] has that name), or a small script that runs devgate as `devgate runtime` or
+    /// through a `devgate-runtime` link to it.
+    pub(crate) fn is_wrapper(&self, path: &Path) -> bool {
+        if self.is_devgate(path) {
+            return path.file_name().is_some_and(|n| n == PROGRAM);
+        }
+        let Ok(meta) = fs::metadata(path) else {
+            return false;
+        };
+        if !meta.is_file() || meta.len() > MAX_WRAPPER_SCRIPT {
+            return false;
+        }
+        let Ok(text) = fs::read(path) else {
+            return false;
+        };
+        let text = String::from_utf8_lossy(&text);
+        text.starts_with("#!")
+            && self.paths.iter().filter(|p| self.is_devgate(p)).any(|p| {
+                let bin = p.to_string_lossy();
+                let link = p.with_file_name(PROGRAM);
+                ["", "\"", "'"]
+                    .iter()
+                    .any(|q| text.contains(&format!("{bin}{q} runtime")))
+                    || (self.is_devgate(&link) && text.contains(&*link.to_string_lossy()))
+            })
+    }
+}
+
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// What a runtime's binary (containerd's BinaryName, CRI-O's runtime_path) turns out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Binary {
+    /// Unset: the shim's default, runc.
+    Default,
+    DevgateWrapper(PathBuf),
+    /// devgate under another name than `devgate-runtime`: it would take the runtime's
+    /// arguments for devgate's own command line and fail every container.
+    DevgateMisnamed(PathBuf),
+    /// NVIDIA's runtime, and the low-level runtime it would run (devgate's wrapper or not).
+    Nvidia {
+        path: PathBuf,
+        runs: Result<PathBuf, String>,
+        runs_devgate: bool,
+    },
+    Other(PathBuf),
+}
+
+/// The base name of NVIDIA's runtime (also as `nvidia-container-runtime.cdi` and the like).
+pub(crate) fn is_nvidia_runtime(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with(NVIDIA_RUNTIME))
+}
+
+#[derive(Deserialize)]
+struct NvidiaConfig {
+    #[serde(rename = "nvidia-container-runtime", default)]
+    runtime: NvidiaRuntimeSection,
+}
+
+#[derive(Deserialize, Default)]
+struct NvidiaRuntimeSection {
+    #[serde(default)]
+    runtimes: Vec<String>,
+}
+
+/// The candidates NVIDIA's runtime tries, in order (`nvidia-container-runtime.runtimes`);
+/// its built-in list when the file does not set one.
+pub(crate) fn nvidia_runtime_candidates(text: Option<&str>) -> Result<Vec<String>, String> {
+    let listed = match text {
+        Some(t) => {
+            toml::from_str::<NvidiaConfig>(t)
+                .map_err(|e| one_line_toml(&e))?
+                .runtime
+                .runtimes
+        }
+        None => Vec::new(),
+    };
+    if listed.is_empty() {
+        return Ok(vec!["docker-runc".into(), "runc".into(), "crun".into()]);
+    }
+    Ok(listed)
+}
+
+/// Classifies a configured runtime binary; for NVIDIA's, reads its config (`nvidia_config`)
+/// and resolves the first candidate it would run.
+pub(crate) fn classify_binary(name: &str, id: &Identity, nvidia_config: &Path) -> Binary {
+    if name.is_empty() {
+        return Binary::Default;
+    }
+    let path = which(name).unwrap_or_else(|| PathBuf::from(name));
+    if id.is_wrapper(&path) {
+        return Binary::DevgateWrapper(path);
+    }
+    if id.is_devgate(&path) {
+        return Binary::DevgateMisnamed(path);
+    }
+    if is_nvidia_runtime(&path) {
+        let text = match fs::symlink_metadata(nvidia_config) {
+            Ok(_) => match read_small(nvidia_config) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    return Binary::Nvidia {
+                        path,
+                        runs: Err(e),
+                        runs_devgate: false,
+                    }
+                }
+            },
+            Err(_) => None,
+        };
+        let runs = nvidia_runtime_candidates(text.as_deref())
+            .map_err(|e| format!("{}: {e}", nvidia_config.display()))
+            .and_then(|c| {
+                c.iter()
+                    .find_map(|r| which(r))
+                    .ok_or_else(|| format!("none of its runtimes ({}) is installed", c.join(", ")))
+            });
+        let runs_devgate = runs.as_ref().is_ok_and(|p| id.is_wrapper(p));
+        return Binary::Nvidia {
+            path,
+            runs,
+            runs_devgate,
+        };
+    }
+    Binary::Other(path)
+}
+
+impl Binary {
+    pub(crate) fn runs_devgate(&self) -> bool {
+        match self {
+            Binary::DevgateWrapper(_) => true,
+            Binary::Nvidia { runs_devgate, .. } => *runs_devgate,
+            _ => false,
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Binary::Default => "runs runc".into(),
+            Binary::DevgateWrapper(p) => {
+                format!("runs devgate's runtime wrapper {}", p.display())
+            }
+            Binary::DevgateMisnamed(p) => format!(
+                "runs devgate as {}, which is the runtime wrapper only when named {PROGRAM} \
+                 (a link to devgate) or run as `devgate runtime`",
+                p.display()
+            ),
+            Binary::Nvidia { path, runs, .. } => match runs {
+                Ok(r) => format!(
+                    "runs NVIDIA's runtime {}, which runs {}",
+                    path.display(),
+                    r.display()
+                ),
+                Err(e) => format!("runs NVIDIA's runtime {} ({e})", path.display()),
+            },
+            Binary::Other(p) => format!("runs {}", p.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// devgate is the wrapper only as `devgate-runtime` (its argv[0]) or run as
+    /// `devgate runtime`: under any other name it would read the runtime's arguments as
+    /// its own command line.
+    #[test]
+    fn the_wrapper_is_devgate_named_devgate_runtime_or_a_script_running_it() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let dir = std::env::temp_dir().join(format!("devgate-doctor-id-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("devgate");
+        fs::write(&bin, b"\x7fELF").unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        let id = Identity::new(Some(&bin));
+        let script = |name: &str, body: String| {
+            let p = dir.join(name);
+            fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let link = dir.join("devgate-runtime");
+        symlink("devgate", &link).unwrap();
+        let other = dir.join("devgate-runc");
+        symlink("devgate", &other).unwrap();
+        assert!(id.is_wrapper(&link));
+        assert!(id.is_devgate(&other) && !id.is_wrapper(&other));
+        assert!(!id.is_wrapper(&bin));
+        let nv = dir.join("nvidia.toml");
+        let classify = |p: &Path| classify_binary(p.to_str().unwrap(), &id, &nv);
+        assert_eq!(classify(&link), Binary::DevgateWrapper(link.clone()));
+        assert_eq!(classify(&other), Binary::DevgateMisnamed(other.clone()));
+        let b = bin.display();
+        for (name, body, wrapper) in [
+            ("s1", format!("exec {b} runtime \"$@\""), true),
+            ("s2", format!("exec \"{b}\" runtime \"$@\""), true),
+            ("s3", format!("exec {} \"$@\"", link.display()), true),
+            ("s4", format!("exec {b} \"$@\""), false),
+            ("s5", "exec /usr/sbin/runc \"$@\"".to_string(), false),
+        ] {
+            assert_eq!(
+                id.is_wrapper(&script(name, body.clone())),
+                wrapper,
+                "{body}"
+            );
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn nvidia_candidates() {
+        assert_eq!(
+            nvidia_runtime_candidates(Some(
+                "[nvidia-container-runtime]\nruntimes = [\"/usr/bin/devgate-runc\", \"runc\"]\n"
+            ))
+            .unwrap(),
+            ["/usr/bin/devgate-runc", "runc"]
+        );
+        assert_eq!(
+            nvidia_runtime_candidates(None).unwrap(),
+            ["docker-runc", "runc", "crun"]
+        );
+    }
+}

@@ -1,0 +1,509 @@
+//! containerd: is the default runtime of its CRI plugin (and each other runc runtime) wired
+//! to devgate, by a complete base runtime spec whose hooks run devgate or by a binary that
+//! is devgate's runtime wrapper?
+
+use super::binary::Binary;
+use super::hooks::runs_devgate_hook;
+use super::one_line_toml;
+use crate::cli::doctor::runtime_checks::FixCmd;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// containerd's dump is some tens of KiB; a runaway one is cut here.
+const MAX_DUMP: u64 = 8 << 20;
+/// `containerd config dump` loads plugins' configs only; seconds mean something is wrong.
+const DUMP_DEADLINE: Duration = Duration::from_secs(20);
+
+/// containerd's CRI runtime plugin: config version 3 (containerd 2.x) and version 2 (1.x).
+pub(crate) const CRI_V3: &str = "io.containerd.cri.v1.runtime";
+pub(crate) const CRI_V2: &str = "io.containerd.grpc.v1.cri";
+
+// ---------------------------------------------------------------------------------------
+// containerd: `containerd config dump` is the merged configuration (the file, its
+// `imports` drop-ins, and the built-in defaults) in the daemon's own config version.
+
+/// One runtime of containerd's CRI plugin, as the dump gives it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CriRuntime {
+    pub(crate) runtime_type: String,
+    pub(crate) base_runtime_spec: String,
+    pub(crate) binary_name: String,
+    pub(crate) systemd_cgroup: Option<bool>,
+}
+
+/// containerd's CRI runtime configuration, from the dump.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ContainerdCri {
+    pub(crate) version: i64,
+    /// The plugin's table name (it differs between config versions).
+    pub(crate) plugin: &'static str,
+    /// The CRI plugin is disabled: kubelet cannot use this containerd.
+    pub(crate) disabled: bool,
+    pub(crate) default_runtime: String,
+    pub(crate) runtimes: BTreeMap<String, CriRuntime>,
+}
+
+#[derive(Deserialize)]
+struct Dump {
+    version: Option<i64>,
+    #[serde(default)]
+    disabled_plugins: Vec<String>,
+    #[serde(default)]
+    plugins: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct CriPlugin {
+    #[serde(default)]
+    containerd: CriContainerd,
+}
+
+#[derive(Deserialize, Default)]
+struct CriContainerd {
+    default_runtime_name: Option<String>,
+    #[serde(default)]
+    runtimes: BTreeMap<String, DumpRuntime>,
+}
+
+#[derive(Deserialize)]
+struct DumpRuntime {
+    #[serde(default)]
+    runtime_type: String,
+    #[serde(default)]
+    base_runtime_spec: String,
+    options: Option<DumpRuncOptions>,
+}
+
+#[derive(Deserialize)]
+struct DumpRuncOptions {
+    #[serde(rename = "BinaryName", default)]
+    binary_name: String,
+    #[serde(rename = "SystemdCgroup")]
+    systemd_cgroup: Option<bool>,
+}
+
+pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String> {
+    let dump: Dump = toml::from_str(text).map_err(|e| one_line_toml(&e))?;
+    let (version, plugin) = match dump.version {
+        Some(3) => (3, CRI_V3),
+        Some(2) => (2, CRI_V2),
+        Some(v) => {
+            return Err(format!(
+                "config version {v} is not one devgate knows (2 or 3)"
+            ))
+        }
+        None => return Err("the dump names no config version".into()),
+    };
+    let disabled = dump
+        .disabled_plugins
+        .iter()
+        .any(|p| p == "cri" || p == CRI_V2 || p == CRI_V3);
+    let cri: CriPlugin = match dump.plugins.get(plugin) {
+        Some(v) => v
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("plugins.\"{plugin}\": {}", one_line_toml(&e)))?,
+        None => CriPlugin::default(),
+    };
+    let runtimes = cri
+        .containerd
+        .runtimes
+        .into_iter()
+        .map(|(name, r)| {
+            let (binary_name, systemd_cgroup) = match r.options {
+                Some(o) => (o.binary_name, o.systemd_cgroup),
+                None => (String::new(), None),
+            };
+            (
+                name,
+                CriRuntime {
+                    runtime_type: r.runtime_type,
+                    base_runtime_spec: r.base_runtime_spec,
+                    binary_name,
+                    systemd_cgroup,
+                },
+            )
+        })
+        .collect();
+    Ok(ContainerdCri {
+        version,
+        plugin,
+        disabled,
+        default_runtime: cri
+            .containerd
+            .default_runtime_name
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "runc".into()),
+        runtimes,
+    })
+}
+
+/// Runs `containerd [--config FILE] config dump` with a deadline and a bound on its output.
+/// Long because a child with a deadline takes it: both pipes drained on threads (a full pipe
+/// would stop containerd), a polled wait, a kill at the deadline, and the last stderr line
+/// for the error.
+pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, String> {
+    let mut cmd = Command::new(bin);
+    if let Some(c) = config {
+        cmd.arg("--config").arg(c);
+    }
+    let mut child = cmd
+        .args(["config", "dump"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    let reader = |pipe: Option<std::process::ChildStdout>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(p) = pipe {
+                let _ = p.take(MAX_DUMP + 1).read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = reader(out);
+    let stderr = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(p) = err {
+            let _ = p.take(64 << 10).read_to_end(&mut buf);
+        }
+        buf
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if started.elapsed() < DUMP_DEADLINE => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{} config dump did not finish in {} s",
+                    bin.display(),
+                    DUMP_DEADLINE.as_secs()
+                ));
+            }
+            Err(e) => return Err(format!("cannot wait for {}: {e}", bin.display())),
+        }
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    if !status.success() {
+        let said = String::from_utf8_lossy(&stderr);
+        let last = said
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(format!(
+            "{} config dump failed ({status}): {}",
+            bin.display(),
+            last.trim()
+        ));
+    }
+    if stdout.len() as u64 > MAX_DUMP {
+        return Err(format!("containerd's dump is larger than {MAX_DUMP} bytes"));
+    }
+    String::from_utf8(stdout).map_err(|_| "containerd's dump is not UTF-8".into())
+}
+
+/// What a base runtime spec file holds, as far as devgate cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BaseSpec {
+    NotSet,
+    Unreadable(String),
+    /// Keys a complete spec has and this one lacks.
+    Incomplete(Vec<&'static str>),
+    Complete {
+        start: bool,
+        stop: bool,
+    },
+}
+
+#[derive(Deserialize)]
+struct SpecShape {
+    #[serde(rename = "ociVersion")]
+    oci_version: Option<serde::de::IgnoredAny>,
+    process: Option<serde::de::IgnoredAny>,
+    root: Option<serde::de::IgnoredAny>,
+    linux: Option<serde::de::IgnoredAny>,
+    hooks: Option<oci_spec::runtime::Hooks>,
+}
+
+/// containerd reads the base spec once, at daemon start, and uses it whole as the start of
+/// every container's spec: a file holding only hooks makes containers without a process,
+/// root or namespaces.
+pub(crate) fn examine_base_spec(text: &str, is_devgate: &dyn Fn(&Path) -> bool) -> BaseSpec {
+    let shape: SpecShape = match serde_json::from_str(text) {
+        Ok(s) => s,
+        Err(e) => return BaseSpec::Unreadable(format!("not an OCI spec: {e}")),
+    };
+    let missing: Vec<&'static str> = [
+        ("ociVersion", shape.oci_version.is_some()),
+        ("process", shape.process.is_some()),
+        ("root", shape.root.is_some()),
+        ("linux", shape.linux.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, present)| !present)
+    .map(|(k, _)| k)
+    .collect();
+    if !missing.is_empty() {
+        return BaseSpec::Incomplete(missing);
+    }
+    let runs = |hooks: Option<&Vec<oci_spec::runtime::Hook>>| {
+        hooks.is_some_and(|hs| {
+            hs.iter().any(|h| {
+                runs_devgate_hook(h.path(), h.args().as_deref().unwrap_or(&[]), is_devgate)
+            })
+        })
+    };
+    match &shape.hooks {
+        None => BaseSpec::Complete {
+            start: false,
+            stop: false,
+        },
+        Some(h) => {
+            #[allow(deprecated)]
+            let prestart = h.prestart().as_ref();
+            BaseSpec::Complete {
+                start: runs(prestart) || runs(h.create_runtime().as_ref()),
+                stop: runs(h.poststop().as_ref()),
+            }
+        }
+    }
+}
+
+/// The judgement on one containerd runtime: Ok(detail) or Err(why not wired).
+pub(crate) fn judge_containerd_runtime(
+    name: &str,
+    rt: &CriRuntime,
+    spec: &BaseSpec,
+    binary: &Binary,
+) -> Result<String, String> {
+    let spec_path = &rt.base_runtime_spec;
+    match spec {
+        BaseSpec::Unreadable(e) => {
+            return Err(format!(
+                "runtime {name}: base_runtime_spec {spec_path}: {e} (the CRI plugin fails to \
+                 start)"
+            ))
+        }
+        BaseSpec::Incomplete(missing) => {
+            return Err(format!(
+                "runtime {name}: base_runtime_spec {spec_path} is not a complete spec (no {}); \
+                 containerd reads it at start and uses it whole for every container",
+                missing.join(", ")
+            ))
+        }
+        _ => {}
+    }
+    let hooks = match spec {
+        BaseSpec::Complete { start, stop } => Some((*start, *stop)),
+        _ => None,
+    };
+    if binary.runs_devgate() {
+        // The wrapper gates and remaps; only the poststop hook reports faults of a run.
+        let note = match hooks {
+            Some((_, true)) => "",
+            _ => "; no base_runtime_spec hook runs devgate at poststop, so faults during a run go unreported",
+        };
+        return Ok(format!("runtime {name} {}{note}", binary.describe()));
+    }
+    match hooks {
+        Some((true, true)) => Ok(format!(
+            "runtime {name} starts from {spec_path}, a complete spec whose hooks run devgate at \
+             start and poststop"
+        )),
+        Some((true, false)) => Err(format!(
+            "runtime {name}: {spec_path} runs devgate at start but not at poststop"
+        )),
+        Some((false, true)) => Err(format!(
+            "runtime {name}: {spec_path} runs devgate at poststop but not at start"
+        )),
+        Some((false, false)) => Err(format!(
+            "runtime {name}: {spec_path} has no hook that runs devgate, and the runtime {}",
+            binary.describe()
+        )),
+        None => Err(format!(
+            "runtime {name} has no base_runtime_spec and {}",
+            binary.describe()
+        )),
+    }
+}
+
+/// The fix line for an unwired containerd.
+pub(crate) fn containerd_fix(cri: &ContainerdCri, runtime: &str, fix: &FixCmd) -> String {
+    format!(
+        "{}, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" under \
+         [plugins.\"{}\".containerd.runtimes.{runtime}], and restart containerd",
+        fix.hooks_config("containerd", Path::new("/etc/containerd")),
+        cri.plugin
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devgate_at(p: &'static str) -> impl Fn(&Path) -> bool {
+        move |x: &Path| x == Path::new(p)
+    }
+
+    /// The shape containerd 2.x prints: config version 3 and the runtime plugin's table.
+    const DUMP_V3: &str = r#"
+version = 3
+disabled_plugins = []
+imports = ["/etc/containerd/conf.d/devgate.toml"]
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_cdi = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+          runtime_type = 'io.containerd.runc.v2'
+          base_runtime_spec = '/etc/containerd/devgate-base-spec.json'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+            BinaryName = ''
+            SystemdCgroup = true
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+          runtime_type = 'io.containerd.runc.v2'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
+            BinaryName = '/usr/bin/nvidia-container-runtime'
+  [plugins.'io.containerd.grpc.v1.cri']
+    disable_tcp_service = true
+"#;
+
+    #[test]
+    fn containerd_dump_v3_and_v2() {
+        let c = parse_containerd_dump(DUMP_V3).unwrap();
+        assert_eq!(c.version, 3);
+        assert_eq!(c.plugin, CRI_V3);
+        assert!(!c.disabled);
+        assert_eq!(c.default_runtime, "runc");
+        let runc = &c.runtimes["runc"];
+        assert_eq!(
+            runc.base_runtime_spec,
+            "/etc/containerd/devgate-base-spec.json"
+        );
+        assert_eq!(runc.systemd_cgroup, Some(true));
+        assert_eq!(
+            c.runtimes["nvidia"].binary_name,
+            "/usr/bin/nvidia-container-runtime"
+        );
+
+        let v2 = r#"
+version = 2
+disabled_plugins = ["cri"]
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "nvidia"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+"#;
+        let c = parse_containerd_dump(v2).unwrap();
+        assert_eq!((c.version, c.plugin, c.disabled), (2, CRI_V2, true));
+        assert_eq!(c.default_runtime, "nvidia");
+        assert_eq!(c.runtimes["runc"].base_runtime_spec, "");
+        assert_eq!(c.runtimes["runc"].systemd_cgroup, None);
+
+        assert!(parse_containerd_dump("version = 1\n")
+            .unwrap_err()
+            .contains("config version 1"));
+        assert!(parse_containerd_dump("version = [\n").is_err());
+    }
+
+    #[test]
+    fn base_spec_must_be_complete() {
+        let dg = devgate_at("/usr/bin/devgate");
+        let hooks = r#""hooks":{"prestart":[{"path":"/usr/bin/devgate","args":["devgate","hook","prestart"]}],
+                       "poststop":[{"path":"/usr/bin/devgate","args":["devgate","hook","poststop"]}]}"#;
+        assert_eq!(
+            examine_base_spec(&format!("{{{hooks}}}"), &dg),
+            BaseSpec::Incomplete(vec!["ociVersion", "process", "root", "linux"])
+        );
+        let full = format!(
+            r#"{{"ociVersion":"1.1.0","process":{{"cwd":"/","user":{{"uid":0,"gid":0}}}},"root":{{"path":"rootfs"}},"linux":{{}},{hooks}}}"#
+        );
+        assert_eq!(
+            examine_base_spec(&full, &dg),
+            BaseSpec::Complete {
+                start: true,
+                stop: true
+            }
+        );
+        let other = devgate_at("/opt/devgate");
+        assert_eq!(
+            examine_base_spec(&full, &other),
+            BaseSpec::Complete {
+                start: false,
+                stop: false
+            }
+        );
+        assert!(matches!(
+            examine_base_spec("[]", &dg),
+            BaseSpec::Unreadable(_)
+        ));
+    }
+
+    #[test]
+    fn containerd_runtime_judgement() {
+        let rt = CriRuntime {
+            runtime_type: "io.containerd.runc.v2".into(),
+            base_runtime_spec: "/s.json".into(),
+            ..Default::default()
+        };
+        let ok = BaseSpec::Complete {
+            start: true,
+            stop: true,
+        };
+        assert!(judge_containerd_runtime("runc", &rt, &ok, &Binary::Default).is_ok());
+        let wrapper = Binary::DevgateWrapper("/usr/bin/devgate-runc".into());
+        assert_eq!(
+            judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &wrapper).unwrap(),
+            "runtime runc runs devgate's runtime wrapper /usr/bin/devgate-runc; no \
+             base_runtime_spec hook runs devgate at poststop, so faults during a run go unreported"
+        );
+        assert_eq!(
+            judge_containerd_runtime("runc", &rt, &ok, &wrapper).unwrap(),
+            "runtime runc runs devgate's runtime wrapper /usr/bin/devgate-runc"
+        );
+        let misnamed = Binary::DevgateMisnamed("/usr/bin/devgate".into());
+        let e = judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &misnamed).unwrap_err();
+        assert!(
+            e.ends_with("runs devgate as /usr/bin/devgate, which is the runtime wrapper only when named devgate-runtime (a link to devgate) or run as `devgate runtime`"),
+            "{e}"
+        );
+        // An incomplete spec fails even with the wrapper: containerd would use it whole.
+        let e = judge_containerd_runtime(
+            "runc",
+            &rt,
+            &BaseSpec::Incomplete(vec!["process"]),
+            &wrapper,
+        )
+        .unwrap_err();
+        assert!(e.contains("not a complete spec (no process)"), "{e}");
+        let e =
+            judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &Binary::Default).unwrap_err();
+        assert_eq!(e, "runtime runc has no base_runtime_spec and runs runc");
+        let nv = Binary::Nvidia {
+            path: "/usr/bin/nvidia-container-runtime".into(),
+            runs: Ok("/usr/bin/runc".into()),
+            runs_devgate: false,
+        };
+        let e = judge_containerd_runtime("nvidia", &rt, &BaseSpec::NotSet, &nv).unwrap_err();
+        assert!(e.ends_with("which runs /usr/bin/runc"), "{e}");
+    }
+}

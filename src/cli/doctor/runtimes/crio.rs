@@ -1,0 +1,128 @@
+//! CRI-O's configuration: the hooks directories it reads, its cgroup manager, and the
+//! runtime it runs by default.
+
+use super::{one_line_toml, read_small, MAX_HOOK_FILES};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+// ---------------------------------------------------------------------------------------
+// CRI-O: crio.conf and its drop-ins, later files overriding the keys they set.
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CrioConfig {
+    pub(crate) hooks_dir: Option<Vec<PathBuf>>,
+    pub(crate) cgroup_manager: Option<String>,
+    pub(crate) default_runtime: Option<String>,
+    pub(crate) runtime_paths: BTreeMap<String, String>,
+}
+
+/// CRI-O's own default hooks directory (containers/common's DefaultHooksDirs); unlike
+/// podman, CRI-O does not add /etc/containers/oci/hooks.d unless hooks_dir names it.
+pub(crate) const CRIO_DEFAULT_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
+
+#[derive(Deserialize, Default)]
+struct CrioFile {
+    #[serde(default)]
+    crio: CrioTop,
+}
+
+#[derive(Deserialize, Default)]
+struct CrioTop {
+    #[serde(default)]
+    runtime: CrioRuntime,
+}
+
+#[derive(Deserialize, Default)]
+struct CrioRuntime {
+    hooks_dir: Option<Vec<PathBuf>>,
+    cgroup_manager: Option<String>,
+    default_runtime: Option<String>,
+    #[serde(default)]
+    runtimes: BTreeMap<String, CrioRuntimeHandler>,
+}
+
+#[derive(Deserialize)]
+struct CrioRuntimeHandler {
+    runtime_path: Option<String>,
+}
+
+/// Merges CRI-O's files in the order CRI-O reads them (crio.conf, then the drop-ins sorted).
+pub(crate) fn parse_crio(files: &[(PathBuf, String)]) -> Result<CrioConfig, String> {
+    let mut c = CrioConfig::default();
+    for (path, text) in files {
+        let f: CrioFile = toml::from_str(text)
+            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let r = f.crio.runtime;
+        if r.hooks_dir.is_some() {
+            c.hooks_dir = r.hooks_dir;
+        }
+        if r.cgroup_manager.is_some() {
+            c.cgroup_manager = r.cgroup_manager;
+        }
+        if r.default_runtime.is_some() {
+            c.default_runtime = r.default_runtime;
+        }
+        for (name, h) in r.runtimes {
+            if let Some(p) = h.runtime_path {
+                c.runtime_paths.insert(name, p);
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// crio.conf and the drop-ins beside it (`crio.conf.d/*.conf`, sorted).
+pub(crate) fn read_crio(main: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+    let mut files = Vec::new();
+    if fs::symlink_metadata(main).is_ok() {
+        files.push((main.to_path_buf(), read_small(main)?));
+    }
+    let dropins = main.with_extension("conf.d");
+    if let Ok(entries) = fs::read_dir(&dropins) {
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+            .take(MAX_HOOK_FILES)
+            .collect();
+        paths.sort();
+        for p in paths {
+            let t = read_small(&p)?;
+            files.push((p, t));
+        }
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crio_files_merge_in_order() {
+        let c = parse_crio(&[
+            (
+                "/etc/crio/crio.conf".into(),
+                "[crio.runtime]\ncgroup_manager = \"cgroupfs\"\nhooks_dir = [\"/a\"]\n".into(),
+            ),
+            (
+                "/etc/crio/crio.conf.d/10-x.conf".into(),
+                "[crio.runtime]\nhooks_dir = [\"/b\", \"/c\"]\ndefault_runtime = \"dg\"\n\
+                 [crio.runtime.runtimes.dg]\nruntime_path = \"/usr/bin/devgate-runc\"\n"
+                    .into(),
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.cgroup_manager.as_deref(), Some("cgroupfs"));
+        assert_eq!(
+            c.hooks_dir,
+            Some(vec![PathBuf::from("/b"), PathBuf::from("/c")])
+        );
+        assert_eq!(c.runtime_paths["dg"], "/usr/bin/devgate-runc");
+        assert!(parse_crio(&[("/x".into(), "[crio\n".into())])
+            .unwrap_err()
+            .starts_with("/x: "));
+    }
+}
