@@ -241,11 +241,13 @@ fn keep_records(config: &Config, decision: &Decision) {
     if let Err(e) = record::remove_exit(&config.state_dir, &decision.container_id) {
         log::error!("cannot remove the previous run's exit record: {e}");
     }
-    if let Err(e) = record::write_record(&config.state_dir, decision, config.exits_keep) {
+    let line = record::json_line(decision);
+    let id = &decision.container_id;
+    if let Err(e) = record::write_record_line(&config.state_dir, id, &line, config.exits_keep) {
         log::error!("cannot keep container record: {e}");
     }
     if let Some(log_file) = &config.log_file {
-        if let Err(e) = record::append_log(log_file, decision) {
+        if let Err(e) = record::append_log_line(log_file, &line) {
             log::error!("cannot append decision log: {e}");
         }
     }

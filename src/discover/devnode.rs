@@ -162,6 +162,9 @@ mod tests {
         assert!(parse_device_arg("195:x", sys).is_err());
         assert!(parse_device_arg("5000:1", sys).is_err());
         assert!(parse_device_arg("/etc/hostname", sys).is_err());
-        assert_eq!(parse_device_arg("/dev/zero", sys).unwrap().0.mm(), "1:5");
+        assert_eq!(
+            parse_device_arg("/dev/zero", sys).unwrap().0.to_string(),
+            "1:5"
+        );
     }
 }

@@ -220,7 +220,14 @@ pub fn path_matches(pattern: &str, path: &Path) -> bool {
     let Some(path) = path.to_str() else {
         return false;
     };
-    match pattern.split_once("{N}") {
+    // Every device is tried against every rule: a plain scan of these short patterns
+    // costs less than setting up str's substring searcher.
+    let split = pattern
+        .as_bytes()
+        .windows(3)
+        .position(|w| w == b"{N}")
+        .map(|i| (&pattern[..i], &pattern[i + 3..]));
+    match split {
         None => pattern == path,
         Some((prefix, suffix)) => path
             .strip_prefix(prefix)

@@ -71,15 +71,13 @@ impl DevNum {
     /// sysfs's directory for this number: `SYSFS/dev/{char,block}/MAJ:MIN`, a link to the
     /// device's own directory.
     pub(crate) fn sysfs_path(&self, sysfs_root: &Path) -> PathBuf {
-        sysfs_root
-            .join("dev")
-            .join(self.typ.sysfs_dir())
-            .join(self.mm())
-    }
-
-    /// `MAJ:MIN` as sysfs and the device cgroup write it.
-    pub(crate) fn mm(&self) -> String {
-        format!("{}:{}", self.major, self.minor)
+        // One format and one join: this runs for every device of every start, twice.
+        sysfs_root.join(format!(
+            "dev/{}/{}:{}",
+            self.typ.sysfs_dir(),
+            self.major,
+            self.minor
+        ))
     }
 }
 

@@ -123,12 +123,14 @@ pub struct StopLine<'a> {
 /// Appends one line. O_APPEND keeps concurrent hooks' lines whole; the directory is
 /// checked so root never appends through a path someone else planted.
 pub fn append_log(log_file: &Path, entry: &impl Serialize) -> Result<()> {
+    append_log_line(log_file, &crate::store::to_json_line(entry))
+}
+
+/// As `append_log`, for an entry already serialized by [`json_line`].
+pub fn append_log_line(log_file: &Path, line: &[u8]) -> Result<()> {
     if let Some(dir) = log_file.parent() {
         ensure_private_dir(dir)?;
     }
-    let mut line =
-        crate::model::text::json_safe(serde_json::to_vec(entry).expect("log entry serializes"));
-    line.push(b'\n');
     let mut f = OpenOptions::new()
         .append(true)
         .create(true)
@@ -144,7 +146,7 @@ pub fn append_log(log_file: &Path, entry: &impl Serialize) -> Result<()> {
         f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .map_err(|e| Error::io("cannot chmod log file", log_file, e))?;
     }
-    f.write_all(&line)
+    f.write_all(line)
         .map_err(|e| Error::io("cannot write log file", log_file, e))
 }
 
@@ -198,7 +200,23 @@ pub fn list_exits(state_dir: &Path) -> Vec<ExitRecord> {
 /// Writes the start record, then trims start records as `write_exit` does, so rejected
 /// starts (which never reach an exit record) stay bounded too.
 pub fn write_record(state_dir: &Path, decision: &Decision, keep: usize) -> Result<()> {
-    records::write(state_dir, Kind::Start, &decision.container_id, decision)?;
+    write_record_line(
+        state_dir,
+        &decision.container_id,
+        &json_line(decision),
+        keep,
+    )
+}
+
+/// A decision as its start record and its decision-log line both hold it: serialized once
+/// for the two (a record with 8 devices is some 7 KB of JSON).
+pub fn json_line(decision: &Decision) -> Vec<u8> {
+    crate::store::to_json_line(decision)
+}
+
+/// As `write_record`, for a decision already serialized by [`json_line`].
+pub fn write_record_line(state_dir: &Path, id: &str, line: &[u8], keep: usize) -> Result<()> {
+    records::write_line(state_dir, Kind::Start, id, line)?;
     prune_starts(state_dir, keep);
     Ok(())
 }

@@ -46,7 +46,8 @@ pub(crate) fn write_json_volatile(path: &Path, value: &impl Serialize) -> Result
     write_atomic_volatile(path, &to_json_line(value), 0o600)
 }
 
-fn to_json_line(value: &impl Serialize) -> Vec<u8> {
+/// One value as devgate writes it everywhere: compact, shown-safe JSON and a newline.
+pub(crate) fn to_json_line(value: &impl Serialize) -> Vec<u8> {
     let mut json = crate::model::text::json_safe(
         serde_json::to_vec(value).expect("devgate's own types serialize"),
     );

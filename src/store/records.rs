@@ -79,6 +79,13 @@ pub(crate) fn write(state_dir: &Path, kind: Kind, id: &str, record: &impl Serial
     write_json_volatile(&path, record)
 }
 
+/// As `write`, for a record already serialized by `store::to_json_line`.
+pub(crate) fn write_line(state_dir: &Path, kind: Kind, id: &str, line: &[u8]) -> Result<()> {
+    let path = path(state_dir, kind, id)?;
+    ensure_private_dir(&kind.dir(state_dir))?;
+    crate::fsutil::write_atomic_volatile(&path, line, 0o600)
+}
+
 pub(crate) fn remove(state_dir: &Path, kind: Kind, id: &str) -> Result<bool> {
     remove_volatile(&path(state_dir, kind, id)?)
 }
