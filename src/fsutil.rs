@@ -241,11 +241,16 @@ fn replace_file(
     let name = path
         .file_name()
         .ok_or_else(|| Error::invalid("path", format!("{} has no file name", path.display())))?;
-    let tmp: PathBuf = dir.join(format!(
-        ".{}.tmp.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    // The temp name keeps at most 200 bytes of the final name, so that a final name near
+    // NAME_MAX (255 bytes: a long container id) still has a temp name that fits.
+    let tmp: PathBuf = {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let stem = &name.as_bytes()[..name.len().min(200)];
+        let mut t = b".".to_vec();
+        t.extend_from_slice(stem);
+        t.extend_from_slice(format!(".tmp.{}", std::process::id()).as_bytes());
+        dir.join(std::ffi::OsString::from_vec(t))
+    };
     // A writer killed mid-write leaves its temp file; a later writer with the same pid must
     // not be blocked by it. The directory is root's (checked by the caller), so the name is.
     let _ = fs::remove_file(&tmp);
@@ -369,6 +374,15 @@ pub(crate) mod tests {
         assert!(read_regular_file(&d.join("link"), 10, "x").is_err());
         let e = read_regular_file(&d.join("fifo"), 10, "x").unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_name_at_name_max_is_written_too() {
+        let d = tempdir("long");
+        let p = d.join("x".repeat(255));
+        write_atomic_volatile(&p, b"one", 0o600).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"one");
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
     }
 
     #[test]
