@@ -497,6 +497,78 @@ pub(crate) mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
+    /// A trailing `/` or `/.` makes the kernel follow a final symlink even in lstat(2): the
+    /// rule "the directory itself is not a symlink" must hold however the path is spelled.
+    #[test]
+    fn a_trailing_slash_does_not_hide_a_final_symlink() {
+        let d = tempdir("slash");
+        fs::create_dir(d.join("target")).unwrap();
+        std::os::unix::fs::symlink(d.join("target"), d.join("link")).unwrap();
+        for spelled in ["link", "link/", "link/.", "link//", "link/./"] {
+            let p = PathBuf::from(format!("{}/{spelled}", d.display()));
+            let e = check_path(&p).expect_err(spelled);
+            assert!(e.to_string().contains("is a symlink"), "{spelled}: {e}");
+            assert!(ensure_private_dir(&p).is_err(), "{spelled}");
+        }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The attacker's case for the trailing slash: in a sticky world-writable directory
+    /// (/tmp, /dev/shm) a user plants a symlink of theirs where a root directory is
+    /// expected, pointing at a root directory of their choice; with `state_dir = "/tmp/x/"`
+    /// root would write there, and the user can repoint the link at any time.
+    #[test]
+    fn someone_elses_symlink_in_a_sticky_dir_is_refused_with_a_trailing_slash() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (CI runs as root) to own a symlink as another uid");
+            return;
+        }
+        let d = tempdir("sticky-slash");
+        fs::create_dir_all(d.join("sticky")).unwrap();
+        fs::set_permissions(d.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+        fs::create_dir(d.join("roots")).unwrap();
+        std::os::unix::fs::symlink(d.join("roots"), d.join("sticky/state")).unwrap();
+        std::os::unix::fs::lchown(d.join("sticky/state"), Some(65534), None).unwrap();
+        let p = PathBuf::from(format!("{}/sticky/state/", d.display()));
+        assert!(check_path(&p).is_err(), "{} passed", p.display());
+        assert!(ensure_private_dir(&p).is_err());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A root-owned symlink is followed as the kernel follows it: through the link's own
+    /// text, not through its canonical target. A root link whose text goes through a link
+    /// another user owns (and so can repoint after the check) is refused.
+    #[test]
+    fn a_root_symlink_through_someone_elses_symlink_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (CI runs as root) to own a symlink as another uid");
+            return;
+        }
+        let d = tempdir("link-chain");
+        fs::create_dir_all(d.join("safe/state")).unwrap();
+        fs::create_dir(d.join("user")).unwrap();
+        std::os::unix::fs::chown(d.join("user"), Some(65534), None).unwrap();
+        std::os::unix::fs::symlink(d.join("safe"), d.join("user/l")).unwrap();
+        std::os::unix::fs::lchown(d.join("user/l"), Some(65534), None).unwrap();
+        // Root's link, absolute and relative, each through the user's link.
+        std::os::unix::fs::symlink(d.join("user/l"), d.join("rootlink")).unwrap();
+        std::os::unix::fs::symlink("user/l", d.join("rellink")).unwrap();
+        for link in ["rootlink", "rellink"] {
+            let e = check_path(&d.join(link).join("state")).expect_err(link);
+            assert!(e.to_string().contains("owned by uid 65534"), "{link}: {e}");
+        }
+        // Root's relative link to a safe place is followed as before.
+        std::os::unix::fs::symlink("safe", d.join("good")).unwrap();
+        assert_eq!(
+            check_path(&d.join("good/state")).unwrap(),
+            DirState::Present
+        );
+        std::os::unix::fs::symlink("../loop2", d.join("loop1")).unwrap();
+        std::os::unix::fs::symlink("../loop1", d.join("loop2")).unwrap();
+        assert!(check_path(&d.join("loop1/state")).is_err());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn safe_component() {
         assert!(is_safe_component("abc123-x_y.z"));
