@@ -115,6 +115,9 @@ fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
     if !dir.is_absolute() {
         return Err(Error::unsafe_path(dir, "not an absolute path"));
     }
+    // lstat(2) follows a final symlink when the path ends in `/` or `/.`: judge the path
+    // as its components spell it, without either.
+    let dir = &normalized(dir);
     let euid = nix::unistd::geteuid().as_raw();
     let mut chain: Vec<&Path> = dir.ancestors().collect();
     chain.reverse();
@@ -147,7 +150,11 @@ fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
                 return Err(Error::unsafe_path(p, "is a symlink"));
             }
             judge_owner(p, meta.uid(), euid)?;
-            let target = fs::canonicalize(p).map_err(|e| Error::io("cannot resolve", p, e))?;
+            // The kernel walks the link's own text, relative to the link's directory, and
+            // so does the check: a canonical target would skip a link someone else owns on
+            // the way, which they can repoint once the check has passed.
+            let text = fs::read_link(p).map_err(|e| Error::io("cannot read symlink", p, e))?;
+            let target = p.parent().unwrap_or(Path::new("/")).join(text);
             if check_chain(&target, depth + 1)? == DirState::Absent {
                 return Err(Error::unsafe_path(p, "is a dangling symlink"));
             }
@@ -166,8 +173,15 @@ fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
     Ok(DirState::Present)
 }
 
+/// `path` without a trailing `/`, `/.` or inner `.` components (`..` is kept: the kernel
+/// resolves it, and each prefix is checked as it resolves).
+fn normalized(path: &Path) -> PathBuf {
+    path.components().collect()
+}
+
 /// The last component again, after devgate created it: no symlink, ours, not writable.
 fn check_last(dir: &Path) -> Result<()> {
+    let dir = &normalized(dir);
     let meta = fs::symlink_metadata(dir).map_err(|e| Error::io("cannot stat directory", dir, e))?;
     if !meta.is_dir() {
         return Err(Error::unsafe_path(dir, "is not a directory"));
