@@ -408,6 +408,63 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
     }
 
+    /// Lexically below dev_root is not enough: /dev/shm (and /dev/mqueue) are writable by
+    /// every user, who can leave a symlink there pointing anywhere — a pod's volume on a
+    /// hung NFS server, where the stat cannot be interrupted. A bind source is reached
+    /// without leaving dev_root; links that stay inside it (/dev/char/M:m) still resolve.
+    #[test]
+    fn a_symlink_under_dev_root_does_not_lead_the_stat_out_of_it() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for mknod (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("devgate-bindlink-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        let (dev, outside) = (d.join("dev"), d.join("outside"));
+        fs::create_dir_all(dev.join("shm")).unwrap();
+        fs::create_dir_all(dev.join("char")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        for dir in [&dev, &outside] {
+            nix::sys::stat::mknod(
+                &dir.join("node"),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(10, 237),
+            )
+            .unwrap();
+        }
+        use std::os::unix::fs::symlink;
+        symlink(outside.join("node"), dev.join("shm/abs")).unwrap();
+        symlink("../../outside/node", dev.join("shm/rel")).unwrap();
+        symlink(&outside, dev.join("shm/dir")).unwrap();
+        symlink("/proc/self/root", dev.join("shm/magic")).unwrap();
+        symlink("../node", dev.join("char/10:237")).unwrap();
+        let found = |src: &Path| {
+            let s = spec(&format!(
+                r#"{{"mounts":[{{"destination":"/x","source":"{}","options":["bind"]}}]}}"#,
+                src.display()
+            ));
+            discover(&s, &class::builtin(), &dev, Path::new("/sys")).unwrap()
+        };
+        for src in [
+            dev.join("shm/abs"),
+            dev.join("shm/rel"),
+            dev.join("shm/dir/node"),
+            dev.join("shm/magic")
+                .join(outside.strip_prefix("/").unwrap())
+                .join("node"),
+        ] {
+            assert!(found(&src).is_empty(), "{} was stat'ed", src.display());
+        }
+        assert_eq!(
+            found(&dev.join("char/10:237")).len(),
+            1,
+            "a link inside dev_root"
+        );
+        assert_eq!(found(&dev.join("node")).len(), 1);
+        let _ = fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn no_devices_fast_test() {
         assert!(!may_have_devices(&spec(

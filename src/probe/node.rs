@@ -96,4 +96,25 @@ mod tests {
             Verdict::Unhealthy("no device node c 195:9 under /dev".into())
         );
     }
+
+    /// The node found at discovery is stat'ed again here: a symlink under dev_root that
+    /// someone repointed out of it in between (in /dev/shm, writable by all) is not followed.
+    #[test]
+    fn a_symlink_under_dev_root_is_not_followed_out_of_it() {
+        let d = std::env::temp_dir().join(format!("devgate-nodeprobe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("shm")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", d.join("shm/null")).unwrap();
+        let p = NodeProbe {
+            dev_root: d.clone(),
+        };
+        let host = d.join("shm/null");
+        let v = p.check(&dev(host.to_str(), 1, 3));
+        assert_ne!(
+            v,
+            Verdict::Healthy,
+            "the stat followed the link out of dev_root"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -454,6 +454,26 @@ mod tests {
         assert_eq!(changed[0].nodes.len(), 1);
     }
 
+    /// As in discovery: a symlink someone left in a world-writable directory under
+    /// dev_root (/dev/shm) does not lead the stat out of dev_root.
+    #[test]
+    fn a_symlink_under_dev_root_is_not_followed_out_of_it() {
+        let d = std::env::temp_dir().join(format!("devgate-rewrite-link-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(d.join("shm")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.join("shm/abs")).unwrap();
+        std::os::unix::fs::symlink("/dev", d.join("shm/dir")).unwrap();
+        let mut doc = json!({"mounts": [
+            {"destination": "/dev/a", "type": "bind", "source": d.join("shm/abs"), "options": ["rbind"]},
+            {"destination": "/dev/b", "type": "bind", "source": d.join("shm/dir/zero"), "options": ["rbind"]}
+        ]});
+        let before = doc["mounts"].clone();
+        let changed = rewrite(&mut doc, &[swap(c(1, 5), c(1, 7), "/dev/full")], &d).unwrap();
+        assert_eq!(doc["mounts"], before);
+        assert!(changed[0].nodes.is_empty());
+        let _ = fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn shapes_no_runtime_accepts_are_errors() {
         for bad in [
