@@ -58,6 +58,54 @@ pub fn read_attr(path: &Path) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&buf).trim().to_string())
 }
 
+/// struct open_how of openat2(2); libc's is non-exhaustive.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// The metadata of `path`, which must be lexically below `root`, reached without leaving
+/// `root`: openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS) refuses an absolute symlink, a
+/// relative one climbing out and /proc's magic links on the way, so a link any user can
+/// leave in a world-writable directory under /dev (/dev/shm) cannot send the stat to a
+/// filesystem a pod controls. Links that stay inside (`/dev/char/195:0 -> ../nvidia0`)
+/// still resolve. O_PATH opens nothing: a FIFO or a device cannot block it.
+pub fn stat_beneath(root: &Path, path: &Path) -> io::Result<fs::Metadata> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let rel = path
+        .strip_prefix(root)
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(root)?;
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid fd, NUL-terminated path and an open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    } as libc::c_int;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by openat2 and is owned nowhere else.
+    File::from(unsafe { OwnedFd::from_raw_fd(fd) }).metadata()
+}
+
 /// Makes sure `dir` exists as a real directory owned by us and writable by nobody else,
 /// along its whole path (see [`check_path`]), creating it (and missing parents) with mode
 /// 0755 when absent. Anything else — a symlink, a file, a directory another user could

@@ -81,6 +81,18 @@ pub(crate) fn lexically_below(path: &Path, root: &Path) -> bool {
         && path != root
 }
 
+/// The metadata of a host device node. One below `dev_root` is reached without leaving it
+/// ([`crate::fsutil::stat_beneath`]): /dev/shm is writable by every user, and a link left
+/// there must not send the stat to a hung volume. Any other path is devgate's own config's
+/// (a spare) and is stat'ed as it is.
+pub(crate) fn node_metadata(dev_root: &Path, path: &Path) -> std::io::Result<fs::Metadata> {
+    if lexically_below(path, dev_root) {
+        crate::fsutil::stat_beneath(dev_root, path)
+    } else {
+        fs::metadata(path)
+    }
+}
+
 /// Candidates from bind mounts whose source is a device node under `dev_root`. Any other
 /// source is never stat'ed: it may be on a filesystem a pod controls (a volume, a hung
 /// NFS server), a stat there cannot be interrupted, and runc waits for the hook.
@@ -90,7 +102,7 @@ fn from_bind_mounts(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) {
         if !lexically_below(src, dev_root) {
             continue;
         }
-        let Ok(meta) = fs::metadata(src) else {
+        let Ok(meta) = crate::fsutil::stat_beneath(dev_root, src) else {
             continue;
         };
         let Some(num) = DevNum::from_metadata(&meta) else {

@@ -69,7 +69,7 @@ pub fn read_counters(config: &Config, ledger: &Ledger, device: &Device) -> Devic
     let node_present = device
         .host_path
         .as_ref()
-        .and_then(|p| std::fs::metadata(p).ok())
+        .and_then(|p| crate::discover::node_metadata(&config.dev_root, p).ok())
         .and_then(|m| DevNum::from_metadata(&m))
         == Some(device.num);
     let (quarantined, quarantine_reason) = match ledger.lookup(device.num) {

@@ -4,7 +4,6 @@
 use crate::model::device::{DevNum, Device};
 use crate::model::verdict::Verdict;
 use crate::probe::Probe;
-use std::fs;
 use std::io;
 use std::path::PathBuf;
 
@@ -26,7 +25,9 @@ impl Probe for NodeProbe {
                 self.dev_root.display()
             ));
         };
-        match fs::metadata(host) {
+        // Stat'ed again, not trusted from discovery: a link under dev_root may have been
+        // repointed since.
+        match crate::discover::node_metadata(&self.dev_root, host) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 Verdict::Unhealthy(format!("device node {} is gone", host.display()))
             }

@@ -145,7 +145,7 @@ pub fn rewrite(
             if !crate::discover::lexically_below(src, dev_root) {
                 continue;
             }
-            let Some(num) = fs::metadata(src)
+            let Some(num) = crate::fsutil::stat_beneath(dev_root, src)
                 .ok()
                 .and_then(|meta| DevNum::from_metadata(&meta))
             else {
