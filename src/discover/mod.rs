@@ -477,6 +477,63 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
     }
 
+    /// The host node of a listed device is looked for under dev_root only: a container
+    /// path climbing out with `..`, or through a link someone left in /dev/shm, is no
+    /// hint; and the walk of dev_root does not go into a directory other users can write
+    /// (/dev/shm, /dev/mqueue), where a user's FUSE mount can answer with any node it likes
+    /// or never answer at all.
+    #[test]
+    fn the_host_node_is_never_looked_for_outside_dev_root() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for mknod (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("devgate-hint-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        let (dev, outside) = (d.join("dev"), d.join("outside"));
+        fs::create_dir_all(dev.join("shm/u")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dev.join("shm"), fs::Permissions::from_mode(0o1777)).unwrap();
+        std::os::unix::fs::chown(dev.join("shm/u"), Some(65534), None).unwrap();
+        std::os::unix::fs::symlink(&outside, dev.join("shm/dir")).unwrap();
+        let mknod = |p: &Path| {
+            nix::sys::stat::mknod(
+                p,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(10, 237),
+            )
+            .unwrap()
+        };
+        mknod(&outside.join("node"));
+        let up = "/..".repeat(dev.components().count() - 1);
+        let listed = |path: &str| {
+            let s = spec(&format!(
+                r#"{{"linux":{{"devices":[{{"path":"{path}","type":"c","major":10,"minor":237}}]}}}}"#
+            ));
+            discover(&s, &class::builtin(), &dev, Path::new("/nonexistent-sys")).unwrap()
+        };
+        for path in [
+            format!("/dev{up}{}", outside.join("node").display()),
+            "/dev/shm/dir/node".to_string(),
+        ] {
+            let got = listed(&path);
+            assert_eq!(got[0].host_path, None, "{path}");
+        }
+        // A node in a directory another user owns, below a world-writable one.
+        mknod(&dev.join("shm/u/node"));
+        assert_eq!(listed("/dev/elsewhere")[0].host_path, None);
+        // The same node in a directory of root's is found by the walk.
+        fs::create_dir(dev.join("caps")).unwrap();
+        mknod(&dev.join("caps/node"));
+        assert_eq!(
+            listed("/dev/elsewhere")[0].host_path.as_deref(),
+            Some(dev.join("caps/node").as_path())
+        );
+        let _ = fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn no_devices_fast_test() {
         assert!(!may_have_devices(&spec(
