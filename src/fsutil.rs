@@ -73,6 +73,15 @@ struct OpenHow {
 /// filesystem a pod controls. Links that stay inside (`/dev/char/195:0 -> ../nvidia0`)
 /// still resolve. O_PATH opens nothing: a FIFO or a device cannot block it.
 pub fn stat_beneath(root: &Path, path: &Path) -> io::Result<fs::Metadata> {
+    beneath(root, path, 0)
+}
+
+/// [`stat_beneath`] that does not follow a final symlink either: a node's own metadata.
+pub fn lstat_beneath(root: &Path, path: &Path) -> io::Result<fs::Metadata> {
+    beneath(root, path, libc::O_NOFOLLOW)
+}
+
+fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metadata> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     let rel = path
@@ -85,7 +94,7 @@ pub fn stat_beneath(root: &Path, path: &Path) -> io::Result<fs::Metadata> {
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        flags: (flags | libc::O_PATH | libc::O_CLOEXEC) as u64,
         mode: 0,
         resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
     };

@@ -17,8 +17,14 @@ pub fn node_num(path: &Path) -> Option<DevNum> {
         .and_then(|m| DevNum::from_metadata(&m))
 }
 
-fn node_is(path: &Path, num: DevNum) -> bool {
-    node_num(path) == Some(num)
+/// The node at `path` is `num`, reached without leaving `dev_root` (no `..` out of it, no
+/// link on the way pointing out: a hint comes from the spec's container path, and /dev/shm
+/// is writable by every user).
+fn node_is(dev_root: &Path, path: &Path, num: DevNum) -> bool {
+    crate::fsutil::lstat_beneath(dev_root, path)
+        .ok()
+        .and_then(|m| DevNum::from_metadata(&m))
+        == Some(num)
 }
 
 /// The host node for a major:minor. Tries the hints, then the kernel's own name for it
@@ -30,20 +36,20 @@ pub fn find_host_node(
     num: DevNum,
     hints: &[PathBuf],
 ) -> Option<PathBuf> {
-    if let Some(h) = hints.iter().find(|h| node_is(h, num)) {
+    if let Some(h) = hints.iter().find(|h| node_is(dev_root, h, num)) {
         return Some(h.clone());
     }
     if let Ok(text) = read_attr(&num.sysfs_path(sysfs_root).join("uevent")) {
         if let Some(name) = text.lines().find_map(|l| l.strip_prefix("DEVNAME=")) {
             let p = dev_root.join(name);
-            if !name.contains("..") && node_is(&p, num) {
+            if !name.contains("..") && node_is(dev_root, &p, num) {
                 return Some(p);
             }
         }
     }
     let mut found = None;
     walk_nodes(dev_root, WALK_LEVELS, |path| {
-        if node_is(path, num) {
+        if node_is(dev_root, path, num) {
             found = Some(path.to_path_buf());
             return ControlFlow::Break(());
         }
@@ -73,6 +79,9 @@ pub fn walk_nodes(dev_root: &Path, levels: usize, mut visit: impl FnMut(&Path) -
             budget -= 1;
             let Ok(ft) = entry.file_type() else { continue };
             if ft.is_dir() && depth + 1 < levels {
+                if others_write(&entry) {
+                    continue;
+                }
                 stack.push((entry.path(), depth + 1));
             } else if (ft.is_char_device() || ft.is_block_device())
                 && visit(&entry.path()).is_break()
@@ -81,6 +90,18 @@ pub fn walk_nodes(dev_root: &Path, levels: usize, mut visit: impl FnMut(&Path) -
             }
         }
     }
+}
+
+/// A directory other users can write or own (/dev/shm, /dev/mqueue, theirs below them) is
+/// not walked: there they could mount FUSE and answer with any node, or never answer, and
+/// fill it to spend the walk's budget before a real node is reached. Its lstat is answered
+/// by the filesystem holding it, which is dev_root's or a kernel one.
+fn others_write(entry: &fs::DirEntry) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::geteuid().as_raw();
+    entry.metadata().map_or(true, |m| {
+        m.mode() & 0o022 != 0 || (m.uid() != 0 && m.uid() != euid)
+    })
 }
 
 /// Accelerator nodes under dev_root (classes whose rule says `accelerator`), classified
