@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 fail() { echo "check-packages: $*" >&2; exit 1; }
 
-deb=$(ls target/debian/devgate_*.deb 2>/dev/null | tail -1)
-rpm=$(ls target/generate-rpm/devgate-*.rpm 2>/dev/null | tail -1)
+# Under pipefail a failed ls (no package built) would end the script here, silently.
+deb=$(ls target/debian/devgate_*.deb 2>/dev/null | tail -1 || true)
+rpm=$(ls target/generate-rpm/devgate-*.rpm 2>/dev/null | tail -1 || true)
 [ -n "$deb" ] || fail "no .deb under target/debian (make deb)"
 [ -n "$rpm" ] || fail "no .rpm under target/generate-rpm (make rpm)"
 
