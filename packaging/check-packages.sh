@@ -56,6 +56,7 @@ trap 'dpkg --purge devgate >/dev/null 2>&1 || true' EXIT
 dpkg --purge devgate >/dev/null 2>&1 || true
 dpkg -i "$deb"
 [ -d /var/lib/devgate/quarantine ] || fail "postinst did not create /var/lib/devgate/quarantine"
+[ -d /var/lib/devgate/log ] || fail "postinst did not create /var/lib/devgate/log"
 /usr/bin/devgate version
 [ "$(readlink /usr/bin/devgate-runtime)" = devgate ] || fail "no /usr/bin/devgate-runtime -> devgate"
 /usr/bin/devgate-runtime features >/dev/null || fail "devgate-runtime features failed"
