@@ -266,7 +266,10 @@ pub fn cli(argv: &[String]) -> Option<i32> {
     Some(match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("devgate: error: {e}");
+            eprintln!(
+                "{}",
+                crate::model::text::one_line(&format!("devgate: error: {e}"))
+            );
             2
         }
     })

@@ -316,8 +316,11 @@ fn log_error(global: &Global, msg: &str) {
         .and_then(|mut f| f.write_all(line.as_bytes()));
     if let Err(e) = written {
         eprintln!(
-            "devgate: error: cannot write the runtime log {}: {e}",
-            path.display()
+            "{}",
+            crate::model::text::one_line(&format!(
+                "devgate: error: cannot write the runtime log {}: {e}",
+                path.display()
+            ))
         );
     }
 }
