@@ -1,17 +1,26 @@
 //! The kernel log, read once per hook call: non-blocking, bounded, oldest record first.
-//! Only the NVIDIA driver's own records are kept: its XID reports and its load records.
+//! Only the NVIDIA driver's own records are kept: its XID reports, its load records and
+//! its `GPU at PCI:…: GPU-…` records (`gpu_at`).
+//!
+//! Every record costs one read(2) on /dev/kmsg (about 1.8 µs), so the scan per record must
+//! cost little beside it: lines are cut out of the read buffer in place, the header
+//! (`pri,seq,ts`) is parsed from bytes, and only a kernel-facility record whose message
+//! begins with `NVRM: ` is looked at further. Nothing is allocated per record.
+//! `kmsg_cache` keeps what a scan found under state_dir so that the next one parses only
+//! records it has not seen (and, from a file, does not read them at all).
 
+use super::gpu_at::{self, GpuAt};
 use super::pci::PciAddr;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// One XID report from the kernel log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XidEvent {
     /// The kernel log's record sequence number: increases by one per record, per boot.
     pub seq: u64,
@@ -54,8 +63,14 @@ pub struct KmsgScan {
     pub events: Vec<XidEvent>,
     /// The sequence number of the newest NVIDIA driver load record.
     pub last_driver_load: Option<u64>,
+    /// The driver's `GPU at PCI:…: GPU-…` records, the newest per PCI slot.
+    pub gpu_at: Vec<GpuAt>,
+    /// The oldest record's sequence number this read saw.
+    pub first_seq: Option<u64>,
     /// The newest record's sequence number: where a later reader (poststop) can start.
     pub last_seq: Option<u64>,
+    /// The newest record's timestamp.
+    pub last_ts_usec: Option<u64>,
     pub records: usize,
     /// Lines that were not kernel log records, or too long to be.
     pub skipped: usize,
@@ -74,102 +89,167 @@ impl KmsgScan {
             None => true,
         })
     }
+
+    /// The PCI slot the driver's `GPU at` records place `uuid` at.
+    pub fn pci_of_uuid(&self, uuid: &str) -> Option<PciAddr> {
+        gpu_at::pci_of_uuid(&self.gpu_at, uuid)
+    }
 }
 
 /// Splits a byte stream into lines, bounded, and parses each as a kernel log record.
-struct Scanner {
+pub(crate) struct Scanner {
     limits: ReadLimits,
+    /// A line begun in one read and not yet ended; used only when a line straddles reads.
     carry: Vec<u8>,
     /// Inside a line longer than `max_line`: drop bytes up to its newline.
     overlong: bool,
     bytes: u64,
     events: VecDeque<XidEvent>,
-    scan: KmsgScan,
+    /// Driver records up to this sequence number are known already (`kmsg_cache`): counted
+    /// but not parsed again.
+    pub(crate) known_through: Option<u64>,
+    /// The timestamp of record `known_through`, when this read saw it.
+    pub(crate) known_ts: Option<u64>,
+    pub(crate) scan: KmsgScan,
 }
 
 impl Scanner {
-    fn new(limits: ReadLimits) -> Scanner {
+    pub(crate) fn new(limits: ReadLimits) -> Scanner {
         Scanner {
             limits,
             carry: Vec::new(),
             overlong: false,
             bytes: 0,
             events: VecDeque::new(),
+            known_through: None,
+            known_ts: None,
             scan: KmsgScan::default(),
         }
     }
 
+    /// Whether the bytes fed so far end at the end of a line.
+    pub(crate) fn line_complete(&self) -> bool {
+        self.carry.is_empty() && !self.overlong
+    }
+
     /// False when a limit says stop.
-    fn feed(&mut self, mut chunk: &[u8]) -> bool {
+    pub(crate) fn feed(&mut self, chunk: &[u8]) -> bool {
         self.bytes += chunk.len() as u64;
-        while !chunk.is_empty() {
-            let (line, rest, complete) = match chunk.iter().position(|&b| b == b'\n') {
-                Some(i) => (&chunk[..i], &chunk[i + 1..], true),
-                None => (chunk, &[][..], false),
+        let mut rest = chunk;
+        // The end of a line an earlier read began.
+        if self.overlong || !self.carry.is_empty() {
+            let (piece, complete) = match find_newline(rest) {
+                Some(i) => (&rest[..i], Some(i + 1)),
+                None => (rest, None),
             };
-            chunk = rest;
             if !self.overlong {
-                if self.carry.len() + line.len() > self.limits.max_line {
+                if self.carry.len() + piece.len() > self.limits.max_line {
                     self.overlong = true;
                     self.carry.clear();
                     self.scan.skipped += 1;
                 } else {
-                    self.carry.extend_from_slice(line);
+                    self.carry.extend_from_slice(piece);
                 }
             }
-            if complete {
-                if !self.overlong {
-                    let l = std::mem::take(&mut self.carry);
-                    self.line(&l);
-                }
-                self.overlong = false;
-                if self.scan.records >= self.limits.max_records {
-                    self.scan.truncated = true;
-                    return false;
-                }
+            let Some(next) = complete else {
+                return self.within_bytes();
+            };
+            if !self.overlong {
+                let line = std::mem::take(&mut self.carry);
+                self.line(&line);
+                self.carry = line;
+                self.carry.clear();
+            }
+            self.overlong = false;
+            rest = &rest[next..];
+            if self.records_full() {
+                return false;
             }
         }
-        if self.bytes >= self.limits.max_bytes {
-            self.scan.truncated = true;
-            return false;
+        // Whole lines, straight from the read buffer.
+        while let Some(i) = find_newline(rest) {
+            if i > self.limits.max_line {
+                self.scan.skipped += 1;
+            } else {
+                self.line(&rest[..i]);
+            }
+            rest = &rest[i + 1..];
+            if self.records_full() {
+                return false;
+            }
         }
-        true
+        if rest.len() > self.limits.max_line {
+            self.overlong = true;
+            self.scan.skipped += 1;
+        } else {
+            self.carry.extend_from_slice(rest);
+        }
+        self.within_bytes()
     }
 
+    fn records_full(&mut self) -> bool {
+        let full = self.scan.records >= self.limits.max_records;
+        self.scan.truncated |= full;
+        full
+    }
+
+    fn within_bytes(&mut self) -> bool {
+        let over = self.bytes >= self.limits.max_bytes;
+        self.scan.truncated |= over;
+        !over
+    }
+
+    /// One line. The order of the checks is the cost order: most records end at the
+    /// facility or at the first bytes of their message.
     fn line(&mut self, line: &[u8]) {
         // Continuation lines (` KEY=value`) carry a record's dictionary; not records.
         if line.is_empty() || line[0] == b' ' {
             return;
         }
-        let text = String::from_utf8_lossy(line);
-        let Some(rec) = parse_record(&text) else {
+        let Some(h) = parse_header(line) else {
             self.scan.skipped += 1;
             return;
         };
         self.scan.records += 1;
-        self.scan.last_seq = Some(rec.seq);
+        self.scan.first_seq.get_or_insert(h.seq);
+        self.scan.last_seq = Some(h.seq);
+        self.scan.last_ts_usec = Some(h.ts_usec);
+        if self.known_through == Some(h.seq) {
+            self.known_ts = Some(h.ts_usec);
+        }
+        let msg = &line[h.msg..];
         // Only the driver's own records are parsed further (and only they cost more).
-        if !rec.is_driver() {
+        if h.pri >> 3 != 0 || !msg.starts_with(DRIVER_TAG.as_bytes()) {
             return;
         }
-        if is_driver_load(rec.msg) {
-            self.scan.last_driver_load = Some(rec.seq);
+        if self.known_through.is_some_and(|k| h.seq <= k) {
+            return;
         }
-        if let Some((pci, xid, text)) = parse_xid(rec.msg) {
+        let msg = String::from_utf8_lossy(msg);
+        if is_driver_load(&msg) {
+            self.scan.last_driver_load = Some(h.seq);
+        } else if let Some((pci, xid, text)) = parse_xid(&msg) {
             if self.events.len() >= self.limits.max_events {
                 self.events.pop_front();
             }
             self.events.push_back(XidEvent {
-                seq: rec.seq,
-                ts_usec: rec.ts_usec,
+                seq: h.seq,
+                ts_usec: h.ts_usec,
                 pci,
                 xid,
                 text,
             });
+        } else if let Some((pci, uuid)) = gpu_at::parse_gpu_at(&msg) {
+            let at = GpuAt {
+                seq: h.seq,
+                pci,
+                uuid,
+            };
+            gpu_at::remember(&mut self.scan.gpu_at, at);
         }
     }
 
-    fn finish(mut self) -> KmsgScan {
+    pub(crate) fn finish(mut self) -> KmsgScan {
         // A final line without its newline: a file may simply lack the last newline, and a
         // truncated XID line fails to parse as one anyway.
         if !self.overlong && !self.carry.is_empty() {
@@ -179,6 +259,67 @@ impl Scanner {
         self.scan.events = self.events.into();
         self.scan
     }
+}
+
+/// The first `\n` in `b`. A word at a time: this loop is most of a file scan's cost.
+fn find_newline(b: &[u8]) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    const NL: u64 = LO * b'\n' as u64;
+    let mut i = 0;
+    while i + 8 <= b.len() {
+        let w = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8])) ^ NL;
+        // a zero byte in w is a newline in b (exact: the lowest set bit is the first zero)
+        let z = w.wrapping_sub(LO) & !w & HI;
+        if z != 0 {
+            return Some(i + (z.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    b[i..].iter().position(|&c| c == b'\n').map(|p| i + p)
+}
+
+/// A record's header, parsed from bytes: `pri,seq,ts_usec[,flags…];`, and where its
+/// message starts.
+struct Header {
+    pri: u32,
+    seq: u64,
+    ts_usec: u64,
+    msg: usize,
+}
+
+/// Decimal digits up to `end`-terminated field: the number and the index of the byte that
+/// ended it. No sign, no spaces, no overflow.
+fn number(b: &[u8], mut i: usize) -> Option<(u64, usize)> {
+    let start = i;
+    let mut n: u64 = 0;
+    while let Some(d) = b.get(i).filter(|c| c.is_ascii_digit()) {
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+        i += 1;
+    }
+    (i > start).then_some((n, i))
+}
+
+fn parse_header(b: &[u8]) -> Option<Header> {
+    let (pri, i) = number(b, 0)?;
+    let (seq, i) = number(b, next_after(b, i, b',')?)?;
+    let (ts_usec, i) = number(b, next_after(b, i, b',')?)?;
+    let msg = match b.get(i)? {
+        b';' => i + 1,
+        b',' => i + 1 + b[i + 1..].iter().position(|&c| c == b';')? + 1,
+        _ => return None,
+    };
+    Some(Header {
+        pri: u32::try_from(pri).ok()?,
+        seq,
+        ts_usec,
+        msg,
+    })
+}
+
+/// The index after `sep` when `b[i]` is `sep`.
+fn next_after(b: &[u8], i: usize, sep: u8) -> Option<usize> {
+    (*b.get(i)? == sep).then_some(i + 1)
 }
 
 /// `pri,seq,ts_usec,flags[,…];message`, as /dev/kmsg writes each record.
@@ -203,20 +344,17 @@ impl Record<'_> {
 
 const DRIVER_TAG: &str = "NVRM: ";
 
+/// One record line, by the same header parser the scanner uses.
 pub fn parse_record(line: &str) -> Option<Record<'_>> {
-    let (prefix, msg) = line.split_once(';')?;
-    let mut f = prefix.split(',');
-    let pri: u32 = f.next()?.parse().ok()?;
-    let seq: u64 = f.next()?.parse().ok()?;
-    let ts_usec: u64 = f.next()?.parse().ok()?;
+    let h = parse_header(line.as_bytes())?;
     Some(Record {
-        pri,
-        seq,
-        ts_usec,
-        msg,
+        pri: h.pri,
+        seq: h.seq,
+        ts_usec: h.ts_usec,
+        // `;` is ASCII: the byte after it starts a character
+        msg: line.get(h.msg..)?,
     })
 }
-
 /// `NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  …` or
 /// `NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  …`, in full: the
 /// tag, an architecture or `Open`, `Kernel Module`, then a version of digits and dots.
@@ -287,25 +425,50 @@ pub fn parse_xid(msg: &str) -> Option<(PciAddr, u32, String)> {
 /// Reads the kernel log at `path` from its oldest record to its end, without blocking.
 /// /dev/kmsg returns one record per read() and EAGAIN at the end; EPIPE means the kernel
 /// overwrote records since the last read, and reading goes on. A regular file (a fixture,
-/// a saved log) is read the same way.
+/// a saved log) is read the same way, in large reads.
 pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, String> {
-    let mut f = OpenOptions::new()
+    let mut f = open_log(path)?;
+    let mut scanner = Scanner::new(limits);
+    read_into(&mut f, path, &mut scanner, Instant::now())?;
+    Ok(scanner.finish())
+}
+
+/// Opens the log without following a symlink and without blocking on reads.
+pub(crate) fn open_log(path: &Path) -> Result<File, String> {
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("cannot open kernel log {}: {e}", path.display()))?;
-    let started = Instant::now();
-    let mut scanner = Scanner::new(limits);
-    // Larger than the kernel's largest record, or /dev/kmsg answers EINVAL.
-    let mut buf = vec![0u8; 64 << 10];
+        .map_err(|e| format!("cannot open kernel log {}: {e}", path.display()))
+}
+
+/// Reads deadline checks apart: a clock read per record would cost a tenth of the read.
+const READS_PER_CLOCK: u32 = 32;
+
+/// Feeds `f` from where it stands to its end into `scanner`, within the limits' deadline
+/// counted from `started`. Returns the bytes read.
+pub(crate) fn read_into(
+    f: &mut File,
+    path: &Path,
+    scanner: &mut Scanner,
+    started: Instant,
+) -> Result<u64, String> {
+    let regular = f.metadata().is_ok_and(|m| m.is_file());
+    // /dev/kmsg: larger than the kernel's largest record, or it answers EINVAL. A file:
+    // large reads, few calls.
+    let mut buf = vec![0u8; if regular { 1 << 20 } else { 64 << 10 }];
+    let mut total = 0u64;
+    let mut reads = 0u32;
     loop {
-        if started.elapsed() > limits.deadline {
+        reads = reads.wrapping_add(1);
+        if reads % READS_PER_CLOCK == 0 && started.elapsed() > scanner.limits.deadline {
             scanner.scan.truncated = true;
             break;
         }
         match f.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                total += n as u64;
                 if !scanner.feed(&buf[..n]) {
                     break;
                 }
@@ -316,7 +479,7 @@ pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, String> {
             Err(e) => return Err(format!("cannot read kernel log {}: {e}", path.display())),
         }
     }
-    Ok(scanner.finish())
+    Ok(total)
 }
 
 /// The scanner over reads already made (the fuzz targets use it: read_kmsg's loop without
