@@ -518,9 +518,10 @@ mod tests {
             "a root-owned 0600 cache is trusted"
         );
 
-        // a symlink in place of the cache is not followed
-        fs::remove_file(&cache).unwrap();
-        std::os::unix::fs::symlink(&good.len().to_string(), &cache).unwrap();
+        // a symlink in place of the cache is not followed, even to a cache it would trust
+        let elsewhere = d.0.join("elsewhere.json");
+        fs::rename(&cache, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &cache).unwrap();
         same(
             &read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap(),
             &truth,
