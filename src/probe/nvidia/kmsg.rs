@@ -261,22 +261,9 @@ impl Scanner {
     }
 }
 
-/// The first `\n` in `b`. A word at a time: this loop is most of a file scan's cost.
+/// The first `\n` in `b` (SIMD: this search is most of a file scan's cost).
 fn find_newline(b: &[u8]) -> Option<usize> {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    const NL: u64 = LO * b'\n' as u64;
-    let mut i = 0;
-    while i + 8 <= b.len() {
-        let w = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8])) ^ NL;
-        // a zero byte in w is a newline in b (exact: the lowest set bit is the first zero)
-        let z = w.wrapping_sub(LO) & !w & HI;
-        if z != 0 {
-            return Some(i + (z.trailing_zeros() / 8) as usize);
-        }
-        i += 8;
-    }
-    b[i..].iter().position(|&c| c == b'\n').map(|p| i + p)
+    memchr::memchr(b'\n', b)
 }
 
 /// A record's header, parsed from bytes: `pri,seq,ts_usec[,flags…];`, and where its
@@ -288,14 +275,27 @@ struct Header {
     msg: usize,
 }
 
-/// Decimal digits up to `end`-terminated field: the number and the index of the byte that
-/// ended it. No sign, no spaces, no overflow.
-fn number(b: &[u8], mut i: usize) -> Option<(u64, usize)> {
-    let start = i;
+/// Decimal digits from `i`: the number and the index of the byte after them. No sign, no
+/// spaces, no overflow (19 digits cannot overflow a u64; a 20th is checked, a 21st fails).
+fn number(b: &[u8], start: usize) -> Option<(u64, usize)> {
+    let digit = |i: usize| {
+        b.get(i)
+            .filter(|c| c.is_ascii_digit())
+            .map(|c| u64::from(c - b'0'))
+    };
     let mut n: u64 = 0;
-    while let Some(d) = b.get(i).filter(|c| c.is_ascii_digit()) {
-        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    let mut i = start;
+    while i - start < 19 {
+        let Some(d) = digit(i) else { break };
+        n = n * 10 + d;
         i += 1;
+    }
+    if let Some(d) = digit(i) {
+        n = n.checked_mul(10)?.checked_add(d)?;
+        i += 1;
+        if digit(i).is_some() {
+            return None;
+        }
     }
     (i > start).then_some((n, i))
 }
@@ -306,7 +306,7 @@ fn parse_header(b: &[u8]) -> Option<Header> {
     let (ts_usec, i) = number(b, next_after(b, i, b',')?)?;
     let msg = match b.get(i)? {
         b';' => i + 1,
-        b',' => i + 1 + b[i + 1..].iter().position(|&c| c == b';')? + 1,
+        b',' => i + 1 + memchr::memchr(b';', &b[i + 1..])? + 1,
         _ => return None,
     };
     Some(Header {
@@ -705,5 +705,80 @@ x,y,z;not numbers\n\
             Err(e) => assert!(e.contains("/dev/kmsg"), "{e}"),
         }
         assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn newline_search_agrees_with_a_plain_one() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..200 {
+            let mut b: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // few newlines, and bytes next to b'\n' (0x0a ^ 0x80, 0x0b, 0x09)
+                    [b'a', 0x8a, 0x0b, 0x09, 0xff, 0x00, b'\n'][(x % 7) as usize]
+                })
+                .collect();
+            let plain = b.iter().position(|&c| c == b'\n');
+            assert_eq!(find_newline(&b), plain, "{b:?}");
+            b.retain(|&c| c != b'\n');
+            assert_eq!(find_newline(&b), None);
+        }
+    }
+
+    #[test]
+    fn the_header_is_digits_and_commas_only() {
+        for bad in [
+            "+4,1,1,-;NVRM: x",
+            "4,+1,1,-;NVRM: x",
+            "4, 1,1,-;NVRM: x",
+            "4,1,1-;NVRM: x",
+            "4,1;NVRM: x",
+            "4294967296,1,1,-;NVRM: x",
+            "4,18446744073709551616,1,-;x",
+            "4,1,1,-",
+            "",
+        ] {
+            assert_eq!(parse_record(bad), None, "{bad:?}");
+        }
+        let r = parse_record("4,18446744073709551615,7;NVRM: a;b").unwrap();
+        assert_eq!(
+            (r.pri, r.seq, r.ts_usec, r.msg),
+            (4, u64::MAX, 7, "NVRM: a;b")
+        );
+        let r = parse_record("6,2,3,-,caller=T1;x").unwrap();
+        assert_eq!(r.msg, "x");
+    }
+
+    /// `GPU at` lines count from the driver only, like XIDs.
+    #[test]
+    fn gpu_at_records_count_only_from_the_driver() {
+        let uuid = "GPU-efbdfde9-5798-a6e7-4c46-12518fa15375";
+        let log = format!(
+            "14,1,1,-;NVRM: GPU at PCI:0000:3b:00: {uuid}\n\
+             6,2,2,-;x[1]: segfault at 0 ip 0 sp 0 error 4 in NVRM: GPU at PCI:0000:5e:00: {uuid}[1+1]\n\
+             4,3,3,-;NVRM: GPU at PCI:0000:86:00: {uuid}\n"
+        );
+        let s = scan_bytes(log.as_bytes(), ReadLimits::default());
+        assert_eq!(s.gpu_at.len(), 1);
+        assert_eq!(s.pci_of_uuid(uuid).map(|p| p.bus), Some(0x86));
+        let forged_only = scan_bytes(
+            &log.as_bytes()[..log.rfind("4,3").unwrap()],
+            ReadLimits::default(),
+        );
+        assert!(forged_only.gpu_at.is_empty());
+        assert_eq!(forged_only.pci_of_uuid(uuid), None);
+    }
+
+    /// Whatever the read sizes, the scan is the same: records straddle reads in a file,
+    /// and a line may end exactly at a read's end.
+    #[test]
+    fn read_sizes_do_not_change_the_scan() {
+        let whole = scan_chunks(std::iter::once(FIXTURE.as_bytes()), ReadLimits::default());
+        for size in [1, 2, 3, 8, 63, 64, 65, 4096] {
+            let s = scan_chunks(FIXTURE.as_bytes().chunks(size), ReadLimits::default());
+            assert_eq!(s, whole, "reads of {size}");
+        }
     }
 }

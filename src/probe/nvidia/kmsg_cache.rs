@@ -132,9 +132,32 @@ pub fn read_kmsg_cached(
     }
     let complete = s.line_complete();
     let mut scan = s.finish();
-    merge(&mut scan, c, limits);
-    save(&here, &scan, &mut f, offset, complete);
+    merge(&mut scan, &c, limits);
+    if worth_writing(&c, &scan, offset) {
+        save(&here, &scan, &mut f, offset, complete);
+    }
     Ok(scan)
+}
+
+/// /dev/kmsg records seen again cost one read each whatever the cache says; what a rewrite
+/// buys there is only a later `last_seq` (fewer driver records parsed again, more room
+/// before the ring wraps past it). A write costs more than the scan on some filesystems,
+/// so the device's cache is rewritten when its facts changed or it fell this far behind.
+const REWRITE_AFTER_RECORDS: u64 = 4096;
+
+/// Whether the scan found anything the cache does not say: a new fact, a file read
+/// further, or a device log that moved well past the cache.
+fn worth_writing(c: &Cache, scan: &KmsgScan, offset: u64) -> bool {
+    let facts_changed = scan.events != c.events
+        || scan.last_driver_load != c.last_driver_load
+        || scan.gpu_at != c.gpu_at;
+    let moved = match &c.file {
+        Some(m) => offset != m.offset,
+        None => scan
+            .last_seq
+            .is_some_and(|l| l >= c.last_seq.saturating_add(REWRITE_AFTER_RECORDS)),
+    };
+    facts_changed || moved
 }
 
 /// Whether this read carries on from what the cache saw. A file: whatever follows the
@@ -181,14 +204,14 @@ fn full_scan(
 
 /// The cache's facts, then this read's: the newer driver load, the newest events, the
 /// newer `GPU at` record per slot.
-fn merge(scan: &mut KmsgScan, c: Cache, limits: ReadLimits) {
-    let mut events = c.events;
+fn merge(scan: &mut KmsgScan, c: &Cache, limits: ReadLimits) {
+    let mut events = c.events.clone();
     events.append(&mut scan.events);
     let drop = events.len().saturating_sub(limits.max_events);
     events.drain(..drop);
     scan.events = events;
     scan.last_driver_load = scan.last_driver_load.or(c.last_driver_load);
-    let mut at = c.gpu_at;
+    let mut at = c.gpu_at.clone();
     for g in std::mem::take(&mut scan.gpu_at) {
         gpu_at::remember(&mut at, g);
     }
@@ -607,5 +630,34 @@ mod tests {
         fs::write(state.join(CACHE_FILE), serde_json::to_vec(&forged).unwrap()).unwrap();
         let s = read_kmsg_cached(dev, lim, &state, &proc).unwrap();
         assert!(s.events.iter().all(|e| e.text != "forged"));
+    }
+
+    /// The fuzz seeds are the parser's own cases: the two a scan writes parse, the rest
+    /// do not.
+    #[test]
+    fn fuzz_seeds_parse_as_named() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/kmsg_cache");
+        let lim = ReadLimits::default();
+        for (name, ok) in [
+            ("device.json", true),
+            ("file.json", true),
+            ("event_after_last_seq.json", false),
+            ("truncated.json", false),
+            ("other_version.json", false),
+        ] {
+            let bytes = fs::read(dir.join(name)).unwrap();
+            assert_eq!(
+                parse(&bytes, lim).is_ok(),
+                ok,
+                "{name}: {:?}",
+                parse(&bytes, lim)
+            );
+        }
+        let c = parse(&fs::read(dir.join("device.json")).unwrap(), lim).unwrap();
+        assert_eq!(
+            gpu_at::pci_of_uuid(&c.gpu_at, "GPU-efbdfde9-5798-a6e7-4c46-12518fa15375")
+                .map(|p| p.to_string()),
+            Some("0000:3b:00".into())
+        );
     }
 }
