@@ -5,6 +5,7 @@ pub(crate) mod gpu;
 pub mod gpu_at;
 pub mod kmsg;
 pub mod kmsg_cache;
+pub(crate) mod kmsg_record;
 pub(crate) mod nvml;
 pub mod pci;
 pub(crate) mod procfs;
