@@ -258,10 +258,15 @@ fn main() {
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
-        let mut k = File::options().write(true).open(dev).unwrap();
-        for i in 0..n {
-            // user facility, info: what any process may log; never a driver line
-            let _ = k.write_all(format!("<14>devgate-bench: filler record {i}\n").as_bytes());
+        // printk.devkmsg=ratelimit allows each opener 10 lines per 5 s: a fresh open
+        // every 10 lines
+        for start in (0..n).step_by(10) {
+            let mut k = File::options().write(true).open(dev).unwrap();
+            for i in start..(start + 10).min(n) {
+                // user facility, info: what any process may log; never a driver line
+                let line = format!("<14>devgate-bench: filler record {i}\n");
+                let _ = k.write_all(line.as_bytes());
+            }
         }
     }
     let ring = read_kmsg(dev, lim).unwrap().records;
