@@ -8,6 +8,10 @@
 //! begins with `NVRM: ` is looked at further. Nothing is allocated per record.
 //! `kmsg_cache` keeps what a scan found under state_dir so that the next one parses only
 //! records it has not seen (and, from a file, does not read them at all).
+//!
+//! Not syslog(2) `SYSLOG_ACTION_READ_ALL`, though it hands over the whole ring in one call:
+//! it does not escape a newline inside a message, so a binary whose file name holds `\n`
+//! would turn its segfault report into a line of its own, kernel facility and all.
 
 use super::gpu_at::{self, GpuAt};
 pub use super::kmsg_record::{is_driver_load, parse_record, parse_xid, Record};
