@@ -121,7 +121,8 @@ pub fn read_kmsg_cached(
     let offset = c.file.as_ref().map_or(0, |m| m.offset) + read;
     let continues = continues(c.file.is_some(), s.scan.first_seq, s.known_ts, &c);
     if !continues {
-        log::warn!(
+        // the ring wrapped past the cache, or a file changed: ordinary, not a fault
+        log::info!(
             "kernel log {} does not continue what {} saw; reading it whole",
             path.display(),
             here.state_dir.join(CACHE_FILE).display()
@@ -134,7 +135,7 @@ pub fn read_kmsg_cached(
     let mut scan = s.finish();
     merge(&mut scan, &c, limits);
     if worth_writing(&c, &scan, offset) {
-        save(&here, &scan, &mut f, offset, complete);
+        save(&here, &scan, &mut f, offset, complete, limits);
     }
     Ok(scan)
 }
@@ -197,7 +198,7 @@ fn full_scan(
     let complete = s.line_complete();
     let scan = s.finish();
     if let Some(h) = here {
-        save(h, &scan, f, read, complete);
+        save(h, &scan, f, read, complete, limits);
     }
     Ok(scan)
 }
@@ -221,7 +222,7 @@ fn merge(scan: &mut KmsgScan, c: &Cache, limits: ReadLimits) {
 
 /// Writes the cache for what `scan` covers, when it proves something: records were read,
 /// none was lost meanwhile, and a file's read ended at a line's end.
-fn save(h: &Here, scan: &KmsgScan, f: &mut File, offset: u64, complete: bool) {
+fn save(h: &Here, scan: &KmsgScan, f: &mut File, offset: u64, complete: bool, limits: ReadLimits) {
     let (Some(last_seq), Some(last_ts_usec)) = (scan.last_seq, scan.last_ts_usec) else {
         return;
     };
@@ -254,12 +255,16 @@ fn save(h: &Here, scan: &KmsgScan, f: &mut File, offset: u64, complete: bool) {
         gpu_at: scan.gpu_at.clone(),
     };
     let path = h.state_dir.join(CACHE_FILE);
-    let written = ensure_private_dir(h.state_dir).and_then(|()| {
-        let json = serde_json::to_vec(&c).map_err(|e| {
-            crate::error::Error::json("cannot encode kernel log cache", Some(&path), &e)
-        })?;
-        write_atomic_volatile(&path, &json, 0o600)
-    });
+    let Ok(json) = serde_json::to_vec(&c) else {
+        return;
+    };
+    // Only what reads back: a file can hold records out of order (an event newer than the
+    // last record), and a cache of them would be refused at every call.
+    if parse(&json, limits).is_err() {
+        return;
+    }
+    let written =
+        ensure_private_dir(h.state_dir).and_then(|()| write_atomic_volatile(&path, &json, 0o600));
     if let Err(e) = written {
         log::warn!("cannot write the kernel log cache: {e}");
     }
@@ -549,6 +554,27 @@ mod tests {
             &read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap(),
             &truth,
         );
+    }
+
+    /// A file with records out of order (an XID newer than the last record) would make a
+    /// cache that does not read back: none is written, and every read is a full one.
+    #[test]
+    fn a_file_out_of_order_writes_no_cache() {
+        let d = dir("order");
+        let log = d.0.join("kmsg");
+        let state = d.0.join("state");
+        let lim = ReadLimits::default();
+        fs::write(
+            &log,
+            "4,50,1,-;NVRM: Xid (PCI:0000:3b:00): 79, x\n6,10,2,-;chatter\n",
+        )
+        .unwrap();
+        for _ in 0..2 {
+            let s = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+            same(&s, &read_kmsg(&log, lim).unwrap());
+            assert_eq!(s.records, 2);
+        }
+        assert!(!state.join(CACHE_FILE).exists());
     }
 
     #[test]
