@@ -71,6 +71,9 @@ pub struct FileMark {
 /// Reads the log at `path` as [`super::kmsg::read_kmsg`] does, using and then updating
 /// the cache in `state_dir`. `proc_root` gives the boot id. Any trouble with the cache
 /// falls back to a full scan: the answer never depends on whether the cache was usable.
+///
+/// Long because it is the one place that decides whether the cache holds; each check sits
+/// beside the read it guards, in the order they happen.
 pub fn read_kmsg_cached(
     path: &Path,
     limits: ReadLimits,
