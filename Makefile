@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint fuzz bench-gate
+.PHONY: all build test test-deps demo bench bench-kmsg bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint fuzz bench-gate
 
 all: build
 
@@ -47,6 +47,11 @@ demo: build
 
 bench:
 	$(CARGO) bench --locked --bench prestart
+
+# The kernel log scan: 60,000 records from a file and the node's /dev/kmsg (root), each
+# beside its read-only floor (benches/kmsg.rs; KMSG_INJECT=N adds N user-facility lines).
+bench-kmsg:
+	$(CARGO) bench --locked --bench kmsg
 
 # Time a remap adds to `runc run` (root).
 bench-remap: build

@@ -9,7 +9,9 @@ use crate::discover::gpu::{gpu_selectors, GpuSelector};
 use crate::model::class;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
+use crate::probe::nvidia::gpu_at;
 use crate::probe::nvidia::kmsg::{self, ReadLimits};
+use crate::probe::nvidia::kmsg_cache;
 use crate::probe::nvidia::pci::PciAddr;
 use crate::report::record::{Decision, ExitRecord};
 use crate::store::lease::Lease;
@@ -108,6 +110,34 @@ pub fn kmsg_record(data: &[u8]) {
     }
 }
 
+/// A driver `GPU at` message: when it parses, the UUID has the checked form, and the line
+/// printed back from the result parses to the same address and UUID.
+pub fn gpu_at(data: &[u8]) {
+    let msg = String::from_utf8_lossy(data);
+    if let Some((pci, uuid)) = gpu_at::parse_gpu_at(&msg) {
+        assert!(gpu_at::is_gpu_uuid(&uuid));
+        assert_eq!(uuid.len(), 40);
+        assert!(pci.function.is_none());
+        let again = format!("NVRM: GPU at PCI:{pci}: {uuid}");
+        assert_eq!(gpu_at::parse_gpu_at(&again), Some((pci, uuid)));
+    }
+}
+
+/// The kernel log cache file (state_dir/kmsg-cache.json): whatever parses holds no more
+/// than a scan could have written, and writes back to what parses to itself.
+pub fn kmsg_cache(data: &[u8]) {
+    let limits = ReadLimits::default();
+    let Ok(c) = kmsg_cache::parse(data, limits) else {
+        return;
+    };
+    assert!(c.events.len() <= limits.max_events);
+    assert!(c.gpu_at.len() <= gpu_at::MAX_GPU_AT);
+    assert!(c.events.iter().all(|e| e.seq <= c.last_seq));
+    assert!(c.gpu_at.iter().all(|g| g.seq <= c.last_seq));
+    let bytes = serde_json::to_vec(&c).expect("a parsed cache serializes");
+    assert_eq!(kmsg_cache::parse(&bytes, limits).ok(), Some(c));
+}
+
 /// A stream of kernel log bytes through the same scanner read_kmsg uses, in reads of a
 /// size the input chooses, with small limits so they are reached.
 pub fn kmsg_scan(data: &[u8]) {
@@ -173,6 +203,40 @@ pub fn gpu_selector_values(data: &[u8]) {
             GpuSelector::Uuid(u) => {
                 assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-"));
                 assert_eq!(u.trim(), u);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    type Target = fn(&[u8]);
+
+    /// Every checked-in seed runs through its target without tripping an assertion: the
+    /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
+    #[test]
+    fn every_seed_runs_through_its_target() {
+        let targets: [(&str, Target); 13] = [
+            ("oci_state", super::oci_state),
+            ("oci_spec", super::oci_spec),
+            ("config", super::config),
+            ("quarantine_entry", super::quarantine_entry),
+            ("lease", super::lease),
+            ("records", super::records),
+            ("kmsg_record", super::kmsg_record),
+            ("kmsg_scan", super::kmsg_scan),
+            ("proc_cgroup", super::proc_cgroup),
+            ("mountinfo", super::mountinfo),
+            ("gpu_selector_values", super::gpu_selector_values),
+            ("gpu_at", super::gpu_at),
+            ("kmsg_cache", super::kmsg_cache),
+        ];
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+        for (name, run) in targets {
+            let dir = seeds.join(name);
+            for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+                let p = e.unwrap().path();
+                run(&std::fs::read(&p).unwrap());
             }
         }
     }

@@ -89,8 +89,16 @@ fn assigned(
     let mut warnings = Vec::new();
     if let Some(g) = &ctx {
         let nodes = gpu::gpu_minor_nodes(&config.dev_root);
-        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&selectors, &g.nvml, &nodes);
-        for (minor, source) in chosen {
+        // UUIDs NVML cannot answer (a lost GPU) are placed by the driver's `GPU at` lines.
+        let gpu_at = g.kmsg.as_ref().map(|s| s.gpu_at.as_slice()).unwrap_or(&[]);
+        let placed = nvidia::gpu_at::place_uuid_selectors(
+            std::mem::take(&mut selectors),
+            &g.nvml,
+            gpu_at,
+            &g.proc_gpus,
+        );
+        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&placed.rest, &g.nvml, &nodes);
+        for (minor, source) in placed.minors.into_iter().chain(chosen) {
             let d = gpu::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
             if !devices.iter().any(|e| e.num == d.num) {
                 devices.push(d);

@@ -9,6 +9,7 @@
 //! report naming a binary called after it, an OOM kill, a /dev/kmsg write), which must
 //! never count.
 
+use devgate::probe::nvidia::gpu_at::parse_gpu_at;
 use devgate::probe::nvidia::kmsg::{
     is_driver_load, parse_record, parse_xid, read_kmsg, ReadLimits,
 };
@@ -158,15 +159,10 @@ fn parsed(msg: &str, pri: u32) -> Expect {
     if is_driver_load(rec.msg) {
         return Expect::DriverLoad;
     }
+    if let Some((pci, uuid)) = parse_gpu_at(rec.msg) {
+        return Expect::GpuUuid { pci, uuid };
+    }
     Expect::NotXid
-}
-
-/// `NVRM: GPU at PCI:DDDD:BB:DD: GPU-<uuid>`, read here to check the corpus's own
-/// expectation; devgate has no parser for it yet (issue 12, item 5).
-fn gpu_at(msg: &str) -> Option<(PciAddr, String)> {
-    let rest = msg.strip_prefix("NVRM: GPU at PCI:")?;
-    let (addr, uuid) = rest.split_once(": ")?;
-    Some((PciAddr::parse_exact(addr)?, uuid.to_string()))
 }
 
 #[test]
@@ -175,18 +171,7 @@ fn every_real_line_parses_as_its_source_shows() {
     let mut wrong = Vec::new();
     for e in &entries {
         let got = parsed(&e.msg, KERN_WARNING);
-        let want = match &e.expect {
-            Expect::GpuUuid { pci, uuid } => {
-                assert_eq!(
-                    gpu_at(&e.msg),
-                    Some((*pci, uuid.clone())),
-                    "corpus line {}: expectation does not match the line",
-                    e.at
-                );
-                Expect::NotXid
-            }
-            other => other.clone(),
-        };
+        let want = e.expect.clone();
         if got != want {
             wrong.push(format!(
                 "corpus line {} ({}):\n    {}\n    expected {:?}, parsed {:?}",
@@ -346,6 +331,12 @@ fn the_corpus_as_a_kernel_log_reads_back_every_xid_and_the_last_driver_load() {
         .rposition(|e| e.expect == Expect::DriverLoad)
         .map(|i| i as u64);
     assert_eq!(scan.last_driver_load, last_load);
+    // every `GPU at` line maps its UUID to its slot (the corpus's are one per slot)
+    for e in &entries {
+        if let Expect::GpuUuid { pci, uuid } = &e.expect {
+            assert_eq!(scan.pci_of_uuid(uuid), Some(*pci), "corpus line {}", e.at);
+        }
+    }
 
     // the same records from a user facility: nothing
     let forged: String = entries
@@ -358,5 +349,6 @@ fn the_corpus_as_a_kernel_log_reads_back_every_xid_and_the_last_driver_load() {
     assert_eq!(scan.records, entries.len());
     assert!(scan.events.is_empty(), "{:?}", scan.events);
     assert_eq!(scan.last_driver_load, None);
+    assert!(scan.gpu_at.is_empty(), "{:?}", scan.gpu_at);
     let _ = fs::remove_file(&path);
 }

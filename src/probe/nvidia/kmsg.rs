@@ -1,17 +1,32 @@
 //! The kernel log, read once per hook call: non-blocking, bounded, oldest record first.
-//! Only the NVIDIA driver's own records are kept: its XID reports and its load records.
+//! Only the NVIDIA driver's own records are kept: its XID reports, its load records and
+//! its `GPU at PCI:…: GPU-…` records (`gpu_at`).
+//!
+//! Every record costs one read(2) on /dev/kmsg (about 1.8 µs), so the scan per record must
+//! cost little beside it: lines are cut out of the read buffer in place, the header
+//! (`pri,seq,ts`) is parsed from bytes, and only a kernel-facility record whose message
+//! begins with `NVRM: ` is looked at further. Nothing is allocated per record.
+//! `kmsg_cache` keeps what a scan found under state_dir so that the next one parses only
+//! records it has not seen (and, from a file, does not read them at all).
+//!
+//! Not syslog(2) `SYSLOG_ACTION_READ_ALL`, though it hands over the whole ring in one call:
+//! it does not escape a newline inside a message, so a binary whose file name holds `\n`
+//! would turn its segfault report into a line of its own, kernel facility and all.
 
+use super::gpu_at::{self, GpuAt};
+pub use super::kmsg_record::{is_driver_load, parse_record, parse_xid, Record};
+use super::kmsg_record::{parse_header, DRIVER_TAG};
 use super::pci::PciAddr;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// One XID report from the kernel log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XidEvent {
     /// The kernel log's record sequence number: increases by one per record, per boot.
     pub seq: u64,
@@ -54,8 +69,14 @@ pub struct KmsgScan {
     pub events: Vec<XidEvent>,
     /// The sequence number of the newest NVIDIA driver load record.
     pub last_driver_load: Option<u64>,
+    /// The driver's `GPU at PCI:…: GPU-…` records, the newest per PCI slot.
+    pub gpu_at: Vec<GpuAt>,
+    /// The oldest record's sequence number this read saw.
+    pub first_seq: Option<u64>,
     /// The newest record's sequence number: where a later reader (poststop) can start.
     pub last_seq: Option<u64>,
+    /// The newest record's timestamp.
+    pub last_ts_usec: Option<u64>,
     pub records: usize,
     /// Lines that were not kernel log records, or too long to be.
     pub skipped: usize,
@@ -74,102 +95,167 @@ impl KmsgScan {
             None => true,
         })
     }
+
+    /// The PCI slot the driver's `GPU at` records place `uuid` at.
+    pub fn pci_of_uuid(&self, uuid: &str) -> Option<PciAddr> {
+        gpu_at::pci_of_uuid(&self.gpu_at, uuid)
+    }
 }
 
 /// Splits a byte stream into lines, bounded, and parses each as a kernel log record.
-struct Scanner {
+pub(crate) struct Scanner {
     limits: ReadLimits,
+    /// A line begun in one read and not yet ended; used only when a line straddles reads.
     carry: Vec<u8>,
     /// Inside a line longer than `max_line`: drop bytes up to its newline.
     overlong: bool,
     bytes: u64,
     events: VecDeque<XidEvent>,
-    scan: KmsgScan,
+    /// Driver records up to this sequence number are known already (`kmsg_cache`): counted
+    /// but not parsed again.
+    pub(crate) known_through: Option<u64>,
+    /// The timestamp of record `known_through`, when this read saw it.
+    pub(crate) known_ts: Option<u64>,
+    pub(crate) scan: KmsgScan,
 }
 
 impl Scanner {
-    fn new(limits: ReadLimits) -> Scanner {
+    pub(crate) fn new(limits: ReadLimits) -> Scanner {
         Scanner {
             limits,
             carry: Vec::new(),
             overlong: false,
             bytes: 0,
             events: VecDeque::new(),
+            known_through: None,
+            known_ts: None,
             scan: KmsgScan::default(),
         }
     }
 
+    /// Whether the bytes fed so far end at the end of a line.
+    pub(crate) fn line_complete(&self) -> bool {
+        self.carry.is_empty() && !self.overlong
+    }
+
     /// False when a limit says stop.
-    fn feed(&mut self, mut chunk: &[u8]) -> bool {
+    pub(crate) fn feed(&mut self, chunk: &[u8]) -> bool {
         self.bytes += chunk.len() as u64;
-        while !chunk.is_empty() {
-            let (line, rest, complete) = match chunk.iter().position(|&b| b == b'\n') {
-                Some(i) => (&chunk[..i], &chunk[i + 1..], true),
-                None => (chunk, &[][..], false),
+        let mut rest = chunk;
+        // The end of a line an earlier read began.
+        if self.overlong || !self.carry.is_empty() {
+            let (piece, complete) = match find_newline(rest) {
+                Some(i) => (&rest[..i], Some(i + 1)),
+                None => (rest, None),
             };
-            chunk = rest;
             if !self.overlong {
-                if self.carry.len() + line.len() > self.limits.max_line {
+                if self.carry.len() + piece.len() > self.limits.max_line {
                     self.overlong = true;
                     self.carry.clear();
                     self.scan.skipped += 1;
                 } else {
-                    self.carry.extend_from_slice(line);
+                    self.carry.extend_from_slice(piece);
                 }
             }
-            if complete {
-                if !self.overlong {
-                    let l = std::mem::take(&mut self.carry);
-                    self.line(&l);
-                }
-                self.overlong = false;
-                if self.scan.records >= self.limits.max_records {
-                    self.scan.truncated = true;
-                    return false;
-                }
+            let Some(next) = complete else {
+                return self.within_bytes();
+            };
+            if !self.overlong {
+                let line = std::mem::take(&mut self.carry);
+                self.line(&line);
+                self.carry = line;
+                self.carry.clear();
+            }
+            self.overlong = false;
+            rest = &rest[next..];
+            if self.records_full() {
+                return false;
             }
         }
-        if self.bytes >= self.limits.max_bytes {
-            self.scan.truncated = true;
-            return false;
+        // Whole lines, straight from the read buffer.
+        while let Some(i) = find_newline(rest) {
+            if i > self.limits.max_line {
+                self.scan.skipped += 1;
+            } else {
+                self.line(&rest[..i]);
+            }
+            rest = &rest[i + 1..];
+            if self.records_full() {
+                return false;
+            }
         }
-        true
+        if rest.len() > self.limits.max_line {
+            self.overlong = true;
+            self.scan.skipped += 1;
+        } else {
+            self.carry.extend_from_slice(rest);
+        }
+        self.within_bytes()
     }
 
+    fn records_full(&mut self) -> bool {
+        let full = self.scan.records >= self.limits.max_records;
+        self.scan.truncated |= full;
+        full
+    }
+
+    fn within_bytes(&mut self) -> bool {
+        let over = self.bytes >= self.limits.max_bytes;
+        self.scan.truncated |= over;
+        !over
+    }
+
+    /// One line. The order of the checks is the cost order: most records end at the
+    /// facility or at the first bytes of their message.
     fn line(&mut self, line: &[u8]) {
         // Continuation lines (` KEY=value`) carry a record's dictionary; not records.
         if line.is_empty() || line[0] == b' ' {
             return;
         }
-        let text = String::from_utf8_lossy(line);
-        let Some(rec) = parse_record(&text) else {
+        let Some(h) = parse_header(line) else {
             self.scan.skipped += 1;
             return;
         };
         self.scan.records += 1;
-        self.scan.last_seq = Some(rec.seq);
+        self.scan.first_seq.get_or_insert(h.seq);
+        self.scan.last_seq = Some(h.seq);
+        self.scan.last_ts_usec = Some(h.ts_usec);
+        if self.known_through == Some(h.seq) {
+            self.known_ts = Some(h.ts_usec);
+        }
+        let msg = &line[h.msg..];
         // Only the driver's own records are parsed further (and only they cost more).
-        if !rec.is_driver() {
+        if h.pri >> 3 != 0 || !msg.starts_with(DRIVER_TAG.as_bytes()) {
             return;
         }
-        if is_driver_load(rec.msg) {
-            self.scan.last_driver_load = Some(rec.seq);
+        if self.known_through.is_some_and(|k| h.seq <= k) {
+            return;
         }
-        if let Some((pci, xid, text)) = parse_xid(rec.msg) {
+        let msg = String::from_utf8_lossy(msg);
+        if is_driver_load(&msg) {
+            self.scan.last_driver_load = Some(h.seq);
+        } else if let Some((pci, xid, text)) = parse_xid(&msg) {
             if self.events.len() >= self.limits.max_events {
                 self.events.pop_front();
             }
             self.events.push_back(XidEvent {
-                seq: rec.seq,
-                ts_usec: rec.ts_usec,
+                seq: h.seq,
+                ts_usec: h.ts_usec,
                 pci,
                 xid,
                 text,
             });
+        } else if let Some((pci, uuid)) = gpu_at::parse_gpu_at(&msg) {
+            let at = GpuAt {
+                seq: h.seq,
+                pci,
+                uuid,
+            };
+            gpu_at::remember(&mut self.scan.gpu_at, at);
         }
     }
 
-    fn finish(mut self) -> KmsgScan {
+    pub(crate) fn finish(mut self) -> KmsgScan {
         // A final line without its newline: a file may simply lack the last newline, and a
         // truncated XID line fails to parse as one anyway.
         if !self.overlong && !self.carry.is_empty() {
@@ -181,131 +267,58 @@ impl Scanner {
     }
 }
 
-/// `pri,seq,ts_usec,flags[,…];message`, as /dev/kmsg writes each record.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Record<'a> {
-    /// `facility << 3 | level`; facility 0 is the kernel's own.
-    pub pri: u32,
-    pub seq: u64,
-    pub ts_usec: u64,
-    pub msg: &'a str,
-}
-
-impl Record<'_> {
-    /// A record the NVIDIA driver itself logged: kernel facility, message beginning with
-    /// `NVRM: `. Userspace cannot log with facility 0 (the kernel turns a write to
-    /// /dev/kmsg into LOG_USER), and a message that merely contains `NVRM: ` (a segfault
-    /// report naming a binary, an OOM kill naming a command) does not begin with it.
-    pub fn is_driver(&self) -> bool {
-        self.pri >> 3 == 0 && self.msg.starts_with(DRIVER_TAG)
-    }
-}
-
-const DRIVER_TAG: &str = "NVRM: ";
-
-pub fn parse_record(line: &str) -> Option<Record<'_>> {
-    let (prefix, msg) = line.split_once(';')?;
-    let mut f = prefix.split(',');
-    let pri: u32 = f.next()?.parse().ok()?;
-    let seq: u64 = f.next()?.parse().ok()?;
-    let ts_usec: u64 = f.next()?.parse().ok()?;
-    Some(Record {
-        pri,
-        seq,
-        ts_usec,
-        msg,
-    })
-}
-
-/// `NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  …` or
-/// `NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  …`, in full: the
-/// tag, an architecture or `Open`, `Kernel Module`, then a version of digits and dots.
-/// Only a driver record (`Record::is_driver`) is passed here.
-pub fn is_driver_load(msg: &str) -> bool {
-    let Some(rest) = msg.strip_prefix("NVRM: loading NVIDIA UNIX ") else {
-        return false;
-    };
-    let Some((_, after)) = rest.split_once("Kernel Module") else {
-        return false;
-    };
-    let after = after.trim_start();
-    let after = after
-        .strip_prefix("for ")
-        .and_then(|a| a.split_once(' ').map(|(_, v)| v.trim_start()))
-        .unwrap_or(after);
-    let version: &str = after.split(' ').next().unwrap_or("");
-    !version.is_empty()
-        && version.bytes().any(|b| b.is_ascii_digit())
-        && version.bytes().all(|b| b.is_ascii_digit() || b == b'.')
-}
-
-const MAX_TEXT: usize = 160;
-
-/// A driver record that parses in full as an XID report:
-/// `NVRM: Xid (PCI:DOMAIN:BUS:DEV[ GPU-I:n[ GPU-CI:n]]): N[, text]`.
-/// Old drivers write the address without `PCI:`. Anything else is not an XID, whatever it
-/// contains (`caused by previous Xid`, NVSwitch `SXid`, `_kgspLogXid119:`).
-pub fn parse_xid(msg: &str) -> Option<(PciAddr, u32, String)> {
-    let rest = msg.strip_prefix("NVRM: Xid (")?;
-    let (inside, rest) = rest.split_once("): ")?;
-    let mut parts = inside.split(' ');
-    let addr = parts.next()?;
-    let pci = PciAddr::parse_exact(addr.strip_prefix("PCI:").unwrap_or(addr))?;
-    // MIG: ` GPU-I:n`, then optionally ` GPU-CI:n`, in that order and nothing more.
-    for tag in ["GPU-I:", "GPU-CI:"] {
-        match parts.next() {
-            None => break,
-            Some(p) => {
-                let n = p.strip_prefix(tag)?;
-                if n.is_empty() || n.len() > 4 || !n.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return None;
-                }
-            }
-        }
-    }
-    if parts.next().is_some() {
-        return None;
-    }
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    if digits == 0 || digits > 6 {
-        return None;
-    }
-    let xid: u32 = rest[..digits].parse().ok()?;
-    let tail = &rest[digits..];
-    if !(tail.is_empty() || tail.starts_with(',')) {
-        return None;
-    }
-    let text = tail
-        .trim_start_matches(',')
-        .trim()
-        .chars()
-        .take(MAX_TEXT)
-        .collect();
-    Some((pci, xid, text))
+/// The first `\n` in `b` (SIMD: this search is most of a file scan's cost).
+fn find_newline(b: &[u8]) -> Option<usize> {
+    memchr::memchr(b'\n', b)
 }
 
 /// Reads the kernel log at `path` from its oldest record to its end, without blocking.
 /// /dev/kmsg returns one record per read() and EAGAIN at the end; EPIPE means the kernel
 /// overwrote records since the last read, and reading goes on. A regular file (a fixture,
-/// a saved log) is read the same way.
+/// a saved log) is read the same way, in large reads.
 pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, String> {
-    let mut f = OpenOptions::new()
+    let mut f = open_log(path)?;
+    let mut scanner = Scanner::new(limits);
+    read_into(&mut f, path, &mut scanner, Instant::now())?;
+    Ok(scanner.finish())
+}
+
+/// Opens the log without following a symlink and without blocking on reads.
+pub(crate) fn open_log(path: &Path) -> Result<File, String> {
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("cannot open kernel log {}: {e}", path.display()))?;
-    let started = Instant::now();
-    let mut scanner = Scanner::new(limits);
-    // Larger than the kernel's largest record, or /dev/kmsg answers EINVAL.
-    let mut buf = vec![0u8; 64 << 10];
+        .map_err(|e| format!("cannot open kernel log {}: {e}", path.display()))
+}
+
+/// Reads deadline checks apart: a clock read per record would cost a tenth of the read.
+const READS_PER_CLOCK: u32 = 32;
+
+/// Feeds `f` from where it stands to its end into `scanner`, within the limits' deadline
+/// counted from `started`. Returns the bytes read.
+pub(crate) fn read_into(
+    f: &mut File,
+    path: &Path,
+    scanner: &mut Scanner,
+    started: Instant,
+) -> Result<u64, String> {
+    let regular = f.metadata().is_ok_and(|m| m.is_file());
+    // /dev/kmsg: larger than the kernel's largest record, or it answers EINVAL. A file:
+    // large reads, few calls.
+    let mut buf = vec![0u8; if regular { 1 << 20 } else { 64 << 10 }];
+    let mut total = 0u64;
+    let mut reads = 0u32;
     loop {
-        if started.elapsed() > limits.deadline {
+        reads = reads.wrapping_add(1);
+        if reads % READS_PER_CLOCK == 0 && started.elapsed() > scanner.limits.deadline {
             scanner.scan.truncated = true;
             break;
         }
         match f.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                total += n as u64;
                 if !scanner.feed(&buf[..n]) {
                     break;
                 }
@@ -316,7 +329,7 @@ pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, String> {
             Err(e) => return Err(format!("cannot read kernel log {}: {e}", path.display())),
         }
     }
-    Ok(scanner.finish())
+    Ok(total)
 }
 
 /// The scanner over reads already made (the fuzz targets use it: read_kmsg's loop without
@@ -542,5 +555,80 @@ x,y,z;not numbers\n\
             Err(e) => assert!(e.contains("/dev/kmsg"), "{e}"),
         }
         assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn newline_search_agrees_with_a_plain_one() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..200 {
+            let mut b: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // few newlines, and bytes next to b'\n' (0x0a ^ 0x80, 0x0b, 0x09)
+                    [b'a', 0x8a, 0x0b, 0x09, 0xff, 0x00, b'\n'][(x % 7) as usize]
+                })
+                .collect();
+            let plain = b.iter().position(|&c| c == b'\n');
+            assert_eq!(find_newline(&b), plain, "{b:?}");
+            b.retain(|&c| c != b'\n');
+            assert_eq!(find_newline(&b), None);
+        }
+    }
+
+    #[test]
+    fn the_header_is_digits_and_commas_only() {
+        for bad in [
+            "+4,1,1,-;NVRM: x",
+            "4,+1,1,-;NVRM: x",
+            "4, 1,1,-;NVRM: x",
+            "4,1,1-;NVRM: x",
+            "4,1;NVRM: x",
+            "4294967296,1,1,-;NVRM: x",
+            "4,18446744073709551616,1,-;x",
+            "4,1,1,-",
+            "",
+        ] {
+            assert_eq!(parse_record(bad), None, "{bad:?}");
+        }
+        let r = parse_record("4,18446744073709551615,7;NVRM: a;b").unwrap();
+        assert_eq!(
+            (r.pri, r.seq, r.ts_usec, r.msg),
+            (4, u64::MAX, 7, "NVRM: a;b")
+        );
+        let r = parse_record("6,2,3,-,caller=T1;x").unwrap();
+        assert_eq!(r.msg, "x");
+    }
+
+    /// `GPU at` lines count from the driver only, like XIDs.
+    #[test]
+    fn gpu_at_records_count_only_from_the_driver() {
+        let uuid = "GPU-efbdfde9-5798-a6e7-4c46-12518fa15375";
+        let log = format!(
+            "14,1,1,-;NVRM: GPU at PCI:0000:3b:00: {uuid}\n\
+             6,2,2,-;x[1]: segfault at 0 ip 0 sp 0 error 4 in NVRM: GPU at PCI:0000:5e:00: {uuid}[1+1]\n\
+             4,3,3,-;NVRM: GPU at PCI:0000:86:00: {uuid}\n"
+        );
+        let s = scan_bytes(log.as_bytes(), ReadLimits::default());
+        assert_eq!(s.gpu_at.len(), 1);
+        assert_eq!(s.pci_of_uuid(uuid).map(|p| p.bus), Some(0x86));
+        let forged_only = scan_bytes(
+            &log.as_bytes()[..log.rfind("4,3").unwrap()],
+            ReadLimits::default(),
+        );
+        assert!(forged_only.gpu_at.is_empty());
+        assert_eq!(forged_only.pci_of_uuid(uuid), None);
+    }
+
+    /// Whatever the read sizes, the scan is the same: records straddle reads in a file,
+    /// and a line may end exactly at a read's end.
+    #[test]
+    fn read_sizes_do_not_change_the_scan() {
+        let whole = scan_chunks(std::iter::once(FIXTURE.as_bytes()), ReadLimits::default());
+        for size in [1, 2, 3, 8, 63, 64, 65, 4096] {
+            let s = scan_chunks(FIXTURE.as_bytes().chunks(size), ReadLimits::default());
+            assert_eq!(s, whole, "reads of {size}");
+        }
     }
 }

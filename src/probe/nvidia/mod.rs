@@ -2,7 +2,10 @@
 //! kernel log (`kmsg`, judged by `xid`), both read once per hook call into a [`GpuContext`].
 
 pub(crate) mod gpu;
+pub mod gpu_at;
 pub mod kmsg;
+pub mod kmsg_cache;
+pub(crate) mod kmsg_record;
 pub(crate) mod nvml;
 pub mod pci;
 pub(crate) mod procfs;
@@ -20,26 +23,35 @@ pub struct GpuContext {
     pub kmsg: std::result::Result<kmsg::KmsgScan, String>,
     pub xid_table: XidTable,
     pub limits: gpu::Limits,
+    /// The driver's own list of GPUs (minor ↔ PCI address), read before NVML.
+    pub proc_gpus: Vec<procfs::ProcGpu>,
 }
 
 impl GpuContext {
-    /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path`.
+    /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path` (through the
+    /// cache in `state_dir`).
     pub fn gather(config: &Config) -> GpuContext {
         let timeout = Duration::from_millis(config.probe_timeout_ms);
-        let proc = procfs::read_gpus(&config.proc_root);
-        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout, proc);
+        let proc_gpus = procfs::read_gpus(&config.proc_root);
+        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout, proc_gpus.clone());
         let limits = kmsg::ReadLimits {
             deadline: timeout,
             ..kmsg::ReadLimits::default()
         };
         GpuContext {
             nvml,
-            kmsg: kmsg::read_kmsg(&config.kmsg_path, limits),
+            kmsg: kmsg_cache::read_kmsg_cached(
+                &config.kmsg_path,
+                limits,
+                &config.state_dir,
+                &config.proc_root,
+            ),
             // validated when the config was loaded
             xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
             limits: gpu::Limits {
                 max_volatile_uncorrectable_ecc: config.gpu.max_volatile_uncorrectable_ecc,
             },
+            proc_gpus,
         }
     }
 

@@ -1,11 +1,11 @@
 //! PCI addresses as the kernel log and NVML write them.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A PCI function's address. The XID line names domain:bus:device (no function); NVML
 /// writes `00000000:3B:00.0`; both name the same GPU, so they compare by slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PciAddr {
     pub domain: u32,
     pub bus: u8,
