@@ -3,6 +3,12 @@ use std::time::Instant;
 
 fn main() {
     let started = Instant::now();
+    // The NVML query process (probe::nvidia::nvml::isolate) forks one child per GPU, so it
+    // runs before anything could start a thread.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(std::ffi::OsStr::new(devgate::NVML_QUERY_ARG)) {
+        devgate::serve_nvml_query(&args.collect::<Vec<_>>());
+    }
     env_logger::Builder::new()
         .filter_level(log::LevelFilter::Warn)
         .parse_env("DEVGATE_LOG")

@@ -79,17 +79,25 @@ fn assigned(
     if !config.env_selectors() {
         selectors.retain(|(_, source)| *source != Source::NvidiaVisibleDevices);
     }
-    let ctx =
-        (!selectors.is_empty() || nvidia::has_gpu(&devices)).then(|| GpuContext::gather(config));
-    if let Some(g) = &ctx {
-        if nvidia::no_nvidia_node(config, &g.nvml) {
-            selectors.clear();
-        }
-    }
+    let mut ctx = None;
     let mut warnings = Vec::new();
-    if let Some(g) = &ctx {
+    if !selectors.is_empty() || nvidia::has_gpu(&devices) {
+        // Selectors are resolved by the driver's list without NVML; only where that list
+        // cannot be read does NVML enumerate, and then its answer serves the probes too.
+        let driver = nvidia::driver_gpus(config);
+        let known = if driver.is_empty() {
+            let g = GpuContext::enumerated(config);
+            if nvidia::no_nvidia_node(config, &g.nvml) {
+                selectors.clear();
+            }
+            let k = nvidia::gpu::KnownGpus::from_answer(&g.nvml);
+            ctx = Some(g);
+            k
+        } else {
+            nvidia::gpu::KnownGpus::from_driver(&driver)
+        };
         let nodes = gpu::gpu_minor_nodes(&config.dev_root);
-        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&selectors, &g.nvml, &nodes);
+        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&selectors, &known, &nodes);
         for (minor, source) in chosen {
             let d = gpu::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
             if !devices.iter().any(|e| e.num == d.num) {
@@ -100,6 +108,10 @@ fn assigned(
             .iter()
             .map(|u| one_line(&format!("devgate: warning: {u}")))
             .collect();
+        if ctx.is_none() {
+            let minors = nvidia::gpu_minors(&devices);
+            ctx = Some(GpuContext::for_minors(config, &driver, &minors));
+        }
     }
     Ok((devices, ctx, warnings))
 }

@@ -1,0 +1,319 @@
+//! NVML in processes the hook never waits for.
+//!
+//! A GPU that fails can make its driver calls block for minutes, in an ioctl that no signal
+//! interrupts. runc waits for a hook, and for the hook's stdout and stderr to close, so
+//! NVML must never run where it can hold either. The hook starts one query process: devgate
+//! itself, exec'd with the hidden argument [`QUERY_ARG`], stdio on /dev/null. That process
+//! is single-threaded, so it can safely fork one child per GPU; each child opens NVML,
+//! asks about its one GPU, writes the answer to a pipe of its own and `_exit`s. The query
+//! process ends as soon as it has forked; its children are orphans the runtime's reaper
+//! collects. The hook reads every pipe until `probe_timeout_ms` and takes what came: a GPU
+//! whose child did not answer is unknown, the others are judged on their own answers.
+//!
+//! One process per GPU, not a thread per GPU: libnvidia-ml serialises many calls behind
+//! one process-wide lock, so a thread stuck inside NVML for one GPU stalls every other
+//! thread's NVML call in that process. Only separate processes keep GPUs apart.
+//!
+//! A child still stuck long after the hook left ends itself ([`ABANDON_AFTER_S`]): the
+//! alarm kills it when its driver call returns, or at once if the call can be interrupted.
+
+use super::query;
+use super::GpuFacts;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `devgate __nvml-query LIBRARY FD=JOB…`: the query process. Not a command: main.rs hands
+/// it to [`serve`] before anything else runs.
+pub const QUERY_ARG: &str = "__nvml-query";
+
+/// The most one child may write: an answer is a few hundred bytes per GPU.
+pub const MAX_ANSWER: usize = 1 << 20;
+
+/// A query child still running this long after it started ends itself.
+const ABANDON_AFTER_S: u32 = 600;
+
+/// What one query child is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// One GPU by its PCI address as NVML takes it, and the index to label it with.
+    Gpu { bus_id: String, index: u32 },
+    /// Every GPU by index: only where the driver's list cannot be read.
+    Every,
+}
+
+impl Job {
+    fn arg(&self) -> String {
+        match self {
+            Job::Gpu { bus_id, index } => format!("{index}@{bus_id}"),
+            Job::Every => "every".into(),
+        }
+    }
+
+    fn parse(s: &str) -> Option<Job> {
+        if s == "every" {
+            return Some(Job::Every);
+        }
+        let (index, bus_id) = s.split_once('@')?;
+        Some(Job::Gpu {
+            bus_id: bus_id.to_string(),
+            index: index.parse().ok()?,
+        })
+    }
+}
+
+/// What a query child writes on its pipe: one JSON document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    Gpus {
+        driver_version: Option<String>,
+        gpus: Vec<GpuFacts>,
+    },
+    /// NVML could not be opened (library missing, init failed) or could not count.
+    Failed(String),
+}
+
+/// Reads what a child wrote. Anything but one well-formed answer is the child's fault and
+/// says so; no answer is trusted to be smaller than it says.
+pub fn decode(bytes: &[u8]) -> Result<Answer, String> {
+    if bytes.is_empty() {
+        return Err("the NVML query process ended without an answer (it crashed)".into());
+    }
+    if bytes.len() > MAX_ANSWER {
+        return Err(format!(
+            "the NVML query process wrote more than {MAX_ANSWER} bytes"
+        ));
+    }
+    let a: Answer = serde_json::from_slice(bytes)
+        .map_err(|e| format!("the NVML query process wrote a malformed answer: {e}"))?;
+    if let Answer::Gpus { gpus, .. } = &a {
+        if gpus.len() > super::MAX_GPUS as usize {
+            return Err("the NVML query process answered for too many GPUs".into());
+        }
+    }
+    Ok(a)
+}
+
+/// Asks every job in a process of its own and waits for the answers at most `timeout`.
+/// The answers come back in the jobs' order; a job with none by then says why.
+pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Result<Answer, String>> {
+    let deadline = Instant::now() + timeout;
+    let mut pipes = Vec::with_capacity(jobs.len());
+    for _ in jobs {
+        match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK) {
+            Ok(p) => pipes.push(p),
+            Err(e) => return fail_all(jobs, &format!("cannot make a pipe: {e}")),
+        }
+    }
+    let write_fds: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
+    let mut cmd = match std::env::current_exe() {
+        Ok(exe) => Command::new(exe),
+        Err(e) => return fail_all(jobs, &format!("cannot find devgate's own binary: {e}")),
+    };
+    cmd.arg0("devgate").arg(QUERY_ARG).arg(library);
+    for (fd, job) in write_fds.iter().zip(jobs) {
+        cmd.arg(format!("{fd}={}", job.arg()));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe. It lets the
+    // write ends (O_CLOEXEC in the hook) cross the exec, in this copy of the table only.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &write_fds {
+                if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let spawned = cmd.spawn();
+    // The hook's write ends close now, so that a pipe ends when its child does.
+    let reads: Vec<OwnedFd> = pipes.into_iter().map(|(r, _)| r).collect();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => return fail_all(jobs, &format!("cannot start the NVML query process: {e}")),
+    };
+    let got = collect(&reads, deadline);
+    // The query process only forks; it is reaped here if it is done, else by whoever
+    // inherits it. Never waited for: nothing NVML does may hold the hook.
+    let _ = child.try_wait();
+    let ms = timeout.as_millis();
+    got.into_iter()
+        .zip(jobs)
+        .map(|(r, job)| match (r, job) {
+            (Some(bytes), _) => decode(&bytes),
+            (None, Job::Gpu { .. }) => Err(format!("NVML did not answer for this GPU in {ms} ms")),
+            (None, Job::Every) => Err(format!("NVML did not answer in {ms} ms")),
+        })
+        .collect()
+}
+
+fn fail_all(jobs: &[Job], why: &str) -> Vec<Result<Answer, String>> {
+    jobs.iter().map(|_| Err(why.to_string())).collect()
+}
+
+/// Reads every pipe until each has ended or the deadline passed: `Some(bytes)` for a pipe
+/// whose writer closed it, `None` for one still open. Each pipe is read up to one byte past
+/// [`MAX_ANSWER`], which [`decode`] then refuses.
+fn collect(reads: &[OwnedFd], deadline: Instant) -> Vec<Option<Vec<u8>>> {
+    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); reads.len()];
+    let mut done = vec![false; reads.len()];
+    while done.iter().any(|d| !d) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let open: Vec<usize> = (0..reads.len()).filter(|&i| !done[i]).collect();
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|&i| libc::pollfd {
+                fd: reads[i].as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `fds` is a live array of `fds.len()` pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        for (k, &i) in open.iter().enumerate() {
+            if fds[k].revents != 0 && drain(&reads[i], &mut bufs[i]) {
+                done[i] = true;
+            }
+        }
+    }
+    bufs.into_iter()
+        .zip(done)
+        .map(|(b, d)| d.then_some(b))
+        .collect()
+}
+
+/// Reads what is there; true once the writer closed the pipe or wrote too much.
+fn drain(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match nix::unistd::read(fd.as_raw_fd(), &mut chunk) {
+            Ok(0) => return true,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.len() > MAX_ANSWER {
+                    return true;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The query process: `args` are what follows [`QUERY_ARG`]. Forks one child per job and
+/// ends without waiting for them. Never returns.
+pub fn serve(args: &[OsString]) -> ! {
+    let parsed = parse_args(args);
+    let Some((library, jobs)) = parsed else {
+        // SAFETY: ends the process at once.
+        unsafe { libc::_exit(2) }
+    };
+    for (fd, job) in &jobs {
+        // SAFETY: this process is single-threaded (main.rs calls serve first thing), so the
+        // child may run anything; it ends with _exit.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => run_child(&library, *fd, job),
+            Ok(nix::unistd::ForkResult::Parent { .. }) => {}
+            Err(e) => write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}"))),
+        }
+        // SAFETY: the fd is this process's copy of the job's pipe, used by nothing else.
+        drop(unsafe { OwnedFd::from_raw_fd(*fd) });
+    }
+    // SAFETY: ends the process at once; nothing to flush.
+    unsafe { libc::_exit(0) }
+}
+
+fn parse_args(args: &[OsString]) -> Option<(OsString, Vec<(RawFd, Job)>)> {
+    let (library, rest) = args.split_first()?;
+    let mut jobs = Vec::new();
+    for a in rest {
+        let s = a.to_str()?;
+        let (fd, job) = s.split_once('=')?;
+        let fd: RawFd = fd.parse().ok().filter(|fd| *fd > 2)?;
+        jobs.push((fd, Job::parse(job)?));
+    }
+    Some((library.clone(), jobs))
+}
+
+/// One job, in its own process: keeps only its own pipe, asks NVML, answers, `_exit`s.
+fn run_child(library: &OsString, fd: RawFd, job: &Job) -> ! {
+    close_others(fd);
+    // SAFETY: alarm only arms a timer; its default action ends this process.
+    unsafe { libc::alarm(ABANDON_AFTER_S) };
+    let answer = match query::open(library) {
+        Err(e) => Answer::Failed(e),
+        Ok(nvml) => {
+            let driver_version = nvml.sys_driver_version().ok();
+            let gpus = match job {
+                Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(&nvml, bus_id, *index)]),
+                Job::Every => query::every_gpu(&nvml),
+            };
+            let a = match gpus {
+                Ok(gpus) => Answer::Gpus {
+                    driver_version,
+                    gpus,
+                },
+                Err(e) => Answer::Failed(e),
+            };
+            // No nvmlShutdown: a lost GPU can hang it, and the process ends now anyway.
+            std::mem::forget(nvml);
+            a
+        }
+    };
+    write_answer(fd, &answer);
+    // SAFETY: ends the process at once, without the library's destructors.
+    unsafe { libc::_exit(0) }
+}
+
+fn write_answer(fd: RawFd, answer: &Answer) {
+    use std::io::Write;
+    let Ok(bytes) = serde_json::to_vec(answer) else {
+        return;
+    };
+    // SAFETY: `fd` is this process's copy of its pipe; ManuallyDrop leaves closing to the
+    // caller (the process's end, or serve's drop).
+    let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    // The hook's end is non-blocking, this one is not; a hook that left makes this EPIPE.
+    let _ = f.write_all(&bytes);
+}
+
+/// Closes every descriptor but stdio and `keep`: the child must not hold the pipes of the
+/// other GPUs (their ends would not close with their children) nor anything the runtime
+/// passed the hook.
+fn close_others(keep: RawFd) {
+    let keep = keep as libc::c_uint;
+    // SAFETY: close_range only closes descriptors; none of them is used after this.
+    let ok = unsafe {
+        (keep == 3 || libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32) == 0)
+            && libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32) == 0
+    };
+    if !ok {
+        // kernels before 5.9: the descriptors a hook can have
+        for fd in 3..1024 {
+            if fd != keep as RawFd {
+                // SAFETY: as above.
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+}
