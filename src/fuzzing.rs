@@ -177,3 +177,16 @@ pub fn gpu_selector_values(data: &[u8]) {
         }
     }
 }
+
+/// What an NVML query process writes on its pipe: refused with a reason, or read into an
+/// answer that writes back out the same.
+pub fn nvml_answer(data: &[u8]) {
+    use crate::probe::nvidia::nvml::isolate::{decode, Answer};
+    if let Ok(a) = decode(data) {
+        if let Answer::Gpus { gpus, .. } = &a {
+            assert!(gpus.len() <= 256);
+        }
+        let again = serde_json::to_vec(&a).expect("an answer serialises");
+        assert_eq!(decode(&again).expect("re-encoded answer decodes"), a);
+    }
+}
