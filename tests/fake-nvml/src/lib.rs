@@ -37,6 +37,9 @@
 //! GPU that hangs at attach hangs the init; with NO_ATTACH, a handle lookup attaches only the
 //! GPU it returns.
 //!
+//! Every other function nvml-wrapper looks up is exported too and answers
+//! NVML_ERROR_NOT_SUPPORTED (`stubs.rs`), as the real library exports them all.
+//!
 //! One process can load several copies of the library (each a file of its own): a copy with
 //! no FAKE_NVML_CONFIG reads `<its own path>.json`.
 //!
@@ -49,6 +52,8 @@
 //! file, a line is appended to it when the library is loaded and at every init, which is
 //! how tests prove devgate did or did not load NVML.
 #![allow(clippy::missing_safety_doc, non_snake_case)]
+
+mod stubs;
 
 use serde_json::Value;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};

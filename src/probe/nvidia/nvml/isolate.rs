@@ -2,13 +2,15 @@
 //!
 //! A GPU that fails can make its driver calls block for minutes, in an ioctl that no signal
 //! interrupts. runc waits for a hook, and for the hook's stdout and stderr to close, so
-//! NVML must never run where it can hold either. The hook starts one query process: devgate
-//! itself, exec'd with the hidden argument [`QUERY_ARG`], stdio on /dev/null. That process
-//! is single-threaded, so it can safely fork one child per GPU; each child opens NVML,
-//! asks about its one GPU, writes the answer to a pipe of its own and `_exit`s. The query
-//! process ends as soon as it has forked; its children are orphans the runtime's reaper
-//! collects. The hook reads every pipe until `probe_timeout_ms` and takes what came: a GPU
-//! whose child did not answer is unknown, the others are judged on their own answers.
+//! NVML must never run where it can hold either. Each GPU gets a child process of its own,
+//! stdio on /dev/null, that opens NVML, asks about its one GPU, writes the answer to a pipe
+//! of its own and `_exit`s. A hook with one thread (the usual case) forks the children
+//! itself; one with other threads could hand a child a lock another thread held, so it
+//! exec's devgate with the hidden argument [`QUERY_ARG`] instead, a fresh single-threaded
+//! process that forks them and ends. The hook reads every pipe until `probe_timeout_ms`
+//! and takes what came: a GPU whose child did not answer is unknown, the others are judged
+//! on their own answers. A child is reaped only once it has answered; one still stuck is
+//! left to whoever inherits it (the runtime's reaper, or init).
 //!
 //! One process per GPU, not a thread per GPU: libnvidia-ml serialises many calls behind
 //! one process-wide lock, so a thread stuck inside NVML for one GPU stalls every other
@@ -73,6 +75,9 @@ pub enum Answer {
     Gpus {
         driver_version: Option<String>,
         gpus: Vec<GpuFacts>,
+        /// How long loading the library and nvmlInit took in the child, in µs.
+        #[serde(default)]
+        init_us: u64,
     },
     /// NVML could not be opened (library missing, init failed) or could not count.
     Failed(String),
@@ -110,41 +115,20 @@ pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Result<Answer
             Err(e) => return fail_all(jobs, &format!("cannot make a pipe: {e}")),
         }
     }
-    let write_fds: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
-    let mut cmd = match std::env::current_exe() {
-        Ok(exe) => Command::new(exe),
-        Err(e) => return fail_all(jobs, &format!("cannot find devgate's own binary: {e}")),
+    let writes: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
+    let started = if single_threaded() {
+        Ok(Started::Forked(fork_each(library, &writes, jobs)))
+    } else {
+        exec_query_process(library, &writes, jobs).map(Started::Exec)
     };
-    cmd.arg0("devgate").arg(QUERY_ARG).arg(library);
-    for (fd, job) in write_fds.iter().zip(jobs) {
-        cmd.arg(format!("{fd}={}", job.arg()));
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe. It lets the
-    // write ends (O_CLOEXEC in the hook) cross the exec, in this copy of the table only.
-    unsafe {
-        cmd.pre_exec(move || {
-            for fd in &write_fds {
-                if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    let spawned = cmd.spawn();
     // The hook's write ends close now, so that a pipe ends when its child does.
     let reads: Vec<OwnedFd> = pipes.into_iter().map(|(r, _)| r).collect();
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => return fail_all(jobs, &format!("cannot start the NVML query process: {e}")),
+    let started = match started {
+        Ok(s) => s,
+        Err(e) => return fail_all(jobs, &e),
     };
     let got = collect(&reads, deadline);
-    // The query process only forks; it is reaped here if it is done, else by whoever
-    // inherits it. Never waited for: nothing NVML does may hold the hook.
-    let _ = child.try_wait();
+    started.reap();
     let ms = timeout.as_millis();
     got.into_iter()
         .zip(jobs)
@@ -154,6 +138,88 @@ pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Result<Answer
             (None, Job::Every) => Err(format!("NVML did not answer in {ms} ms")),
         })
         .collect()
+}
+
+/// The processes `ask` started.
+enum Started {
+    /// One child per job, forked by the hook itself.
+    Forked(Vec<nix::unistd::Pid>),
+    /// The query process, which forked them.
+    Exec(std::process::Child),
+}
+
+impl Started {
+    /// Collects the processes that have ended; never waits for one that has not.
+    fn reap(self) {
+        use nix::sys::wait::{waitpid, WaitPidFlag};
+        match self {
+            Started::Forked(pids) => {
+                for p in pids {
+                    let _ = waitpid(p, Some(WaitPidFlag::WNOHANG));
+                }
+            }
+            Started::Exec(mut c) => {
+                let _ = c.try_wait();
+            }
+        }
+    }
+}
+
+/// Whether this process has one thread, so that a child forked from it cannot inherit a
+/// lock some other thread held. Unknown counts as no.
+fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.take(2).count() == 1)
+}
+
+/// Forks one child per job from this (single-threaded) process. A job whose fork fails
+/// gets that as its answer.
+fn fork_each(library: &Path, writes: &[RawFd], jobs: &[Job]) -> Vec<nix::unistd::Pid> {
+    let library = library.as_os_str().to_owned();
+    let mut pids = Vec::with_capacity(jobs.len());
+    for (fd, job) in writes.iter().zip(jobs) {
+        // SAFETY: the caller checked this process has one thread; the child only runs
+        // run_child, which never returns.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => run_child(&library, *fd, job),
+            Ok(nix::unistd::ForkResult::Parent { child }) => pids.push(child),
+            Err(e) => write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}"))),
+        }
+    }
+    pids
+}
+
+/// Starts the query process ([`serve`]), which forks the children: for a hook that may
+/// have other threads.
+fn exec_query_process(
+    library: &Path,
+    writes: &[RawFd],
+    jobs: &[Job],
+) -> Result<std::process::Child, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find devgate's own binary: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg0("devgate").arg(QUERY_ARG).arg(library);
+    for (fd, job) in writes.iter().zip(jobs) {
+        cmd.arg(format!("{fd}={}", job.arg()));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let writes = writes.to_vec();
+    // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe. It lets the
+    // write ends (O_CLOEXEC in the hook) cross the exec, in this copy of the table only.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &writes {
+                if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| format!("cannot start the NVML query process: {e}"))
 }
 
 fn fail_all(jobs: &[Job], why: &str) -> Vec<Result<Answer, String>> {
@@ -255,34 +321,66 @@ fn parse_args(args: &[OsString]) -> Option<(OsString, Vec<(RawFd, Job)>)> {
     Some((library.clone(), jobs))
 }
 
-/// One job, in its own process: keeps only its own pipe, asks NVML, answers, `_exit`s.
+/// One job, in its own process: keeps only its own pipe, puts stdio on /dev/null, asks
+/// NVML, answers, `_exit`s. Never returns, not even by a panic: a child forked from the
+/// hook must never run on into the hook's code.
 fn run_child(library: &OsString, fd: RawFd, job: &Job) -> ! {
     close_others(fd);
+    stdio_to_null();
     // SAFETY: alarm only arms a timer; its default action ends this process.
     unsafe { libc::alarm(ABANDON_AFTER_S) };
-    let answer = match query::open(library) {
-        Err(e) => Answer::Failed(e),
-        Ok(nvml) => {
-            let driver_version = nvml.sys_driver_version().ok();
-            let gpus = match job {
-                Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(&nvml, bus_id, *index)]),
-                Job::Every => query::every_gpu(&nvml),
-            };
-            let a = match gpus {
-                Ok(gpus) => Answer::Gpus {
-                    driver_version,
-                    gpus,
-                },
-                Err(e) => Answer::Failed(e),
-            };
-            // No nvmlShutdown: a lost GPU can hang it, and the process ends now anyway.
-            std::mem::forget(nvml);
-            a
-        }
-    };
+    let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(library, job)))
+        .unwrap_or_else(|_| Answer::Failed("the NVML query panicked".into()));
     write_answer(fd, &answer);
     // SAFETY: ends the process at once, without the library's destructors.
     unsafe { libc::_exit(0) }
+}
+
+fn answer(library: &OsString, job: &Job) -> Answer {
+    let started = Instant::now();
+    let nvml = match query::open(library) {
+        Ok(n) => n,
+        Err(e) => return Answer::Failed(e),
+    };
+    let init_us = started.elapsed().as_micros() as u64;
+    let driver_version = nvml.sys_driver_version().ok();
+    let gpus = match job {
+        Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(&nvml, bus_id, *index)]),
+        Job::Every => query::every_gpu(&nvml),
+    };
+    // No nvmlShutdown: a lost GPU can hang it, and the process ends now anyway.
+    std::mem::forget(nvml);
+    match gpus {
+        Ok(gpus) => Answer::Gpus {
+            driver_version,
+            gpus,
+            init_us,
+        },
+        Err(e) => Answer::Failed(e),
+    }
+}
+
+/// stdin, stdout and stderr on /dev/null: a child forked from the hook must not hold the
+/// runtime's pipes, which runc waits on.
+fn stdio_to_null() {
+    // SAFETY: open and dup2 on descriptors this process owns; nothing else uses them.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null < 0 {
+            for fd in 0..3 {
+                libc::close(fd);
+            }
+            return;
+        }
+        for fd in 0..3 {
+            if null != fd {
+                libc::dup2(null, fd);
+            }
+        }
+        if null > 2 {
+            libc::close(null);
+        }
+    }
 }
 
 fn write_answer(fd: RawFd, answer: &Answer) {

@@ -216,7 +216,10 @@ impl NvmlAnswer {
         } else {
             isolate::ask(library, timeout, &jobs)
         };
-        let (facts, driver_version) = merge(gpus, answers);
+        let (facts, driver_version, init_us) = merge(gpus, answers);
+        if !gpus.is_empty() {
+            log_times(started, init_us);
+        }
         NvmlAnswer {
             gpus: facts,
             driver_version,
@@ -236,7 +239,11 @@ impl NvmlAnswer {
             Ok(isolate::Answer::Gpus {
                 driver_version,
                 gpus,
-            }) => (Ok(gpus), driver_version),
+                init_us,
+            }) => {
+                log_times(started, init_us);
+                (Ok(gpus), driver_version)
+            }
             Ok(isolate::Answer::Failed(e)) | Err(e) => (Err(e), None),
         };
         NvmlAnswer {
@@ -288,8 +295,9 @@ impl NvmlAnswer {
 fn merge(
     gpus: &[(u32, ProcGpu)],
     answers: Vec<Result<isolate::Answer, String>>,
-) -> (Result<Vec<GpuFacts>, String>, Option<String>) {
+) -> (Result<Vec<GpuFacts>, String>, Option<String>, u64) {
     let mut version = None;
+    let mut slowest_init = 0;
     let mut facts = Vec::with_capacity(gpus.len());
     let mut failures = Vec::new();
     for ((index, p), answer) in gpus.iter().zip(answers) {
@@ -297,8 +305,10 @@ fn merge(
             Ok(isolate::Answer::Gpus {
                 driver_version,
                 gpus,
+                init_us,
             }) if gpus.len() == 1 => {
                 version = version.or(driver_version);
+                slowest_init = slowest_init.max(init_us);
                 gpus.into_iter()
                     .next()
                     .unwrap_or_else(|| unanswered(*index, "no answer"))
@@ -325,9 +335,18 @@ fn merge(
         facts.push(f);
     }
     if !gpus.is_empty() && failures.len() == gpus.len() {
-        return (Err(failures.swap_remove(0)), None);
+        return (Err(failures.swap_remove(0)), None, slowest_init);
     }
-    (Ok(facts), version)
+    (Ok(facts), version, slowest_init)
+}
+
+/// For `DEVGATE_LOG=debug` and benches/nvml.sh: the NVML step's time, and how much of it
+/// the slowest child spent loading the library and in nvmlInit.
+fn log_times(started: Instant, init_us: u64) {
+    log::debug!(
+        "nvml: answered in {} us, NVML init {init_us} us (slowest child)",
+        started.elapsed().as_micros()
+    );
 }
 
 /// A GPU NVML gave no facts for: unknown, not lost.
@@ -381,14 +400,16 @@ pub(crate) mod tests {
             Ok(Answer::Gpus {
                 driver_version: Some("550.54.15".into()),
                 gpus: vec![healthy(7)],
+                init_us: 0,
             }),
             Err("NVML did not answer for this GPU in 2000 ms".into()),
             Ok(Answer::Gpus {
                 driver_version: None,
                 gpus: vec![lost],
+                init_us: 0,
             }),
         ];
-        let (facts, version) = merge(&gpus, answers);
+        let (facts, version, _) = merge(&gpus, answers);
         let facts = facts.unwrap();
         assert_eq!(version.as_deref(), Some("550.54.15"));
         // the driver's minor and address stand, whatever NVML said
@@ -430,6 +451,7 @@ pub(crate) mod tests {
             Ok(Answer::Gpus {
                 driver_version: None,
                 gpus: vec![healthy(1)],
+                init_us: 0,
             }),
         ];
         let facts = merge(&gpus, one).0.unwrap();
@@ -443,6 +465,7 @@ pub(crate) mod tests {
             Ok(Answer::Gpus {
                 driver_version: None,
                 gpus: vec![healthy(0), healthy(1)],
+                init_us: 0,
             }),
             Err("x".into()),
         ];
@@ -467,6 +490,7 @@ pub(crate) mod tests {
         let a = Answer::Gpus {
             driver_version: Some("550.54.15".into()),
             gpus: vec![healthy(2), GpuFacts::unreachable(3, LOST.into(), true)],
+            init_us: 0,
         };
         let bytes = serde_json::to_vec(&a).unwrap();
         assert_eq!(decode(&bytes).unwrap(), a);
@@ -475,6 +499,7 @@ pub(crate) mod tests {
         let many = Answer::Gpus {
             driver_version: None,
             gpus: (0..=MAX_GPUS).map(healthy).collect(),
+            init_us: 0,
         };
         assert!(decode(&serde_json::to_vec(&many).unwrap())
             .unwrap_err()
