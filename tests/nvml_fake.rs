@@ -382,6 +382,95 @@ fn a_healthy_gpu_is_never_enumerated_when_another_is_assigned() {
         .any(|c| c.func == "nvmlDeviceGetCount_v2" || c.func == "nvmlDeviceGetHandleByIndex_v2"));
 }
 
+/// A GPU whose NVML query crashes the process asking it is unknown, with that said; the
+/// other GPUs of the same container are judged on their own answers.
+#[test]
+fn a_query_process_that_crashes_is_unknown_for_its_gpu_alone() {
+    require_root!();
+    let scenario = node_with(6, json!({"crash_at": "nvmlDeviceGetRemappedRows"}));
+    let n = node_with_proc("crash", json!({}), &scenario);
+    let out = n.prestart(&spec_with_gpus(&[5, 6]), &scenario);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        n.said(&out).trim_end(),
+        format!(
+            "devgate: warning: /dev/nvidia6 (195:6): nvml unknown: nvml: GPU {} ({}): the NVML query process ended without an answer (it crashed); policy on_unknown allow",
+            uuid(6),
+            bus(6)
+        )
+    );
+}
+
+/// The query process a hook with threads execs (`devgate __nvml-query LIB FD=JOB…`): it
+/// answers each job on the descriptor it names and ends at once, leaving a child stuck on a
+/// hanging GPU behind.
+#[test]
+fn the_query_process_answers_each_gpu_on_its_own_pipe_and_leaves() {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let dir = tempdir("query-process");
+    let pids = dir.join("hung-pids");
+    let scenario = with_pid_log(node_with(3, fault::hangs(600_000)), &pids);
+    let fake = write_scenario(&dir, "scenario", &scenario);
+    let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
+    let (r0, w0): (OwnedFd, OwnedFd) = nix::unistd::pipe2(cloexec).unwrap();
+    let (r3, w3): (OwnedFd, OwnedFd) = nix::unistd::pipe2(cloexec).unwrap();
+    let (w0_fd, w3_fd) = (w0.as_raw_fd(), w3.as_raw_fd());
+    let mut cmd = Command::new(devgate_bin());
+    cmd.arg("__nvml-query")
+        .arg(fake_nvml::lib())
+        .arg(format!("20=0@{}", bus_id(0)))
+        .arg(format!("21=3@{}", bus_id(3)))
+        .env("FAKE_NVML_CONFIG", &fake)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: only dup2 between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(w0_fd, 20) < 0 || libc::dup2(w3_fd, 21) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let status = cmd.status().unwrap();
+    drop((w0, w3));
+    // it forked and ended; it never waited for its children
+    assert!(status.success(), "{status:?}");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut fs::File::from(r0), &mut answer).unwrap();
+    let a: Value = serde_json::from_str(&answer).unwrap();
+    let g = &a["gpus"]["gpus"][0];
+    assert_eq!(g["minor"]["value"], 0, "{a}");
+    assert_eq!(g["uuid"]["value"], uuid(0), "{a}");
+    assert_eq!(g["recovery_action"]["value"], 0, "{a}");
+    // GPU 3's child is stuck in NVML and still holds its pipe open
+    wait_for("GPU 3's child to hang", || {
+        !Hung::read(&pids).pids.is_empty()
+    });
+    let hung = Hung::read(&pids);
+    assert!(
+        hung.pids
+            .iter()
+            .all(|(b, p)| *b == bus(3) && Hung::alive(*p)),
+        "{:?}",
+        hung.pids
+    );
+    let mut fds = [libc::pollfd {
+        fd: r3.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one live pollfd; a zero timeout only looks.
+    assert_eq!(
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) },
+        0,
+        "GPU 3's pipe ended"
+    );
+    drop(hung);
+}
+
 /// NVML's recovery action and drain state decide, and say when an XID stops counting.
 #[test]
 fn recovery_action_and_drain_state_decide_and_clear_old_xids() {

@@ -28,6 +28,7 @@
 //!   nvmlDeviceGetMinorNumber, nvmlDeviceGetUUID and nvmlDeviceGetPciInfo_v3 included;
 //! - `missing: true`: NVML does not count it; indices run over the GPUs it does count, and
 //!   lookups by PCI bus id or UUID answer NVML_ERROR_NOT_FOUND;
+//! - a GPU's own `crash_at`, a function name: that query aborts the calling process;
 //! - a GPU's own `hang_ms`, by function name, `attach`, or `*` for every call that touches
 //!   that GPU (attach included): those calls sleep that long, other GPUs answer. The
 //!   top-level `hang_ms` delays a function for every GPU, as before.
@@ -285,6 +286,10 @@ fn gpu(h: Handle, func: &str, identity: bool) -> Result<Value, Ret> {
     let pos = (h as usize).checked_sub(1).ok_or(INVALID_ARGUMENT)?;
     let g = cfg["gpus"].get(pos).cloned().ok_or(INVALID_ARGUMENT)?;
     log_call(&cfg, func, &canonical(&g));
+    if g["crash_at"].as_str() == Some(func) {
+        // a library that crashes the process calling it, as a driver bug can
+        std::process::abort();
+    }
     hang(&cfg, func);
     hang_gpu(&cfg, &g, func);
     if g["not_supported"]
