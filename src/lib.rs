@@ -48,5 +48,5 @@ pub const NVML_QUERY_ARG: &str = probe::nvidia::nvml::isolate::QUERY_ARG;
 /// The NVML query process: forks one child per GPU and ends. Never returns.
 #[doc(hidden)]
 pub fn serve_nvml_query(args: &[std::ffi::OsString]) -> ! {
-    probe::nvidia::nvml::isolate::serve(args)
+    probe::nvidia::nvml::child::serve(args)
 }

@@ -331,6 +331,36 @@ fn a_gpu_hanging_in_nvml_makes_only_its_own_containers_unknown() {
         "{:?}",
         hung.pids
     );
+    // While that process is stuck, GPU 3 is not asked again: unknown at once, saying why,
+    // and no second process is left hanging on it.
+    let out = n.prestart(&spec_with_gpus(&[3]), &scenario);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(
+        said.contains(&format!(
+            "nvml unknown: nvml: GPU {} ({}): an NVML query on this GPU has been stuck for ",
+            uuid(3),
+            bus(3)
+        )) && said.contains(&format!(
+            "(pid {}); not asked again until it ends; policy on_unknown reject",
+            on3[0]
+        )),
+        "{said}"
+    );
+    assert_eq!(Hung::read(&pids).pids.len(), hung.pids.len());
+    // once it has ended, GPU 3 is asked again (and hangs again)
+    drop(hung);
+    wait_for("the stuck process to end", || {
+        on3.iter().all(|p| !Hung::alive(*p))
+    });
+    let out = n.prestart(&spec_with_gpus(&[3]), &scenario);
+    assert!(
+        n.said(&out)
+            .contains("NVML did not answer for this GPU in 500 ms"),
+        "{}",
+        text(&out)
+    );
+    let _again = Hung::read(&pids);
 }
 
 /// A container's GPU is found by its PCI address from the driver's list: NVML never counts

@@ -44,7 +44,9 @@ impl GpuContext {
             .filter(|(_, p)| minors.contains(&p.minor))
             .cloned()
             .collect();
-        let nvml = nvml::NvmlAnswer::for_gpus(&config.nvml_library, timeout(config), &wanted);
+        let stuck = nvml::stuck::Stuck::new(&config.state_dir);
+        let nvml =
+            nvml::NvmlAnswer::for_gpus(&config.nvml_library, timeout(config), &wanted, &stuck);
         GpuContext::with(config, nvml)
     }
 

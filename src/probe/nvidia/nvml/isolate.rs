@@ -16,28 +16,23 @@
 //! one process-wide lock, so a thread stuck inside NVML for one GPU stalls every other
 //! thread's NVML call in that process. Only separate processes keep GPUs apart.
 //!
-//! A child still stuck long after the hook left ends itself ([`ABANDON_AFTER_S`]): the
-//! alarm kills it when its driver call returns, or at once if the call can be interrupted.
+//! A child still stuck long after the hook left ends itself (see [`super::child`]).
 
-use super::query;
+use super::child::{run_child, write_answer};
 use super::GpuFacts;
 use serde::{Deserialize, Serialize};
-use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// `devgate __nvml-query LIBRARY FD=JOB…`: the query process. Not a command: main.rs hands
-/// it to [`serve`] before anything else runs.
+/// it to [`super::child::serve`] before anything else runs.
 pub const QUERY_ARG: &str = "__nvml-query";
 
 /// The most one child may write: an answer is a few hundred bytes per GPU.
 pub const MAX_ANSWER: usize = 1 << 20;
-
-/// A query child still running this long after it started ends itself.
-const ABANDON_AFTER_S: u32 = 600;
 
 /// What one query child is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +51,7 @@ impl Job {
         }
     }
 
-    fn parse(s: &str) -> Option<Job> {
+    pub(super) fn parse(s: &str) -> Option<Job> {
         if s == "every" {
             return Some(Job::Every);
         }
@@ -104,9 +99,16 @@ pub fn decode(bytes: &[u8]) -> Result<Answer, String> {
     Ok(a)
 }
 
+/// What one job came back with.
+pub struct Asked {
+    pub answer: Result<Answer, String>,
+    /// The child that had not answered by the deadline, where the hook forked it itself.
+    pub stuck: Option<i32>,
+}
+
 /// Asks every job in a process of its own and waits for the answers at most `timeout`.
 /// The answers come back in the jobs' order; a job with none by then says why.
-pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Result<Answer, String>> {
+pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Asked> {
     let deadline = Instant::now() + timeout;
     let mut pipes = Vec::with_capacity(jobs.len());
     for _ in jobs {
@@ -128,38 +130,51 @@ pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Result<Answer
         Err(e) => return fail_all(jobs, &e),
     };
     let got = collect(&reads, deadline);
-    started.reap();
+    let pids = started.reap();
     let ms = timeout.as_millis();
     got.into_iter()
         .zip(jobs)
-        .map(|(r, job)| match (r, job) {
-            (Some(bytes), _) => decode(&bytes),
-            (None, Job::Gpu { .. }) => Err(format!("NVML did not answer for this GPU in {ms} ms")),
-            (None, Job::Every) => Err(format!("NVML did not answer in {ms} ms")),
+        .enumerate()
+        .map(|(i, (r, job))| {
+            let stuck = match &r {
+                None => pids.get(i).copied().flatten(),
+                Some(_) => None,
+            };
+            let answer = match (r, job) {
+                (Some(bytes), _) => decode(&bytes),
+                (None, Job::Gpu { .. }) => {
+                    Err(format!("NVML did not answer for this GPU in {ms} ms"))
+                }
+                (None, Job::Every) => Err(format!("NVML did not answer in {ms} ms")),
+            };
+            Asked { answer, stuck }
         })
         .collect()
 }
 
 /// The processes `ask` started.
 enum Started {
-    /// One child per job, forked by the hook itself.
-    Forked(Vec<nix::unistd::Pid>),
+    /// One child per job, forked by the hook itself (None where the fork failed).
+    Forked(Vec<Option<nix::unistd::Pid>>),
     /// The query process, which forked them.
     Exec(std::process::Child),
 }
 
 impl Started {
-    /// Collects the processes that have ended; never waits for one that has not.
-    fn reap(self) {
+    /// Collects the processes that have ended; never waits for one that has not. Returns
+    /// the forked children's pids by job.
+    fn reap(self) -> Vec<Option<i32>> {
         use nix::sys::wait::{waitpid, WaitPidFlag};
         match self {
             Started::Forked(pids) => {
-                for p in pids {
-                    let _ = waitpid(p, Some(WaitPidFlag::WNOHANG));
+                for p in pids.iter().flatten() {
+                    let _ = waitpid(*p, Some(WaitPidFlag::WNOHANG));
                 }
+                pids.iter().map(|p| p.map(|p| p.as_raw())).collect()
             }
             Started::Exec(mut c) => {
                 let _ = c.try_wait();
+                Vec::new()
             }
         }
     }
@@ -173,7 +188,7 @@ fn single_threaded() -> bool {
 
 /// Forks one child per job from this (single-threaded) process. A job whose fork fails
 /// gets that as its answer.
-fn fork_each(library: &Path, writes: &[RawFd], jobs: &[Job]) -> Vec<nix::unistd::Pid> {
+fn fork_each(library: &Path, writes: &[RawFd], jobs: &[Job]) -> Vec<Option<nix::unistd::Pid>> {
     let library = library.as_os_str().to_owned();
     let mut pids = Vec::with_capacity(jobs.len());
     for (fd, job) in writes.iter().zip(jobs) {
@@ -181,14 +196,17 @@ fn fork_each(library: &Path, writes: &[RawFd], jobs: &[Job]) -> Vec<nix::unistd:
         // run_child, which never returns.
         match unsafe { nix::unistd::fork() } {
             Ok(nix::unistd::ForkResult::Child) => run_child(&library, *fd, job),
-            Ok(nix::unistd::ForkResult::Parent { child }) => pids.push(child),
-            Err(e) => write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}"))),
+            Ok(nix::unistd::ForkResult::Parent { child }) => pids.push(Some(child)),
+            Err(e) => {
+                write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}")));
+                pids.push(None);
+            }
         }
     }
     pids
 }
 
-/// Starts the query process ([`serve`]), which forks the children: for a hook that may
+/// Starts the query process ([`super::child::serve`]), which forks the children: for a hook that may
 /// have other threads.
 fn exec_query_process(
     library: &Path,
@@ -222,8 +240,13 @@ fn exec_query_process(
         .map_err(|e| format!("cannot start the NVML query process: {e}"))
 }
 
-fn fail_all(jobs: &[Job], why: &str) -> Vec<Result<Answer, String>> {
-    jobs.iter().map(|_| Err(why.to_string())).collect()
+fn fail_all(jobs: &[Job], why: &str) -> Vec<Asked> {
+    jobs.iter()
+        .map(|_| Asked {
+            answer: Err(why.to_string()),
+            stuck: None,
+        })
+        .collect()
 }
 
 /// Reads every pipe until each has ended or the deadline passed: `Some(bytes)` for a pipe
@@ -282,136 +305,6 @@ fn drain(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(nix::errno::Errno::EAGAIN) => return false,
             Err(_) => return true,
-        }
-    }
-}
-
-/// The query process: `args` are what follows [`QUERY_ARG`]. Forks one child per job and
-/// ends without waiting for them. Never returns.
-pub fn serve(args: &[OsString]) -> ! {
-    let parsed = parse_args(args);
-    let Some((library, jobs)) = parsed else {
-        // SAFETY: ends the process at once.
-        unsafe { libc::_exit(2) }
-    };
-    for (fd, job) in &jobs {
-        // SAFETY: this process is single-threaded (main.rs calls serve first thing), so the
-        // child may run anything; it ends with _exit.
-        match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => run_child(&library, *fd, job),
-            Ok(nix::unistd::ForkResult::Parent { .. }) => {}
-            Err(e) => write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}"))),
-        }
-        // SAFETY: the fd is this process's copy of the job's pipe, used by nothing else.
-        drop(unsafe { OwnedFd::from_raw_fd(*fd) });
-    }
-    // SAFETY: ends the process at once; nothing to flush.
-    unsafe { libc::_exit(0) }
-}
-
-fn parse_args(args: &[OsString]) -> Option<(OsString, Vec<(RawFd, Job)>)> {
-    let (library, rest) = args.split_first()?;
-    let mut jobs = Vec::new();
-    for a in rest {
-        let s = a.to_str()?;
-        let (fd, job) = s.split_once('=')?;
-        let fd: RawFd = fd.parse().ok().filter(|fd| *fd > 2)?;
-        jobs.push((fd, Job::parse(job)?));
-    }
-    Some((library.clone(), jobs))
-}
-
-/// One job, in its own process: keeps only its own pipe, puts stdio on /dev/null, asks
-/// NVML, answers, `_exit`s. Never returns, not even by a panic: a child forked from the
-/// hook must never run on into the hook's code.
-fn run_child(library: &OsString, fd: RawFd, job: &Job) -> ! {
-    close_others(fd);
-    stdio_to_null();
-    // SAFETY: alarm only arms a timer; its default action ends this process.
-    unsafe { libc::alarm(ABANDON_AFTER_S) };
-    let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(library, job)))
-        .unwrap_or_else(|_| Answer::Failed("the NVML query panicked".into()));
-    write_answer(fd, &answer);
-    // SAFETY: ends the process at once, without the library's destructors.
-    unsafe { libc::_exit(0) }
-}
-
-fn answer(library: &OsString, job: &Job) -> Answer {
-    let started = Instant::now();
-    let nvml = match query::open(library) {
-        Ok(n) => n,
-        Err(e) => return Answer::Failed(e),
-    };
-    let init_us = started.elapsed().as_micros() as u64;
-    let driver_version = nvml.sys_driver_version().ok();
-    let gpus = match job {
-        Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(&nvml, bus_id, *index)]),
-        Job::Every => query::every_gpu(&nvml),
-    };
-    // No nvmlShutdown: a lost GPU can hang it, and the process ends now anyway.
-    std::mem::forget(nvml);
-    match gpus {
-        Ok(gpus) => Answer::Gpus {
-            driver_version,
-            gpus,
-            init_us,
-        },
-        Err(e) => Answer::Failed(e),
-    }
-}
-
-/// stdin, stdout and stderr on /dev/null: a child forked from the hook must not hold the
-/// runtime's pipes, which runc waits on.
-fn stdio_to_null() {
-    // SAFETY: open and dup2 on descriptors this process owns; nothing else uses them.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if null < 0 {
-            for fd in 0..3 {
-                libc::close(fd);
-            }
-            return;
-        }
-        for fd in 0..3 {
-            if null != fd {
-                libc::dup2(null, fd);
-            }
-        }
-        if null > 2 {
-            libc::close(null);
-        }
-    }
-}
-
-fn write_answer(fd: RawFd, answer: &Answer) {
-    use std::io::Write;
-    let Ok(bytes) = serde_json::to_vec(answer) else {
-        return;
-    };
-    // SAFETY: `fd` is this process's copy of its pipe; ManuallyDrop leaves closing to the
-    // caller (the process's end, or serve's drop).
-    let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
-    // The hook's end is non-blocking, this one is not; a hook that left makes this EPIPE.
-    let _ = f.write_all(&bytes);
-}
-
-/// Closes every descriptor but stdio and `keep`: the child must not hold the pipes of the
-/// other GPUs (their ends would not close with their children) nor anything the runtime
-/// passed the hook.
-fn close_others(keep: RawFd) {
-    let keep = keep as libc::c_uint;
-    // SAFETY: close_range only closes descriptors; none of them is used after this.
-    let ok = unsafe {
-        (keep == 3 || libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32) == 0)
-            && libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32) == 0
-    };
-    if !ok {
-        // kernels before 5.9: the descriptors a hook can have
-        for fd in 3..1024 {
-            if fd != keep as RawFd {
-                // SAFETY: as above.
-                unsafe { libc::close(fd) };
-            }
         }
     }
 }

@@ -9,8 +9,10 @@
 //! [`NvmlAnswer`]; judging it ([`super::gpu::checks`]) is pure and is where every threshold
 //! lives.
 
+pub(crate) mod child;
 pub(crate) mod isolate;
 pub(crate) mod query;
+pub(crate) mod stuck;
 
 use super::pci::PciAddr;
 use super::procfs::ProcGpu;
@@ -201,21 +203,39 @@ pub struct NvmlAnswer {
 impl NvmlAnswer {
     /// Asks NVML about `gpus` (the driver's entries with their index in its list), each in
     /// its own process, within `timeout`; a GPU that does not answer by then is unknown
-    /// on its own. The driver's minor, address and UUID stand whatever NVML answers.
-    pub fn for_gpus(library: &Path, timeout: Duration, gpus: &[(u32, ProcGpu)]) -> NvmlAnswer {
+    /// on its own. The driver's minor, address and UUID stand whatever NVML answers. A GPU
+    /// with a query still stuck from an earlier call (`stuck`) is not asked again.
+    pub fn for_gpus(
+        library: &Path,
+        timeout: Duration,
+        gpus: &[(u32, ProcGpu)],
+        stuck: &stuck::Stuck,
+    ) -> NvmlAnswer {
         let started = Instant::now();
-        let jobs: Vec<isolate::Job> = gpus
+        let mut answers: Vec<Option<Result<isolate::Answer, String>>> = gpus
             .iter()
-            .map(|(index, p)| isolate::Job::Gpu {
-                bus_id: p.nvml_bus_id(),
-                index: *index,
+            .map(|(_, p)| stuck.still_stuck(&p.pci).map(Err))
+            .collect();
+        let ask: Vec<usize> = (0..gpus.len()).filter(|&i| answers[i].is_none()).collect();
+        let jobs: Vec<isolate::Job> = ask
+            .iter()
+            .map(|&i| isolate::Job::Gpu {
+                bus_id: gpus[i].1.nvml_bus_id(),
+                index: gpus[i].0,
             })
             .collect();
-        let answers = if jobs.is_empty() {
-            Vec::new()
-        } else {
-            isolate::ask(library, timeout, &jobs)
-        };
+        if !jobs.is_empty() {
+            for (&i, asked) in ask.iter().zip(isolate::ask(library, timeout, &jobs)) {
+                if let Some(pid) = asked.stuck {
+                    stuck.record(&gpus[i].1.pci, pid);
+                }
+                answers[i] = Some(asked.answer);
+            }
+        }
+        let answers: Vec<Result<isolate::Answer, String>> = answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err("not asked".into())))
+            .collect();
         let (facts, driver_version, init_us) = merge(gpus, answers);
         if !gpus.is_empty() {
             log_times(started, init_us);
@@ -234,7 +254,7 @@ impl NvmlAnswer {
         let started = Instant::now();
         let answer = isolate::ask(library, timeout, &[isolate::Job::Every])
             .pop()
-            .unwrap_or_else(|| Err("no answer".into()));
+            .map_or_else(|| Err("no answer".into()), |a| a.answer);
         let (gpus, driver_version) = match answer {
             Ok(isolate::Answer::Gpus {
                 driver_version,
