@@ -410,6 +410,17 @@ fn a_healthy_gpu_is_never_enumerated_when_another_is_assigned() {
     assert!(!calls(&log)
         .iter()
         .any(|c| c.func == "nvmlDeviceGetCount_v2" || c.func == "nvmlDeviceGetHandleByIndex_v2"));
+    // an index is the position in PCI address order: GPU 0 is the one at bus 0x19
+    let _ = fs::remove_file(&log);
+    let mut spec = spec_with_gpus(&[]);
+    spec["process"]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!("NVIDIA_VISIBLE_DEVICES=0"));
+    let out = n.prestart(&spec, &with_call_log(healthy_node(), &log));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(BUSES[6], 0x19);
+    assert_eq!(buses_touched(&log), vec![bus(6)], "{:?}", calls(&log));
 }
 
 /// A GPU whose NVML query crashes the process asking it is unknown, with that said; the
