@@ -12,8 +12,8 @@ use std::time::Instant;
 /// when its driver call returns, or at once if the call can be interrupted.
 const ABANDON_AFTER_S: u32 = 600;
 
-/// The query process: `args` are what follows [`super::isolate::QUERY_ARG`]. Forks one child per job and
-/// ends without waiting for them. Never returns.
+/// The query process: `args` are what follows [`super::isolate::QUERY_ARG`]. Forks one
+/// child per job and ends without waiting for them. Never returns.
 pub fn serve(args: &[OsString]) -> ! {
     let parsed = parse_args(args);
     let Some((library, jobs)) = parsed else {

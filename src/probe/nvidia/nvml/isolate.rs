@@ -206,8 +206,8 @@ fn fork_each(library: &Path, writes: &[RawFd], jobs: &[Job]) -> Vec<Option<nix::
     pids
 }
 
-/// Starts the query process ([`super::child::serve`]), which forks the children: for a hook that may
-/// have other threads.
+/// Starts the query process ([`super::child::serve`]), which forks the children: for a hook
+/// that may have other threads.
 fn exec_query_process(
     library: &Path,
     writes: &[RawFd],
