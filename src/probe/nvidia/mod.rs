@@ -45,25 +45,31 @@ impl GpuContext {
             .cloned()
             .collect();
         let stuck = nvml::stuck::Stuck::new(&config.state_dir);
-        let nvml =
-            nvml::NvmlAnswer::for_gpus(&config.nvml_library, timeout(config), &wanted, &stuck);
-        GpuContext::with(config, nvml)
+        // The kernel log is read while the NVML children run.
+        let mut log = None;
+        let nvml = nvml::NvmlAnswer::for_gpus(
+            &config.nvml_library,
+            timeout(config),
+            &wanted,
+            &stuck,
+            || log = Some(read_log(config)),
+        );
+        GpuContext::with(config, nvml, log)
     }
 
     /// Every GPU NVML counts, in one process: for a node whose driver list is unreadable.
     pub fn enumerated(config: &Config) -> GpuContext {
-        let nvml = nvml::NvmlAnswer::enumerate(&config.nvml_library, timeout(config));
-        GpuContext::with(config, nvml)
+        let mut log = None;
+        let nvml = nvml::NvmlAnswer::enumerate(&config.nvml_library, timeout(config), || {
+            log = Some(read_log(config))
+        });
+        GpuContext::with(config, nvml, log)
     }
 
-    fn with(config: &Config, nvml: nvml::NvmlAnswer) -> GpuContext {
-        let limits = kmsg::ReadLimits {
-            deadline: timeout(config),
-            ..kmsg::ReadLimits::default()
-        };
+    fn with(config: &Config, nvml: nvml::NvmlAnswer, log: Option<Kmsg>) -> GpuContext {
         GpuContext {
             nvml,
-            kmsg: kmsg::read_kmsg(&config.kmsg_path, limits),
+            kmsg: log.unwrap_or_else(|| read_log(config)),
             // validated when the config was loaded
             xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
             limits: gpu::Limits {
@@ -93,6 +99,17 @@ impl GpuContext {
         }
         Some(scan.last_seq.map_or(0, |s| s + 1))
     }
+}
+
+type Kmsg = std::result::Result<kmsg::KmsgScan, String>;
+
+/// The kernel log, bounded by `probe_timeout_ms`.
+fn read_log(config: &Config) -> Kmsg {
+    let limits = kmsg::ReadLimits {
+        deadline: timeout(config),
+        ..kmsg::ReadLimits::default()
+    };
+    kmsg::read_kmsg(&config.kmsg_path, limits)
 }
 
 fn timeout(config: &Config) -> Duration {

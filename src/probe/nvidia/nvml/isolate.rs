@@ -106,15 +106,24 @@ pub struct Asked {
     pub stuck: Option<i32>,
 }
 
-/// Asks every job in a process of its own and waits for the answers at most `timeout`.
-/// The answers come back in the jobs' order; a job with none by then says why.
-pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Asked> {
+/// Asks every job in a process of its own and waits for the answers at most `timeout`,
+/// running `meanwhile` (work that needs no NVML, such as reading the kernel log) while the
+/// children run. The answers come back in the jobs' order; a job with none by then says why.
+pub fn ask(
+    library: &Path,
+    timeout: Duration,
+    jobs: &[Job],
+    meanwhile: impl FnOnce(),
+) -> Vec<Asked> {
     let deadline = Instant::now() + timeout;
     let mut pipes = Vec::with_capacity(jobs.len());
     for _ in jobs {
         match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK) {
             Ok(p) => pipes.push(p),
-            Err(e) => return fail_all(jobs, &format!("cannot make a pipe: {e}")),
+            Err(e) => {
+                meanwhile();
+                return fail_all(jobs, &format!("cannot make a pipe: {e}"));
+            }
         }
     }
     let writes: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
@@ -125,6 +134,7 @@ pub fn ask(library: &Path, timeout: Duration, jobs: &[Job]) -> Vec<Asked> {
     };
     // The hook's write ends close now, so that a pipe ends when its child does.
     let reads: Vec<OwnedFd> = pipes.into_iter().map(|(r, _)| r).collect();
+    meanwhile();
     let started = match started {
         Ok(s) => s,
         Err(e) => return fail_all(jobs, &e),

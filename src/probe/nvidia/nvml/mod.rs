@@ -205,11 +205,13 @@ impl NvmlAnswer {
     /// its own process, within `timeout`; a GPU that does not answer by then is unknown
     /// on its own. The driver's minor, address and UUID stand whatever NVML answers. A GPU
     /// with a query still stuck from an earlier call (`stuck`) is not asked again.
+    /// `meanwhile` runs while the children do.
     pub fn for_gpus(
         library: &Path,
         timeout: Duration,
         gpus: &[(u32, ProcGpu)],
         stuck: &stuck::Stuck,
+        meanwhile: impl FnOnce(),
     ) -> NvmlAnswer {
         let started = Instant::now();
         let mut answers: Vec<Option<Result<isolate::Answer, String>>> = gpus
@@ -224,8 +226,11 @@ impl NvmlAnswer {
                 index: gpus[i].0,
             })
             .collect();
-        if !jobs.is_empty() {
-            for (&i, asked) in ask.iter().zip(isolate::ask(library, timeout, &jobs)) {
+        if jobs.is_empty() {
+            meanwhile();
+        } else {
+            let asked = isolate::ask(library, timeout, &jobs, meanwhile);
+            for (&i, asked) in ask.iter().zip(asked) {
                 if let Some(pid) = asked.stuck {
                     stuck.record(&gpus[i].1.pci, pid);
                 }
@@ -249,10 +254,10 @@ impl NvmlAnswer {
     }
 
     /// Every GPU NVML counts, read in one process within `timeout`: for a node whose
-    /// driver list cannot be read.
-    pub fn enumerate(library: &Path, timeout: Duration) -> NvmlAnswer {
+    /// driver list cannot be read. `meanwhile` runs while the child does.
+    pub fn enumerate(library: &Path, timeout: Duration, meanwhile: impl FnOnce()) -> NvmlAnswer {
         let started = Instant::now();
-        let answer = isolate::ask(library, timeout, &[isolate::Job::Every])
+        let answer = isolate::ask(library, timeout, &[isolate::Job::Every], meanwhile)
             .pop()
             .map_or_else(|| Err("no answer".into()), |a| a.answer);
         let (gpus, driver_version) = match answer {
