@@ -12,9 +12,12 @@
 //! on their own answers. A child is reaped only once it has answered; one still stuck is
 //! left to whoever inherits it (the runtime's reaper, or init).
 //!
-//! One process per GPU, not a thread per GPU: libnvidia-ml serialises many calls behind
-//! one process-wide lock, so a thread stuck inside NVML for one GPU stalls every other
-//! thread's NVML call in that process. Only separate processes keep GPUs apart.
+//! One process per GPU, not a thread per GPU: NVML promises thread safety, not that threads
+//! are independent. A thread stuck inside NVML for one GPU can hold the library's own locks
+//! (its per-process state, the attach of GPUs), and every other thread's call that needs
+//! them waits too; a thread cannot be abandoned without leaving them held. Separate
+//! processes share no user-space lock; only a lock inside the kernel driver could still
+//! join them, and then no design in user space keeps the GPUs apart.
 //!
 //! A child still stuck long after the hook left ends itself (see [`super::child`]).
 
