@@ -208,6 +208,19 @@ pub fn gpu_selector_values(data: &[u8]) {
     }
 }
 
+/// What an NVML query process writes on its pipe: refused with a reason, or read into an
+/// answer that writes back out the same.
+pub fn nvml_answer(data: &[u8]) {
+    use crate::probe::nvidia::nvml::isolate::{decode, Answer};
+    if let Ok(a) = decode(data) {
+        if let Answer::Gpus { gpus, .. } = &a {
+            assert!(gpus.len() <= 256);
+        }
+        let again = serde_json::to_vec(&a).expect("an answer serialises");
+        assert_eq!(decode(&again).expect("re-encoded answer decodes"), a);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     type Target = fn(&[u8]);
@@ -216,7 +229,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 13] = [
+        let targets: [(&str, Target); 14] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -230,6 +243,7 @@ mod tests {
             ("gpu_selector_values", super::gpu_selector_values),
             ("gpu_at", super::gpu_at),
             ("kmsg_cache", super::kmsg_cache),
+            ("nvml_answer", super::nvml_answer),
         ];
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
         for (name, run) in targets {

@@ -39,3 +39,14 @@ pub mod cli;
 pub mod fuzzing;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The hidden first argument that makes devgate the NVML query process; main.rs checks it
+/// before anything else runs (see `probe::nvidia::nvml::isolate`).
+#[doc(hidden)]
+pub const NVML_QUERY_ARG: &str = probe::nvidia::nvml::isolate::QUERY_ARG;
+
+/// The NVML query process: forks one child per GPU and ends. Never returns.
+#[doc(hidden)]
+pub fn serve_nvml_query(args: &[std::ffi::OsString]) -> ! {
+    probe::nvidia::nvml::child::serve(args)
+}

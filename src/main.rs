@@ -26,6 +26,12 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
             }
         }
     }
+    // The NVML query process (probe::nvidia::nvml::isolate) forks one child per GPU, so it
+    // runs before anything could start a thread.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(std::ffi::OsStr::new(devgate::NVML_QUERY_ARG)) {
+        devgate::serve_nvml_query(&args.collect::<Vec<_>>());
+    }
     devgate::cli::init_logging();
     devgate::cli::set_panic_hook();
     // As lang_start does: a panic that reaches main ends the process with 101 after the

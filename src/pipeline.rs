@@ -79,25 +79,43 @@ fn assigned(
     if !config.env_selectors() {
         selectors.retain(|(_, source)| *source != Source::NvidiaVisibleDevices);
     }
-    let ctx =
-        (!selectors.is_empty() || nvidia::has_gpu(&devices)).then(|| GpuContext::gather(config));
-    if let Some(g) = &ctx {
-        if nvidia::no_nvidia_node(config, &g.nvml) {
-            selectors.clear();
-        }
-    }
+    let mut ctx = None;
     let mut warnings = Vec::new();
-    if let Some(g) = &ctx {
+    if !selectors.is_empty() || nvidia::has_gpu(&devices) {
+        // Selectors are resolved by the driver's list without NVML; only where that list
+        // cannot be read does NVML enumerate, and then its answer serves the probes too.
+        let driver = nvidia::driver_gpus(config);
+        let known = if driver.is_empty() {
+            let g = GpuContext::enumerated(config);
+            if nvidia::no_nvidia_node(config, &g.nvml) {
+                selectors.clear();
+            }
+            let k = nvidia::gpu::KnownGpus::from_answer(&g.nvml);
+            ctx = Some(g);
+            k
+        } else {
+            nvidia::gpu::KnownGpus::from_driver(&driver)
+        };
         let nodes = gpu::gpu_minor_nodes(&config.dev_root);
-        // UUIDs NVML cannot answer (a lost GPU) are placed by the driver's `GPU at` lines.
-        let gpu_at = g.kmsg.as_ref().map(|s| s.gpu_at.as_slice()).unwrap_or(&[]);
-        let placed = nvidia::gpu_at::place_uuid_selectors(
-            std::mem::take(&mut selectors),
-            &g.nvml,
-            gpu_at,
-            &g.proc_gpus,
-        );
-        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&placed.rest, &g.nvml, &nodes);
+        let placed = match &ctx {
+            // Only NVML's enumeration to go by (the driver's list, which names every GPU's
+            // UUID, is unreadable): UUIDs NVML cannot answer (a lost GPU) are placed by the
+            // driver's `GPU at` lines in the kernel log.
+            Some(g) => {
+                let gpu_at = g.kmsg.as_ref().map(|s| s.gpu_at.as_slice()).unwrap_or(&[]);
+                nvidia::gpu_at::place_uuid_selectors(
+                    std::mem::take(&mut selectors),
+                    &g.nvml,
+                    gpu_at,
+                    &g.proc_gpus,
+                )
+            }
+            None => nvidia::gpu_at::Placed {
+                minors: Vec::new(),
+                rest: std::mem::take(&mut selectors),
+            },
+        };
+        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&placed.rest, &known, &nodes);
         for (minor, source) in placed.minors.into_iter().chain(chosen) {
             let d = gpu::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
             if !devices.iter().any(|e| e.num == d.num) {
@@ -108,6 +126,10 @@ fn assigned(
             .iter()
             .map(|u| one_line(&format!("devgate: warning: {u}")))
             .collect();
+        if ctx.is_none() {
+            let minors = nvidia::gpu_minors(&devices);
+            ctx = Some(GpuContext::for_minors(config, &driver, &minors));
+        }
     }
     Ok((devices, ctx, warnings))
 }

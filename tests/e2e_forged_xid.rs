@@ -150,7 +150,10 @@ fn run_gpu_container(tag: &str, kmsg: &Path) -> (Env, Bundle, Output) {
     let mut cfg = node.config();
     cfg["kmsg_path"] = json!(kmsg);
     let env = Env::with(tag, cfg);
-    let scenario = write_scenario(&node.dir, "node", &healthy_node());
+    // A driver without NVML's recovery action field, so that the kernel log alone decides:
+    // where the field says NONE, an old XID only warns (docs/gpus.md).
+    let old_driver = node_with(1, json!({"not_supported": ["nvmlDeviceGetFieldValues"]}));
+    let scenario = write_scenario(&node.dir, "node", &old_driver);
     let mut b = Bundle::new(
         tag,
         &["sh", "-c", "test -c /dev/nvidia1 && echo ran > /out/ran"],

@@ -10,11 +10,20 @@ use serde_json::json;
 use std::fs;
 
 fn gpu_bundle(env: &Env, tag: &str, fake_config: &std::path::Path) -> Bundle {
+    gpu_bundle_on(env, tag, fake_config, 1)
+}
+
+fn gpu_bundle_on(env: &Env, tag: &str, fake_config: &std::path::Path, minor: u32) -> Bundle {
+    let node = format!("/dev/nvidia{minor}");
     let mut b = Bundle::new(
         tag,
-        &["sh", "-c", "test -c /dev/nvidia1 && echo ran > /out/ran"],
+        &[
+            "sh",
+            "-c",
+            &format!("test -c {node} && echo ran > /out/ran"),
+        ],
     );
-    b.add_device("/dev/nvidia1", "c", 195, 1);
+    b.add_device(&node, "c", 195, minor);
     b.add_hooks(env, &["prestart", "poststop"]);
     // runc gives a hook only the environment its entry names; the fake reads its GPUs
     // from this file.
@@ -130,4 +139,69 @@ fn runc_starts_an_all_gpus_container_with_a_warning_for_the_bad_gpu() {
             && line.contains("selected only by all: warns, never rejects"),
         "{line}"
     );
+}
+
+/// GPU 3 hangs inside NVML. With `on_unknown: reject`, runc starts a container on GPU 0
+/// (GPU 0 is decided on its own facts) and refuses one on GPU 3 as unknown; runc returns
+/// although the process devgate left on GPU 3 is still stuck in NVML: it holds none of the
+/// hook's stdio, which runc waits on.
+#[test]
+fn runc_starts_gpu_0_while_gpu_3_hangs_in_nvml() {
+    require_root!();
+    let node = GpuNode::new("e2e-nvml-hang");
+    let (dir, dev_root) = (&node.dir, &node.dev_root);
+    let mut cfg = node.config();
+    cfg["proc_root"] = json!(dir);
+    cfg["probe_timeout_ms"] = json!(1000);
+    cfg["policy"] = json!({"on_unknown": "reject"});
+    let env = Env::with("e2e-nvml-hang", cfg);
+    let pids = dir.join("hung-pids");
+    let scenario = with_pid_log(node_with(3, fault::hangs(600_000)), &pids);
+    write_proc_gpus(dir, &scenario);
+    let hangs = write_scenario(dir, "hang3", &scenario);
+
+    let b = gpu_bundle_on(&env, "nvml-hang-0", &hangs, 0);
+    let out = runtime_run("runc", &b, &unique_id("hang0"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+    assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
+
+    let b = gpu_bundle_on(&env, "nvml-hang-3", &hangs, 3);
+    let out = runtime_run("runc", &b, &unique_id("hang3"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    let reason = format!(
+        "devgate: rejected /dev/nvidia3 (host {}/nvidia3, 195:3): nvml unknown: nvml: GPU {} ({}): NVML did not answer for this GPU in 1000 ms; policy on_unknown reject",
+        dev_root.display(),
+        uuid(3),
+        bus(3)
+    );
+    assert!(all.contains(&reason), "{all}");
+    assert!(!b.marker().exists(), "the container ran although rejected");
+
+    // runc has returned; the process stuck on GPU 3 is still there, on /dev/null stdio
+    let hung = Hung::read(&pids);
+    assert!(!hung.pids.is_empty(), "nothing hung on GPU 3");
+    assert!(
+        hung.pids.iter().all(|(b, _)| *b == bus(3)),
+        "{:?}",
+        hung.pids
+    );
+    let alive: Vec<i32> = hung
+        .pids
+        .iter()
+        .map(|(_, p)| *p)
+        .filter(|p| Hung::alive(*p))
+        .collect();
+    assert!(!alive.is_empty(), "{:?}", hung.pids);
+    for p in &alive {
+        for fd in 0..3 {
+            let target = fs::read_link(format!("/proc/{p}/fd/{fd}")).unwrap();
+            assert_eq!(
+                target,
+                std::path::Path::new("/dev/null"),
+                "process {p} fd {fd}"
+            );
+        }
+    }
 }

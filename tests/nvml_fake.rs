@@ -267,6 +267,320 @@ fn lost_gpu_is_named_lost_by_its_pci_address_in_each_way_nvml_shows_it() {
     }
 }
 
+/// A node with the driver's /proc list of `scenario`'s GPUs.
+fn node_with_proc(tag: &str, extra: Value, scenario: &Value) -> Node {
+    let n = node(tag, fake_nvml::lib(), extra);
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&n.env.config).unwrap()).unwrap();
+    cfg["proc_root"] = json!(n.dir);
+    fs::write(&n.env.config, cfg.to_string()).unwrap();
+    write_proc_gpus(&n.dir, scenario);
+    n
+}
+
+/// GPU 3 of 8 hangs inside NVML; with `on_unknown: reject`, a container on GPU 0 is decided
+/// on GPU 0's own facts and starts, one on GPU 3 is unknown and rejected, and the hook
+/// returns without waiting for the process stuck on GPU 3, which is still alive after.
+#[test]
+fn a_gpu_hanging_in_nvml_makes_only_its_own_containers_unknown() {
+    require_root!();
+    let scenario = node_with(3, fault::hangs(600_000));
+    let n = node_with_proc(
+        "hang-one",
+        json!({"probe_timeout_ms": 500, "policy": {"on_unknown": "reject"}}),
+        &scenario,
+    );
+    let pids = n.dir.join("hung-pids");
+    let scenario = with_pid_log(scenario, &pids);
+
+    let out = n.prestart(&spec_with_gpus(&[0]), &scenario);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(n.said(&out), "");
+    let out = n.prestart(&spec_with_gpus(&[0, 1, 2, 4, 5, 6, 7]), &scenario);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = n.prestart(&spec_with_gpus(&[0, 3]), &scenario);
+    n.rejected(
+        &out,
+        &format!(
+            "devgate: rejected /dev/nvidia3 (195:3): nvml unknown: nvml: GPU {} ({}): NVML did not answer for this GPU in 500 ms; policy on_unknown reject",
+            uuid(3),
+            bus(3)
+        ),
+    );
+    // The hook has exited (its output is complete) while the process it left on GPU 3 is
+    // still inside NVML, holding none of the hook's stdio.
+    let hung = Hung::read(&pids);
+    let on3: Vec<i32> = hung
+        .pids
+        .iter()
+        .filter(|(b, _)| *b == bus(3))
+        .map(|(_, p)| *p)
+        .collect();
+    assert!(!on3.is_empty(), "no process hung on GPU 3: {:?}", hung.pids);
+    assert!(on3.iter().all(|p| *p != std::process::id() as i32));
+    assert!(on3.iter().any(|p| Hung::alive(*p)), "{on3:?}");
+    for p in &on3 {
+        for fd in 0..3 {
+            if let Ok(target) = fs::read_link(format!("/proc/{p}/fd/{fd}")) {
+                assert_eq!(target, Path::new("/dev/null"), "process {p} fd {fd}");
+            }
+        }
+    }
+    assert!(
+        hung.pids.iter().all(|(b, _)| *b == bus(3)),
+        "{:?}",
+        hung.pids
+    );
+    // While that process is stuck, GPU 3 is not asked again: unknown at once, saying why,
+    // and no second process is left hanging on it.
+    let out = n.prestart(&spec_with_gpus(&[3]), &scenario);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(
+        said.contains(&format!(
+            "nvml unknown: nvml: GPU {} ({}): an NVML query on this GPU has been stuck for ",
+            uuid(3),
+            bus(3)
+        )) && said.contains(&format!(
+            "(pid {}); not asked again until it ends; policy on_unknown reject",
+            on3[0]
+        )),
+        "{said}"
+    );
+    assert_eq!(Hung::read(&pids).pids.len(), hung.pids.len());
+    // once it has ended, GPU 3 is asked again (and hangs again)
+    drop(hung);
+    wait_for("the stuck process to end", || {
+        on3.iter().all(|p| !Hung::alive(*p))
+    });
+    let out = n.prestart(&spec_with_gpus(&[3]), &scenario);
+    assert!(
+        n.said(&out)
+            .contains("NVML did not answer for this GPU in 500 ms"),
+        "{}",
+        text(&out)
+    );
+    let _again = Hung::read(&pids);
+}
+
+/// A container's GPU is found by its PCI address from the driver's list: NVML never counts
+/// or enumerates GPUs, and no other GPU is attached or queried.
+#[test]
+fn a_healthy_gpu_is_never_enumerated_when_another_is_assigned() {
+    require_root!();
+    let scenario = healthy_node();
+    let n = node_with_proc("no-enum", json!({}), &scenario);
+    let log = n.dir.join("calls");
+    let out = n.prestart(
+        &spec_with_gpus(&[5]),
+        &with_call_log(scenario.clone(), &log),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let seen = calls(&log);
+    assert!(!seen.is_empty());
+    for c in &seen {
+        assert!(
+            c.func != "nvmlDeviceGetCount_v2" && c.func != "nvmlDeviceGetHandleByIndex_v2",
+            "enumerated: {seen:?}"
+        );
+    }
+    assert_eq!(buses_touched(&log), vec![bus(5)], "{seen:?}");
+    assert!(seen
+        .iter()
+        .any(|c| c.func == "nvmlInitWithFlags" && c.target == "flags=0x2"));
+    // selectors too are resolved by the driver's list (UUIDs; an index is the position in
+    // PCI address order, NVML's own order, which the fake's scenario order is not)
+    let _ = fs::remove_file(&log);
+    let mut spec = spec_with_gpus(&[]);
+    spec["process"]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!(format!(
+            "NVIDIA_VISIBLE_DEVICES={},{}",
+            uuid(6),
+            uuid(2)
+        )));
+    let out = n.prestart(&spec, &with_call_log(scenario, &log));
+    assert!(out.status.success(), "{}", text(&out));
+    let mut touched = buses_touched(&log);
+    touched.sort();
+    let mut want = vec![bus(2), bus(6)];
+    want.sort();
+    assert_eq!(touched, want, "{:?}", calls(&log));
+    assert!(!calls(&log)
+        .iter()
+        .any(|c| c.func == "nvmlDeviceGetCount_v2" || c.func == "nvmlDeviceGetHandleByIndex_v2"));
+    // an index is the position in PCI address order: GPU 0 is the one at bus 0x19
+    let _ = fs::remove_file(&log);
+    let mut spec = spec_with_gpus(&[]);
+    spec["process"]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!("NVIDIA_VISIBLE_DEVICES=0"));
+    let out = n.prestart(&spec, &with_call_log(healthy_node(), &log));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(BUSES[6], 0x19);
+    assert_eq!(buses_touched(&log), vec![bus(6)], "{:?}", calls(&log));
+}
+
+/// A GPU whose NVML query crashes the process asking it is unknown, with that said; the
+/// other GPUs of the same container are judged on their own answers.
+#[test]
+fn a_query_process_that_crashes_is_unknown_for_its_gpu_alone() {
+    require_root!();
+    let scenario = node_with(6, json!({"crash_at": "nvmlDeviceGetRemappedRows"}));
+    let n = node_with_proc("crash", json!({}), &scenario);
+    let out = n.prestart(&spec_with_gpus(&[5, 6]), &scenario);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        n.said(&out).trim_end(),
+        format!(
+            "devgate: warning: /dev/nvidia6 (195:6): nvml unknown: nvml: GPU {} ({}): the NVML query process ended without an answer (it crashed); policy on_unknown allow",
+            uuid(6),
+            bus(6)
+        )
+    );
+}
+
+/// The query process a hook with threads execs (`devgate __nvml-query LIB FD=JOB…`): it
+/// answers each job on the descriptor it names and ends at once, leaving a child stuck on a
+/// hanging GPU behind.
+#[test]
+fn the_query_process_answers_each_gpu_on_its_own_pipe_and_leaves() {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let dir = tempdir("query-process");
+    let pids = dir.join("hung-pids");
+    let scenario = with_pid_log(node_with(3, fault::hangs(600_000)), &pids);
+    let fake = write_scenario(&dir, "scenario", &scenario);
+    let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
+    let (r0, w0): (OwnedFd, OwnedFd) = nix::unistd::pipe2(cloexec).unwrap();
+    let (r3, w3): (OwnedFd, OwnedFd) = nix::unistd::pipe2(cloexec).unwrap();
+    let (w0_fd, w3_fd) = (w0.as_raw_fd(), w3.as_raw_fd());
+    let mut cmd = Command::new(devgate_bin());
+    cmd.arg("__nvml-query")
+        .arg(fake_nvml::lib())
+        .arg(format!("20=0@{}", bus_id(0)))
+        .arg(format!("21=3@{}", bus_id(3)))
+        .env("FAKE_NVML_CONFIG", &fake)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: only dup2 between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(w0_fd, 20) < 0 || libc::dup2(w3_fd, 21) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let status = cmd.status().unwrap();
+    drop((w0, w3));
+    // it forked and ended; it never waited for its children
+    assert!(status.success(), "{status:?}");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut fs::File::from(r0), &mut answer).unwrap();
+    let a: Value = serde_json::from_str(&answer).unwrap();
+    let g = &a["gpus"]["gpus"][0];
+    assert_eq!(g["minor"]["value"], 0, "{a}");
+    assert_eq!(g["uuid"]["value"], uuid(0), "{a}");
+    assert_eq!(g["recovery_action"]["value"], 0, "{a}");
+    // GPU 3's child is stuck in NVML and still holds its pipe open
+    wait_for("GPU 3's child to hang", || {
+        !Hung::read(&pids).pids.is_empty()
+    });
+    let hung = Hung::read(&pids);
+    assert!(
+        hung.pids
+            .iter()
+            .all(|(b, p)| *b == bus(3) && Hung::alive(*p)),
+        "{:?}",
+        hung.pids
+    );
+    let mut fds = [libc::pollfd {
+        fd: r3.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one live pollfd; a zero timeout only looks.
+    assert_eq!(
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) },
+        0,
+        "GPU 3's pipe ended"
+    );
+    drop(hung);
+}
+
+/// NVML's recovery action and drain state decide, and say when an XID stops counting.
+#[test]
+fn recovery_action_and_drain_state_decide_and_clear_old_xids() {
+    require_root!();
+    let mut scenario = healthy_node();
+    scenario["gpus"][1]["recovery_action"] = json!(recovery::GPU_RESET);
+    scenario["gpus"][2]["recovery_action"] = json!(recovery::DRAIN_P2P);
+    scenario["gpus"][3]["drain"] = json!(true);
+    scenario["gpus"][4]["recovery_action"] = json!(recovery::NODE_REBOOT);
+    let n = node_with_proc("recovery", json!({}), &scenario);
+    let label = |i: usize| format!("nvml: GPU {} ({})", uuid(i), bus(i));
+    let out = n.prestart(&spec_with_gpus(&[1]), &scenario);
+    n.rejected(
+        &out,
+        &format!("devgate: rejected /dev/nvidia1 (195:1): {}: NVML recovery action GPU_RESET: the GPU needs a reset (nvidia-smi -r) before new work; policy reject", label(1)),
+    );
+    let out = n.prestart(&spec_with_gpus(&[4]), &scenario);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        n.said(&out)
+            .contains("NODE_REBOOT: the node needs a reboot"),
+        "{}",
+        text(&out)
+    );
+    let out = n.prestart(&spec_with_gpus(&[3]), &scenario);
+    n.rejected(
+        &out,
+        &format!("devgate: rejected /dev/nvidia3 (195:3): {}: NVML drain state is on: the GPU is being drained and takes no new work; policy reject", label(3)),
+    );
+    // DRAIN_P2P: a one-GPU container does no peer-to-peer and starts, with a warning
+    let out = n.prestart(&spec_with_gpus(&[2]), &scenario);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        n.said(&out).contains("NVML recovery action DRAIN_P2P: peer-to-peer traffic must drain; a container with one GPU does none"),
+        "{}",
+        text(&out)
+    );
+    // one with GPUs 2 and 5 could add peer-to-peer traffic: refused for GPU 2
+    let out = n.prestart(&spec_with_gpus(&[2, 5]), &scenario);
+    n.rejected(
+        &out,
+        &format!("devgate: rejected /dev/nvidia2 (195:2): {}: NVML recovery action DRAIN_P2P: peer-to-peer traffic must drain, and this container's 2 GPUs could add to it; policy reject", label(2)),
+    );
+
+    // XID 48 on GPU 1 (0000:3b) since the driver loaded: blocking while NVML asks for a
+    // reset; after `nvidia-smi -r` (no driver reload, so the report stays in the log) NVML
+    // says NONE and the GPU answers, and the report only warns.
+    let xid48 = "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, DBE (0x1,0x2)";
+    fs::write(&n.kmsg, kmsg_fixture(&[xid48])).unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &scenario);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(n.said(&out).contains("xid: xid 48"), "{}", text(&out));
+    let after_reset = healthy_node();
+    let out = n.prestart(&spec_with_gpus(&[1]), &after_reset);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(
+        said.starts_with("devgate: warning: /dev/nvidia1 (195:1): xid: xid 48")
+            && said.contains(
+                "no longer blocking: NVML reports recovery action NONE and the GPU answers"
+            ),
+        "{said}"
+    );
+    // a driver without the field: the XID table decides, as before
+    let old = node_with(1, json!({"not_supported": ["nvmlDeviceGetFieldValues"]}));
+    let out = n.prestart(&spec_with_gpus(&[1]), &old);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+}
+
 #[test]
 fn hanging_nvml_is_abandoned_at_the_deadline() {
     require_root!();
@@ -553,7 +867,10 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
         ]),
     )
     .unwrap();
-    let out = n.prestart(&spec_with_gpus(&[0, 1]), &healthy_node());
+    // A driver without the recovery action field: the XID table alone decides (the field
+    // decides where there is one: an_xid_stops_blocking_once_nvml_says_the_gpu_recovered).
+    let old_driver = json!({"not_supported": ["nvmlDeviceGetFieldValues"]});
+    let out = n.prestart(&spec_with_gpus(&[0, 1]), &node_with(1, old_driver.clone()));
     n.rejected(
         &out,
         "devgate: rejected /dev/nvidia1 (195:1): xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time since the driver loaded, last at 5.002000 s after boot (kmsg seq 1002): \"pid=4242, name=python, GPU has fallen off the bus.\"; GPU reset or reboot required; policy reject",
@@ -576,7 +893,7 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
         json!({"gpu": {"xid_actions": {"79": "warn"}}}),
     );
     fs::write(&lenient.kmsg, kmsg_fixture(&[xid79])).unwrap();
-    let out = lenient.prestart(&spec_with_gpus(&[1]), &healthy_node());
+    let out = lenient.prestart(&spec_with_gpus(&[1]), &node_with(1, old_driver));
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         lenient
@@ -626,6 +943,8 @@ fn status_shows_each_gpu_and_every_check() {
                 "volatile_ecc",
                 "throttle",
                 "pcie_link",
+                "recovery_action",
+                "drain",
                 "xid"
             ]
         );

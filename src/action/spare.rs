@@ -47,12 +47,17 @@ pub fn healthy_spares(
             Err(m) => why.push(format!("spare {m}")),
         }
     }
-    // One probe pass for every spare, on the gate's NVML answer when it has one: NVML is
-    // opened at most once per hook call.
+    // One probe pass for every spare, on the gate's NVML answer when it covers them;
+    // else NVML is asked about the spares alone.
     let owned;
+    let covered = |g: &GpuContext| {
+        crate::probe::nvidia::gpu_minors(&devices)
+            .iter()
+            .all(|m| g.covers(*m))
+    };
     let gpu = match gpu {
-        Some(g) => Some(g),
-        None => {
+        Some(g) if covered(g) => Some(g),
+        _ => {
             owned = GpuContext::for_devices(config, &devices);
             owned.as_ref()
         }

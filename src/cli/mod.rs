@@ -151,10 +151,11 @@ pub fn set_panic_hook() {
 
 /// Ends the process with `code`.
 pub fn exit(code: i32) -> ! {
-    if crate::probe::nvidia::nvml::abandoned() {
-        // An NVML call is still stuck on its thread: exit() would run the library's
+    if doctor::nvml::nvml_abandoned() {
+        // doctor's NVML call is still stuck on its thread: exit() would run the library's
         // destructors under it, and those may wait on it forever. Nothing devgate wrote
-        // needs atexit: records are fsynced, stdout and stderr are flushed here.
+        // needs atexit: records are fsynced, stdout and stderr are flushed here. (The hook
+        // never loads NVML: its queries run in processes of their own.)
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();
         // SAFETY: _exit ends the process at once; no Rust state is used after it.

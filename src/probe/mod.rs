@@ -55,6 +55,7 @@ pub fn probe_all(
     let nvml_probe = gpu.map(|g| NvmlProbe {
         answer: &g.nvml,
         limits: g.limits,
+        gpus: nvidia::gpu_minors(devices).len(),
     });
     let xid_probe = gpu.map(|g| XidProbe {
         scan: &g.kmsg,

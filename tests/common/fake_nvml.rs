@@ -154,6 +154,55 @@ pub fn with_call_log(mut scenario: Value, path: &Path) -> Value {
     scenario
 }
 
+/// `scenario` with the fake writing `ADDRESS PID` to `path` for each process about to hang
+/// on a GPU.
+pub fn with_pid_log(mut scenario: Value, path: &Path) -> Value {
+    scenario["pid_log"] = json!(path);
+    scenario
+}
+
+/// The processes the fake logged as hanging, by GPU address; killed when dropped, so that a
+/// test leaves no sleeper behind whatever it asserted.
+pub struct Hung {
+    pub pids: Vec<(String, i32)>,
+}
+
+impl Hung {
+    pub fn read(path: &Path) -> Hung {
+        let pids = fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (bus, pid) = l.split_once(' ')?;
+                Some((bus.to_string(), pid.trim().parse().ok()?))
+            })
+            .collect();
+        Hung { pids }
+    }
+
+    /// Whether process `pid` still runs (a zombie does not).
+    pub fn alive(pid: i32) -> bool {
+        fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let state = s.rsplit_once(") ")?.1.chars().next()?;
+                Some(state != 'Z' && state != 'X')
+            })
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for Hung {
+    fn drop(&mut self) {
+        for (_, pid) in &self.pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 /// One call the fake saw: `func` and the canonical PCI address it concerned (`-` for none,
 /// `flags=0xN` for init).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,9 @@
 //! What NVML's answer means for a container's GPUs: each GPU's checks against the
 //! operator's limits (pure), the NVML probe, and which GPUs a selector names.
 
-use super::nvml::{GpuFacts, Link, NvmlAnswer, Reading, LOST};
+use super::nvml::{GpuFacts, Link, Lookup, NvmlAnswer, Reading, LOST};
+use super::procfs::ProcGpu;
+use super::recovery;
 use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
 use crate::model::class::Class;
 use crate::model::device::{Device, Source};
@@ -43,7 +45,7 @@ pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
         "reachable",
         match &g.unreachable {
             Some(why) if g.is_lost() => Verdict::Unhealthy(format!("unreachable: {why}")),
-            Some(why) => Verdict::Unknown(format!("no NVML handle: {why}")),
+            Some(why) => Verdict::Unknown(why.clone()),
             None if g.is_lost() => Verdict::Unhealthy(LOST.into()),
             None => Verdict::Healthy,
         },
@@ -113,6 +115,17 @@ pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
             below(l, "PCIe link width x", "x")
         }),
     );
+    // One GPU's view; the probe refuses DRAIN_P2P for a container with several GPUs.
+    push(
+        "recovery_action",
+        judge(&g.recovery_action, "recovery action", |a| {
+            recovery::action_verdict(*a, 1)
+        }),
+    );
+    push(
+        "drain",
+        judge(&g.drain, "drain state", |d| recovery::drain_verdict(*d)),
+    );
     out
 }
 
@@ -141,6 +154,10 @@ pub fn verdict_for(g: &GpuFacts, checks: &[Check]) -> Verdict {
         return Verdict::Unhealthy(format!("nvml: GPU {label}: {LOST}"));
     }
     let prefix = |r: String| format!("nvml: GPU {label}: {r}");
+    // No answer: one reason, not one per check.
+    if let Some(why) = &g.unreachable {
+        return Verdict::Unknown(prefix(why.clone()));
+    }
     match Verdict::worst(checks.iter().map(|c| c.verdict.clone()).collect()) {
         Verdict::Unhealthy(r) => Verdict::Unhealthy(prefix(r)),
         Verdict::Unknown(r) => Verdict::Unknown(prefix(r)),
@@ -152,6 +169,8 @@ pub fn verdict_for(g: &GpuFacts, checks: &[Check]) -> Verdict {
 pub struct NvmlProbe<'a> {
     pub answer: &'a NvmlAnswer,
     pub limits: Limits,
+    /// How many NVIDIA GPUs the container is given: with several, peer-to-peer is possible.
+    pub gpus: usize,
 }
 
 impl Probe for NvmlProbe<'_> {
@@ -169,7 +188,19 @@ impl Probe for NvmlProbe<'_> {
         };
         let minor = device.num.minor;
         match self.answer.gpu_by_minor(minor) {
-            Some(g) => verdict_for(g, &checks(g, self.limits)),
+            Some(g) => {
+                let mut checks = checks(g, self.limits);
+                if let (Reading::Value(a), Some(c)) = (
+                    &g.recovery_action,
+                    checks.iter_mut().find(|c| c.check == "recovery_action"),
+                ) {
+                    c.verdict = recovery::action_verdict(*a, self.gpus);
+                }
+                verdict_for(g, &checks)
+            }
+            None if self.answer.lookup == Lookup::DriverList => Verdict::Unhealthy(format!(
+                "nvml: the driver lists no GPU with minor number {minor} (/proc/driver/nvidia/gpus)"
+            )),
             None => missing_minor(minor, gpus),
         }
     }
@@ -199,14 +230,61 @@ fn missing_minor(minor: u32, gpus: &[GpuFacts]) -> Verdict {
     }
 }
 
+/// One GPU as selectors see it, in index order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuId {
+    pub minor: u32,
+    pub uuid: Option<String>,
+}
+
+/// The GPUs selectors are resolved against, and who listed them; `Err` when nobody could.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownGpus {
+    pub ids: Result<Vec<GpuId>, String>,
+    /// `NVML` or `the driver`, for the warnings.
+    pub by: &'static str,
+}
+
+impl KnownGpus {
+    /// The driver's list, in PCI address order: NVML's own index order.
+    pub fn from_driver(driver: &[(u32, ProcGpu)]) -> KnownGpus {
+        KnownGpus {
+            ids: Ok(driver
+                .iter()
+                .map(|(_, p)| GpuId {
+                    minor: p.minor,
+                    uuid: p.uuid.clone(),
+                })
+                .collect()),
+            by: "the driver",
+        }
+    }
+
+    /// NVML's enumeration. A GPU without a minor (lost) is taken at the driver's default
+    /// numbering, index N = /dev/nvidiaN, so that it is still checked and found wanting
+    /// rather than silently skipped.
+    pub fn from_answer(answer: &NvmlAnswer) -> KnownGpus {
+        KnownGpus {
+            ids: answer.gpus.as_ref().map_err(Clone::clone).map(|gpus| {
+                gpus.iter()
+                    .map(|g| GpuId {
+                        minor: g.minor.value().copied().unwrap_or(g.index),
+                        uuid: g.uuid.value().cloned(),
+                    })
+                    .collect()
+            }),
+            by: "NVML",
+        }
+    }
+}
+
 /// The minors a container's GPU selectors name, and a sentence for each one that names no
-/// GPU. NVML's answer decides; a GPU without a handle (lost) and every GPU when NVML is
-/// unusable is taken at the driver's default numbering, index N = /dev/nvidiaN, so that
-/// it is still checked and found wanting rather than silently skipped. `nodes` are the
-/// `nvidiaN` nodes on the host, for `all` without NVML.
+/// GPU. When no GPU list could be had, an index is taken at the driver's default numbering
+/// and `all` means the `nvidiaN` nodes on the host (`nodes`), so that every GPU is still
+/// checked.
 pub fn resolve_selectors(
     selectors: &[(GpuSelector, Source)],
-    snapshot: &NvmlAnswer,
+    known: &KnownGpus,
     nodes: &[u32],
 ) -> (Vec<(u32, Source)>, Vec<String>) {
     let mut chosen: Vec<(u32, Source)> = Vec::new();
@@ -219,31 +297,36 @@ pub fn resolve_selectors(
             None => chosen.push((minor, source)),
         }
     };
-    let minor_of = |g: &GpuFacts| g.minor.value().copied().unwrap_or(g.index);
+    let (by, (report, reports)) = (
+        known.by,
+        if known.by == "NVML" {
+            ("reports", "report")
+        } else {
+            ("lists", "list")
+        },
+    );
     for (sel, source) in selectors {
         let how = match source {
             Source::CdiAnnotation => "CDI annotation",
             _ => NVIDIA_VISIBLE_DEVICES,
         };
-        match (&snapshot.gpus, sel) {
-            (Ok(gpus), GpuSelector::All) => {
-                gpus.iter().for_each(|g| add(minor_of(g), Source::AllGpus))
-            }
+        match (&known.ids, sel) {
+            (Ok(gpus), GpuSelector::All) => gpus.iter().for_each(|g| add(g.minor, Source::AllGpus)),
             (Ok(gpus), GpuSelector::Index(i)) => match gpus.get(*i as usize) {
-                Some(g) => add(minor_of(g), *source),
+                Some(g) => add(g.minor, *source),
                 None => unresolved.push(format!(
-                    "{how} selects GPU {i} but NVML reports {} GPUs",
+                    "{how} selects GPU {i} but {by} {report} {} GPUs",
                     gpus.len()
                 )),
             },
             (Ok(gpus), GpuSelector::Uuid(u)) => {
                 match gpus
                     .iter()
-                    .find(|g| g.uuid.value().is_some_and(|v| v.eq_ignore_ascii_case(u)))
+                    .find(|g| g.uuid.as_deref().is_some_and(|v| v.eq_ignore_ascii_case(u)))
                 {
-                    Some(g) => add(minor_of(g), *source),
+                    Some(g) => add(g.minor, *source),
                     None => {
-                        unresolved.push(format!("{how} selects {u}, which NVML does not report"))
+                        unresolved.push(format!("{how} selects {u}, which {by} does not {reports}"))
                     }
                 }
             }
@@ -276,7 +359,7 @@ mod tests {
     fn healthy_gpu_passes_every_check() {
         let g = healthy(1);
         let checks = checks(&g, L);
-        assert_eq!(checks.len(), 6);
+        assert_eq!(checks.len(), 8);
         assert!(
             checks.iter().all(|c| c.verdict == Verdict::Healthy),
             "{checks:?}"
@@ -432,10 +515,12 @@ mod tests {
             gpus: Ok(gpus),
             driver_version: None,
             elapsed_us: 0,
+            lookup: Lookup::Enumeration,
         };
         let p = NvmlProbe {
             answer: &snap,
             limits: L,
+            gpus: 1,
         };
         assert_eq!(p.check(&gpu_dev(7, "nvidia-gpu")), Verdict::Healthy);
         assert_eq!(
@@ -454,10 +539,12 @@ mod tests {
             gpus: Err("NVML did not answer in 2000 ms".into()),
             driver_version: None,
             elapsed_us: 0,
+            lookup: Lookup::Enumeration,
         };
         let p = NvmlProbe {
             answer: &failed,
             limits: L,
+            gpus: 1,
         };
         assert_eq!(
             p.check(&gpu_dev(0, "nvidia-gpu")),
@@ -474,6 +561,7 @@ mod tests {
             gpus: Ok(gpus),
             driver_version: None,
             elapsed_us: 0,
+            lookup: Lookup::Enumeration,
         };
         let env = Source::NvidiaVisibleDevices;
         let cdi = Source::CdiAnnotation;
@@ -488,7 +576,7 @@ mod tests {
             (GpuSelector::Uuid("GPU-nope".into()), cdi),
             (GpuSelector::Index(1), cdi),
         ];
-        let (chosen, unresolved) = resolve_selectors(&sel, &ok, &[]);
+        let (chosen, unresolved) = resolve_selectors(&sel, &KnownGpus::from_answer(&ok), &[]);
         assert_eq!(chosen, vec![(5, env), (0, cdi), (2, env)]);
         assert_eq!(
             unresolved,
@@ -497,13 +585,17 @@ mod tests {
                 "CDI annotation selects GPU-nope, which NVML does not report".to_string()
             ]
         );
-        let (chosen, _) = resolve_selectors(&[(GpuSelector::All, env)], &ok, &[]);
+        let (chosen, _) = resolve_selectors(
+            &[(GpuSelector::All, env)],
+            &KnownGpus::from_answer(&ok),
+            &[],
+        );
         let all = Source::AllGpus;
         assert_eq!(chosen, vec![(0, all), (5, all), (2, all)]);
         // a GPU also named on its own is judged as named
         let (chosen, _) = resolve_selectors(
             &[(GpuSelector::All, env), (GpuSelector::Index(2), cdi)],
-            &ok,
+            &KnownGpus::from_answer(&ok),
             &[],
         );
         assert_eq!(chosen, vec![(0, all), (5, all), (2, cdi)]);
@@ -512,6 +604,7 @@ mod tests {
             gpus: Err("cannot load x".into()),
             driver_version: None,
             elapsed_us: 0,
+            lookup: Lookup::Enumeration,
         };
         let (chosen, unresolved) = resolve_selectors(
             &[
@@ -519,7 +612,7 @@ mod tests {
                 (GpuSelector::Index(4), env),
                 (GpuSelector::Uuid("GPU-1".into()), env),
             ],
-            &failed,
+            &KnownGpus::from_answer(&failed),
             &[0, 1],
         );
         assert_eq!(chosen, vec![(0, all), (1, all), (4, env)]);

@@ -211,6 +211,7 @@ mod tests {
             gpus: Err("NVML did not answer in 2000 ms".into()),
             driver_version: None,
             elapsed_us: 0,
+            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
         };
         let sel = vec![
             (GpuSelector::Uuid(U.to_uppercase()), Source::CdiAnnotation),
@@ -238,6 +239,7 @@ mod tests {
             gpus: Ok(vec![g.clone()]),
             driver_version: None,
             elapsed_us: 0,
+            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
         };
         let p = place_uuid_selectors(sel.clone(), &up, &map, &proc);
         assert!(p.minors.is_empty());
@@ -249,6 +251,7 @@ mod tests {
             gpus: Ok(vec![g]),
             driver_version: None,
             elapsed_us: 0,
+            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
         };
         let p = place_uuid_selectors(sel, &lost, &map, &proc);
         assert_eq!(p.minors, vec![(5, Source::CdiAnnotation)]);

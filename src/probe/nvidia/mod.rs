@@ -1,5 +1,6 @@
 //! NVIDIA GPUs: what NVML says about each GPU (`nvml`) and what the driver reported in the
-//! kernel log (`kmsg`, judged by `xid`), both read once per hook call into a [`GpuContext`].
+//! kernel log (`kmsg`, judged by `xid`), both read once per hook call into a [`GpuContext`];
+//! what NVML's recovery action and drain state mean (`recovery`).
 
 pub(crate) mod gpu;
 pub mod gpu_at;
@@ -9,12 +10,14 @@ pub(crate) mod kmsg_record;
 pub(crate) mod nvml;
 pub mod pci;
 pub(crate) mod procfs;
+pub(crate) mod recovery;
 pub(crate) mod xid;
 
 use crate::config::xid::XidTable;
 use crate::config::Config;
 use crate::model::class::Class;
 use crate::model::device::Device;
+use procfs::ProcGpu;
 use std::time::Duration;
 
 /// What the GPU probes read once per hook call: NVML's answer and the kernel log.
@@ -28,24 +31,56 @@ pub struct GpuContext {
 }
 
 impl GpuContext {
-    /// Opens NVML (bounded by `probe_timeout_ms`) and reads `kmsg_path` (through the
-    /// cache in `state_dir`).
-    pub fn gather(config: &Config) -> GpuContext {
-        let timeout = Duration::from_millis(config.probe_timeout_ms);
-        let proc_gpus = procfs::read_gpus(&config.proc_root);
-        let nvml = nvml::NvmlAnswer::take(&config.nvml_library, timeout, proc_gpus.clone());
-        let limits = kmsg::ReadLimits {
-            deadline: timeout,
-            ..kmsg::ReadLimits::default()
-        };
+    /// NVML's answer for the GPUs behind `minors`, and the kernel log. Each GPU is found by
+    /// the driver's list and asked about on its own (bounded by `probe_timeout_ms`); only
+    /// when that list cannot be read does NVML enumerate every GPU.
+    pub fn gather(config: &Config, minors: &[u32]) -> GpuContext {
+        let driver = driver_gpus(config);
+        if driver.is_empty() {
+            return GpuContext::enumerated(config);
+        }
+        GpuContext::for_minors(config, &driver, minors)
+    }
+
+    /// NVML's answer for the listed GPUs behind `minors` (`driver`: [`driver_gpus`]).
+    pub fn for_minors(config: &Config, driver: &[(u32, ProcGpu)], minors: &[u32]) -> GpuContext {
+        let wanted: Vec<(u32, ProcGpu)> = driver
+            .iter()
+            .filter(|(_, p)| minors.contains(&p.minor))
+            .cloned()
+            .collect();
+        let stuck = nvml::stuck::Stuck::new(&config.state_dir);
+        // The kernel log is read while the NVML children run.
+        let mut log = None;
+        let nvml = nvml::NvmlAnswer::for_gpus(
+            &config.nvml_library,
+            timeout(config),
+            &wanted,
+            &stuck,
+            || log = Some(read_log(config)),
+        );
+        let proc_gpus = driver.iter().map(|(_, p)| p.clone()).collect();
+        GpuContext::with(config, nvml, log, proc_gpus)
+    }
+
+    /// Every GPU NVML counts, in one process: for a node whose driver list is unreadable.
+    pub fn enumerated(config: &Config) -> GpuContext {
+        let mut log = None;
+        let nvml = nvml::NvmlAnswer::enumerate(&config.nvml_library, timeout(config), || {
+            log = Some(read_log(config))
+        });
+        GpuContext::with(config, nvml, log, Vec::new())
+    }
+
+    fn with(
+        config: &Config,
+        nvml: nvml::NvmlAnswer,
+        log: Option<Kmsg>,
+        proc_gpus: Vec<ProcGpu>,
+    ) -> GpuContext {
         GpuContext {
             nvml,
-            kmsg: kmsg_cache::read_kmsg_cached(
-                &config.kmsg_path,
-                limits,
-                &config.state_dir,
-                &config.proc_root,
-            ),
+            kmsg: log.unwrap_or_else(|| read_log(config)),
             // validated when the config was loaded
             xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
             limits: gpu::Limits {
@@ -57,7 +92,13 @@ impl GpuContext {
 
     /// Only a GPU opens NVML: containers without one never load the library.
     pub fn for_devices(config: &Config, devices: &[Device]) -> Option<GpuContext> {
-        has_gpu(devices).then(|| GpuContext::gather(config))
+        has_gpu(devices).then(|| GpuContext::gather(config, &gpu_minors(devices)))
+    }
+
+    /// Whether this context can judge /dev/nvidia`minor`: NVML enumerated every GPU, or
+    /// was asked about this one.
+    pub fn covers(&self, minor: u32) -> bool {
+        self.nvml.lookup == nvml::Lookup::Enumeration || self.nvml.gpu_by_minor(minor).is_some()
     }
 
     /// The first kernel log sequence number after what devgate saw at start; None when the
@@ -70,6 +111,46 @@ impl GpuContext {
         }
         Some(scan.last_seq.map_or(0, |s| s + 1))
     }
+}
+
+type Kmsg = std::result::Result<kmsg::KmsgScan, String>;
+
+/// The kernel log, bounded by `probe_timeout_ms`, through the cache in `state_dir`.
+fn read_log(config: &Config) -> Kmsg {
+    let limits = kmsg::ReadLimits {
+        deadline: timeout(config),
+        ..kmsg::ReadLimits::default()
+    };
+    kmsg_cache::read_kmsg_cached(
+        &config.kmsg_path,
+        limits,
+        &config.state_dir,
+        &config.proc_root,
+    )
+}
+
+fn timeout(config: &Config) -> Duration {
+    Duration::from_millis(config.probe_timeout_ms)
+}
+
+/// The driver's list of GPUs, each with its index in it: NVML numbers GPUs in PCI address
+/// order, and the list is sorted so. Empty when the driver is not loaded or /proc is not
+/// readable.
+pub fn driver_gpus(config: &Config) -> Vec<(u32, ProcGpu)> {
+    procfs::read_gpus(&config.proc_root)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (i as u32, p))
+        .collect()
+}
+
+/// The minors of the NVIDIA GPUs among `devices`.
+pub fn gpu_minors(devices: &[Device]) -> Vec<u32> {
+    devices
+        .iter()
+        .filter(|d| d.class == Class::NvidiaGpu)
+        .map(|d| d.num.minor)
+        .collect()
 }
 
 /// A node with no NVIDIA GPU at all: no driver in procfs, NVML unusable, and no PCI

@@ -89,7 +89,11 @@ impl Probe for XidProbe<'_> {
             Err(e) => return Verdict::Unknown(e.clone()),
         };
         if let Some(pci) = self.nvml.pci_of_minor(device.num.minor) {
-            return match judge_reports(scan.active(), &pci, self.table) {
+            let judged = judge_reports(scan.active(), &pci, self.table);
+            // Where the driver gives it, NVML's recovery action says when a report stops
+            // counting (super::recovery).
+            let facts = self.nvml.gpu_by_minor(device.num.minor);
+            return match super::recovery::after_recovery(judged, facts) {
                 // The log is read oldest first: a read cut short missed the newest
                 // records, which are the ones that matter.
                 Verdict::Healthy if scan.truncated => Verdict::Unknown(format!(
@@ -128,6 +132,7 @@ mod tests {
     use super::*;
     use crate::probe::nvidia::kmsg::tests::{scan_bytes, FIXTURE};
     use crate::probe::nvidia::kmsg::ReadLimits;
+    use crate::probe::nvidia::nvml::Lookup;
 
     #[test]
     fn reports_before_the_newest_driver_load_do_not_count() {
@@ -206,6 +211,7 @@ mod tests {
             gpus: Err("cannot load x".into()),
             driver_version: None,
             elapsed_us: 0,
+            lookup: Lookup::Enumeration,
         };
         let table = XidTable::default();
         let scan = Ok(scan_bytes(FIXTURE.as_bytes(), ReadLimits::default()));
@@ -255,6 +261,7 @@ mod tests {
             gpus: Ok(vec![crate::probe::nvidia::nvml::tests::healthy(1)]),
             driver_version: None,
             elapsed_us: 0,
+            lookup: Lookup::Enumeration,
         };
         let table = XidTable::default();
         let mut scan = scan_bytes(

@@ -28,6 +28,7 @@
 //!   nvmlDeviceGetMinorNumber, nvmlDeviceGetUUID and nvmlDeviceGetPciInfo_v3 included;
 //! - `missing: true`: NVML does not count it; indices run over the GPUs it does count, and
 //!   lookups by PCI bus id or UUID answer NVML_ERROR_NOT_FOUND;
+//! - a GPU's own `crash_at`, a function name: that query aborts the calling process;
 //! - a GPU's own `hang_ms`, by function name, `attach`, or `*` for every call that touches
 //!   that GPU (attach included): those calls sleep that long, other GPUs answer. The
 //!   top-level `hang_ms` delays a function for every GPU, as before.
@@ -37,8 +38,13 @@
 //! GPU that hangs at attach hangs the init; with NO_ATTACH, a handle lookup attaches only the
 //! GPU it returns.
 //!
+//! Every other function nvml-wrapper looks up is exported too and answers
+//! NVML_ERROR_NOT_SUPPORTED (`stubs.rs`), as the real library exports them all.
+//!
 //! One process can load several copies of the library (each a file of its own): a copy with
 //! no FAKE_NVML_CONFIG reads `<its own path>.json`.
+//!
+//! `pid_log` names a file that gets `ADDRESS PID` from each process about to hang on a GPU.
 //!
 //! `call_log` names a file the library appends one line to per call, before the call can
 //! hang: `FUNCTION TARGET`, TARGET being the canonical PCI address (`0000:3b:00.0`) of the
@@ -47,6 +53,8 @@
 //! file, a line is appended to it when the library is loaded and at every init, which is
 //! how tests prove devgate did or did not load NVML.
 #![allow(clippy::missing_safety_doc, non_snake_case)]
+
+mod stubs;
 
 use serde_json::Value;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
@@ -144,15 +152,34 @@ fn hang(cfg: &Value, func: &str) {
 }
 
 /// GPU `g`'s own delay of `func` (or of every call, `*`).
-fn hang_gpu(g: &Value, func: &str) {
+fn hang_gpu(cfg: &Value, g: &Value, func: &str) {
     let own = &g["hang_ms"];
-    sleep_ms(own[func].as_u64().or_else(|| own["*"].as_u64()));
+    let ms = own[func].as_u64().or_else(|| own["*"].as_u64());
+    note_hang(cfg, g, ms);
+    sleep_ms(ms);
 }
 
 /// A handle lookup's own delay, by its name only: under `*` the lookup hangs where the real
 /// one does, attaching the GPU.
-fn hang_lookup(g: &Value, func: &str) {
-    sleep_ms(g["hang_ms"][func].as_u64());
+fn hang_lookup(cfg: &Value, g: &Value, func: &str) {
+    let ms = g["hang_ms"][func].as_u64();
+    note_hang(cfg, g, ms);
+    sleep_ms(ms);
+}
+
+/// `pid_log` names a file that gets `ADDRESS PID` for each process about to hang on a GPU:
+/// how tests find, and end, the process the caller left behind.
+fn note_hang(cfg: &Value, g: &Value, ms: Option<u64>) {
+    let (Some(path), Some(_)) = (cfg["pid_log"].as_str(), ms.filter(|&ms| ms > 0)) else {
+        return;
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = f.write_all(format!("{} {}\n", canonical(g), std::process::id()).as_bytes());
+    }
 }
 
 /// (domain, bus, device, function) from `domain:bus:device.function`, `domain:bus:device`
@@ -231,7 +258,7 @@ fn attach(cfg: &Value, pos: usize) {
     }
     let g = &cfg["gpus"][pos];
     log_call(cfg, "attach", &canonical(g));
-    hang_gpu(g, "attach");
+    hang_gpu(cfg, g, "attach");
     if let Ok(mut s) = STATE.lock() {
         if let Some(flag) = s.as_mut().and_then(|s| s.attached.get_mut(pos)) {
             *flag = true;
@@ -259,8 +286,12 @@ fn gpu(h: Handle, func: &str, identity: bool) -> Result<Value, Ret> {
     let pos = (h as usize).checked_sub(1).ok_or(INVALID_ARGUMENT)?;
     let g = cfg["gpus"].get(pos).cloned().ok_or(INVALID_ARGUMENT)?;
     log_call(&cfg, func, &canonical(&g));
+    if g["crash_at"].as_str() == Some(func) {
+        // a library that crashes the process calling it, as a driver bug can
+        std::process::abort();
+    }
     hang(&cfg, func);
-    hang_gpu(&g, func);
+    hang_gpu(&cfg, &g, func);
     if g["not_supported"]
         .as_array()
         .is_some_and(|a| a.iter().any(|f| f == func))
@@ -429,7 +460,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, out: *mut 
     let g = &cfg["gpus"][pos];
     log_call(&cfg, "nvmlDeviceGetHandleByIndex_v2", &canonical(g));
     hang(&cfg, "nvmlDeviceGetHandleByIndex_v2");
-    hang_lookup(g, "nvmlDeviceGetHandleByIndex_v2");
+    hang_lookup(&cfg, g, "nvmlDeviceGetHandleByIndex_v2");
     give_handle(&cfg, pos, out)
 }
 
@@ -464,7 +495,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     let Some(pos) = found else {
         return NOT_FOUND;
     };
-    hang_lookup(&cfg["gpus"][pos], FUNC);
+    hang_lookup(&cfg, &cfg["gpus"][pos], FUNC);
     give_handle(&cfg, pos, out)
 }
 
@@ -491,7 +522,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, out: *mu
     };
     log_call(&cfg, FUNC, &canonical(&cfg["gpus"][pos]));
     hang(&cfg, FUNC);
-    hang_lookup(&cfg["gpus"][pos], FUNC);
+    hang_lookup(&cfg, &cfg["gpus"][pos], FUNC);
     give_handle(&cfg, pos, out)
 }
 
@@ -753,7 +784,7 @@ pub unsafe extern "C" fn nvmlDeviceQueryDrainState(pci: *const PciInfo, out: *mu
     let g = &cfg["gpus"][pos];
     log_call(&cfg, FUNC, &canonical(g));
     hang(&cfg, FUNC);
-    hang_gpu(g, FUNC);
+    hang_gpu(&cfg, g, FUNC);
     if g["not_supported"]
         .as_array()
         .is_some_and(|a| a.iter().any(|f| f == FUNC))

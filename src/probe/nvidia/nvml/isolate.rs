@@ -1,0 +1,323 @@
+//! NVML in processes the hook never waits for.
+//!
+//! A GPU that fails can make its driver calls block for minutes, in an ioctl that no signal
+//! interrupts. runc waits for a hook, and for the hook's stdout and stderr to close, so
+//! NVML must never run where it can hold either. Each GPU gets a child process of its own,
+//! stdio on /dev/null, that opens NVML, asks about its one GPU, writes the answer to a pipe
+//! of its own and `_exit`s. A hook with one thread (the usual case) forks the children
+//! itself; one with other threads could hand a child a lock another thread held, so it
+//! exec's devgate with the hidden argument [`QUERY_ARG`] instead, a fresh single-threaded
+//! process that forks them and ends. The hook reads every pipe until `probe_timeout_ms`
+//! and takes what came: a GPU whose child did not answer is unknown, the others are judged
+//! on their own answers. A child is reaped only once it has answered; one still stuck is
+//! left to whoever inherits it (the runtime's reaper, or init).
+//!
+//! One process per GPU, not a thread per GPU: NVML promises thread safety, not that threads
+//! are independent. A thread stuck inside NVML for one GPU can hold the library's own locks
+//! (its per-process state, the attach of GPUs), and every other thread's call that needs
+//! them waits too; a thread cannot be abandoned without leaving them held. Separate
+//! processes share no user-space lock; only a lock inside the kernel driver could still
+//! join them, and then no design in user space keeps the GPUs apart.
+//!
+//! A child still stuck long after the hook left ends itself (see [`super::child`]).
+
+use super::child::{run_child, write_answer};
+use super::GpuFacts;
+use serde::{Deserialize, Serialize};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `devgate __nvml-query LIBRARY FD=JOB…`: the query process. Not a command: main.rs hands
+/// it to [`super::child::serve`] before anything else runs.
+pub const QUERY_ARG: &str = "__nvml-query";
+
+/// The most one child may write: an answer is a few hundred bytes per GPU.
+pub const MAX_ANSWER: usize = 1 << 20;
+
+/// What one query child is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// One GPU by its PCI address as NVML takes it, and the index to label it with.
+    Gpu { bus_id: String, index: u32 },
+    /// Every GPU by index: only where the driver's list cannot be read.
+    Every,
+}
+
+impl Job {
+    fn arg(&self) -> String {
+        match self {
+            Job::Gpu { bus_id, index } => format!("{index}@{bus_id}"),
+            Job::Every => "every".into(),
+        }
+    }
+
+    pub(super) fn parse(s: &str) -> Option<Job> {
+        if s == "every" {
+            return Some(Job::Every);
+        }
+        let (index, bus_id) = s.split_once('@')?;
+        Some(Job::Gpu {
+            bus_id: bus_id.to_string(),
+            index: index.parse().ok()?,
+        })
+    }
+}
+
+/// What a query child writes on its pipe: one JSON document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    Gpus {
+        driver_version: Option<String>,
+        gpus: Vec<GpuFacts>,
+        /// How long loading the library and nvmlInit took in the child, in µs.
+        #[serde(default)]
+        init_us: u64,
+    },
+    /// NVML could not be opened (library missing, init failed) or could not count.
+    Failed(String),
+}
+
+/// Reads what a child wrote. Anything but one well-formed answer is the child's fault and
+/// says so; no answer is trusted to be smaller than it says.
+pub fn decode(bytes: &[u8]) -> Result<Answer, String> {
+    if bytes.is_empty() {
+        return Err("the NVML query process ended without an answer (it crashed)".into());
+    }
+    if bytes.len() > MAX_ANSWER {
+        return Err(format!(
+            "the NVML query process wrote more than {MAX_ANSWER} bytes"
+        ));
+    }
+    let a: Answer = serde_json::from_slice(bytes)
+        .map_err(|e| format!("the NVML query process wrote a malformed answer: {e}"))?;
+    if let Answer::Gpus { gpus, .. } = &a {
+        if gpus.len() > super::MAX_GPUS as usize {
+            return Err("the NVML query process answered for too many GPUs".into());
+        }
+    }
+    Ok(a)
+}
+
+/// What one job came back with.
+pub struct Asked {
+    pub answer: Result<Answer, String>,
+    /// The child that had not answered by the deadline, where the hook forked it itself.
+    pub stuck: Option<i32>,
+}
+
+/// Asks every job in a process of its own and waits for the answers at most `timeout`,
+/// running `meanwhile` (work that needs no NVML, such as reading the kernel log) while the
+/// children run. The answers come back in the jobs' order; a job with none by then says why.
+pub fn ask(
+    library: &Path,
+    timeout: Duration,
+    jobs: &[Job],
+    meanwhile: impl FnOnce(),
+) -> Vec<Asked> {
+    let deadline = Instant::now() + timeout;
+    let mut pipes = Vec::with_capacity(jobs.len());
+    for _ in jobs {
+        match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK) {
+            Ok(p) => pipes.push(p),
+            Err(e) => {
+                meanwhile();
+                return fail_all(jobs, &format!("cannot make a pipe: {e}"));
+            }
+        }
+    }
+    let writes: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
+    let started = if single_threaded() {
+        Ok(Started::Forked(fork_each(library, &writes, jobs)))
+    } else {
+        exec_query_process(library, &writes, jobs).map(Started::Exec)
+    };
+    // The hook's write ends close now, so that a pipe ends when its child does.
+    let reads: Vec<OwnedFd> = pipes.into_iter().map(|(r, _)| r).collect();
+    meanwhile();
+    let started = match started {
+        Ok(s) => s,
+        Err(e) => return fail_all(jobs, &e),
+    };
+    let got = collect(&reads, deadline);
+    let pids = started.reap();
+    let ms = timeout.as_millis();
+    got.into_iter()
+        .zip(jobs)
+        .enumerate()
+        .map(|(i, (r, job))| {
+            let stuck = match &r {
+                None => pids.get(i).copied().flatten(),
+                Some(_) => None,
+            };
+            let answer = match (r, job) {
+                (Some(bytes), _) => decode(&bytes),
+                (None, Job::Gpu { .. }) => {
+                    Err(format!("NVML did not answer for this GPU in {ms} ms"))
+                }
+                (None, Job::Every) => Err(format!("NVML did not answer in {ms} ms")),
+            };
+            Asked { answer, stuck }
+        })
+        .collect()
+}
+
+/// The processes `ask` started.
+enum Started {
+    /// One child per job, forked by the hook itself (None where the fork failed).
+    Forked(Vec<Option<nix::unistd::Pid>>),
+    /// The query process, which forked them.
+    Exec(std::process::Child),
+}
+
+impl Started {
+    /// Collects the processes that have ended; never waits for one that has not. Returns
+    /// the forked children's pids by job.
+    fn reap(self) -> Vec<Option<i32>> {
+        use nix::sys::wait::{waitpid, WaitPidFlag};
+        match self {
+            Started::Forked(pids) => {
+                for p in pids.iter().flatten() {
+                    let _ = waitpid(*p, Some(WaitPidFlag::WNOHANG));
+                }
+                pids.iter().map(|p| p.map(|p| p.as_raw())).collect()
+            }
+            Started::Exec(mut c) => {
+                let _ = c.try_wait();
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Whether this process has one thread, so that a child forked from it cannot inherit a
+/// lock some other thread held. Unknown counts as no.
+fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.take(2).count() == 1)
+}
+
+/// Forks one child per job from this (single-threaded) process. A job whose fork fails
+/// gets that as its answer.
+fn fork_each(library: &Path, writes: &[RawFd], jobs: &[Job]) -> Vec<Option<nix::unistd::Pid>> {
+    let library = library.as_os_str().to_owned();
+    let mut pids = Vec::with_capacity(jobs.len());
+    for (fd, job) in writes.iter().zip(jobs) {
+        // SAFETY: the caller checked this process has one thread; the child only runs
+        // run_child, which never returns.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => run_child(&library, *fd, job),
+            Ok(nix::unistd::ForkResult::Parent { child }) => pids.push(Some(child)),
+            Err(e) => {
+                write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}")));
+                pids.push(None);
+            }
+        }
+    }
+    pids
+}
+
+/// Starts the query process ([`super::child::serve`]), which forks the children: for a hook
+/// that may have other threads.
+fn exec_query_process(
+    library: &Path,
+    writes: &[RawFd],
+    jobs: &[Job],
+) -> Result<std::process::Child, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find devgate's own binary: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg0("devgate").arg(QUERY_ARG).arg(library);
+    for (fd, job) in writes.iter().zip(jobs) {
+        cmd.arg(format!("{fd}={}", job.arg()));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let writes = writes.to_vec();
+    // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe. It lets the
+    // write ends (O_CLOEXEC in the hook) cross the exec, in this copy of the table only.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &writes {
+                if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| format!("cannot start the NVML query process: {e}"))
+}
+
+fn fail_all(jobs: &[Job], why: &str) -> Vec<Asked> {
+    jobs.iter()
+        .map(|_| Asked {
+            answer: Err(why.to_string()),
+            stuck: None,
+        })
+        .collect()
+}
+
+/// Reads every pipe until each has ended or the deadline passed: `Some(bytes)` for a pipe
+/// whose writer closed it, `None` for one still open. Each pipe is read up to one byte past
+/// [`MAX_ANSWER`], which [`decode`] then refuses.
+fn collect(reads: &[OwnedFd], deadline: Instant) -> Vec<Option<Vec<u8>>> {
+    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); reads.len()];
+    let mut done = vec![false; reads.len()];
+    while done.iter().any(|d| !d) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let open: Vec<usize> = (0..reads.len()).filter(|&i| !done[i]).collect();
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|&i| libc::pollfd {
+                fd: reads[i].as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `fds` is a live array of `fds.len()` pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        for (k, &i) in open.iter().enumerate() {
+            if fds[k].revents != 0 && drain(&reads[i], &mut bufs[i]) {
+                done[i] = true;
+            }
+        }
+    }
+    bufs.into_iter()
+        .zip(done)
+        .map(|(b, d)| d.then_some(b))
+        .collect()
+}
+
+/// Reads what is there; true once the writer closed the pipe or wrote too much.
+fn drain(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match nix::unistd::read(fd.as_raw_fd(), &mut chunk) {
+            Ok(0) => return true,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.len() > MAX_ANSWER {
+                    return true;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => return false,
+            Err(_) => return true,
+        }
+    }
+}

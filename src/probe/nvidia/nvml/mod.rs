@@ -1,0 +1,533 @@
+//! The NVML probe: what the NVIDIA driver says about each GPU assigned to a container.
+//!
+//! NVML never runs in the hook's own process. Each assigned GPU is asked about in a process
+//! of its own ([`isolate`]), found by its PCI address from the driver's list
+//! (`/proc/driver/nvidia/gpus`, [`super::procfs`]) with nvmlDeviceGetHandleByPciBusId, so
+//! no other GPU is touched ([`query`]). A GPU whose driver call hangs, often in an
+//! uninterruptible ioctl, holds only its own process: the hook takes what the others
+//! answered by the `probe_timeout_ms` deadline and leaves. What comes back is plain data, a
+//! [`NvmlAnswer`]; judging it ([`super::gpu::checks`]) is pure and is where every threshold
+//! lives.
+
+pub(crate) mod child;
+pub(crate) mod isolate;
+pub(crate) mod query;
+pub(crate) mod stuck;
+
+use super::pci::PciAddr;
+use super::procfs::ProcGpu;
+use crate::probe::counters::GpuCounters;
+use nvml_wrapper::error::NvmlError;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What every lost GPU's reason says, whichever way NVML showed it.
+pub const LOST: &str = "GPU is lost (fallen off the bus)";
+
+/// More GPUs than any node has; a library reporting more is broken or hostile.
+pub(crate) const MAX_GPUS: u32 = 256;
+
+/// A value read from NVML, or why there is none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", content = "value", rename_all = "snake_case")]
+pub enum Reading<T> {
+    Value(T),
+    /// The GPU or driver does not support it, or the library lacks the function.
+    NotSupported(String),
+    /// NVML_ERROR_GPU_IS_LOST.
+    Lost,
+    Failed(String),
+}
+
+impl<T> Reading<T> {
+    pub(crate) fn from_result(r: Result<T, NvmlError>) -> Reading<T> {
+        match r {
+            Ok(v) => Reading::Value(v),
+            Err(e) => Reading::from_error(e),
+        }
+    }
+
+    pub(crate) fn from_error(e: NvmlError) -> Reading<T> {
+        match e {
+            NvmlError::GpuLost => Reading::Lost,
+            NvmlError::NotSupported => Reading::NotSupported("not supported".into()),
+            NvmlError::FunctionNotFound => {
+                Reading::NotSupported("function not found in the driver".into())
+            }
+            NvmlError::FailedToLoadSymbol(s) => {
+                Reading::NotSupported(format!("symbol missing from the NVML library ({s})"))
+            }
+            other => Reading::Failed(other.to_string()),
+        }
+    }
+
+    pub fn value(&self) -> Option<&T> {
+        match self {
+            Reading::Value(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        matches!(self, Reading::Lost)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRows {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    pub pending: bool,
+    pub failure: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    pub current: u32,
+    pub max: u32,
+}
+
+/// Everything devgate reads about one GPU, as NVML answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFacts {
+    pub index: u32,
+    /// Why no handle could be had for this index (the GPU is lost or NVML refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<String>,
+    pub minor: Reading<u32>,
+    pub uuid: Reading<String>,
+    /// As NVML writes it: `00000000:3B:00.0`.
+    pub pci_bus_id: Reading<String>,
+    pub remapped_rows: Reading<RemappedRows>,
+    pub retired_pages_pending: Reading<bool>,
+    pub volatile_uncorrectable_ecc: Reading<u64>,
+    pub throttle_reasons: Reading<u64>,
+    pub pcie_gen: Reading<Link>,
+    pub pcie_width: Reading<Link>,
+    /// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: an nvmlDeviceGpuRecoveryAction_t.
+    pub recovery_action: Reading<u32>,
+    /// nvmlDeviceQueryDrainState: the GPU is being drained.
+    pub drain: Reading<bool>,
+}
+
+impl GpuFacts {
+    pub(crate) fn unreachable(index: u32, why: String, lost: bool) -> GpuFacts {
+        fn r<T>(lost: bool) -> Reading<T> {
+            if lost {
+                Reading::Lost
+            } else {
+                Reading::Failed("no handle".into())
+            }
+        }
+        GpuFacts {
+            index,
+            unreachable: Some(why),
+            minor: r(lost),
+            uuid: r(lost),
+            pci_bus_id: r(lost),
+            remapped_rows: r(lost),
+            retired_pages_pending: r(lost),
+            volatile_uncorrectable_ecc: r(lost),
+            throttle_reasons: r(lost),
+            pcie_gen: r(lost),
+            pcie_width: r(lost),
+            recovery_action: r(lost),
+            drain: r(lost),
+        }
+    }
+
+    /// `GPU-1234… (0000:3b:00.0)`, with what is known.
+    pub fn label(&self) -> String {
+        let id = match self.uuid.value() {
+            Some(u) => u.clone(),
+            None => format!("index {}", self.index),
+        };
+        match self.pci_bus_id.value() {
+            Some(p) => format!("{id} ({})", display_bus_id(p)),
+            None => id,
+        }
+    }
+
+    /// Whether NVML said GPU_IS_LOST for this GPU, at its handle or at any query. A GPU
+    /// that did not answer at all is not lost: nothing is known of it.
+    pub fn is_lost(&self) -> bool {
+        [
+            self.remapped_rows.is_lost(),
+            self.retired_pages_pending.is_lost(),
+            self.volatile_uncorrectable_ecc.is_lost(),
+            self.throttle_reasons.is_lost(),
+            self.pcie_gen.is_lost(),
+            self.pcie_width.is_lost(),
+            self.minor.is_lost(),
+            self.recovery_action.is_lost(),
+            self.drain.is_lost(),
+        ]
+        .iter()
+        .any(|l| *l)
+    }
+}
+
+/// NVML's `00000000:3B:00.0` as Linux writes it, `0000:3b:00.0`; anything unparsable is
+/// shown as it came, lower-cased.
+pub fn display_bus_id(nvml: &str) -> String {
+    match PciAddr::parse(nvml) {
+        Some(a) => a.to_string(),
+        None => nvml.to_ascii_lowercase(),
+    }
+}
+
+/// How the GPUs in an answer were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lookup {
+    /// By the driver's list (`/proc/driver/nvidia/gpus`): each GPU asked for by its PCI
+    /// address, in a process of its own, and no other GPU touched.
+    DriverList,
+    /// By NVML enumerating every GPU in one process: only where the driver's list cannot
+    /// be read, since nothing else then maps /dev/nvidiaN to a PCI address.
+    Enumeration,
+}
+
+/// NVML's answer on a node: the GPUs asked about, or why NVML could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NvmlAnswer {
+    /// `Err` is the reason every GPU check is unknown (library missing, init failed, timeout).
+    pub gpus: Result<Vec<GpuFacts>, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    pub elapsed_us: u64,
+    pub lookup: Lookup,
+}
+
+impl NvmlAnswer {
+    /// Asks NVML about `gpus` (the driver's entries with their index in its list), each in
+    /// its own process, within `timeout`; a GPU that does not answer by then is unknown
+    /// on its own. The driver's minor, address and UUID stand whatever NVML answers. A GPU
+    /// with a query still stuck from an earlier call (`stuck`) is not asked again.
+    /// `meanwhile` runs while the children do.
+    pub fn for_gpus(
+        library: &Path,
+        timeout: Duration,
+        gpus: &[(u32, ProcGpu)],
+        stuck: &stuck::Stuck,
+        meanwhile: impl FnOnce(),
+    ) -> NvmlAnswer {
+        let started = Instant::now();
+        let mut answers: Vec<Option<Result<isolate::Answer, String>>> = gpus
+            .iter()
+            .map(|(_, p)| stuck.still_stuck(&p.pci).map(Err))
+            .collect();
+        let ask: Vec<usize> = (0..gpus.len()).filter(|&i| answers[i].is_none()).collect();
+        let jobs: Vec<isolate::Job> = ask
+            .iter()
+            .map(|&i| isolate::Job::Gpu {
+                bus_id: gpus[i].1.nvml_bus_id(),
+                index: gpus[i].0,
+            })
+            .collect();
+        if jobs.is_empty() {
+            meanwhile();
+        } else {
+            let asked = isolate::ask(library, timeout, &jobs, meanwhile);
+            for (&i, asked) in ask.iter().zip(asked) {
+                if let Some(pid) = asked.stuck {
+                    stuck.record(&gpus[i].1.pci, pid);
+                }
+                answers[i] = Some(asked.answer);
+            }
+        }
+        let answers: Vec<Result<isolate::Answer, String>> = answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err("not asked".into())))
+            .collect();
+        let (facts, driver_version, init_us) = merge(gpus, answers);
+        if !gpus.is_empty() {
+            log_times(started, init_us);
+        }
+        NvmlAnswer {
+            gpus: facts,
+            driver_version,
+            elapsed_us: started.elapsed().as_micros() as u64,
+            lookup: Lookup::DriverList,
+        }
+    }
+
+    /// Every GPU NVML counts, read in one process within `timeout`: for a node whose
+    /// driver list cannot be read. `meanwhile` runs while the child does.
+    pub fn enumerate(library: &Path, timeout: Duration, meanwhile: impl FnOnce()) -> NvmlAnswer {
+        let started = Instant::now();
+        let answer = isolate::ask(library, timeout, &[isolate::Job::Every], meanwhile)
+            .pop()
+            .map_or_else(|| Err("no answer".into()), |a| a.answer);
+        let (gpus, driver_version) = match answer {
+            Ok(isolate::Answer::Gpus {
+                driver_version,
+                gpus,
+                init_us,
+            }) => {
+                log_times(started, init_us);
+                (Ok(gpus), driver_version)
+            }
+            Ok(isolate::Answer::Failed(e)) | Err(e) => (Err(e), None),
+        };
+        NvmlAnswer {
+            gpus,
+            driver_version,
+            elapsed_us: started.elapsed().as_micros() as u64,
+            lookup: Lookup::Enumeration,
+        }
+    }
+
+    pub fn gpu_by_minor(&self, minor: u32) -> Option<&GpuFacts> {
+        self.gpus
+            .as_ref()
+            .ok()?
+            .iter()
+            .find(|g| g.minor.value() == Some(&minor))
+    }
+
+    /// NVML's changeable figures for /dev/nvidia`minor`, for the start snapshot and its
+    /// poststop twin. None when NVML gave no answer at all (library missing, deadline):
+    /// then no GPU fault can be claimed either way.
+    pub fn counters(&self, minor: u32) -> Option<GpuCounters> {
+        let gpus = self.gpus.as_ref().ok()?;
+        let Some(g) = self.gpu_by_minor(minor) else {
+            // NVML answered but no GPU has this minor any more: it fell off the bus.
+            return (!gpus.is_empty()).then(GpuCounters::default);
+        };
+        let rows = g.remapped_rows.value();
+        Some(GpuCounters {
+            uuid: g.uuid.value().cloned(),
+            pci_bus_id: g.pci_bus_id.value().cloned(),
+            reachable: !g.is_lost(),
+            ecc_volatile_uncorrectable: g.volatile_uncorrectable_ecc.value().copied(),
+            remapped_rows_uncorrectable: rows.map(|r| u64::from(r.uncorrectable)),
+            remap_failure: rows.is_some_and(|r| r.failure),
+        })
+    }
+
+    /// The PCI address of the GPU behind /dev/nvidia`minor`, for attributing XID reports.
+    pub fn pci_of_minor(&self, minor: u32) -> Option<PciAddr> {
+        let g = self.gpu_by_minor(minor)?;
+        PciAddr::parse(g.pci_bus_id.value()?)
+    }
+}
+
+/// Each GPU's answer, with the driver's identity put in. NVML that could not be opened for
+/// any GPU is one reason for all of them (the library is missing, or is not NVML); a GPU
+/// whose process did not answer, or failed alone, is unknown on its own.
+fn merge(
+    gpus: &[(u32, ProcGpu)],
+    answers: Vec<Result<isolate::Answer, String>>,
+) -> (Result<Vec<GpuFacts>, String>, Option<String>, u64) {
+    let mut version = None;
+    let mut slowest_init = 0;
+    let mut facts = Vec::with_capacity(gpus.len());
+    let mut failures = Vec::new();
+    for ((index, p), answer) in gpus.iter().zip(answers) {
+        let mut f = match answer {
+            Ok(isolate::Answer::Gpus {
+                driver_version,
+                gpus,
+                init_us,
+            }) if gpus.len() == 1 => {
+                version = version.or(driver_version);
+                slowest_init = slowest_init.max(init_us);
+                gpus.into_iter()
+                    .next()
+                    .unwrap_or_else(|| unanswered(*index, "no answer"))
+            }
+            Ok(isolate::Answer::Gpus { gpus, .. }) => unanswered(
+                *index,
+                &format!(
+                    "the NVML query process answered for {} GPUs, not 1",
+                    gpus.len()
+                ),
+            ),
+            Ok(isolate::Answer::Failed(e)) => {
+                failures.push(e.clone());
+                unanswered(*index, &e)
+            }
+            Err(e) => unanswered(*index, &e),
+        };
+        f.index = *index;
+        f.minor = Reading::Value(p.minor);
+        f.pci_bus_id = Reading::Value(p.nvml_bus_id());
+        if let (None, Some(u)) = (f.uuid.value(), &p.uuid) {
+            f.uuid = Reading::Value(u.clone());
+        }
+        facts.push(f);
+    }
+    if !gpus.is_empty() && failures.len() == gpus.len() {
+        return (Err(failures.swap_remove(0)), None, slowest_init);
+    }
+    (Ok(facts), version, slowest_init)
+}
+
+/// For `DEVGATE_LOG=debug` and benches/nvml.sh: the NVML step's time, and how much of it
+/// the slowest child spent loading the library and in nvmlInit.
+fn log_times(started: Instant, init_us: u64) {
+    log::debug!(
+        "nvml: answered in {} us, NVML init {init_us} us (slowest child)",
+        started.elapsed().as_micros()
+    );
+}
+
+/// A GPU NVML gave no facts for: unknown, not lost.
+fn unanswered(index: u32, why: &str) -> GpuFacts {
+    GpuFacts::unreachable(index, why.to_string(), false)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn healthy(index: u32) -> GpuFacts {
+        GpuFacts {
+            index,
+            unreachable: None,
+            minor: Reading::Value(index),
+            uuid: Reading::Value(format!("GPU-{index:08x}-0000-0000-0000-000000000000")),
+            pci_bus_id: Reading::Value(format!("00000000:{:02X}:00.0", 0x1b + index * 0x10)),
+            remapped_rows: Reading::Value(RemappedRows {
+                correctable: 0,
+                uncorrectable: 0,
+                pending: false,
+                failure: false,
+            }),
+            retired_pages_pending: Reading::Value(false),
+            volatile_uncorrectable_ecc: Reading::Value(0),
+            throttle_reasons: Reading::Value(0x1),
+            pcie_gen: Reading::Value(Link { current: 4, max: 4 }),
+            pcie_width: Reading::Value(Link {
+                current: 16,
+                max: 16,
+            }),
+            recovery_action: Reading::Value(0),
+            drain: Reading::Value(false),
+        }
+    }
+
+    fn proc_gpu(minor: u32, bus: u8) -> (u32, ProcGpu) {
+        let pci = PciAddr::parse(&format!("0000:{bus:02x}:00.0")).unwrap();
+        let uuid = Some(format!("GPU-{minor:08x}-1111-2222-3333-444444444444"));
+        (minor, ProcGpu { minor, pci, uuid })
+    }
+
+    #[test]
+    fn each_gpu_keeps_its_own_answer_and_the_drivers_identity() {
+        use isolate::Answer;
+        let gpus = [proc_gpu(0, 0x1b), proc_gpu(3, 0x86), proc_gpu(5, 0xd8)];
+        let mut lost = GpuFacts::unreachable(9, LOST.into(), true);
+        lost.uuid = Reading::Lost;
+        let answers = vec![
+            Ok(Answer::Gpus {
+                driver_version: Some("550.54.15".into()),
+                gpus: vec![healthy(7)],
+                init_us: 0,
+            }),
+            Err("NVML did not answer for this GPU in 2000 ms".into()),
+            Ok(Answer::Gpus {
+                driver_version: None,
+                gpus: vec![lost],
+                init_us: 0,
+            }),
+        ];
+        let (facts, version, _) = merge(&gpus, answers);
+        let facts = facts.unwrap();
+        assert_eq!(version.as_deref(), Some("550.54.15"));
+        // the driver's minor and address stand, whatever NVML said
+        assert_eq!(facts[0].minor, Reading::Value(0));
+        assert_eq!(facts[0].pci_bus_id.value().unwrap(), "00000000:1B:00.0");
+        assert!(!facts[0].is_lost());
+        // the hung GPU is unknown, not lost, and says why
+        assert!(!facts[1].is_lost());
+        assert_eq!(
+            facts[1].unreachable.as_deref(),
+            Some("NVML did not answer for this GPU in 2000 ms")
+        );
+        assert_eq!(
+            facts[1].label(),
+            "GPU-00000003-1111-2222-3333-444444444444 (0000:86:00.0)"
+        );
+        // the lost one is lost, labelled by the driver's UUID and address
+        assert!(facts[2].is_lost());
+        assert_eq!(facts[2].minor, Reading::Value(5));
+        assert_eq!(
+            facts[2].label(),
+            "GPU-00000005-1111-2222-3333-444444444444 (0000:d8:00.0)"
+        );
+    }
+
+    #[test]
+    fn nvml_that_opens_for_no_gpu_is_one_reason_for_all() {
+        use isolate::Answer;
+        let gpus = [proc_gpu(0, 0x1b), proc_gpu(1, 0x3b)];
+        let why = "cannot load /nonexistent/libnvidia-ml.so.1: no such file";
+        let all = vec![
+            Ok(Answer::Failed(why.into())),
+            Ok(Answer::Failed(why.into())),
+        ];
+        assert_eq!(merge(&gpus, all).0, Err(why.to_string()));
+        // one GPU's failure is that GPU's alone
+        let one = vec![
+            Ok(Answer::Failed("NVML init failed (x): Unknown".into())),
+            Ok(Answer::Gpus {
+                driver_version: None,
+                gpus: vec![healthy(1)],
+                init_us: 0,
+            }),
+        ];
+        let facts = merge(&gpus, one).0.unwrap();
+        assert_eq!(
+            facts[0].unreachable.as_deref(),
+            Some("NVML init failed (x): Unknown")
+        );
+        assert_eq!(facts[1].unreachable, None);
+        // an answer for the wrong number of GPUs is the process's fault
+        let two = vec![
+            Ok(Answer::Gpus {
+                driver_version: None,
+                gpus: vec![healthy(0), healthy(1)],
+                init_us: 0,
+            }),
+            Err("x".into()),
+        ];
+        let facts = merge(&gpus, two).0.unwrap();
+        assert!(facts[0]
+            .unreachable
+            .as_deref()
+            .unwrap()
+            .contains("answered for 2 GPUs"));
+    }
+
+    #[test]
+    fn a_child_that_writes_garbage_is_unknown_with_a_clear_reason() {
+        use isolate::{decode, Answer, MAX_ANSWER};
+        assert!(decode(b"").unwrap_err().contains("without an answer"));
+        assert!(decode(b"{\"gpus\": 1}")
+            .unwrap_err()
+            .contains("malformed answer"));
+        assert!(decode(&vec![b' '; MAX_ANSWER + 1])
+            .unwrap_err()
+            .contains("more than"));
+        let a = Answer::Gpus {
+            driver_version: Some("550.54.15".into()),
+            gpus: vec![healthy(2), GpuFacts::unreachable(3, LOST.into(), true)],
+            init_us: 0,
+        };
+        let bytes = serde_json::to_vec(&a).unwrap();
+        assert_eq!(decode(&bytes).unwrap(), a);
+        let f = Answer::Failed("cannot load x".into());
+        assert_eq!(decode(&serde_json::to_vec(&f).unwrap()).unwrap(), f);
+        let many = Answer::Gpus {
+            driver_version: None,
+            gpus: (0..=MAX_GPUS).map(healthy).collect(),
+            init_us: 0,
+        };
+        assert!(decode(&serde_json::to_vec(&many).unwrap())
+            .unwrap_err()
+            .contains("too many GPUs"));
+    }
+}
