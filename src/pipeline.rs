@@ -10,6 +10,7 @@ use crate::action::remap::{self, Applied, RemapRecord};
 use crate::action::spare;
 use crate::config::policy::Action;
 use crate::config::Config;
+use crate::discover::gpu::GpuSelector;
 use crate::discover::{self, gpu};
 use crate::error::Result;
 use crate::model::clock;
@@ -97,23 +98,36 @@ fn assigned(
             nvidia::gpu::KnownGpus::from_driver(&driver)
         };
         let nodes = gpu::gpu_minor_nodes(&config.dev_root);
-        let placed = match &ctx {
-            // Only NVML's enumeration to go by (the driver's list, which names every GPU's
-            // UUID, is unreadable): UUIDs NVML cannot answer (a lost GPU) are placed by the
-            // driver's `GPU at` lines in the kernel log.
-            Some(g) => {
-                let gpu_at = g.kmsg.as_ref().map(|s| s.gpu_at.as_slice()).unwrap_or(&[]);
-                nvidia::gpu_at::place_uuid_selectors(
-                    std::mem::take(&mut selectors),
-                    &g.nvml,
-                    gpu_at,
-                    &g.proc_gpus,
-                )
-            }
-            None => nvidia::gpu_at::Placed {
+        // UUIDs the list does not know (a lost GPU's, which neither NVML nor the driver can
+        // read any more) are placed by the driver's `GPU at` lines in the kernel log; the
+        // log is read for that only when such a UUID is there (through its cache, which
+        // the probes then read from).
+        let unknown_uuid = selectors
+            .iter()
+            .any(|(s, _)| matches!(s, GpuSelector::Uuid(u) if !known.knows_uuid(u)));
+        let placed = if unknown_uuid {
+            let read;
+            let log = match &ctx {
+                Some(g) => &g.kmsg,
+                None => {
+                    read = nvidia::read_log(config);
+                    &read
+                }
+            };
+            let gpu_at = log.as_ref().map(|s| s.gpu_at.as_slice()).unwrap_or(&[]);
+            let procs: Vec<_> = driver.iter().map(|(_, p)| p.clone()).collect();
+            nvidia::gpu_at::place_uuid_selectors(
+                std::mem::take(&mut selectors),
+                &known,
+                ctx.as_ref().map(|g| &g.nvml),
+                gpu_at,
+                &procs,
+            )
+        } else {
+            nvidia::gpu_at::Placed {
                 minors: Vec::new(),
                 rest: std::mem::take(&mut selectors),
-            },
+            }
         };
         let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&placed.rest, &known, &nodes);
         for (minor, source) in placed.minors.into_iter().chain(chosen) {

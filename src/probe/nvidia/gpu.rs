@@ -246,6 +246,17 @@ pub struct KnownGpus {
 }
 
 impl KnownGpus {
+    /// Whether a GPU on the list has this UUID (as NVIDIA compares them, ignoring case).
+    pub fn knows_uuid(&self, uuid: &str) -> bool {
+        self.ids.as_ref().is_ok_and(|ids| {
+            ids.iter().any(|g| {
+                g.uuid
+                    .as_deref()
+                    .is_some_and(|v| v.eq_ignore_ascii_case(uuid))
+            })
+        })
+    }
+
     /// The driver's list, in PCI address order: NVML's own index order.
     pub fn from_driver(driver: &[(u32, ProcGpu)]) -> KnownGpus {
         KnownGpus {

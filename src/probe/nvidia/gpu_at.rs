@@ -7,6 +7,7 @@
 //! `kmsg::Record::is_driver`) that matches the whole form: a forged line could otherwise
 //! point a container's UUID selector at another GPU.
 
+use super::gpu::KnownGpus;
 use super::nvml::NvmlAnswer;
 use super::pci::PciAddr;
 use super::procfs::ProcGpu;
@@ -78,8 +79,8 @@ pub fn pci_of_uuid(map: &[GpuAt], uuid: &str) -> Option<PciAddr> {
 
 /// The minor (`/dev/nvidiaN`) of the GPU at `pci`: NVML's entry for that slot, else the
 /// driver's own list (/proc/driver/nvidia/gpus), which still answers for a lost GPU.
-pub fn minor_at(pci: &PciAddr, nvml: &NvmlAnswer, proc: &[ProcGpu]) -> Option<u32> {
-    if let Ok(gpus) = &nvml.gpus {
+pub fn minor_at(pci: &PciAddr, nvml: Option<&NvmlAnswer>, proc: &[ProcGpu]) -> Option<u32> {
+    if let Some(Ok(gpus)) = nvml.map(|n| &n.gpus) {
         let hit = gpus.iter().find(|g| {
             g.pci_bus_id
                 .value()
@@ -102,24 +103,22 @@ pub struct Placed {
     pub rest: Vec<(GpuSelector, Source)>,
 }
 
-/// UUID selectors NVML cannot answer (no answer at all, or no GPU with that UUID: a lost
-/// GPU whose UUID NVML can no longer read), placed through the kernel log's `GPU at`
-/// records and the minor of that slot. A UUID the log does not place is left as it was, so NVML's
-/// own answer (and its warning) stands.
+/// UUID selectors the GPU list does not know (`known`: NVML's enumeration or the driver's
+/// list; no answer at all, or a lost GPU whose UUID neither can read any more), placed
+/// through the kernel log's `GPU at` records and the minor of that slot (from `nvml` where
+/// NVML answered, else the driver's list `proc`). A UUID the log does not place is left as
+/// it was, so the list's own answer (and its warning) stands.
 pub fn place_uuid_selectors(
     selectors: Vec<(GpuSelector, Source)>,
-    nvml: &NvmlAnswer,
+    known: &KnownGpus,
+    nvml: Option<&NvmlAnswer>,
     gpu_at: &[GpuAt],
     proc: &[ProcGpu],
 ) -> Placed {
     let mut out = Placed::default();
     for (sel, source) in selectors {
         if let GpuSelector::Uuid(u) = &sel {
-            let nvml_knows = nvml.gpus.as_ref().is_ok_and(|gpus| {
-                gpus.iter()
-                    .any(|g| g.uuid.value().is_some_and(|v| v.eq_ignore_ascii_case(u)))
-            });
-            let minor = (!nvml_knows)
+            let minor = (!known.knows_uuid(u))
                 .then(|| pci_of_uuid(gpu_at, u))
                 .flatten()
                 .and_then(|pci| minor_at(&pci, nvml, proc));
@@ -221,7 +220,13 @@ mod tests {
             ),
             (GpuSelector::Index(1), Source::NvidiaVisibleDevices),
         ];
-        let p = place_uuid_selectors(sel.clone(), &down, &map, &proc);
+        let p = place_uuid_selectors(
+            sel.clone(),
+            &KnownGpus::from_answer(&down),
+            Some(&down),
+            &map,
+            &proc,
+        );
         assert_eq!(p.minors, vec![(3, Source::CdiAnnotation)]);
         assert_eq!(
             p.rest,
@@ -229,7 +234,13 @@ mod tests {
             "unplaced selectors stay for NVML"
         );
         // no driver list and no NVML: the slot's minor is unknown, the selector stays
-        let p = place_uuid_selectors(sel.clone(), &down, &map, &[]);
+        let p = place_uuid_selectors(
+            sel.clone(),
+            &KnownGpus::from_answer(&down),
+            Some(&down),
+            &map,
+            &[],
+        );
         assert!(p.minors.is_empty());
         assert_eq!(p.rest, sel);
         // NVML answers and knows the UUID: NVML decides
@@ -241,7 +252,13 @@ mod tests {
             elapsed_us: 0,
             lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
         };
-        let p = place_uuid_selectors(sel.clone(), &up, &map, &proc);
+        let p = place_uuid_selectors(
+            sel.clone(),
+            &KnownGpus::from_answer(&up),
+            Some(&up),
+            &map,
+            &proc,
+        );
         assert!(p.minors.is_empty());
         // NVML answers, the GPU is lost (no UUID), its slot is known: placed at NVML's minor
         g.uuid = Reading::Lost;
@@ -253,7 +270,13 @@ mod tests {
             elapsed_us: 0,
             lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
         };
-        let p = place_uuid_selectors(sel, &lost, &map, &proc);
+        let p = place_uuid_selectors(
+            sel,
+            &KnownGpus::from_answer(&lost),
+            Some(&lost),
+            &map,
+            &proc,
+        );
         assert_eq!(p.minors, vec![(5, Source::CdiAnnotation)]);
     }
 }

@@ -113,10 +113,10 @@ impl GpuContext {
     }
 }
 
-type Kmsg = std::result::Result<kmsg::KmsgScan, String>;
+pub(crate) type Kmsg = std::result::Result<kmsg::KmsgScan, String>;
 
 /// The kernel log, bounded by `probe_timeout_ms`, through the cache in `state_dir`.
-fn read_log(config: &Config) -> Kmsg {
+pub(crate) fn read_log(config: &Config) -> Kmsg {
     let limits = kmsg::ReadLimits {
         deadline: timeout(config),
         ..kmsg::ReadLimits::default()

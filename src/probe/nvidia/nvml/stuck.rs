@@ -108,8 +108,7 @@ mod tests {
 
     #[test]
     fn a_note_holds_while_its_process_lives_and_goes_with_it() {
-        let dir = std::env::temp_dir().join(format!("devgate-stuck-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::fsutil::tests::tempdir("stuck");
         let s = Stuck::new(&dir);
         let pci = PciAddr::parse("0000:86:00.0").unwrap();
         assert_eq!(s.still_stuck(&pci), None);
