@@ -347,7 +347,7 @@ fn a_gpu_hanging_in_nvml_makes_only_its_own_containers_unknown() {
         )),
         "{said}"
     );
-    assert_eq!(Hung::read(&pids).pids.len(), hung.pids.len());
+    assert_eq!(Hung::logged(&pids).len(), hung.pids.len());
     // once it has ended, GPU 3 is asked again (and hangs again)
     drop(hung);
     wait_for("the stuck process to end", || {
@@ -487,9 +487,7 @@ fn the_query_process_answers_each_gpu_on_its_own_pipe_and_leaves() {
     assert_eq!(g["uuid"]["value"], uuid(0), "{a}");
     assert_eq!(g["recovery_action"]["value"], 0, "{a}");
     // GPU 3's child is stuck in NVML and still holds its pipe open
-    wait_for("GPU 3's child to hang", || {
-        !Hung::read(&pids).pids.is_empty()
-    });
+    wait_for("GPU 3's child to hang", || !Hung::logged(&pids).is_empty());
     let hung = Hung::read(&pids);
     assert!(
         hung.pids

@@ -168,16 +168,24 @@ pub struct Hung {
 }
 
 impl Hung {
+    /// Takes the logged processes over: they are killed when the `Hung` is dropped.
     pub fn read(path: &Path) -> Hung {
-        let pids = fs::read_to_string(path)
+        Hung {
+            pids: Hung::logged(path),
+        }
+    }
+
+    /// The logged processes, only looked at: a `Hung` made just to look (a temporary in a
+    /// wait) would kill them as it is dropped.
+    pub fn logged(path: &Path) -> Vec<(String, i32)> {
+        fs::read_to_string(path)
             .unwrap_or_default()
             .lines()
             .filter_map(|l| {
                 let (bus, pid) = l.split_once(' ')?;
                 Some((bus.to_string(), pid.trim().parse().ok()?))
             })
-            .collect();
-        Hung { pids }
+            .collect()
     }
 
     /// Whether process `pid` still runs (a zombie does not).
