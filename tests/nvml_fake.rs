@@ -873,7 +873,7 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
     let out = n.prestart(&spec_with_gpus(&[0, 1]), &node_with(1, old_driver.clone()));
     n.rejected(
         &out,
-        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time since the driver loaded, last at 5.002000 s after boot (kmsg seq 1002): \"pid=4242, name=python, GPU has fallen off the bus.\"; GPU reset or reboot required; policy reject",
+        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time since the driver loaded, last at 5.002000 s after boot (kmsg seq 1002): \"pid=4242, name=python, GPU has fallen off the bus.\"; node reboot required; policy reject",
     );
     // the driver was loaded again after it: the GPU was re-initialised
     fs::write(
@@ -913,6 +913,49 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
         "{}",
         text(&out)
     );
+}
+
+/// XID 154 carries the driver's recovery action in the line itself: a GPU reset required
+/// rejects without asking NVML, drain P2P only warns, and a later "to 0x0 (None)" (the
+/// driver after `nvidia-smi -r`) ends the earlier reports without a driver reload.
+#[test]
+fn xid_154_lines_decide_by_the_recovery_action_they_name() {
+    require_root!();
+    let n = node("xid154", fake_nvml::lib(), json!({}));
+    let xid79 =
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.";
+    // the line as published (tests/fixtures/kmsg/nvrm-lines.txt), moved to GPU 1's slot
+    let reset = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)";
+    fs::write(&n.kmsg, kmsg_fixture(&[reset])).unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &healthy_node());
+    n.rejected(
+        &out,
+        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is GPU reset required, at 5.000000 s after boot (kmsg seq 1000): \"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\"; policy reject",
+    );
+    let drain = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)";
+    fs::write(&n.kmsg, kmsg_fixture(&[drain])).unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &healthy_node());
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        n.said(&out).starts_with(
+            "devgate: warning: /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is drain peer-to-peer traffic"
+        ),
+        "{}",
+        text(&out)
+    );
+    // XID 79, the reset the driver asked for, then its word that nothing more is needed
+    fs::write(
+        &n.kmsg,
+        kmsg_fixture(&[
+            xid79,
+            "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+            "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
+        ]),
+    )
+    .unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &healthy_node());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(n.said(&out), "", "{}", text(&out));
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Faults during a run: the start snapshot of the counters that can change while a
 //! container runs (`probe::counters`), compared with the live values at poststop. Pure.
 
-use crate::config::xid::{describe_xid, XidAction};
+use crate::config::xid::describe_xid;
 use crate::model::device::DevNum;
 use crate::model::text::one_line;
 use crate::probe::counters::{DeviceSnapshot, Snapshot};
@@ -167,7 +167,7 @@ pub fn xid_reports(gpu: &GpuContext) -> Vec<XidReport> {
             seq: e.seq,
             pci: e.pci.to_string(),
             xid: e.xid,
-            critical: gpu.xid_table.action(e.xid) == XidAction::Unhealthy,
+            critical: crate::probe::nvidia::xid::blocks(e, &gpu.xid_table),
             text: e.text.clone(),
         })
         .collect()
