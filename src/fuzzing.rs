@@ -198,12 +198,31 @@ pub fn gpu_selector_values(data: &[u8]) {
     assert!(selectors.len() <= 256);
     for (s, _) in selectors {
         match s {
-            GpuSelector::All => {}
-            GpuSelector::Index(i) => assert!(i <= 9999),
+            GpuSelector::All | GpuSelector::Index(_) | GpuSelector::Mig { .. } => {}
+            // a bus id printed as NVIDIA prints it reads back as itself
+            GpuSelector::PciBusId {
+                domain,
+                bus,
+                device,
+            } => {
+                let printed = format!("{domain:08x}:{bus:02x}:{device:02x}.0");
+                assert_eq!(
+                    crate::discover::selector::parse(&printed),
+                    Some(GpuSelector::PciBusId {
+                        domain,
+                        bus,
+                        device
+                    })
+                );
+            }
             GpuSelector::Uuid(u) => {
                 assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-"));
-                assert_eq!(u.trim(), u);
             }
+            GpuSelector::MigUuid(u) => {
+                assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"MIG-"));
+            }
+            // the reason quotes at most a bounded piece of the token, escaped
+            GpuSelector::Invalid(why) => assert!(why.len() <= 1024, "{why}"),
         }
     }
 }

@@ -8,7 +8,7 @@
 use crate::action::nsdev::ContainerProcess;
 use crate::action::remap::{self, Applied, RemapRecord};
 use crate::action::spare;
-use crate::config::policy::Action;
+use crate::config::policy::{Action, OnUnknown};
 use crate::config::Config;
 use crate::discover::gpu::GpuSelector;
 use crate::discover::{self, gpu};
@@ -225,6 +225,24 @@ pub(crate) fn gate_with(
     remap: &mut Remapper,
 ) -> Result<Reply> {
     let (devices, gpu, selector_warnings) = assigned(config, spec)?;
+    // A selector naming no GPU devgate can find is an unknown, like a probe that cannot
+    // tell: under `on_unknown: reject` it refuses the start rather than check nothing.
+    if config.policy.on_unknown == OnUnknown::Reject && !selector_warnings.is_empty() {
+        let line = one_line(&format!(
+            "devgate: rejected: {}; policy on_unknown reject",
+            selector_warnings
+                .iter()
+                .map(|w| w.trim_start_matches("devgate: warning: "))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+        return Ok(Reply {
+            exit_code: 1,
+            stderr: vec![line.clone()],
+            action: Some(Action::Reject),
+            message: Some(line),
+        });
+    }
     if devices.is_empty() {
         return Ok(Reply {
             exit_code: 0,

@@ -843,6 +843,74 @@ fn nvidia_visible_devices_and_cdi_select_gpus() {
     );
 }
 
+/// Every form libnvidia-container accepts names the GPU it names there (index 3 is minor
+/// 6 at 0000:86:00.0 here); a UUID prefix names nothing; a token NVIDIA refuses is an
+/// unknown, which `policy.on_unknown: reject` turns into a refusal, never silently nothing.
+#[test]
+fn selector_forms_follow_libnvidia_container() {
+    require_root!();
+    let n = node("selforms", fake_nvml::lib(), json!({}));
+    let mut bad = node_with(
+        3,
+        json!({"remapped_rows": {"uncorrectable": 1, "failure": true}}),
+    );
+    bad["gpus"][3]["minor"] = json!(6);
+    bad["gpus"][6]["minor"] = json!(3);
+    let with_env = |v: &str| {
+        let mut spec = base_spec(&["true"]);
+        spec["process"]["env"] = json!([format!("NVIDIA_VISIBLE_DEVICES={v}")]);
+        spec
+    };
+    for form in [
+        "3",
+        "00003",
+        "+3",
+        "0:86:00.0",
+        "00000000:86:00.0",
+        "0000:86:00",
+        "3:0",
+    ] {
+        let out = n.prestart(&with_env(form), &bad);
+        assert_eq!(out.status.code(), Some(1), "{form}: {}", text(&out));
+        assert!(
+            n.said(&out).contains("rejected /dev/nvidia6 (195:6)"),
+            "{form}: {}",
+            text(&out)
+        );
+    }
+    // the first 12 characters of GPU 3's UUID: a prefix is not the GPU
+    let prefix = &uuid(3)[..12];
+    let out = n.prestart(&with_env(prefix), &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        n.said(&out).trim_end(),
+        format!(
+            "devgate: warning: NVIDIA_VISIBLE_DEVICES selects {prefix}, which NVML does not report"
+        )
+    );
+    // tokens NVIDIA refuses: said, with the reason
+    let out = n.prestart(&with_env("0,3b:00.0"), &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        n.said(&out).trim_end(),
+        "devgate: warning: NVIDIA_VISIBLE_DEVICES value \"3b:00.0\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void, which NVIDIA's tooling refuses"
+    );
+    let strict = node(
+        "selstrict",
+        fake_nvml::lib(),
+        json!({"policy": {"on_unknown": "reject"}}),
+    );
+    let out = strict.prestart(&with_env("0,junk"), &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        strict.said(&out).trim_end(),
+        "devgate: rejected: NVIDIA_VISIBLE_DEVICES value \"junk\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void, which NVIDIA's tooling refuses; policy on_unknown reject"
+    );
+    // under the same policy a selector that resolves starts
+    let out = strict.prestart(&with_env("0"), &bad);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// The kernel log lines a GPU at bus 0x3b would leave.
 fn kmsg_fixture(records: &[&str]) -> String {
     records
