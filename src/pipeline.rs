@@ -22,7 +22,7 @@ use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
 use crate::probe::nvidia::{self, GpuContext};
-use crate::probe::probe_all;
+use crate::probe::{pcie, probe_all};
 use crate::report::fault::{self, Fault};
 use crate::report::record::{self, Decision, ExitRecord, PodInfo, StopLine};
 use crate::report::termination;
@@ -256,6 +256,15 @@ pub(crate) fn gate_with(
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = policy::summarize(&decisions);
     warnings.extend(selector_warnings);
+    // What this start judged becomes the PCIe AER baseline of the next (probe::pcie).
+    let mut judged: Vec<Device> = decisions.iter().map(|d| d.device.clone()).collect();
+    judged.extend(in_use(&decisions, &applied.remaps));
+    pcie::advance_baselines(
+        &config.sysfs_root,
+        &config.state_dir,
+        &judged,
+        gpu.as_ref().map(|g| &g.nvml),
+    );
 
     let (time_unix, time) = clock::now();
     let snapshot = (action != Action::Reject).then(|| Snapshot {
