@@ -380,6 +380,17 @@ mod tests {
             let e = parse_aer(text, "TOTAL_ERR_COR").unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
         }
+        // a hostile or broken tree: an endless file is read to its bound and refused
+        let t = Tree::new("pcie-huge");
+        let f = t.pci("0000:3b:00.0", true);
+        t.write(&f, "aer_dev_fatal", &"x".repeat(100_000));
+        assert!(
+            matches!(read_aer(&f), Some(Err(e)) if e.starts_with("aer_dev_fatal: unexpected line"))
+        );
+        t.write(&f, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        t.write(&f, "aer_dev_nonfatal", &"RxErr 1\n".repeat(10_000));
+        assert!(matches!(read_aer(&f), Some(Err(e)) if e.contains("more than 64 lines")));
+        fs::remove_dir_all(&t.0).unwrap();
         let many = "RxErr 0\n".repeat(100);
         assert!(parse_aer(&many, "TOTAL_ERR_COR")
             .unwrap_err()
