@@ -130,8 +130,13 @@ pub fn function_dir(
     let mut addr = nvml?.pci_of_minor(device.num.minor)?;
     addr.function.get_or_insert(0);
     let d = fs::canonicalize(sysfs_root.join("bus/pci/devices").join(addr.to_string())).ok()?;
-    d.is_dir().then_some(d)
+    // Only an NVIDIA function is the GPU: a bus id that names another vendor's device
+    // (NVML and sysfs disagreeing, or a fake NVML on a test machine) judges nothing.
+    let vendor = read_attr(&d.join("vendor")).ok()?;
+    (vendor == NVIDIA_VENDOR).then_some(d)
 }
+
+const NVIDIA_VENDOR: &str = "0x10de";
 
 fn read_width(dir: &Path, file: &str) -> Option<Result<u32, String>> {
     let t = read_attr(&dir.join(file)).ok()?;
@@ -475,6 +480,7 @@ mod tests {
         let gpu = port.join("0000:3b:00.0");
         fs::create_dir_all(&gpu).unwrap();
         symlink("../../../../bus/pci", gpu.join("subsystem")).unwrap();
+        t.write(&gpu, "vendor", "0x10de\n");
         fs::create_dir_all(t.0.join("bus/pci/devices")).unwrap();
         symlink(
             "../../../devices/pci0000:00/0000:00:01.0/0000:3b:00.0",
@@ -568,6 +574,10 @@ mod tests {
         };
         let d = gpu_device();
         assert_eq!(p.check(&d), Verdict::Healthy);
+        // a bus id that names another vendor's function is not the GPU
+        t.write(&gpu, "vendor", "0x8086\n");
+        assert_eq!(p.check(&d).status(), "not_applicable");
+        t.write(&gpu, "vendor", "0x10de\n");
         // no NVML: a GPU's function cannot be found
         let blind = PcieProbe {
             sysfs_root: t.0.clone(),
