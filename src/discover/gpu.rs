@@ -24,7 +24,17 @@ const MAX_SELECTORS: usize = 256;
 /// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     let mut out = Vec::new();
-    if let Some(v) = spec.env(NVIDIA_VISIBLE_DEVICES) {
+    out.extend(
+        volume_mount_devices(spec)
+            .filter_map(parse_selector)
+            .map(|s| (s, Source::NvidiaVisibleDevices)),
+    );
+    // The device plugin's volume-mounts strategy sets the variable to the mounts' root:
+    // the list is the mounts above, not this value.
+    let env = spec
+        .env(NVIDIA_VISIBLE_DEVICES)
+        .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
+    if let Some(v) = env {
         for token in v.split(',') {
             if let Some(s) = parse_selector(token) {
                 let all = s == GpuSelector::All;
@@ -49,6 +59,32 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     }
     out.truncate(MAX_SELECTORS);
     out
+}
+
+/// The NVIDIA toolkit's `accept-nvidia-visible-devices-as-volume-mounts`: the device
+/// plugin names each GPU by a mount of `/dev/null` at `<root>/<name>`; `cdi/<kind>=<name>`
+/// names a CDI device, `imex/…` an IMEX channel (not a GPU).
+const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
+
+fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = &str> {
+    spec.mounts.iter().filter_map(|m| {
+        if m.source.as_deref() != Some(Path::new("/dev/null")) {
+            return None;
+        }
+        let name = m
+            .destination
+            .to_str()?
+            .strip_prefix(VOLUME_MOUNTS_ROOT)?
+            .strip_prefix('/')?
+            .trim_end_matches('/');
+        if name.is_empty() || name.starts_with("imex/") {
+            return None;
+        }
+        match name.strip_prefix("cdi/") {
+            Some(cdi) => cdi.strip_prefix(CDI_GPU_KIND),
+            None => Some(name),
+        }
+    })
 }
 
 /// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
@@ -217,6 +253,31 @@ mod tests {
             gpu_selectors(&s)[..],
             [(GpuSelector::Invalid(_), _)]
         ));
+    }
+
+    #[test]
+    fn the_device_plugins_volume_mounts_name_gpus() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]},
+                "mounts":[
+                  {"destination":"/var/run/nvidia-container-devices/GPU-aBc","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/3","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=1","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/imex/channel0","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/5","source":"/tmp/x"},
+                  {"destination":"/elsewhere/6","source":"/dev/null"}]}"#,
+        );
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (
+                    GpuSelector::Uuid("GPU-aBc".into()),
+                    Source::NvidiaVisibleDevices
+                ),
+                (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
+                (GpuSelector::Index(1), Source::NvidiaVisibleDevices),
+            ]
+        );
     }
 
     #[test]
