@@ -259,12 +259,7 @@ pub(crate) fn gate_with(
     // What this start judged becomes the PCIe AER baseline of the next (probe::pcie).
     let mut judged: Vec<Device> = decisions.iter().map(|d| d.device.clone()).collect();
     judged.extend(in_use(&decisions, &applied.remaps));
-    pcie::advance_baselines(
-        &config.sysfs_root,
-        &config.state_dir,
-        &judged,
-        gpu.as_ref().map(|g| &g.nvml),
-    );
+    pcie::advance_baselines(&config.sysfs_root, &config.state_dir, &judged, gpu.as_ref());
 
     let (time_unix, time) = clock::now();
     let snapshot = (action != Action::Reject).then(|| Snapshot {

@@ -1026,6 +1026,35 @@ fn xid_154_lines_decide_by_the_recovery_action_they_name() {
     assert_eq!(n.said(&out), "", "{}", text(&out));
 }
 
+/// NVML stuck at init: the driver's /proc list still says GPU 1 (minor 1) is 0000:3b:00,
+/// and XID 154's line says it needs a reset. The reject carries the driver's word, not
+/// only "NVML did not answer".
+#[test]
+fn xid_154_rejects_through_the_drivers_list_when_nvml_hangs() {
+    require_root!();
+    let dir = tempdir("xid154-hang-proc");
+    let n = node(
+        "xid154hang",
+        fake_nvml::lib(),
+        json!({"probe_timeout_ms": 300, "proc_root": dir}),
+    );
+    let mut stuck = healthy_node();
+    write_proc_gpus(&dir, &stuck);
+    stuck["hang_ms"] = json!({"nvmlInitWithFlags": 60_000});
+    fs::write(
+        &n.kmsg,
+        kmsg_fixture(&["NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"]),
+    )
+    .unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &stuck);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(
+        said.starts_with("devgate: rejected /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is GPU reset required"),
+        "{said}"
+    );
+}
+
 #[test]
 fn status_shows_each_gpu_and_every_check() {
     require_root!();

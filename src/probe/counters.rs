@@ -4,7 +4,6 @@
 use crate::config::Config;
 use crate::model::class::Class;
 use crate::model::device::{DevNum, Device};
-use crate::probe::nvidia::nvml::NvmlAnswer;
 use crate::probe::nvidia::GpuContext;
 use crate::probe::pcie;
 use crate::store::quarantine::{Ledger, Lookup};
@@ -65,12 +64,12 @@ pub struct Snapshot {
 }
 
 /// Reads one device's counters now. GPU counters are filled by the caller, which owns the
-/// (deadline-guarded) NVML session; its answer gives a GPU's PCI function.
+/// (deadline-guarded) NVML session; its context gives a GPU's PCI function.
 pub fn read_counters(
     config: &Config,
     ledger: &Ledger,
     device: &Device,
-    nvml: Option<&NvmlAnswer>,
+    gpu: Option<&GpuContext>,
 ) -> DeviceCounters {
     let node_present = device
         .host_path
@@ -83,7 +82,7 @@ pub fn read_counters(
         Lookup::Cordoned(e) => (true, Some(e.reason)),
         Lookup::Damaged { .. } => (true, None),
     };
-    let pci_dir: Option<PathBuf> = pcie::function_dir(&config.sysfs_root, device, nvml);
+    let pci_dir: Option<PathBuf> = pcie::function_dir(&config.sysfs_root, device, gpu);
     let (aer_fatal, aer_nonfatal) = match pci_dir.as_deref().and_then(pcie::read_aer) {
         Some(Ok(c)) => (Some(c.fatal), Some(c.nonfatal)),
         _ => (None, None),
@@ -106,7 +105,7 @@ pub fn snapshot_of(
     device: &Device,
     gpu: Option<&GpuContext>,
 ) -> DeviceSnapshot {
-    let mut counters = read_counters(config, ledger, device, gpu.map(|g| &g.nvml));
+    let mut counters = read_counters(config, ledger, device, gpu);
     if device.class == Class::NvidiaGpu {
         counters.gpu = gpu.and_then(|g| g.nvml.counters(device.num.minor));
     }

@@ -57,7 +57,7 @@ pub fn probe_all(
     let pcie = PcieProbe {
         sysfs_root: config.sysfs_root.clone(),
         state_dir: config.state_dir.clone(),
-        nvml: gpu.map(|g| &g.nvml),
+        gpu,
     };
     let nvml_probe = gpu.map(|g| NvmlProbe {
         answer: &g.nvml,
@@ -68,6 +68,7 @@ pub fn probe_all(
         scan: &g.kmsg,
         table: &g.xid_table,
         nvml: &g.nvml,
+        proc: &g.proc_gpus,
     });
     let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &pcie, &quarantine];
     if let Some(p) = &nvml_probe {

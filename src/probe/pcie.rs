@@ -21,7 +21,7 @@ use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::model::verdict::Verdict;
-use crate::probe::nvidia::nvml::NvmlAnswer;
+use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
 use crate::probe::Probe;
 use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline};
@@ -115,11 +115,12 @@ pub fn upstream_port(pci: &Path) -> Option<PathBuf> {
 }
 
 /// The PCI function behind a device: through sysfs's device model, or for an NVIDIA GPU
-/// (whose `/dev/nvidiaN` has no sysfs entry) through the bus id NVML gives for its minor.
+/// (whose `/dev/nvidiaN` has no sysfs entry) through the bus id NVML (else the driver's
+/// /proc list) gives for its minor.
 pub fn function_dir(
     sysfs_root: &Path,
     device: &Device,
-    nvml: Option<&NvmlAnswer>,
+    gpu: Option<&GpuContext>,
 ) -> Option<PathBuf> {
     if let Some(d) = sysfs::pci_dir_for(sysfs_root, device) {
         return Some(d);
@@ -127,7 +128,7 @@ pub fn function_dir(
     if device.class != Class::NvidiaGpu {
         return None;
     }
-    let mut addr = nvml?.pci_of_minor(device.num.minor)?;
+    let mut addr = gpu?.pci_of_minor(device.num.minor)?;
     addr.function.get_or_insert(0);
     let d = fs::canonicalize(sysfs_root.join("bus/pci/devices").join(addr.to_string())).ok()?;
     // Only an NVIDIA function is the GPU: a bus id that names another vendor's device
@@ -249,7 +250,7 @@ pub struct PcieProbe<'a> {
     pub sysfs_root: PathBuf,
     pub state_dir: PathBuf,
     /// For a GPU's PCI address.
-    pub nvml: Option<&'a NvmlAnswer>,
+    pub gpu: Option<&'a GpuContext>,
 }
 
 impl PcieProbe<'_> {
@@ -272,7 +273,7 @@ impl Probe for PcieProbe<'_> {
     }
 
     fn check(&self, device: &Device) -> Verdict {
-        let Some(pci) = function_dir(&self.sysfs_root, device, self.nvml) else {
+        let Some(pci) = function_dir(&self.sysfs_root, device, self.gpu) else {
             return Verdict::NotApplicable("no PCI function".into());
         };
         let up = upstream_port(&pci);
@@ -297,12 +298,12 @@ pub fn advance_baselines(
     sysfs_root: &Path,
     state_dir: &Path,
     devices: &[Device],
-    nvml: Option<&NvmlAnswer>,
+    gpu: Option<&GpuContext>,
 ) {
     let mut done: Vec<PathBuf> = Vec::new();
     let (now_unix, _) = clock::now();
     for d in devices {
-        let Some(pci) = function_dir(sysfs_root, d, nvml) else {
+        let Some(pci) = function_dir(sysfs_root, d, gpu) else {
             continue;
         };
         let up = upstream_port(&pci);
@@ -507,6 +508,9 @@ mod tests {
         }
     }
 
+    use crate::probe::nvidia::nvml::NvmlAnswer;
+    use crate::probe::nvidia::procfs::ProcGpu;
+
     fn nvml_with_gpu1_at_3b() -> NvmlAnswer {
         let mut g = crate::probe::nvidia::nvml::tests::healthy(1);
         g.pci_bus_id = crate::probe::nvidia::nvml::Reading::Value("00000000:3B:00.0".into());
@@ -514,6 +518,18 @@ mod tests {
             gpus: Ok(vec![crate::probe::nvidia::nvml::tests::healthy(0), g]),
             driver_version: None,
             elapsed_us: 0,
+        }
+    }
+
+    fn ctx(nvml: NvmlAnswer, proc: Vec<ProcGpu>) -> GpuContext {
+        GpuContext {
+            nvml,
+            proc_gpus: proc,
+            kmsg: Err("not read".into()),
+            xid_table: Default::default(),
+            limits: crate::probe::nvidia::gpu::Limits {
+                max_volatile_uncorrectable_ecc: 0,
+            },
         }
     }
 
@@ -566,11 +582,11 @@ mod tests {
                 &format!("DLP {fatal}\nTOTAL_ERR_FATAL {fatal}\n"),
             );
         }
-        let nvml = nvml_with_gpu1_at_3b();
+        let gpu_ctx = ctx(nvml_with_gpu1_at_3b(), Vec::new());
         let p = PcieProbe {
             sysfs_root: t.0.clone(),
             state_dir: state.clone(),
-            nvml: Some(&nvml),
+            gpu: Some(&gpu_ctx),
         };
         let d = gpu_device();
         assert_eq!(p.check(&d), Verdict::Healthy);
@@ -578,15 +594,33 @@ mod tests {
         t.write(&gpu, "vendor", "0x8086\n");
         assert_eq!(p.check(&d).status(), "not_applicable");
         t.write(&gpu, "vendor", "0x10de\n");
-        // no NVML: a GPU's function cannot be found
+        // no GPU context: a GPU's function cannot be found
         let blind = PcieProbe {
             sysfs_root: t.0.clone(),
             state_dir: state.clone(),
-            nvml: None,
+            gpu: None,
         };
         assert_eq!(blind.check(&d).status(), "not_applicable");
+        // NVML stuck or missing: the driver's /proc list still names the function
+        let stuck = NvmlAnswer {
+            gpus: Err("NVML did not answer within 2000 ms".into()),
+            driver_version: None,
+            elapsed_us: 0,
+        };
+        let proc_only = ctx(
+            stuck,
+            vec![ProcGpu {
+                minor: 1,
+                pci: crate::probe::nvidia::pci::PciAddr::parse("0000:3b:00.0").unwrap(),
+                uuid: None,
+            }],
+        );
+        assert_eq!(
+            function_dir(&t.0, &d, Some(&proc_only)),
+            Some(fs::canonicalize(&gpu).unwrap())
+        );
         // the first gate takes the baselines of the GPU and its port
-        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&nvml));
+        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
         assert!(state.join("pcie/0000:3b:00.0.json").is_file());
         assert!(state.join("pcie/0000:00:01.0.json").is_file());
         // a garbled file is unknown, naming it
@@ -612,7 +646,7 @@ mod tests {
             "{v:?}"
         );
         // and stays so at the next start
-        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&nvml));
+        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
         assert_eq!(p.check(&d).status(), "unhealthy");
         fs::remove_dir_all(&t.0).unwrap();
     }

@@ -154,8 +154,10 @@ pub fn judge_reports<'a>(
 pub struct XidProbe<'a> {
     pub scan: &'a Result<KmsgScan, String>,
     pub table: &'a XidTable,
-    /// Where the GPUs' PCI addresses come from.
+    /// Where the GPUs' PCI addresses come from: NVML, else the driver's /proc list (so
+    /// that a report, XID 154's recovery action above all, still counts when NVML hangs).
     pub nvml: &'a NvmlAnswer,
+    pub proc: &'a [super::procfs::ProcGpu],
 }
 
 impl Probe for XidProbe<'_> {
@@ -171,11 +173,16 @@ impl Probe for XidProbe<'_> {
             Ok(s) => s,
             Err(e) => return Verdict::Unknown(e.clone()),
         };
-        if let Some(pci) = self.nvml.pci_of_minor(device.num.minor) {
+        let minor = device.num.minor;
+        let pci = self
+            .nvml
+            .pci_of_minor(minor)
+            .or_else(|| super::procfs::pci_of_minor(self.proc, minor));
+        if let Some(pci) = pci {
             let judged = judge_reports(scan.active(), &pci, self.table);
             // Where the driver gives it, NVML's recovery action says when a report stops
             // counting (super::recovery).
-            let facts = self.nvml.gpu_by_minor(device.num.minor);
+            let facts = self.nvml.gpu_by_minor(minor);
             return match super::recovery::after_recovery(judged, facts) {
                 // The log is read oldest first: a read cut short missed the newest
                 // records, which are the ones that matter.
@@ -459,6 +466,7 @@ mod tests {
             scan: &scan,
             table: &table,
             nvml: &no_nvml,
+            proc: &[],
         };
         assert_eq!(
             p.check(&gpu),
@@ -474,13 +482,40 @@ mod tests {
             scan: &quiet,
             table: &table,
             nvml: &no_nvml,
+            proc: &[],
         };
         assert_eq!(p.check(&gpu), Verdict::Healthy);
+        // NVML has no address for minor 1 but the driver's /proc list has: a report for
+        // that slot is pinned on the GPU (XID 154 needs no NVML call, even when NVML hangs)
+        let listed = [super::super::procfs::ProcGpu {
+            minor: 1,
+            pci: PciAddr::parse("0000:01:00.0").unwrap(),
+            uuid: None,
+        }];
+        let reset = Ok(scan_bytes(
+            b"4,1,1,-;NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\n",
+            ReadLimits::default(),
+        ));
+        let p = XidProbe {
+            scan: &reset,
+            table: &table,
+            nvml: &no_nvml,
+            proc: &listed,
+        };
+        assert_eq!(p.check(&gpu).status(), "unhealthy");
+        let p = XidProbe {
+            scan: &reset,
+            table: &table,
+            nvml: &no_nvml,
+            proc: &[],
+        };
+        assert_eq!(p.check(&gpu).status(), "unknown");
         let unreadable = Err("cannot open kernel log /dev/kmsg: permission denied".to_string());
         let p = XidProbe {
             scan: &unreadable,
             table: &table,
             nvml: &no_nvml,
+            proc: &[],
         };
         assert_eq!(p.check(&gpu).status(), "unknown");
         let mut ctl = gpu.clone();
@@ -513,6 +548,7 @@ mod tests {
                 scan,
                 table: &table,
                 nvml: &nvml,
+                proc: &[],
             }
             .check(&gpu)
         };
