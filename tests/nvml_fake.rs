@@ -906,6 +906,13 @@ fn selector_forms_follow_libnvidia_container() {
         strict.said(&out).trim_end(),
         "devgate: rejected: NVIDIA_VISIBLE_DEVICES value \"junk\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void, which NVIDIA's tooling refuses; policy on_unknown reject"
     );
+    // recorded like any decision
+    let last = strict.env.log_lines().pop().unwrap();
+    assert_eq!(last["action"], "reject");
+    assert!(
+        last["message"].as_str().unwrap().contains("\"junk\""),
+        "{last}"
+    );
     // under the same policy a selector that resolves starts
     let out = strict.prestart(&with_env("0"), &bad);
     assert!(out.status.success(), "{}", text(&out));

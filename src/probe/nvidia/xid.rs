@@ -83,6 +83,10 @@ fn at(e: &XidEvent) -> String {
 }
 
 /// Judges one GPU by the reports that still count for its slot. Pure.
+///
+/// Long because it is one pass in log order (XID 154's "to None" ends what came before
+/// it, so order matters) followed by one reason per XID; splitting it would split that
+/// order across functions.
 pub fn judge_reports<'a>(
     events: impl Iterator<Item = &'a XidEvent>,
     pci: &PciAddr,
