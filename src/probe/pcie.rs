@@ -122,15 +122,18 @@ pub fn function_dir(
     device: &Device,
     gpu: Option<&GpuContext>,
 ) -> Option<PathBuf> {
-    if let Some(d) = sysfs::pci_dir_for(sysfs_root, device) {
-        return Some(d);
+    // A GPU first: its node has no sysfs entry, and the device-model walk costs a realpath.
+    if device.class == Class::NvidiaGpu {
+        return gpu_function(sysfs_root, device, gpu?);
     }
-    if device.class != Class::NvidiaGpu {
-        return None;
-    }
-    let mut addr = gpu?.pci_of_minor(device.num.minor)?;
+    sysfs::pci_dir_for(sysfs_root, device)
+}
+
+fn gpu_function(sysfs_root: &Path, device: &Device, gpu: &GpuContext) -> Option<PathBuf> {
+    let mut addr = gpu.pci_of_minor(device.num.minor)?;
     addr.function.get_or_insert(0);
-    let d = fs::canonicalize(sysfs_root.join("bus/pci/devices").join(addr.to_string())).ok()?;
+    // The kernel's link is relative (`../../../devices/…`): resolved by name, no realpath.
+    let d = sysfs::resolve(&sysfs_root.join("bus/pci/devices").join(addr.to_string())).ok()?;
     // Only an NVIDIA function is the GPU: a bus id that names another vendor's device
     // (NVML and sysfs disagreeing, or a fake NVML on a test machine) judges nothing.
     let vendor = read_attr(&d.join("vendor")).ok()?;
@@ -616,7 +619,7 @@ mod tests {
             }],
         );
         assert_eq!(
-            function_dir(&t.0, &d, Some(&proc_only)),
+            function_dir(&t.0, &d, Some(&proc_only)).map(|f| fs::canonicalize(f).unwrap()),
             Some(fs::canonicalize(&gpu).unwrap())
         );
         // the first gate takes the baselines of the GPU and its port

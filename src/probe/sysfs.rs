@@ -133,7 +133,7 @@ pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
 /// relative link target (the kernel's are `../../devices/...`) is joined to the link's
 /// directory by name. Anything else (an absolute target, `..` after a name, a chain of
 /// links) goes to realpath.
-fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
     use std::ffi::OsString;
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let target = match fs::read_link(path) {
