@@ -83,7 +83,7 @@ fn runc_starts_an_idle_gpu_quietly_and_refuses_one_whose_aer_fatal_count_rose() 
     require_root!();
     let node = GpuNode::new("e2e-pcie");
     let sys = node.dir.join("sys");
-    let (_port, gpu) = sysfs_tree(&sys);
+    let (port, gpu) = sysfs_tree(&sys);
     let mut cfg = node.config();
     cfg["sysfs_root"] = json!(sys);
     let env = Env::with("e2e-pcie", cfg);
@@ -96,6 +96,7 @@ fn runc_starts_an_idle_gpu_quietly_and_refuses_one_whose_aer_fatal_count_rose() 
     assert!(out.status.success(), "{all}");
     assert!(!all.contains("devgate:"), "an idle link is no news: {all}");
     assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+    // runc hides a successful hook's stderr; the decision says no warning was given
     assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
     // that start took the baselines of the GPU and of its port, root's only
     let state = env.dir.join("state/pcie");
@@ -133,4 +134,27 @@ fn runc_starts_an_idle_gpu_quietly_and_refuses_one_whose_aer_fatal_count_rose() 
     let out = runtime_run("runc", &b, &unique_id("cleared"));
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+
+    // the root port above the GPU saw a non-fatal error: one warning, then the baseline
+    // moves past it and the next start is quiet again
+    fs::write(
+        port.join("aer_dev_nonfatal"),
+        "Undefined 0\nCmpltTO 1\nTOTAL_ERR_NONFATAL 1\n",
+    )
+    .unwrap();
+    // (runc shows a hook's stderr only when it fails: the decision log has the warning)
+    let b = gpu_bundle(&env, "pcie-port", &idle);
+    let out = runtime_run("runc", &b, &unique_id("port"));
+    assert!(out.status.success(), "{}", text(&out));
+    let last = env.decisions().pop().unwrap();
+    assert_eq!(last["action"], "warn", "{last}");
+    assert!(
+        last.to_string()
+            .contains("pcie: PCIe AER: 1 non-fatal error on 0000:00:01.0 since "),
+        "{last}"
+    );
+    let b = gpu_bundle(&env, "pcie-port-again", &idle);
+    let out = runtime_run("runc", &b, &unique_id("port-again"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
 }
