@@ -84,6 +84,9 @@ mod tests {
     fn baselines_round_trip_root_only_and_refuse_other_names() {
         let d = std::env::temp_dir().join(format!("devgate-pcie-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
+        // state_dir is root's own: devgate creates nothing in a directory others can write
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(read(&d, "0000:3b:00.0").unwrap(), None);
         let b = PcieBaseline {
             function: "0000:3b:00.0".into(),
