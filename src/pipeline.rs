@@ -8,7 +8,7 @@
 use crate::action::nsdev::ContainerProcess;
 use crate::action::remap::{self, Applied};
 use crate::action::spare;
-use crate::config::policy::{Action, OnUnknown};
+use crate::config::policy::Action;
 use crate::config::Config;
 use crate::discover::gpu::GpuSelector;
 use crate::discover::{self, gpu};
@@ -227,15 +227,7 @@ pub(crate) fn gate_with(
     let (devices, gpu, selector_warnings) = assigned(config, spec)?;
     // A selector naming no GPU devgate can find is an unknown, like a probe that cannot
     // tell: under `on_unknown: reject` it refuses the start rather than check nothing.
-    if config.policy.on_unknown == OnUnknown::Reject && !selector_warnings.is_empty() {
-        let line = one_line(&format!(
-            "devgate: rejected: {}; policy on_unknown reject",
-            selector_warnings
-                .iter()
-                .map(|w| w.trim_start_matches("devgate: warning: "))
-                .collect::<Vec<_>>()
-                .join("; ")
-        ));
+    if let Some(line) = policy::unknown_selectors(&selector_warnings, &config.policy) {
         // Recorded like any decision, so `devgate explain` tells why.
         let message = Some(line.clone());
         let d = record_of(
