@@ -315,14 +315,21 @@ pub fn advance_baselines(
                 continue;
             }
             let name = name_of(&f);
+            // Read again, not taken from the probe: a fatal error since then stays a rise
+            // (`advance` never moves the fatal count); a lesser one is passed unwarned.
             if let Some(Ok(now)) = read_aer(&f) {
                 // A damaged file is replaced: the probe said so at this start.
                 let old = baseline::read(state_dir, &name).ok().flatten();
                 let next = advance(&now, old.as_ref().map(|b| &b.aer));
                 if old.as_ref().map(|b| b.aer) != Some(next) {
+                    // While a fatal rise stands, "since" keeps naming when it was taken.
+                    let time_unix = match &old {
+                        Some(o) if next.fatal < now.fatal => o.time_unix,
+                        _ => now_unix,
+                    };
                     let b = PcieBaseline {
                         function: name.clone(),
-                        time_unix: now_unix,
+                        time_unix,
                         aer: next,
                     };
                     if let Err(e) = baseline::write(state_dir, &b) {
