@@ -655,9 +655,14 @@ mod tests {
             matches!(&v, Verdict::Unhealthy(r) if r.starts_with("pcie: PCIe AER: 1 fatal error on 0000:00:01.0 since ")),
             "{v:?}"
         );
-        // and stays so at the next start
+        // and stays so at the next start, its "since" unmoved by a later correctable error
+        let taken = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        t.write(&port, "aer_dev_correctable", "RxErr 1\nTOTAL_ERR_COR 1\n");
         advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
         assert_eq!(p.check(&d).status(), "unhealthy");
+        let kept = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        assert_eq!(kept.aer.correctable, 1);
+        assert_eq!((kept.aer.fatal, kept.time_unix), (0, taken.time_unix));
         fs::remove_dir_all(&t.0).unwrap();
     }
 }
