@@ -656,7 +656,10 @@ mod tests {
             "{v:?}"
         );
         // and stays so at the next start, its "since" unmoved by a later correctable error
-        let taken = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        // (taken long ago, so that "now" cannot pass for it)
+        let mut taken = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        taken.time_unix = 1000;
+        baseline::write(&state, &taken).unwrap();
         t.write(&port, "aer_dev_correctable", "RxErr 1\nTOTAL_ERR_COR 1\n");
         advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
         assert_eq!(p.check(&d).status(), "unhealthy");
