@@ -528,6 +528,7 @@ mod tests {
             gpus: Ok(vec![crate::probe::nvidia::nvml::tests::healthy(0), g]),
             driver_version: None,
             elapsed_us: 0,
+            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
         }
     }
 
@@ -616,6 +617,7 @@ mod tests {
             gpus: Err("NVML did not answer within 2000 ms".into()),
             driver_version: None,
             elapsed_us: 0,
+            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
         };
         let proc_only = ctx(
             stuck,
