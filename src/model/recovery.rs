@@ -59,15 +59,17 @@ impl RecoveryAction {
     }
 
     /// DRAIN_P2P asks to stop peer-to-peer traffic, not to stop using the GPU: it warns.
-    /// An unknown action warns too: a newer driver's advice should be seen, and guessing
-    /// that it blocks would refuse containers on a word devgate cannot read.
+    /// An action devgate does not know blocks, as NVML's does (`probe::nvidia::recovery`):
+    /// the actions newer drivers add (IMEX domain recovery, bus reset, system reboot) each
+    /// ask for work before the GPU takes new work.
     pub fn effect(self) -> RecoveryEffect {
         match self {
             RecoveryAction::None => RecoveryEffect::Clears,
             RecoveryAction::GpuReset
             | RecoveryAction::NodeReboot
-            | RecoveryAction::DrainAndReset => RecoveryEffect::Blocks,
-            RecoveryAction::DrainP2p | RecoveryAction::Other(_) => RecoveryEffect::Warns,
+            | RecoveryAction::DrainAndReset
+            | RecoveryAction::Other(_) => RecoveryEffect::Blocks,
+            RecoveryAction::DrainP2p => RecoveryEffect::Warns,
         }
     }
 
@@ -109,6 +111,9 @@ mod tests {
             RecoveryAction::from_code(4).effect(),
             RecoveryEffect::Blocks
         );
-        assert_eq!(RecoveryAction::from_code(9).effect(), RecoveryEffect::Warns);
+        assert_eq!(
+            RecoveryAction::from_code(9).effect(),
+            RecoveryEffect::Blocks
+        );
     }
 }

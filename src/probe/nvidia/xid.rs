@@ -318,13 +318,21 @@ mod tests {
             let evs = [ev(1, "0000:01:00", 154, &to(n, name))];
             assert_eq!(judge_reports(evs.iter(), &gpu, &t).status(), "unhealthy");
         }
-        // drain P2P: a warning, not "reject every container"; an unknown action warns
-        for (n, name) in [(3, "Drain P2P"), (9, "New")] {
-            let evs = [ev(1, "0000:01:00", 154, &to(n, name))];
-            let v = judge_reports(evs.iter(), &gpu, &t);
-            assert_eq!(v.status(), "warn", "{v:?}");
-            assert!(!blocks(&evs[0], &t));
-        }
+        // drain P2P: a warning, not "reject every container"
+        let evs = [ev(1, "0000:01:00", 154, &to(3, "Drain P2P"))];
+        let v = judge_reports(evs.iter(), &gpu, &t);
+        assert_eq!(v.status(), "warn", "{v:?}");
+        assert!(!blocks(&evs[0], &t));
+        // an action newer than devgate asks for work before new use, as NVML's does
+        let evs = [ev(1, "0000:01:00", 154, &to(9, "New"))];
+        let v = judge_reports(evs.iter(), &gpu, &t);
+        assert!(
+            v.reason()
+                .unwrap()
+                .contains("recovery action 0x9 (unknown to devgate)"),
+            "{v:?}"
+        );
+        assert_eq!(v.status(), "unhealthy");
         // another GPU's line says nothing about this one
         let evs = [ev(1, "0000:02:00", 154, &to(1, "GPU Reset Required"))];
         assert_eq!(judge_reports(evs.iter(), &gpu, &t), Verdict::Healthy);
