@@ -997,19 +997,22 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
 fn xid_154_lines_decide_by_the_recovery_action_they_name() {
     require_root!();
     let n = node("xid154", fake_nvml::lib(), json!({}));
+    // NVML answers but gives no recovery action field (NOT_SUPPORTED): the line decides.
+    // (Where NVML gives it, its live value wins: `recovery_action_and_drain_state_decide_and_clear_old_xids`.)
+    let no_field = node_with(1, json!({"recovery_action": null}));
     let xid79 =
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.";
     // the line as published (tests/fixtures/kmsg/nvrm-lines.txt), moved to GPU 1's slot
     let reset = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)";
     fs::write(&n.kmsg, kmsg_fixture(&[reset])).unwrap();
-    let out = n.prestart(&spec_with_gpus(&[1]), &healthy_node());
+    let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
     n.rejected(
         &out,
         "devgate: rejected /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is GPU reset required, at 5.000000 s after boot (kmsg seq 1000): \"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\"; policy reject",
     );
     let drain = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)";
     fs::write(&n.kmsg, kmsg_fixture(&[drain])).unwrap();
-    let out = n.prestart(&spec_with_gpus(&[1]), &healthy_node());
+    let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         n.said(&out).starts_with(
@@ -1028,7 +1031,7 @@ fn xid_154_lines_decide_by_the_recovery_action_they_name() {
         ]),
     )
     .unwrap();
-    let out = n.prestart(&spec_with_gpus(&[1]), &healthy_node());
+    let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(n.said(&out), "", "{}", text(&out));
 }
