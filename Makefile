@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-kmsg bench-nvml bench-remap bench-wrapper bench-state install uninstall deb rpm clean lint fuzz bench-gate
+.PHONY: all build test test-deps demo bench bench-kmsg bench-nvml bench-remap bench-wrapper bench-state bench-pcie install uninstall deb rpm clean lint fuzz bench-gate
 
 all: build
 
@@ -68,6 +68,10 @@ bench-gate: build
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build
 	./benches/nvml.sh $(BIN)
+
+# 8 GPUs with and without the pcie probe's sysfs reads and baselines (benches/pcie.sh).
+bench-pcie: build
+	./benches/pcie.sh $(BIN)
 
 # status, check and metrics with 10,000 start and 10,000 exit records on disk (root).
 bench-state: build

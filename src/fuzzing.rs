@@ -107,6 +107,11 @@ pub fn kmsg_record(data: &[u8]) {
         assert!(text.chars().count() <= 160);
         let printed = pci.to_string();
         assert_eq!(PciAddr::parse_exact(&printed), Some(pci), "{printed}");
+        // XID 154's recovery action, read from the same text
+        if let Some((from, to)) = crate::probe::nvidia::xid::parse_recovery_change(&text) {
+            assert!(text.starts_with("GPU recovery action changed from 0x"));
+            let _ = (from.describe(), to.effect());
+        }
     }
 }
 
@@ -198,12 +203,31 @@ pub fn gpu_selector_values(data: &[u8]) {
     assert!(selectors.len() <= 256);
     for (s, _) in selectors {
         match s {
-            GpuSelector::All => {}
-            GpuSelector::Index(i) => assert!(i <= 9999),
+            GpuSelector::All | GpuSelector::Index(_) | GpuSelector::Mig { .. } => {}
+            // a bus id printed as NVIDIA prints it reads back as itself
+            GpuSelector::PciBusId {
+                domain,
+                bus,
+                device,
+            } => {
+                let printed = format!("{domain:08x}:{bus:02x}:{device:02x}.0");
+                assert_eq!(
+                    crate::discover::selector::parse(&printed),
+                    Some(GpuSelector::PciBusId {
+                        domain,
+                        bus,
+                        device
+                    })
+                );
+            }
             GpuSelector::Uuid(u) => {
                 assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-"));
-                assert_eq!(u.trim(), u);
             }
+            GpuSelector::MigUuid(u) => {
+                assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"MIG-"));
+            }
+            // the reason quotes at most a bounded piece of the token, escaped
+            GpuSelector::Invalid(why) => assert!(why.len() <= 1024, "{why}"),
         }
     }
 }
@@ -221,6 +245,43 @@ pub fn nvml_answer(data: &[u8]) {
     }
 }
 
+/// A sysfs AER counter file (`aer_dev_correctable`, `…_nonfatal`, `…_fatal`), then the
+/// baseline rule over what it parsed to.
+pub fn aer_counters(data: &[u8]) {
+    use crate::probe::pcie::{advance, judge_aer, parse_aer};
+    use crate::store::pcie::{AerCounts, PcieBaseline};
+    // as read_attr hands it over: at most 4096 bytes, lossy UTF-8, trimmed
+    let text = String::from_utf8_lossy(&data[..data.len().min(4096)]);
+    let text = text.trim();
+    let mut parsed = Vec::new();
+    for key in ["TOTAL_ERR_COR", "TOTAL_ERR_NONFATAL", "TOTAL_ERR_FATAL"] {
+        match parse_aer(text, key) {
+            Ok(n) => parsed.push(n),
+            // two quoted pieces of at most 64 characters, each escaped to at most 10 bytes
+            Err(e) => assert!(e.len() <= 2048, "{e}"),
+        }
+    }
+    for (i, &n) in parsed.iter().enumerate() {
+        let now = AerCounts {
+            correctable: n,
+            nonfatal: n / 2,
+            fatal: n / (i as u64 + 1),
+        };
+        let base = PcieBaseline {
+            function: "0000:3b:00.0".into(),
+            time_unix: n,
+            aer: AerCounts {
+                correctable: n / 3,
+                nonfatal: n,
+                fatal: n / 2,
+            },
+        };
+        let _ = judge_aer("0000:3b:00.0", &now, Some(&base));
+        let next = advance(&now, Some(&base.aer));
+        assert!(next.correctable <= now.correctable && next.fatal <= now.fatal.max(base.aer.fatal));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     type Target = fn(&[u8]);
@@ -229,7 +290,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 14] = [
+        let targets: [(&str, Target); 15] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -244,6 +305,7 @@ mod tests {
             ("gpu_at", super::gpu_at),
             ("kmsg_cache", super::kmsg_cache),
             ("nvml_answer", super::nvml_answer),
+            ("aer_counters", super::aer_counters),
         ];
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
         for (name, run) in targets {

@@ -18,7 +18,7 @@ pub(crate) mod config;
 pub mod store;
 // 5. Spec → the devices a container is assigned; the host's /dev.
 pub mod discover;
-// 6. Health probes: node, sysfs, quarantine, NVIDIA (NVML, kernel log).
+// 6. Health probes: node, sysfs, pcie, quarantine, NVIDIA (NVML, kernel log).
 pub mod probe;
 // 7. The decision table: verdicts and class → disposition. Pure.
 pub(crate) mod policy;

@@ -6,7 +6,7 @@
 //! `gate_with`, with a remap that writes into the spec instead of the created container.
 
 use crate::action::nsdev::ContainerProcess;
-use crate::action::remap::{self, Applied, RemapRecord};
+use crate::action::remap::{self, Applied};
 use crate::action::spare;
 use crate::config::policy::Action;
 use crate::config::Config;
@@ -22,7 +22,7 @@ use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
 use crate::probe::nvidia::{self, GpuContext};
-use crate::probe::probe_all;
+use crate::probe::{pcie, probe_all};
 use crate::report::fault::{self, Fault};
 use crate::report::record::{self, Decision, ExitRecord, PodInfo, StopLine};
 use crate::report::termination;
@@ -225,6 +225,28 @@ pub(crate) fn gate_with(
     remap: &mut Remapper,
 ) -> Result<Reply> {
     let (devices, gpu, selector_warnings) = assigned(config, spec)?;
+    // A selector naming no GPU devgate can find is an unknown, like a probe that cannot
+    // tell: under `on_unknown: reject` it refuses the start rather than check nothing.
+    if let Some(line) = policy::unknown_selectors(&selector_warnings, &config.policy) {
+        // Recorded like any decision, so `devgate explain` tells why.
+        let message = Some(line.clone());
+        let d = record_of(
+            stage,
+            state,
+            spec,
+            started,
+            clock::now(),
+            Action::Reject,
+            message,
+        );
+        record::keep(config, &d);
+        return Ok(Reply {
+            exit_code: 1,
+            stderr: vec![line.clone()],
+            action: Some(Action::Reject),
+            message: Some(line),
+        });
+    }
     if devices.is_empty() {
         return Ok(Reply {
             exit_code: 0,
@@ -238,32 +260,35 @@ pub(crate) fn gate_with(
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = policy::summarize(&decisions);
     warnings.extend(selector_warnings);
+    // What this start judged becomes the PCIe AER baseline of the next (probe::pcie).
+    let mut judged: Vec<Device> = decisions.iter().map(|d| d.device.clone()).collect();
+    judged.extend(record::in_use(&decisions, &applied.remaps));
+    pcie::advance_baselines(&config.sysfs_root, &config.state_dir, &judged, gpu.as_ref());
 
     let (time_unix, time) = clock::now();
     let snapshot = (action != Action::Reject).then(|| Snapshot {
         time_unix,
         kmsg_seq: gpu.as_ref().and_then(GpuContext::next_kmsg_seq),
-        devices: in_use(&decisions, &applied.remaps)
+        devices: record::in_use(&decisions, &applied.remaps)
             .iter()
             .map(|d| counters::snapshot_of(config, &ledger, d, gpu.as_ref()))
             .collect(),
     });
     let decision = Decision {
-        time,
-        time_unix,
-        stage: stage.to_string(),
-        container_id: state.id.clone(),
-        pid: state.pid(),
-        pod: PodInfo::from_annotations(spec, &state.annotations),
         devices: decisions,
-        action,
-        message: message.clone(),
-        elapsed_us: started.elapsed().as_micros() as u64,
-        version: crate::VERSION.to_string(),
         snapshot,
         remaps: applied.remaps,
+        ..record_of(
+            stage,
+            state,
+            spec,
+            started,
+            (time_unix, time),
+            action,
+            message.clone(),
+        )
     };
-    keep_records(config, &decision);
+    record::keep(config, &decision);
 
     let mut reply = Reply {
         exit_code: 0,
@@ -279,37 +304,31 @@ pub(crate) fn gate_with(
     Ok(reply)
 }
 
-/// Records are for people after the fact; failing to write one must not change whether a
-/// container starts, so errors are logged, not returned.
-fn keep_records(config: &Config, decision: &Decision) {
-    if let Err(e) = record::remove_exit(&config.state_dir, &decision.container_id) {
-        log::error!("cannot remove the previous run's exit record: {e}");
+/// A gate's record with no devices, snapshot or remaps yet; `now` is the decision's time.
+fn record_of(
+    stage: &str,
+    state: &State,
+    spec: &Spec,
+    started: Instant,
+    (time_unix, time): (u64, String),
+    action: Action,
+    message: Option<String>,
+) -> Decision {
+    Decision {
+        time,
+        time_unix,
+        stage: stage.to_string(),
+        container_id: state.id.clone(),
+        pid: state.pid(),
+        pod: PodInfo::from_annotations(spec, &state.annotations),
+        devices: Vec::new(),
+        action,
+        message,
+        elapsed_us: started.elapsed().as_micros() as u64,
+        version: crate::VERSION.to_string(),
+        snapshot: None,
+        remaps: Vec::new(),
     }
-    let line = record::json_line(decision);
-    let id = &decision.container_id;
-    if let Err(e) = record::write_record_line(&config.state_dir, id, &line, config.exits_keep) {
-        log::error!("cannot keep container record: {e}");
-    }
-    if let Some(log_file) = &config.log_file {
-        if let Err(e) = record::append_log_line(log_file, &line) {
-            log::error!("cannot append decision log: {e}");
-        }
-    }
-}
-
-/// The devices the container runs on: a remapped device's spare stands in for it.
-fn in_use(decisions: &[DeviceDecision], remaps: &[RemapRecord]) -> Vec<Device> {
-    decisions
-        .iter()
-        .map(|d| match remaps.iter().find(|r| r.device == d.device.num) {
-            Some(r) => Device {
-                num: r.spare,
-                host_path: Some(r.spare_path.clone()),
-                ..d.device.clone()
-            },
-            None => d.device.clone(),
-        })
-        .collect()
 }
 
 /// poststop: what went wrong with the container's devices while it ran. It never fails the
@@ -345,7 +364,7 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
         return Ok(Reply::default());
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let devices = in_use(&rec.devices, &rec.remaps);
+    let devices = record::in_use(&rec.devices, &rec.remaps);
     // NVML and the kernel log are read again only for a container that had a GPU.
     let gpu = GpuContext::for_devices(&config, &devices);
     let now: Vec<DeviceSnapshot> = devices

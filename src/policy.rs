@@ -126,6 +126,22 @@ pub fn reject_clause(d: &DeviceDecision) -> String {
     s
 }
 
+/// Under `on_unknown: reject`, GPU selectors that name no GPU devgate can find refuse the
+/// start: the reject line, from their warning lines. None otherwise.
+pub fn unknown_selectors(warnings: &[String], policy: &Policy) -> Option<String> {
+    if policy.on_unknown != OnUnknown::Reject || warnings.is_empty() {
+        return None;
+    }
+    let why: Vec<&str> = warnings
+        .iter()
+        .map(|w| w.trim_start_matches("devgate: warning: "))
+        .collect();
+    Some(one_line(&format!(
+        "devgate: rejected: {}; policy on_unknown reject",
+        why.join("; ")
+    )))
+}
+
 /// The one line runc carries up to kubelet. Several bad devices share the line, joined by
 /// " | ", so `kubectl describe pod` shows all of them. Newlines in reasons (from a hostile
 /// quarantine reason, say) are flattened: the line must stay one line.
@@ -327,6 +343,19 @@ mod tests {
         assert_eq!(
             reject_line([&d, &d2]),
             "devgate: rejected /dev/nvidia1 (195:1): quarantined by operator: \"xid 79 seen\"; policy reject | /dev/nvidia2 (195:2): a\\x0ab; c; policy reject"
+        );
+    }
+
+    #[test]
+    fn unknown_selectors_refuse_only_under_on_unknown_reject() {
+        let w = vec!["devgate: warning: NVIDIA_VISIBLE_DEVICES value \"junk\" is …".to_string()];
+        let mut p = Policy::default();
+        assert_eq!(unknown_selectors(&w, &p), None);
+        p.on_unknown = OnUnknown::Reject;
+        assert_eq!(unknown_selectors(&[], &p), None);
+        assert_eq!(
+            unknown_selectors(&w, &p).unwrap(),
+            "devgate: rejected: NVIDIA_VISIBLE_DEVICES value \"junk\" is …; policy on_unknown reject"
         );
     }
 }

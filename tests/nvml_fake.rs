@@ -841,6 +841,81 @@ fn nvidia_visible_devices_and_cdi_select_gpus() {
     );
 }
 
+/// Every form libnvidia-container accepts names the GPU it names there (index 3 is minor
+/// 6 at 0000:86:00.0 here); a UUID prefix names nothing; a token NVIDIA refuses is an
+/// unknown, which `policy.on_unknown: reject` turns into a refusal, never silently nothing.
+#[test]
+fn selector_forms_follow_libnvidia_container() {
+    require_root!();
+    let n = node("selforms", fake_nvml::lib(), json!({}));
+    let mut bad = node_with(
+        3,
+        json!({"remapped_rows": {"uncorrectable": 1, "failure": true}}),
+    );
+    bad["gpus"][3]["minor"] = json!(6);
+    bad["gpus"][6]["minor"] = json!(3);
+    let with_env = |v: &str| {
+        let mut spec = base_spec(&["true"]);
+        spec["process"]["env"] = json!([format!("NVIDIA_VISIBLE_DEVICES={v}")]);
+        spec
+    };
+    for form in [
+        "3",
+        "00003",
+        "+3",
+        "0:86:00.0",
+        "00000000:86:00.0",
+        "0000:86:00",
+        "3:0",
+    ] {
+        let out = n.prestart(&with_env(form), &bad);
+        assert_eq!(out.status.code(), Some(1), "{form}: {}", text(&out));
+        assert!(
+            n.said(&out).contains("rejected /dev/nvidia6 (195:6)"),
+            "{form}: {}",
+            text(&out)
+        );
+    }
+    // the first 12 characters of GPU 3's UUID: a prefix is not the GPU
+    let prefix = &uuid(3)[..12];
+    let out = n.prestart(&with_env(prefix), &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        n.said(&out).trim_end(),
+        format!(
+            "devgate: warning: NVIDIA_VISIBLE_DEVICES selects {prefix}, which NVML does not report"
+        )
+    );
+    // tokens NVIDIA refuses: said, with the reason
+    let out = n.prestart(&with_env("0,3b:00.0"), &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        n.said(&out).trim_end(),
+        "devgate: warning: NVIDIA_VISIBLE_DEVICES value \"3b:00.0\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void, which NVIDIA's tooling refuses"
+    );
+    let strict = node(
+        "selstrict",
+        fake_nvml::lib(),
+        json!({"policy": {"on_unknown": "reject"}}),
+    );
+    let out = strict.prestart(&with_env("0,junk"), &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        strict.said(&out).trim_end(),
+        "devgate: rejected: NVIDIA_VISIBLE_DEVICES value \"junk\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void, which NVIDIA's tooling refuses; policy on_unknown reject"
+    );
+    // recorded like any decision
+    let last = strict.env.log_lines().pop().unwrap();
+    assert_eq!(last["action"], "reject");
+    assert!(
+        last["message"].as_str().unwrap().contains("\"junk\""),
+        "{last}"
+    );
+    // under the same policy a selector that resolves starts
+    let out = strict.prestart(&with_env("0"), &bad);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// The kernel log lines a GPU at bus 0x3b would leave.
 fn kmsg_fixture(records: &[&str]) -> String {
     records
@@ -871,7 +946,7 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
     let out = n.prestart(&spec_with_gpus(&[0, 1]), &node_with(1, old_driver.clone()));
     n.rejected(
         &out,
-        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time since the driver loaded, last at 5.002000 s after boot (kmsg seq 1002): \"pid=4242, name=python, GPU has fallen off the bus.\"; GPU reset or reboot required; policy reject",
+        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time since the driver loaded, last at 5.002000 s after boot (kmsg seq 1002): \"pid=4242, name=python, GPU has fallen off the bus.\"; node reboot required; policy reject",
     );
     // the driver was loaded again after it: the GPU was re-initialised
     fs::write(
@@ -910,6 +985,81 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
             .contains("xid unknown: cannot open kernel log "),
         "{}",
         text(&out)
+    );
+}
+
+/// XID 154 carries the driver's recovery action in the line itself: a GPU reset required
+/// rejects without asking NVML, drain P2P only warns, and a later "to 0x0 (None)" (the
+/// driver after `nvidia-smi -r`) ends the earlier reports without a driver reload.
+#[test]
+fn xid_154_lines_decide_by_the_recovery_action_they_name() {
+    require_root!();
+    let n = node("xid154", fake_nvml::lib(), json!({}));
+    // NVML answers but gives no recovery action field (NOT_SUPPORTED): the line decides.
+    // (Where NVML gives it, its live value wins: `recovery_action_and_drain_state_decide_and_clear_old_xids`.)
+    let no_field = node_with(1, json!({"recovery_action": null}));
+    let xid79 =
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.";
+    // the line as published (tests/fixtures/kmsg/nvrm-lines.txt), moved to GPU 1's slot
+    let reset = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)";
+    fs::write(&n.kmsg, kmsg_fixture(&[reset])).unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
+    n.rejected(
+        &out,
+        "devgate: rejected /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is GPU reset required, at 5.000000 s after boot (kmsg seq 1000): \"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\"; policy reject",
+    );
+    let drain = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)";
+    fs::write(&n.kmsg, kmsg_fixture(&[drain])).unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        n.said(&out).starts_with(
+            "devgate: warning: /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is drain peer-to-peer traffic"
+        ),
+        "{}",
+        text(&out)
+    );
+    // XID 79, the reset the driver asked for, then its word that nothing more is needed
+    fs::write(
+        &n.kmsg,
+        kmsg_fixture(&[
+            xid79,
+            "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+            "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
+        ]),
+    )
+    .unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(n.said(&out), "", "{}", text(&out));
+}
+
+/// NVML stuck at init: the driver's /proc list still says GPU 1 (minor 1) is 0000:3b:00,
+/// and XID 154's line says it needs a reset. The reject carries the driver's word, not
+/// only "NVML did not answer".
+#[test]
+fn xid_154_rejects_through_the_drivers_list_when_nvml_hangs() {
+    require_root!();
+    let dir = tempdir("xid154-hang-proc");
+    let n = node(
+        "xid154hang",
+        fake_nvml::lib(),
+        json!({"probe_timeout_ms": 300, "proc_root": dir}),
+    );
+    let mut stuck = healthy_node();
+    write_proc_gpus(&dir, &stuck);
+    stuck["hang_ms"] = json!({"nvmlInitWithFlags": 60_000});
+    fs::write(
+        &n.kmsg,
+        kmsg_fixture(&["NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"]),
+    )
+    .unwrap();
+    let out = n.prestart(&spec_with_gpus(&[1]), &stuck);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(
+        said.starts_with("devgate: rejected /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is GPU reset required"),
+        "{said}"
     );
 }
 

@@ -1,54 +1,126 @@
 //! The XID table: what each NVIDIA XID number means for a GPU's health. Data, not code:
-//! the built-in table comes from NVIDIA's catalogue and the operator's `gpu.xid_actions`
-//! overrides it; config validation builds it once so a bad override fails at load.
+//! the built-in table is NVIDIA's XID catalog (`xid_catalog.tsv`, compiled in, with its
+//! source and date), and the operator's `gpu.xid_actions` overrides it; config validation
+//! builds it once so a bad override fails at load.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum XidAction {
-    /// The GPU needs a reset or the node a reboot: unhealthy until the driver reloads.
+    /// The GPU needs a reset or the node a reboot: unhealthy until that happens.
     Unhealthy,
     /// Reported, never blocking.
     Warn,
-    /// An application's own fault; the GPU is fine.
+    /// An application's own fault, or nothing to do; the GPU is fine.
     Ignore,
 }
 
-/// The built-in table. The reset/reboot class follows NVIDIA's XID catalogue; the ignored
-/// ones are the application XIDs NVIDIA's k8s device plugin also ignores. An XID not listed
-/// is a warning: new driver versions add XIDs, and an unknown one should be seen, not block.
-pub const XID_TABLE: &[(u32, XidAction, &str)] = &[
-    (13, XidAction::Ignore, "graphics engine exception"),
-    (31, XidAction::Ignore, "GPU memory page fault"),
-    (43, XidAction::Ignore, "GPU stopped processing"),
-    (45, XidAction::Ignore, "preemptive cleanup"),
-    (68, XidAction::Ignore, "video processor exception"),
-    (109, XidAction::Ignore, "context switch timeout"),
-    (48, XidAction::Unhealthy, "double-bit ECC error"),
-    (62, XidAction::Unhealthy, "internal micro-controller halt"),
-    (
-        63,
-        XidAction::Unhealthy,
-        "row remapping or page retirement event",
-    ),
-    (
-        64,
-        XidAction::Unhealthy,
-        "row remapping or page retirement failure",
-    ),
-    (74, XidAction::Unhealthy, "NVLink error"),
-    (79, XidAction::Unhealthy, "GPU has fallen off the bus"),
-    (92, XidAction::Unhealthy, "high single-bit ECC error rate"),
-    (94, XidAction::Unhealthy, "contained ECC error"),
-    (95, XidAction::Unhealthy, "uncontained ECC error"),
-    (119, XidAction::Unhealthy, "GSP RPC timeout"),
-    (120, XidAction::Unhealthy, "GSP error"),
-    (140, XidAction::Unhealthy, "unrecovered ECC error"),
-];
+/// NVIDIA's immediate action for an XID, as the catalog's resolution bucket says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XidResolution {
+    /// RESET_GPU.
+    Reset,
+    /// RESTART_BM, RESTART_VM: the node (or VM) must restart.
+    Reboot,
+    /// RESTART_APP: the application faulted; the GPU is fine.
+    RestartApp,
+    /// IGNORE.
+    None,
+    /// Anything a hook cannot act on by itself: contact support, check mechanicals,
+    /// a workflow that needs more than the XID number.
+    Investigate,
+}
 
-/// The built-in table with the operator's `gpu.xid_actions` over it.
+impl XidResolution {
+    fn parse(s: &str) -> Option<XidResolution> {
+        Some(match s {
+            "reset" => XidResolution::Reset,
+            "reboot" => XidResolution::Reboot,
+            "restart_app" => XidResolution::RestartApp,
+            "none" => XidResolution::None,
+            "investigate" => XidResolution::Investigate,
+            _ => return Option::None,
+        })
+    }
+
+    /// What the resolution means for the gate.
+    pub fn action(self) -> XidAction {
+        match self {
+            XidResolution::Reset | XidResolution::Reboot => XidAction::Unhealthy,
+            XidResolution::RestartApp | XidResolution::None => XidAction::Ignore,
+            XidResolution::Investigate => XidAction::Warn,
+        }
+    }
+
+    /// The words a reject line ends with.
+    pub fn advice(self) -> &'static str {
+        match self {
+            XidResolution::Reset => "GPU reset required",
+            XidResolution::Reboot => "node reboot required",
+            XidResolution::RestartApp => "restart the application",
+            XidResolution::None => "no action needed",
+            XidResolution::Investigate => "NVIDIA advises investigation",
+        }
+    }
+}
+
+/// One catalog row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatalogEntry {
+    pub xid: u32,
+    /// NVIDIA's bucket, verbatim (`RESET_GPU`, `WORKFLOW_XID_48`, `-`).
+    pub bucket: &'static str,
+    pub resolution: XidResolution,
+    pub description: &'static str,
+}
+
+const CATALOG_TSV: &str = include_str!("xid_catalog.tsv");
+
+/// Parses the catalog text. Every row must parse: `catalog()` is only ever given the
+/// checked-in file, and a unit test holds it to that.
+fn parse_catalog(text: &'static str) -> Result<Vec<CatalogEntry>, String> {
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&'static str> = line.split('\t').collect();
+        let [xid, bucket, resolution, description] = f.as_slice() else {
+            return Err(format!(
+                "xid catalog line {}: not 4 tab-separated fields",
+                i + 1
+            ));
+        };
+        let xid = xid
+            .parse()
+            .map_err(|_| format!("xid catalog line {}: {xid:?} is not a number", i + 1))?;
+        let resolution = XidResolution::parse(resolution)
+            .ok_or_else(|| format!("xid catalog line {}: bad resolution {resolution:?}", i + 1))?;
+        rows.push(CatalogEntry {
+            xid,
+            bucket,
+            resolution,
+            description,
+        });
+    }
+    Ok(rows)
+}
+
+/// The built-in catalog, parsed once.
+pub fn catalog() -> &'static [CatalogEntry] {
+    static CATALOG: OnceLock<Vec<CatalogEntry>> = OnceLock::new();
+    CATALOG.get_or_init(|| parse_catalog(CATALOG_TSV).unwrap_or_default())
+}
+
+pub fn catalog_entry(xid: u32) -> Option<&'static CatalogEntry> {
+    catalog().iter().find(|e| e.xid == xid)
+}
+
+/// The catalog with the operator's `gpu.xid_actions` over it.
 #[derive(Debug, Clone, Default)]
 pub struct XidTable {
     overrides: BTreeMap<u32, XidAction>,
@@ -78,23 +150,22 @@ impl XidTable {
         Ok(t)
     }
 
+    /// The operator's word, else the catalog's, else a warning: new drivers add XIDs, and
+    /// an unknown one should be seen, not ignored and not blocking.
     pub fn action(&self, xid: u32) -> XidAction {
         if let Some(a) = self.overrides.get(&xid) {
             return *a;
         }
-        XID_TABLE
-            .iter()
-            .find(|(x, _, _)| *x == xid)
-            .map(|(_, a, _)| *a)
-            .unwrap_or(XidAction::Warn)
+        catalog_entry(xid).map_or(XidAction::Warn, |e| e.resolution.action())
+    }
+
+    pub fn is_overridden(&self, xid: u32) -> bool {
+        self.overrides.contains_key(&xid)
     }
 }
 
 pub fn describe_xid(xid: u32) -> Option<&'static str> {
-    XID_TABLE
-        .iter()
-        .find(|(x, _, _)| *x == xid)
-        .map(|(_, _, d)| *d)
+    catalog_entry(xid).map(|e| e.description)
 }
 
 #[cfg(test)]
@@ -109,5 +180,47 @@ mod tests {
         let mut o = BTreeMap::new();
         o.insert("79".to_string(), "explode".to_string());
         assert!(XidTable::new(&o).unwrap_err().contains("not one of"));
+    }
+
+    #[test]
+    fn the_checked_in_catalog_parses_whole_and_follows_nvidia() {
+        let rows = parse_catalog(CATALOG_TSV).unwrap();
+        assert_eq!(rows.len(), catalog().len());
+        assert!(rows.len() > 100, "{}", rows.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for r in &rows {
+            assert!(seen.insert(r.xid), "xid {} twice", r.xid);
+            // The bucket and devgate's reading of it agree wherever the bucket is plain.
+            let plain = match r.bucket {
+                "RESET_GPU" => Some(XidResolution::Reset),
+                "RESTART_BM" | "RESTART_VM" => Some(XidResolution::Reboot),
+                "RESTART_APP" => Some(XidResolution::RestartApp),
+                "IGNORE" => Some(XidResolution::None),
+                "CONTACT_SUPPORT" | "-" => Some(XidResolution::Investigate),
+                _ => Option::None,
+            };
+            if let Some(p) = plain {
+                assert_eq!(r.resolution, p, "xid {}", r.xid);
+            }
+        }
+        let t = XidTable::default();
+        assert_eq!(t.action(79), XidAction::Unhealthy); // RESTART_BM
+        assert_eq!(t.action(95), XidAction::Unhealthy); // RESET_GPU
+        assert_eq!(t.action(48), XidAction::Unhealthy); // WORKFLOW_XID_48
+        assert_eq!(t.action(13), XidAction::Ignore); // RESTART_APP
+        assert_eq!(t.action(63), XidAction::Ignore); // IGNORE
+        assert_eq!(t.action(154), XidAction::Warn); // the line decides
+        assert_eq!(t.action(9999), XidAction::Warn); // unknown: warns, never ignored
+        assert_eq!(catalog_entry(79).unwrap().bucket, "RESTART_BM");
+    }
+
+    #[test]
+    fn a_malformed_catalog_row_is_an_error_naming_its_line() {
+        assert!(parse_catalog("# c\n79\tRESTART_BM\treboot\n")
+            .unwrap_err()
+            .contains("line 2"));
+        assert!(parse_catalog("79\tRESTART_BM\texplode\td\n")
+            .unwrap_err()
+            .contains("bad resolution"));
     }
 }

@@ -8,14 +8,8 @@ use crate::oci::spec::Spec;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-/// A GPU as NVIDIA's container tooling names it; NVML turns it into a minor number.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GpuSelector {
-    All,
-    Index(u32),
-    /// `GPU-…`, compared without regard to case.
-    Uuid(String),
-}
+use super::selector::parse as parse_selector;
+pub use super::selector::GpuSelector;
 
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
@@ -25,14 +19,29 @@ const MAX_SELECTORS: usize = 256;
 
 /// The GPUs a container selects through `NVIDIA_VISIBLE_DEVICES` or CDI annotations in
 /// config.json. This is the only way a container's environment reaches devgate: as a list
-/// of GPUs to check, never as configuration. `void`, `none` and empty select nothing;
-/// MIG instances (`0:1`) select their parent GPU; MIG UUIDs are not resolvable and skipped.
+/// of GPUs to check, never as configuration. Each token is read by NVIDIA's rules
+/// (`selector`): tokens are not trimmed (NVIDIA's tooling refuses ` 1, GPU-…`), `all` ends
+/// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     let mut out = Vec::new();
-    if let Some(v) = spec.env(NVIDIA_VISIBLE_DEVICES) {
+    out.extend(
+        volume_mount_devices(spec)
+            .filter_map(parse_selector)
+            .map(|s| (s, Source::NvidiaVisibleDevices)),
+    );
+    // The device plugin's volume-mounts strategy sets the variable to the mounts' root:
+    // the list is the mounts above, not this value.
+    let env = spec
+        .env(NVIDIA_VISIBLE_DEVICES)
+        .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
+    if let Some(v) = env {
         for token in v.split(',') {
             if let Some(s) = parse_selector(token) {
+                let all = s == GpuSelector::All;
                 out.push((s, Source::NvidiaVisibleDevices));
+                if all {
+                    break;
+                }
             }
         }
     }
@@ -52,26 +61,30 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     out
 }
 
-fn parse_selector(token: &str) -> Option<GpuSelector> {
-    let t = token.trim();
-    if t.is_empty() || t.len() > 96 {
-        return None;
-    }
-    match t {
-        "all" => return Some(GpuSelector::All),
-        "void" | "none" => return None,
-        _ => {}
-    }
-    // `2` or the MIG form `2:1`: both mean GPU index 2.
-    let index = t.split_once(':').map(|(gpu, _)| gpu).unwrap_or(t);
-    if !index.is_empty() && index.len() <= 4 && index.bytes().all(|b| b.is_ascii_digit()) {
-        return index.parse().ok().map(GpuSelector::Index);
-    }
-    // Compared as bytes: the token is the container's and may split a UTF-8 character.
-    if t.len() > 4 && t.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-") {
-        return Some(GpuSelector::Uuid(t.to_string()));
-    }
-    None
+/// The NVIDIA toolkit's `accept-nvidia-visible-devices-as-volume-mounts`: the device
+/// plugin names each GPU by a mount of `/dev/null` at `<root>/<name>`; `cdi/<kind>=<name>`
+/// names a CDI device, `imex/…` an IMEX channel (not a GPU).
+const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
+
+fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = &str> {
+    spec.mounts.iter().filter_map(|m| {
+        if m.source.as_deref() != Some(Path::new("/dev/null")) {
+            return None;
+        }
+        let name = m
+            .destination
+            .to_str()?
+            .strip_prefix(VOLUME_MOUNTS_ROOT)?
+            .strip_prefix('/')?
+            .trim_end_matches('/');
+        if name.is_empty() || name.starts_with("imex/") {
+            return None;
+        }
+        match name.strip_prefix("cdi/") {
+            Some(cdi) => cdi.strip_prefix(CDI_GPU_KIND),
+            None => Some(name),
+        }
+    })
 }
 
 /// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
@@ -145,9 +158,6 @@ mod tests {
 
     #[test]
     fn selectors_with_multibyte_characters_do_not_panic() {
-        for t in ["aé€x", "GPé-x", "€€€€€", "GPU-é"] {
-            let _ = parse_selector(t);
-        }
         assert!(matches!(
             parse_selector("gpu-1234"),
             Some(GpuSelector::Uuid(_))
@@ -159,13 +169,17 @@ mod tests {
             Path::new("/c"),
         )
         .unwrap();
-        assert!(gpu_selectors(&s).is_empty());
+        let got = gpu_selectors(&s);
+        assert_eq!(got.len(), 2);
+        assert!(got
+            .iter()
+            .all(|(g, _)| matches!(g, GpuSelector::Invalid(r) if r.contains("aé€x"))));
     }
 
     #[test]
     fn gpu_selectors_from_env_and_cdi() {
         let s = spec(
-            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0, GPU-AbC-1,3:1,MIG-xyz,,junk,99999"]},
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0,GPU-AbC-1,3:1,MIG-xyz,,junk,00002,0:3b:00.0"]},
                 "annotations":{"cdi.k8s.io/devgate":"nvidia.com/gpu=2,vendor.com/x=1, nvidia.com/gpu=all",
                                "other/key":"nvidia.com/gpu=5"}}"#,
         );
@@ -177,7 +191,32 @@ mod tests {
                     GpuSelector::Uuid("GPU-AbC-1".into()),
                     Source::NvidiaVisibleDevices
                 ),
-                (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
+                (
+                    GpuSelector::Mig {
+                        gpu: 3,
+                        instance: 1
+                    },
+                    Source::NvidiaVisibleDevices
+                ),
+                (
+                    GpuSelector::MigUuid("MIG-xyz".into()),
+                    Source::NvidiaVisibleDevices
+                ),
+                (
+                    GpuSelector::Invalid(
+                        "\"junk\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void".into()
+                    ),
+                    Source::NvidiaVisibleDevices
+                ),
+                (GpuSelector::Index(2), Source::NvidiaVisibleDevices),
+                (
+                    GpuSelector::PciBusId {
+                        domain: 0,
+                        bus: 0x3b,
+                        device: 0
+                    },
+                    Source::NvidiaVisibleDevices
+                ),
                 (GpuSelector::Index(2), Source::CdiAnnotation),
                 (GpuSelector::All, Source::CdiAnnotation),
             ]
@@ -195,6 +234,50 @@ mod tests {
             r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=all","NVIDIA_VISIBLE_DEVICES=void"]}}"#,
         );
         assert!(gpu_selectors(&s).is_empty());
+        // `all` ends the list, as in libnvidia-container; a space is not trimmed away
+        let s = spec(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=ALL,junk"]}}"#);
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![(GpuSelector::All, Source::NvidiaVisibleDevices)]
+        );
+        let s = spec(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0, 1"]}}"#);
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Index(0), Source::NvidiaVisibleDevices),
+                (GpuSelector::Index(1), Source::NvidiaVisibleDevices)
+            ]
+        );
+        let s = spec(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=1 "]}}"#);
+        assert!(matches!(
+            gpu_selectors(&s)[..],
+            [(GpuSelector::Invalid(_), _)]
+        ));
+    }
+
+    #[test]
+    fn the_device_plugins_volume_mounts_name_gpus() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]},
+                "mounts":[
+                  {"destination":"/var/run/nvidia-container-devices/GPU-aBc","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/3","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=1","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/imex/channel0","source":"/dev/null"},
+                  {"destination":"/var/run/nvidia-container-devices/5","source":"/tmp/x"},
+                  {"destination":"/elsewhere/6","source":"/dev/null"}]}"#,
+        );
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (
+                    GpuSelector::Uuid("GPU-aBc".into()),
+                    Source::NvidiaVisibleDevices
+                ),
+                (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
+                (GpuSelector::Index(1), Source::NvidiaVisibleDevices),
+            ]
+        );
     }
 
     #[test]

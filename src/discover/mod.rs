@@ -7,6 +7,7 @@
 
 pub(crate) mod devnode;
 pub(crate) mod gpu;
+pub(crate) mod selector;
 
 use crate::error::{Error, Result};
 use crate::model::class::{self, ClassRule};

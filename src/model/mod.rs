@@ -5,5 +5,6 @@
 pub mod class;
 pub(crate) mod clock;
 pub mod device;
+pub mod recovery;
 pub(crate) mod text;
 pub(crate) mod verdict;

@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::model::class::Class;
 use crate::model::device::{DevNum, Device};
 use crate::probe::nvidia::GpuContext;
-use crate::probe::sysfs;
+use crate::probe::pcie;
 use crate::store::quarantine::{Ledger, Lookup};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -64,8 +64,13 @@ pub struct Snapshot {
 }
 
 /// Reads one device's counters now. GPU counters are filled by the caller, which owns the
-/// (deadline-guarded) NVML session.
-pub fn read_counters(config: &Config, ledger: &Ledger, device: &Device) -> DeviceCounters {
+/// (deadline-guarded) NVML session; its context gives a GPU's PCI function.
+pub fn read_counters(
+    config: &Config,
+    ledger: &Ledger,
+    device: &Device,
+    gpu: Option<&GpuContext>,
+) -> DeviceCounters {
     let node_present = device
         .host_path
         .as_ref()
@@ -77,9 +82,9 @@ pub fn read_counters(config: &Config, ledger: &Ledger, device: &Device) -> Devic
         Lookup::Cordoned(e) => (true, Some(e.reason)),
         Lookup::Damaged { .. } => (true, None),
     };
-    let pci_dir: Option<PathBuf> = sysfs::pci_dir_for(&config.sysfs_root, device);
-    let (aer_fatal, aer_nonfatal) = match pci_dir.as_deref().and_then(sysfs::aer_counts) {
-        Some(Ok((f, n))) => (Some(f), Some(n)),
+    let pci_dir: Option<PathBuf> = pcie::function_dir(&config.sysfs_root, device, gpu);
+    let (aer_fatal, aer_nonfatal) = match pci_dir.as_deref().and_then(pcie::read_aer) {
+        Some(Ok(c)) => (Some(c.fatal), Some(c.nonfatal)),
         _ => (None, None),
     };
     DeviceCounters {
@@ -100,7 +105,7 @@ pub fn snapshot_of(
     device: &Device,
     gpu: Option<&GpuContext>,
 ) -> DeviceSnapshot {
-    let mut counters = read_counters(config, ledger, device);
+    let mut counters = read_counters(config, ledger, device, gpu);
     if device.class == Class::NvidiaGpu {
         counters.gpu = gpu.and_then(|g| g.nvml.counters(device.num.minor));
     }

@@ -4,6 +4,7 @@
 pub(crate) mod counters;
 pub(crate) mod node;
 pub mod nvidia;
+pub(crate) mod pcie;
 pub(crate) mod quarantine;
 pub(crate) mod sysfs;
 
@@ -15,6 +16,7 @@ use node::NodeProbe;
 use nvidia::gpu::NvmlProbe;
 use nvidia::xid::XidProbe;
 use nvidia::GpuContext;
+use pcie::PcieProbe;
 use quarantine::QuarantineProbe;
 use sysfs::SysfsProbe;
 
@@ -52,6 +54,11 @@ pub fn probe_all(
     let quarantine = QuarantineProbe { ledger };
     let nvidia = devices.iter().any(|d| d.class.is_nvidia());
     let gpu = gpu.filter(|_| nvidia);
+    let pcie = PcieProbe {
+        sysfs_root: config.sysfs_root.clone(),
+        state_dir: config.state_dir.clone(),
+        gpu,
+    };
     let nvml_probe = gpu.map(|g| NvmlProbe {
         answer: &g.nvml,
         limits: g.limits,
@@ -61,8 +68,9 @@ pub fn probe_all(
         scan: &g.kmsg,
         table: &g.xid_table,
         nvml: &g.nvml,
+        proc: &g.proc_gpus,
     });
-    let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &quarantine];
+    let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &pcie, &quarantine];
     if let Some(p) = &nvml_probe {
         probes.push(p);
     }

@@ -1,7 +1,7 @@
 //! The sysfs probe: what the kernel's device model says about the hardware behind a node.
 //! `/sys/dev/{char,block}/MAJ:MIN` leads to the device; a `device` link there means real
-//! hardware, which must have a driver bound; PCI functions also report AER error counters
-//! and their link training; SCSI-backed block devices report a state.
+//! hardware, which must have a driver bound; SCSI-backed block devices report a state.
+//! The PCI function's link and AER counters are the `pcie` probe's (`probe::pcie`).
 
 use crate::fsutil::read_attr;
 use crate::model::device::{DevType, Device};
@@ -73,10 +73,6 @@ impl Probe for SysfsProbe {
         if device.num.typ == DevType::Block {
             findings.push(block_state(&hw));
         }
-        if let Some(pci) = &pci {
-            findings.push(aer(pci));
-            findings.push(link(pci));
-        }
         match Verdict::worst(findings) {
             Verdict::NotApplicable(_) => Verdict::Healthy,
             v => v,
@@ -137,7 +133,7 @@ pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
 /// relative link target (the kernel's are `../../devices/...`) is joined to the link's
 /// directory by name. Anything else (an absolute target, `..` after a name, a chain of
 /// links) goes to realpath.
-fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
     use std::ffi::OsString;
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let target = match fs::read_link(path) {
@@ -185,112 +181,6 @@ fn block_state(hw: &Path) -> Verdict {
             trunc(&s)
         )),
     }
-}
-
-/// An AER counter file holds lines `NAME COUNT`; TOTAL_ERR_* sums them on kernels that
-/// have it, otherwise devgate sums the lines itself.
-pub fn parse_aer(text: &str, total_key: &str) -> Result<u64, String> {
-    let mut sum: u64 = 0;
-    let mut seen = false;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let mut parts = line.split_whitespace();
-        let (Some(name), Some(count), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!("unexpected line {:?}", trunc(line)));
-        };
-        let n: u64 = count
-            .parse()
-            .map_err(|_| format!("bad count {:?} for {}", trunc(count), trunc(name)))?;
-        if name == total_key {
-            return Ok(n);
-        }
-        sum = sum.saturating_add(n);
-        seen = true;
-    }
-    if seen {
-        Ok(sum)
-    } else {
-        Err("empty".into())
-    }
-}
-
-/// Fatal and non-fatal AER totals of a PCI function; None where AER is not reported.
-pub fn aer_counts(pci: &Path) -> Option<Result<(u64, u64), String>> {
-    let fatal = read_attr(&pci.join("aer_dev_fatal")).ok()?;
-    let nonfatal = read_attr(&pci.join("aer_dev_nonfatal")).unwrap_or_default();
-    let f = parse_aer(&fatal, "TOTAL_ERR_FATAL").map_err(|e| format!("aer_dev_fatal: {e}"));
-    let n = if nonfatal.is_empty() {
-        Ok(0)
-    } else {
-        parse_aer(&nonfatal, "TOTAL_ERR_NONFATAL").map_err(|e| format!("aer_dev_nonfatal: {e}"))
-    };
-    Some(f.and_then(|f| n.map(|n| (f, n))))
-}
-
-fn pci_name(pci: &Path) -> String {
-    pci.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-fn aer(pci: &Path) -> Verdict {
-    match aer_counts(pci) {
-        None => Verdict::NotApplicable("no AER counters".into()),
-        Some(Err(e)) => Verdict::Unknown(format!(
-            "cannot read AER counters of {}: {e}",
-            pci_name(pci)
-        )),
-        Some(Ok((0, 0))) => Verdict::Healthy,
-        Some(Ok((0, n))) => Verdict::Warn(format!(
-            "PCIe AER: {n} non-fatal errors on {}",
-            pci_name(pci)
-        )),
-        Some(Ok((f, n))) => Verdict::Unhealthy(format!(
-            "PCIe AER: {f} fatal errors on {} ({n} non-fatal)",
-            pci_name(pci)
-        )),
-    }
-}
-
-/// `8.0 GT/s PCIe` → 8.0; `Unknown` (a link that is down or never trained) → None.
-fn parse_speed(s: &str) -> Option<f64> {
-    s.split_whitespace().next()?.parse().ok()
-}
-
-fn link(pci: &Path) -> Verdict {
-    let read = |name: &str| read_attr(&pci.join(name)).ok();
-    let mut findings = Vec::new();
-    if let (Some(cur), Some(max)) = (read("current_link_speed"), read("max_link_speed")) {
-        match (parse_speed(&cur), parse_speed(&max)) {
-            (Some(c), Some(m)) if c < m => findings.push(Verdict::Warn(format!(
-                "PCIe link of {} at {cur}, below its maximum {max}",
-                pci_name(pci)
-            ))),
-            (Some(_), Some(_)) => findings.push(Verdict::Healthy),
-            _ if cur.starts_with("Unknown") || max.starts_with("Unknown") => {}
-            _ => findings.push(Verdict::Unknown(format!(
-                "cannot parse link speed {:?} / {:?} of {}",
-                trunc(&cur),
-                trunc(&max),
-                pci_name(pci)
-            ))),
-        }
-    }
-    if let (Some(cur), Some(max)) = (read("current_link_width"), read("max_link_width")) {
-        match (cur.parse::<u32>(), max.parse::<u32>()) {
-            (Ok(c), Ok(m)) if c < m => findings.push(Verdict::Warn(format!(
-                "PCIe link of {} is x{c}, below its maximum x{m}",
-                pci_name(pci)
-            ))),
-            (Ok(_), Ok(_)) => findings.push(Verdict::Healthy),
-            _ => findings.push(Verdict::Unknown(format!(
-                "cannot parse link width {:?} / {:?} of {}",
-                trunc(&cur),
-                trunc(&max),
-                pci_name(pci)
-            ))),
-        }
-    }
-    Verdict::worst(findings)
 }
 
 fn trunc(s: &str) -> String {
@@ -382,75 +272,6 @@ pub(crate) mod tests {
             Verdict::Unhealthy("no driver bound to 0000:3b:00.0".into())
         );
         symlink("../../../bus/pci/drivers/nvidia", pci.join("driver")).unwrap();
-        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
-    }
-
-    #[test]
-    fn aer_fatal_is_unhealthy_nonfatal_warns_garbage_unknown() {
-        let t = Tree::new("aer");
-        let pci = t.pci("0000:3b:00.0", true);
-        t.chardev("240:0", "accel0", Some(&pci));
-        let p = SysfsProbe {
-            sysfs_root: t.0.clone(),
-        };
-        t.write(
-            &pci,
-            "aer_dev_fatal",
-            "Undefined 0\nDLP 0\nTOTAL_ERR_FATAL 0\n",
-        );
-        t.write(
-            &pci,
-            "aer_dev_nonfatal",
-            "Undefined 0\nTOTAL_ERR_NONFATAL 0\n",
-        );
-        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
-        t.write(
-            &pci,
-            "aer_dev_nonfatal",
-            "Undefined 0\nTOTAL_ERR_NONFATAL 3\n",
-        );
-        assert_eq!(
-            p.check(&dev(DevType::Char, 240, 0)),
-            Verdict::Warn("PCIe AER: 3 non-fatal errors on 0000:3b:00.0".into())
-        );
-        t.write(&pci, "aer_dev_fatal", "DLP 1\nSurpriseDown 1\n");
-        assert_eq!(
-            p.check(&dev(DevType::Char, 240, 0)),
-            Verdict::Unhealthy("PCIe AER: 2 fatal errors on 0000:3b:00.0 (3 non-fatal)".into())
-        );
-        t.write(&pci, "aer_dev_fatal", "DLP lots\n");
-        let v = p.check(&dev(DevType::Char, 240, 0));
-        assert!(
-            matches!(&v, Verdict::Unknown(r) if r.contains("bad count \"lots\"")),
-            "{v:?}"
-        );
-        t.write(&pci, "aer_dev_fatal", &"x".repeat(100_000));
-        assert!(matches!(
-            p.check(&dev(DevType::Char, 240, 0)),
-            Verdict::Unknown(_)
-        ));
-    }
-
-    #[test]
-    fn degraded_link_warns() {
-        let t = Tree::new("link");
-        let pci = t.pci("0000:3b:00.0", true);
-        t.chardev("240:0", "accel0", Some(&pci));
-        let p = SysfsProbe {
-            sysfs_root: t.0.clone(),
-        };
-        t.write(&pci, "current_link_speed", "16.0 GT/s PCIe\n");
-        t.write(&pci, "max_link_speed", "16.0 GT/s PCIe\n");
-        t.write(&pci, "current_link_width", "16\n");
-        t.write(&pci, "max_link_width", "16\n");
-        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
-        t.write(&pci, "current_link_width", "8\n");
-        assert_eq!(
-            p.check(&dev(DevType::Char, 240, 0)),
-            Verdict::Warn("PCIe link of 0000:3b:00.0 is x8, below its maximum x16".into())
-        );
-        t.write(&pci, "current_link_speed", "Unknown\n");
-        t.write(&pci, "current_link_width", "16\n");
         assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
     }
 

@@ -1,7 +1,7 @@
 //! Faults during a run: the start snapshot of the counters that can change while a
 //! container runs (`probe::counters`), compared with the live values at poststop. Pure.
 
-use crate::config::xid::{describe_xid, XidAction};
+use crate::config::xid::describe_xid;
 use crate::model::device::DevNum;
 use crate::model::text::one_line;
 use crate::probe::counters::{DeviceSnapshot, Snapshot};
@@ -91,11 +91,17 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
                     continue;
                 }
                 seen.push(x.xid);
+                // XID 154 says what the GPU needs; the catalog's words say only that it changed.
+                let recovery = crate::probe::nvidia::xid::parse_recovery_change(&x.text)
+                    .filter(|_| x.xid == crate::probe::nvidia::xid::XID_RECOVERY_ACTION)
+                    .map(|(_, to)| format!("the driver's recovery action is {}", to.describe()));
                 push(
                     format!("DeviceFault/XID{}", x.xid),
-                    describe_xid(x.xid)
-                        .unwrap_or("GPU error reported by the driver")
-                        .to_string(),
+                    recovery.unwrap_or_else(|| {
+                        describe_xid(x.xid)
+                            .unwrap_or("GPU error reported by the driver")
+                            .to_string()
+                    }),
                 );
             }
         }
@@ -167,7 +173,7 @@ pub fn xid_reports(gpu: &GpuContext) -> Vec<XidReport> {
             seq: e.seq,
             pci: e.pci.to_string(),
             xid: e.xid,
-            critical: gpu.xid_table.action(e.xid) == XidAction::Unhealthy,
+            critical: crate::probe::nvidia::xid::blocks(e, &gpu.xid_table),
             text: e.text.clone(),
         })
         .collect()
@@ -287,6 +293,30 @@ mod tests {
                 "DeviceFault/NodeGone",
                 "DeviceFault/Cordoned"
             ]
+        );
+    }
+
+    #[test]
+    fn xid_154_during_the_run_names_the_recovery_action() {
+        let start = Snapshot {
+            time_unix: 1,
+            kmsg_seq: Some(10),
+            devices: vec![snap(base())],
+        };
+        let xids = vec![XidReport {
+            seq: 11,
+            pci: "0000:3b:00".into(),
+            xid: 154,
+            critical: true,
+            text: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+                .into(),
+        }];
+        let f = diff(&start, &[snap(base())], &xids);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].code, "DeviceFault/XID154");
+        assert_eq!(
+            f[0].message,
+            "the driver's recovery action is node reboot required"
         );
     }
 

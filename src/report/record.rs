@@ -4,6 +4,7 @@
 
 use crate::action::remap::RemapRecord;
 use crate::config::policy::Action;
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::fsutil::ensure_private_dir;
 use crate::model::device::Device;
@@ -223,6 +224,39 @@ pub fn write_record_line(state_dir: &Path, id: &str, line: &[u8], keep: usize) -
 
 pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
     records::read(state_dir, Kind::Start, id)
+}
+
+/// Records are for people after the fact; failing to write one must not change whether a
+/// container starts, so errors are logged, not returned.
+pub fn keep(config: &Config, decision: &Decision) {
+    if let Err(e) = remove_exit(&config.state_dir, &decision.container_id) {
+        log::error!("cannot remove the previous run's exit record: {e}");
+    }
+    let line = json_line(decision);
+    let id = &decision.container_id;
+    if let Err(e) = write_record_line(&config.state_dir, id, &line, config.exits_keep) {
+        log::error!("cannot keep container record: {e}");
+    }
+    if let Some(log_file) = &config.log_file {
+        if let Err(e) = append_log_line(log_file, &line) {
+            log::error!("cannot append decision log: {e}");
+        }
+    }
+}
+
+/// The devices the container runs on: a remapped device's spare stands in for it.
+pub fn in_use(decisions: &[DeviceDecision], remaps: &[RemapRecord]) -> Vec<Device> {
+    decisions
+        .iter()
+        .map(|d| match remaps.iter().find(|r| r.device == d.device.num) {
+            Some(r) => Device {
+                num: r.spare,
+                host_path: Some(r.spare_path.clone()),
+                ..d.device.clone()
+            },
+            None => d.device.clone(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 pub mod lease;
 pub(crate) mod marker;
+pub(crate) mod pcie;
 pub(crate) mod quarantine;
 pub(crate) mod records;
 

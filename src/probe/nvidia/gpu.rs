@@ -2,6 +2,7 @@
 //! operator's limits (pure), the NVML probe, and which GPUs a selector names.
 
 use super::nvml::{GpuFacts, Link, Lookup, NvmlAnswer, Reading, LOST};
+use super::pci::PciAddr;
 use super::procfs::ProcGpu;
 use super::recovery;
 use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
@@ -235,6 +236,8 @@ fn missing_minor(minor: u32, gpus: &[GpuFacts]) -> Verdict {
 pub struct GpuId {
     pub minor: u32,
     pub uuid: Option<String>,
+    /// For a PCI bus id selector.
+    pub pci: Option<PciAddr>,
 }
 
 /// The GPUs selectors are resolved against, and who listed them; `Err` when nobody could.
@@ -265,6 +268,7 @@ impl KnownGpus {
                 .map(|(_, p)| GpuId {
                     minor: p.minor,
                     uuid: p.uuid.clone(),
+                    pci: Some(p.pci),
                 })
                 .collect()),
             by: "the driver",
@@ -281,11 +285,38 @@ impl KnownGpus {
                     .map(|g| GpuId {
                         minor: g.minor.value().copied().unwrap_or(g.index),
                         uuid: g.uuid.value().cloned(),
+                        pci: g.pci_bus_id.value().and_then(|b| PciAddr::parse(b)),
                     })
                     .collect()
             }),
             by: "NVML",
         }
+    }
+}
+
+/// Whether a PCI bus id selector names this GPU: domain, bus and device, as
+/// libnvidia-container compares `%08x:%02x:%02x.0` with the GPU's bus id.
+fn bus_id_names(sel: &GpuSelector, g: &GpuId) -> bool {
+    let GpuSelector::PciBusId {
+        domain,
+        bus,
+        device,
+    } = sel
+    else {
+        return false;
+    };
+    g.pci
+        .is_some_and(|a| a.domain == *domain && a.bus == *bus && a.device == *device)
+}
+
+fn show_bus_id(sel: &GpuSelector) -> String {
+    match sel {
+        GpuSelector::PciBusId {
+            domain,
+            bus,
+            device,
+        } => format!("{domain:08x}:{bus:02x}:{device:02x}.0"),
+        _ => String::new(),
     }
 }
 
@@ -341,11 +372,38 @@ pub fn resolve_selectors(
                     }
                 }
             }
+            (Ok(gpus), GpuSelector::PciBusId { .. }) => {
+                match gpus.iter().find(|g| bus_id_names(sel, g)) {
+                    Some(g) => add(g.minor, *source),
+                    None => unresolved.push(format!(
+                        "{how} selects PCI bus id {}, which {by} does not {reports}",
+                        show_bus_id(sel)
+                    )),
+                }
+            }
+            // A MIG instance runs on its parent GPU: that is what is checked.
+            (Ok(gpus), GpuSelector::Mig { gpu, instance }) => match gpus.get(*gpu as usize) {
+                Some(g) => add(g.minor, *source),
+                None => unresolved.push(format!(
+                    "{how} selects MIG device {gpu}:{instance} but {by} {report} {} GPUs",
+                    gpus.len()
+                )),
+            },
+            (_, GpuSelector::MigUuid(u)) => unresolved.push(format!(
+                "{how} selects MIG device {u}, whose GPU devgate cannot tell (it does not list MIG devices)"
+            )),
+            (_, GpuSelector::Invalid(why)) => unresolved.push(format!(
+                "{how} value {why}, which NVIDIA's tooling refuses"
+            )),
             (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, Source::AllGpus)),
-            (Err(_), GpuSelector::Index(i)) => add(*i, *source),
+            (Err(_), GpuSelector::Index(i) | GpuSelector::Mig { gpu: i, .. }) => add(*i, *source),
             (Err(why), GpuSelector::Uuid(u)) => {
                 unresolved.push(format!("{how} selects {u}, which cannot be checked: {why}"))
             }
+            (Err(why), GpuSelector::PciBusId { .. }) => unresolved.push(format!(
+                "{how} selects PCI bus id {}, which cannot be checked: {why}",
+                show_bus_id(sel)
+            )),
         }
     }
     (chosen, unresolved)

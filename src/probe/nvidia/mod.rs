@@ -90,6 +90,14 @@ impl GpuContext {
         }
     }
 
+    /// The PCI address of /dev/nvidia`minor`: NVML's answer, else the driver's /proc list,
+    /// which still answers when NVML is missing, stuck or has lost the GPU.
+    pub fn pci_of_minor(&self, minor: u32) -> Option<pci::PciAddr> {
+        self.nvml
+            .pci_of_minor(minor)
+            .or_else(|| procfs::pci_of_minor(&self.proc_gpus, minor))
+    }
+
     /// Only a GPU opens NVML: containers without one never load the library.
     pub fn for_devices(config: &Config, devices: &[Device]) -> Option<GpuContext> {
         has_gpu(devices).then(|| GpuContext::gather(config, &gpu_minors(devices)))

@@ -34,6 +34,11 @@ impl ProcGpu {
     }
 }
 
+/// The PCI function the driver listed for /dev/nvidia`minor`.
+pub fn pci_of_minor(list: &[ProcGpu], minor: u32) -> Option<PciAddr> {
+    list.iter().find(|g| g.minor == minor).map(|g| g.pci)
+}
+
 /// Every GPU under `<proc_root>/driver/nvidia/gpus`. Empty when the driver is not loaded or
 /// the tree is unreadable: then devgate knows only what NVML says.
 pub fn read_gpus(proc_root: &Path) -> Vec<ProcGpu> {

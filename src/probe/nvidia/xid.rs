@@ -5,26 +5,88 @@
 //! non-blocking and bounded), keeps the XID records and the driver's load records, and
 //! judges each GPU by the XIDs reported for its PCI address since the driver last loaded.
 //!
-//! "Until the GPU was reset after the event" is decided from the log alone:
+//! When a report stops counting is decided from the log alone:
 //! - the kernel log is per boot (its timestamps count from boot), so a reboot clears
 //!   every report;
 //! - a driver load (`NVRM: loading NVIDIA UNIX … Kernel Module`) re-initialises every GPU,
-//!   so reports logged before the newest load record no longer count.
+//!   so reports logged before the newest load record no longer count;
+//! - XID 154 (`GPU recovery action changed from 0x1 (…) to 0x0 (None)`) is the driver
+//!   saying the GPU needs nothing more: reports for that GPU logged before it no longer
+//!   count. That is what ends an XID after `nvidia-smi -r`, which resets a GPU without
+//!   reloading the driver.
 //!
-//! A GPU reset with `nvidia-smi -r` under a loaded driver logs nothing devgate can rely on;
-//! README.md (GPUs: NVML and XID reports) says how an operator clears a report then.
+//! Each XID is judged by NVIDIA's catalog (`config::xid`); XID 154 by the recovery action
+//! its line names (`model::recovery`), which needs no NVML call (NVML can hang).
 
 use super::kmsg::{KmsgScan, XidEvent};
 use super::nvml::NvmlAnswer;
 use super::pci::PciAddr;
-use crate::config::xid::{describe_xid, XidAction, XidTable};
+use crate::config::xid::{catalog_entry, describe_xid, XidAction, XidTable};
 use crate::model::class::Class;
 use crate::model::device::Device;
+use crate::model::recovery::{RecoveryAction, RecoveryEffect};
 use crate::model::verdict::Verdict;
 use crate::probe::Probe;
 use std::collections::BTreeMap;
 
+/// The XID whose line carries the driver's recovery action.
+pub const XID_RECOVERY_ACTION: u32 = 154;
+
+/// `0x1f` → 31. At most 8 hex digits: the driver prints a 32-bit value.
+fn hex_token(s: &str) -> Option<(u32, &str)> {
+    let s = s.strip_prefix("0x")?;
+    let n = s.bytes().take_while(u8::is_ascii_hexdigit).count();
+    if n == 0 || n > 8 {
+        return None;
+    }
+    Some((u32::from_str_radix(&s[..n], 16).ok()?, &s[n..]))
+}
+
+/// XID 154's text: `GPU recovery action changed from 0xA (name) to 0xB (name)` → (A, B).
+/// The names differ between driver branches (`Node Reboot Required`, `OS Reboot`,
+/// `PF FLR`); the numbers are NVML's `nvmlGpuRecoveryAction_t` and are what is read.
+pub fn parse_recovery_change(text: &str) -> Option<(RecoveryAction, RecoveryAction)> {
+    let rest = text.strip_prefix("GPU recovery action changed from ")?;
+    let (from, rest) = hex_token(rest)?;
+    let (_, rest) = rest.split_once(" to ")?;
+    let (to, _) = hex_token(rest)?;
+    Some((
+        RecoveryAction::from_code(from),
+        RecoveryAction::from_code(to),
+    ))
+}
+
+/// The recovery action an XID 154 event moves to, unless the operator overrode XID 154
+/// (then it is an XID like any other).
+fn recovery_of(e: &XidEvent, table: &XidTable) -> Option<RecoveryAction> {
+    if e.xid != XID_RECOVERY_ACTION || table.is_overridden(e.xid) {
+        return None;
+    }
+    parse_recovery_change(&e.text).map(|(_, to)| to)
+}
+
+/// Whether one report, on its own, blocks its GPU: what poststop calls a critical fault.
+pub fn blocks(e: &XidEvent, table: &XidTable) -> bool {
+    match recovery_of(e, table) {
+        Some(a) => a.effect() == RecoveryEffect::Blocks,
+        None => table.action(e.xid) == XidAction::Unhealthy,
+    }
+}
+
+fn at(e: &XidEvent) -> String {
+    format!(
+        "{}.{:06} s after boot (kmsg seq {})",
+        e.ts_usec / 1_000_000,
+        e.ts_usec % 1_000_000,
+        e.seq
+    )
+}
+
 /// Judges one GPU by the reports that still count for its slot. Pure.
+///
+/// Long because it is one pass in log order (XID 154's "to None" ends what came before
+/// it, so order matters) followed by one reason per XID; splitting it would split that
+/// order across functions.
 pub fn judge_reports<'a>(
     events: impl Iterator<Item = &'a XidEvent>,
     pci: &PciAddr,
@@ -32,7 +94,19 @@ pub fn judge_reports<'a>(
 ) -> Verdict {
     // xid → (count, newest report)
     let mut seen: BTreeMap<u32, (usize, &XidEvent)> = BTreeMap::new();
+    // the newest XID 154 that still asks for something
+    let mut recovery: Option<(RecoveryAction, &XidEvent)> = None;
     for e in events.filter(|e| e.pci.same_slot(pci)) {
+        if let Some(to) = recovery_of(e, table) {
+            if to.effect() == RecoveryEffect::Clears {
+                // The driver says the GPU needs nothing more: what came before is over.
+                seen.clear();
+                recovery = None;
+            } else {
+                recovery = Some((to, e));
+            }
+            continue;
+        }
         if table.action(e.xid) == XidAction::Ignore {
             continue;
         }
@@ -41,23 +115,36 @@ pub fn judge_reports<'a>(
         entry.1 = e;
     }
     let mut findings = Vec::new();
+    if let Some((to, e)) = recovery {
+        let reason = format!(
+            "xid 154 on {}: the driver's recovery action is {}, at {}: {:?}",
+            e.pci,
+            to.describe(),
+            at(e),
+            e.text
+        );
+        findings.push(match to.effect() {
+            RecoveryEffect::Blocks => Verdict::Unhealthy(reason),
+            _ => Verdict::Warn(reason),
+        });
+    }
     for (xid, (count, last)) in &seen {
         let what = describe_xid(*xid)
             .map(|d| format!("xid {xid} ({d})"))
-            .unwrap_or_else(|| format!("xid {xid}"));
+            .unwrap_or_else(|| format!("xid {xid} (not in NVIDIA's XID catalog devgate carries)"));
         let reason = format!(
-            "{what} on {} reported {count} time{} since the driver loaded, last at {}.{:06} s after boot (kmsg seq {}): {:?}",
+            "{what} on {} reported {count} time{} since the driver loaded, last at {}: {:?}",
             last.pci,
             if *count == 1 { "" } else { "s" },
-            last.ts_usec / 1_000_000,
-            last.ts_usec % 1_000_000,
-            last.seq,
+            at(last),
             last.text
         );
+        let advice = match catalog_entry(*xid) {
+            Some(c) if !table.is_overridden(*xid) => c.resolution.advice(),
+            _ => "GPU reset or reboot required",
+        };
         findings.push(match table.action(*xid) {
-            XidAction::Unhealthy => {
-                Verdict::Unhealthy(format!("{reason}; GPU reset or reboot required"))
-            }
+            XidAction::Unhealthy => Verdict::Unhealthy(format!("{reason}; {advice}")),
             _ => Verdict::Warn(reason),
         });
     }
@@ -71,8 +158,10 @@ pub fn judge_reports<'a>(
 pub struct XidProbe<'a> {
     pub scan: &'a Result<KmsgScan, String>,
     pub table: &'a XidTable,
-    /// Where the GPUs' PCI addresses come from.
+    /// Where the GPUs' PCI addresses come from: NVML, else the driver's /proc list (so
+    /// that a report, XID 154's recovery action above all, still counts when NVML hangs).
     pub nvml: &'a NvmlAnswer,
+    pub proc: &'a [super::procfs::ProcGpu],
 }
 
 impl Probe for XidProbe<'_> {
@@ -88,11 +177,16 @@ impl Probe for XidProbe<'_> {
             Ok(s) => s,
             Err(e) => return Verdict::Unknown(e.clone()),
         };
-        if let Some(pci) = self.nvml.pci_of_minor(device.num.minor) {
+        let minor = device.num.minor;
+        let pci = self
+            .nvml
+            .pci_of_minor(minor)
+            .or_else(|| super::procfs::pci_of_minor(self.proc, minor));
+        if let Some(pci) = pci {
             let judged = judge_reports(scan.active(), &pci, self.table);
             // Where the driver gives it, NVML's recovery action says when a report stops
             // counting (super::recovery).
-            let facts = self.nvml.gpu_by_minor(device.num.minor);
+            let facts = self.nvml.gpu_by_minor(minor);
             return match super::recovery::after_recovery(judged, facts) {
                 // The log is read oldest first: a read cut short missed the newest
                 // records, which are the ones that matter.
@@ -103,27 +197,39 @@ impl Probe for XidProbe<'_> {
                 v => v,
             };
         }
-        // Without the GPU's address a report cannot be pinned on it; only reports that
-        // would block make that matter.
-        let blocking: Vec<String> = scan
-            .active()
-            .filter(|e| self.table.action(e.xid) == XidAction::Unhealthy)
-            .map(|e| format!("xid {} on {}", e.xid, e.pci))
-            .collect();
-        if blocking.is_empty() {
-            Verdict::Healthy
-        } else {
-            let mut shown = blocking.clone();
-            shown.sort();
-            shown.dedup();
-            shown.truncate(8);
-            Verdict::Unknown(format!(
-                "{} reset-class XID reports on the node ({}) and the PCI address of minor {} is unknown",
-                blocking.len(),
-                shown.join(", "),
-                device.num.minor
-            ))
+        // Without the GPU's address a report cannot be pinned on it; only slots whose
+        // reports would block make that matter, each judged as its own GPU would be.
+        let mut slots: Vec<PciAddr> = Vec::new();
+        for e in scan.active() {
+            if !slots.iter().any(|s| s.same_slot(&e.pci)) {
+                slots.push(e.pci);
+            }
         }
+        let mut blocking: Vec<String> = Vec::new();
+        let mut count = 0;
+        for slot in &slots {
+            if judge_reports(scan.active(), slot, self.table).status() != "unhealthy" {
+                continue;
+            }
+            for e in scan
+                .active()
+                .filter(|e| e.pci.same_slot(slot) && blocks(e, self.table))
+            {
+                count += 1;
+                blocking.push(format!("xid {} on {}", e.xid, e.pci));
+            }
+        }
+        if blocking.is_empty() {
+            return Verdict::Healthy;
+        }
+        blocking.sort();
+        blocking.dedup();
+        blocking.truncate(8);
+        Verdict::Unknown(format!(
+            "{count} reset-class XID reports on the node ({}) and the PCI address of minor {} is unknown",
+            blocking.join(", "),
+            device.num.minor
+        ))
     }
 }
 
@@ -133,6 +239,159 @@ mod tests {
     use crate::probe::nvidia::kmsg::tests::{scan_bytes, FIXTURE};
     use crate::probe::nvidia::kmsg::ReadLimits;
     use crate::probe::nvidia::nvml::Lookup;
+
+    fn ev(seq: u64, slot: &str, xid: u32, text: &str) -> XidEvent {
+        XidEvent {
+            seq,
+            ts_usec: seq * 1000,
+            pci: PciAddr::parse_exact(slot).unwrap(),
+            xid,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn xid_154_lines_name_the_action_by_number_whatever_the_words() {
+        use RecoveryAction::*;
+        let p = parse_recovery_change;
+        // the forms real drivers print (tests/fixtures/kmsg/README.md)
+        assert_eq!(
+            p("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"),
+            Some((None, GpuReset))
+        );
+        assert_eq!(
+            p("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"),
+            Some((None, NodeReboot))
+        );
+        assert_eq!(
+            p("GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)"),
+            Some((None, NodeReboot))
+        );
+        assert_eq!(
+            p("GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)"),
+            Some((None, GpuReset))
+        );
+        assert_eq!(
+            p("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"),
+            Some((GpuReset, None))
+        );
+        assert_eq!(
+            p("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)"),
+            Some((None, DrainP2p))
+        );
+        assert_eq!(
+            p("GPU recovery action changed from 0x0 (None) to 0x1f (Something New)"),
+            Some((None, Other(31)))
+        );
+        // near misses read as nothing: the catalog then judges XID 154 (a warning)
+        for bad in [
+            "GPU recovery action changed",
+            "GPU recovery action changed from 0x0 (None) to (GPU Reset Required)",
+            "GPU recovery action changed from 0x (None) to 0x1 (x)",
+            "GPU recovery action changed from 0x0 (None) to 0x1234567890 (x)",
+            "gpu recovery action changed from 0x0 (None) to 0x1 (x)",
+            "",
+        ] {
+            assert_eq!(p(bad), Option::None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn xid_154_blocks_warns_or_ends_earlier_reports() {
+        let t = XidTable::default();
+        let gpu = PciAddr::parse_exact("0000:01:00").unwrap();
+        let to = |n: u32, name: &str| {
+            format!("GPU recovery action changed from 0x0 (None) to {n:#x} ({name})")
+        };
+        // reset required: unhealthy on the line alone, no NVML needed
+        let evs = [ev(1, "0000:01:00", 154, &to(1, "GPU Reset Required"))];
+        let v = judge_reports(evs.iter(), &gpu, &t);
+        assert_eq!(
+            v,
+            Verdict::Unhealthy(
+                "xid: xid 154 on 0000:01:00: the driver's recovery action is GPU reset required, at 0.001000 s after boot (kmsg seq 1): \"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\"".into()
+            )
+        );
+        assert!(blocks(&evs[0], &t));
+        // node reboot: unhealthy; drain and reset: unhealthy
+        for (n, name) in [(2, "Node Reboot Required"), (4, "Drain and Reset")] {
+            let evs = [ev(1, "0000:01:00", 154, &to(n, name))];
+            assert_eq!(judge_reports(evs.iter(), &gpu, &t).status(), "unhealthy");
+        }
+        // drain P2P: a warning, not "reject every container"
+        let evs = [ev(1, "0000:01:00", 154, &to(3, "Drain P2P"))];
+        let v = judge_reports(evs.iter(), &gpu, &t);
+        assert_eq!(v.status(), "warn", "{v:?}");
+        assert!(!blocks(&evs[0], &t));
+        // an action newer than devgate asks for work before new use, as NVML's does
+        let evs = [ev(1, "0000:01:00", 154, &to(9, "New"))];
+        let v = judge_reports(evs.iter(), &gpu, &t);
+        assert!(
+            v.reason()
+                .unwrap()
+                .contains("recovery action 0x9 (unknown to devgate)"),
+            "{v:?}"
+        );
+        assert_eq!(v.status(), "unhealthy");
+        // another GPU's line says nothing about this one
+        let evs = [ev(1, "0000:02:00", 154, &to(1, "GPU Reset Required"))];
+        assert_eq!(judge_reports(evs.iter(), &gpu, &t), Verdict::Healthy);
+        // XID 79 then a reset (nvidia-smi -r): the driver's "to 0x0 (None)" ends it
+        let evs = [
+            ev(1, "0000:01:00", 79, "GPU has fallen off the bus."),
+            ev(2, "0000:01:00", 154, &to(2, "Node Reboot Required")),
+            ev(
+                3,
+                "0000:01:00",
+                154,
+                "GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
+            ),
+        ];
+        assert_eq!(judge_reports(evs.iter(), &gpu, &t), Verdict::Healthy);
+        // ...but only what came before it: a later XID counts again
+        let later = [
+            ev(1, "0000:01:00", 79, "GPU has fallen off the bus."),
+            ev(
+                3,
+                "0000:01:00",
+                154,
+                "GPU recovery action changed from 0x1 (x) to 0x0 (None)",
+            ),
+            ev(4, "0000:01:00", 95, "Uncontained"),
+        ];
+        let v = judge_reports(later.iter(), &gpu, &t);
+        assert!(v.reason().unwrap().contains("xid 95"), "{v:?}");
+        assert!(!v.reason().unwrap().contains("xid 79"), "{v:?}");
+        // the clearing line for another GPU clears nothing here
+        let other = [
+            ev(1, "0000:01:00", 79, "GPU has fallen off the bus."),
+            ev(
+                2,
+                "0000:02:00",
+                154,
+                "GPU recovery action changed from 0x1 (x) to 0x0 (None)",
+            ),
+        ];
+        assert_eq!(judge_reports(other.iter(), &gpu, &t).status(), "unhealthy");
+        // a 154 line without numbers: the catalog's word for 154, a warning
+        let vague = [ev(1, "0000:01:00", 154, "GPU recovery action changed")];
+        assert_eq!(judge_reports(vague.iter(), &gpu, &t).status(), "warn");
+    }
+
+    #[test]
+    fn an_unknown_xid_warns_and_says_so() {
+        let t = XidTable::default();
+        let gpu = PciAddr::parse_exact("0000:01:00").unwrap();
+        let evs = [ev(1, "0000:01:00", 4242, "brand new")];
+        let v = judge_reports(evs.iter(), &gpu, &t);
+        assert_eq!(v.status(), "warn");
+        assert!(
+            v.reason()
+                .unwrap()
+                .contains("xid 4242 (not in NVIDIA's XID catalog devgate carries)"),
+            "{v:?}"
+        );
+    }
 
     #[test]
     fn reports_before_the_newest_driver_load_do_not_count() {
@@ -162,7 +421,7 @@ mod tests {
         assert_eq!(
             v,
             Verdict::Unhealthy(
-                "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 2 times since the driver loaded, last at 12.345678 s after boot (kmsg seq 300): \"pid=1234, name=python3, GPU has fallen off the bus.\"; GPU reset or reboot required".into()
+                "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 2 times since the driver loaded, last at 12.345678 s after boot (kmsg seq 300): \"pid=1234, name=python3, GPU has fallen off the bus.\"; node reboot required".into()
             )
         );
         // application XID 31 alone: ignored
@@ -176,7 +435,7 @@ mod tests {
         assert!(
             v.reason()
                 .unwrap()
-                .contains("xid 48 (double-bit ECC error)"),
+                .contains("xid 48 (Double Bit ECC Error)"),
             "{v:?}"
         );
         // the operator's table wins
@@ -219,6 +478,7 @@ mod tests {
             scan: &scan,
             table: &table,
             nvml: &no_nvml,
+            proc: &[],
         };
         assert_eq!(
             p.check(&gpu),
@@ -234,13 +494,40 @@ mod tests {
             scan: &quiet,
             table: &table,
             nvml: &no_nvml,
+            proc: &[],
         };
         assert_eq!(p.check(&gpu), Verdict::Healthy);
+        // NVML has no address for minor 1 but the driver's /proc list has: a report for
+        // that slot is pinned on the GPU (XID 154 needs no NVML call, even when NVML hangs)
+        let listed = [super::super::procfs::ProcGpu {
+            minor: 1,
+            pci: PciAddr::parse("0000:01:00.0").unwrap(),
+            uuid: None,
+        }];
+        let reset = Ok(scan_bytes(
+            b"4,1,1,-;NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\n",
+            ReadLimits::default(),
+        ));
+        let p = XidProbe {
+            scan: &reset,
+            table: &table,
+            nvml: &no_nvml,
+            proc: &listed,
+        };
+        assert_eq!(p.check(&gpu).status(), "unhealthy");
+        let p = XidProbe {
+            scan: &reset,
+            table: &table,
+            nvml: &no_nvml,
+            proc: &[],
+        };
+        assert_eq!(p.check(&gpu).status(), "unknown");
         let unreadable = Err("cannot open kernel log /dev/kmsg: permission denied".to_string());
         let p = XidProbe {
             scan: &unreadable,
             table: &table,
             nvml: &no_nvml,
+            proc: &[],
         };
         assert_eq!(p.check(&gpu).status(), "unknown");
         let mut ctl = gpu.clone();
@@ -273,6 +560,7 @@ mod tests {
                 scan,
                 table: &table,
                 nvml: &nvml,
+                proc: &[],
             }
             .check(&gpu)
         };

@@ -1,0 +1,673 @@
+//! The PCIe link probe: what an idle GPU does not change. GPUs (and NICs, NVMe drives)
+//! drop their link generation when idle to save power, so a link at 2.5 GT/s of 32 says
+//! nothing; devgate never judges the generation. It judges:
+//!
+//! - the link width: narrower than both the function and its upstream port (the slot, or
+//!   the switch port above it) support means lanes failed to train. It warns.
+//! - the AER counters (`aer_dev_correctable`, `aer_dev_nonfatal`, `aer_dev_fatal`) of the
+//!   function and of its upstream port, which sees errors the endpoint cannot report. They
+//!   count since boot, so each is judged against the baseline devgate stored at the last
+//!   container start (`store::pcie`), never by its absolute value:
+//!   a fatal error since the baseline is unhealthy, and stays so until the counters restart
+//!   (a reboot or a reset of the function) or the operator removes the baseline file;
+//!   a non-fatal or correctable error since the baseline warns once, and the baseline moves
+//!   past it.
+//!
+//! Sysfs is outside input: every read is bounded (`read_attr`), and a file that does not
+//! parse makes the verdict unknown, naming the file and the function.
+
+use crate::fsutil::read_attr;
+use crate::model::class::Class;
+use crate::model::clock;
+use crate::model::device::Device;
+use crate::model::verdict::Verdict;
+use crate::probe::nvidia::GpuContext;
+use crate::probe::sysfs;
+use crate::probe::Probe;
+use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// No PCIe link is wider than x32; the kernel reads x63 (all ones) from a function that
+/// no longer answers config reads.
+const MAX_WIDTH: u32 = 32;
+/// An AER file has under 30 lines; more is not the kernel's.
+const MAX_AER_LINES: usize = 64;
+
+fn shorten(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// One AER counter file: lines `NAME COUNT`, where NAME may hold spaces (kernels before
+/// 5.x print `Receiver Error 2`, later ones `RxErr 2`, and `…_bit[N] 1` for unnamed bits),
+/// ending with `TOTAL_ERR_COR` / `TOTAL_ERR_NONFATAL` / `TOTAL_ERR_FATAL`. The total is
+/// the answer; without one, the lines are summed.
+pub fn parse_aer(text: &str, total_key: &str) -> Result<u64, String> {
+    let mut sum: u64 = 0;
+    let mut seen = false;
+    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        if i >= MAX_AER_LINES {
+            return Err(format!("more than {MAX_AER_LINES} lines"));
+        }
+        let line = line.trim();
+        let Some((name, count)) = line.rsplit_once(|c: char| c.is_ascii_whitespace()) else {
+            return Err(format!("unexpected line {:?}", shorten(line)));
+        };
+        let name = name.trim_end();
+        if name.is_empty() {
+            return Err(format!("unexpected line {:?}", shorten(line)));
+        }
+        let n: u64 = count
+            .parse()
+            .map_err(|_| format!("bad count {:?} for {:?}", shorten(count), shorten(name)))?;
+        if name == total_key {
+            return Ok(n);
+        }
+        sum = sum.saturating_add(n);
+        seen = true;
+    }
+    if seen {
+        Ok(sum)
+    } else {
+        Err("empty".into())
+    }
+}
+
+/// A PCI function's three AER totals; None where the kernel reports no AER for it
+/// (no `aer_dev_fatal`: AER not supported, or a kernel before 4.19).
+pub fn read_aer(pci: &Path) -> Option<Result<AerCounts, String>> {
+    let fatal = read_attr(&pci.join("aer_dev_fatal")).ok()?;
+    let one = |file: &str, key: &str, text: Option<String>| match text {
+        None => Ok(0),
+        Some(t) => parse_aer(&t, key).map_err(|e| format!("{file}: {e}")),
+    };
+    let read = |file: &str| read_attr(&pci.join(file)).ok();
+    let counts = (|| {
+        Ok(AerCounts {
+            fatal: one("aer_dev_fatal", "TOTAL_ERR_FATAL", Some(fatal))?,
+            nonfatal: one(
+                "aer_dev_nonfatal",
+                "TOTAL_ERR_NONFATAL",
+                read("aer_dev_nonfatal"),
+            )?,
+            correctable: one(
+                "aer_dev_correctable",
+                "TOTAL_ERR_COR",
+                read("aer_dev_correctable"),
+            )?,
+        })
+    })();
+    Some(counts)
+}
+
+fn name_of(pci: &Path) -> String {
+    pci.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The port above a function: its parent directory when that is a PCI function too (a
+/// root port or a switch's downstream port); a function on a root bus has none.
+pub fn upstream_port(pci: &Path) -> Option<PathBuf> {
+    let parent = pci.parent()?;
+    let sub = fs::read_link(parent.join("subsystem")).ok()?;
+    (sub.file_name()? == "pci").then(|| parent.to_path_buf())
+}
+
+/// The PCI function behind a device: through sysfs's device model, or for an NVIDIA GPU
+/// (whose `/dev/nvidiaN` has no sysfs entry) through the bus id NVML (else the driver's
+/// /proc list) gives for its minor.
+pub fn function_dir(
+    sysfs_root: &Path,
+    device: &Device,
+    gpu: Option<&GpuContext>,
+) -> Option<PathBuf> {
+    // A GPU first: its node has no sysfs entry, and the device-model walk costs a realpath.
+    if device.class == Class::NvidiaGpu {
+        return gpu_function(sysfs_root, device, gpu?);
+    }
+    sysfs::pci_dir_for(sysfs_root, device)
+}
+
+fn gpu_function(sysfs_root: &Path, device: &Device, gpu: &GpuContext) -> Option<PathBuf> {
+    let mut addr = gpu.pci_of_minor(device.num.minor)?;
+    addr.function.get_or_insert(0);
+    // The kernel's link is relative (`../../../devices/…`): resolved by name, no realpath.
+    let d = sysfs::resolve(&sysfs_root.join("bus/pci/devices").join(addr.to_string())).ok()?;
+    // Only an NVIDIA function is the GPU: a bus id that names another vendor's device
+    // (NVML and sysfs disagreeing, or a fake NVML on a test machine) judges nothing.
+    let vendor = read_attr(&d.join("vendor")).ok()?;
+    (vendor == NVIDIA_VENDOR).then_some(d)
+}
+
+const NVIDIA_VENDOR: &str = "0x10de";
+
+fn read_width(dir: &Path, file: &str) -> Option<Result<u32, String>> {
+    let t = read_attr(&dir.join(file)).ok()?;
+    Some(t.parse::<u32>().map_err(|_| shorten(&t)))
+}
+
+/// The link width against what both ends support. Generation is not judged (see above).
+pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
+    let name = name_of(pci);
+    let (Some(cur), Some(max)) = (
+        read_width(pci, "current_link_width"),
+        read_width(pci, "max_link_width"),
+    ) else {
+        return Verdict::NotApplicable("no link width".into());
+    };
+    let (cur, max) = match (cur, max) {
+        (Ok(c), Ok(m)) => (c, m),
+        (c, m) => {
+            return Verdict::Unknown(format!(
+                "cannot parse link width {:?} / {:?} of {name}",
+                c.map_or_else(|e| e, |v| v.to_string()),
+                m.map_or_else(|e| e, |v| v.to_string())
+            ))
+        }
+    };
+    if cur > MAX_WIDTH {
+        return Verdict::Unhealthy(format!(
+            "PCIe link of {name} reads x{cur}, which no link is: the function does not answer config reads"
+        ));
+    }
+    if cur == 0 {
+        return Verdict::Unknown(format!("PCIe link of {name} is not trained (x0)"));
+    }
+    let port = up.and_then(|u| match read_width(u, "max_link_width") {
+        Some(Ok(w)) if (1..=MAX_WIDTH).contains(&w) => Some((w, name_of(u))),
+        _ => None,
+    });
+    let supported = port.as_ref().map_or(max, |(w, _)| max.min(*w));
+    if cur >= supported {
+        return Verdict::Healthy;
+    }
+    Verdict::Warn(match port {
+        Some((w, u)) => format!(
+            "PCIe link of {name} is x{cur}, below the x{supported} it (x{max}) and its upstream port {u} (x{w}) support"
+        ),
+        None => format!("PCIe link of {name} is x{cur}, below its maximum x{max}"),
+    })
+}
+
+/// Counters lower than the baseline restarted (a reboot, a reset, a hot-plug): the
+/// baseline is retaken, nothing is judged against the old one.
+fn restarted(now: &AerCounts, base: &AerCounts) -> bool {
+    now.fatal < base.fatal || now.nonfatal < base.nonfatal || now.correctable < base.correctable
+}
+
+/// The rule, pure: a rise of the fatal count since the baseline is unhealthy; of the
+/// non-fatal or correctable count, a warning. No baseline yet: nothing to judge.
+pub fn judge_aer(name: &str, now: &AerCounts, base: Option<&PcieBaseline>) -> Verdict {
+    let Some(b) = base else {
+        return Verdict::Healthy;
+    };
+    if restarted(now, &b.aer) {
+        return Verdict::Healthy;
+    }
+    let since = clock::rfc3339(b.time_unix);
+    let rise = |what: &str, was: u64, is: u64| {
+        let n = is - was;
+        format!(
+            "PCIe AER: {n} {what} error{} on {name} since {since} ({was} -> {is})",
+            if n == 1 { "" } else { "s" }
+        )
+    };
+    let mut findings = Vec::new();
+    if now.fatal > b.aer.fatal {
+        findings.push(Verdict::Unhealthy(rise("fatal", b.aer.fatal, now.fatal)));
+    }
+    if now.nonfatal > b.aer.nonfatal {
+        findings.push(Verdict::Warn(rise(
+            "non-fatal",
+            b.aer.nonfatal,
+            now.nonfatal,
+        )));
+    }
+    if now.correctable > b.aer.correctable {
+        findings.push(Verdict::Warn(rise(
+            "correctable",
+            b.aer.correctable,
+            now.correctable,
+        )));
+    }
+    match Verdict::worst(findings) {
+        Verdict::NotApplicable(_) => Verdict::Healthy,
+        v => v,
+    }
+}
+
+/// The baseline after a gate: the counts now, except that a fatal rise is kept unmoved so
+/// that it goes on counting until the counters restart or the operator removes the file.
+pub fn advance(now: &AerCounts, base: Option<&AerCounts>) -> AerCounts {
+    match base {
+        Some(b) if !restarted(now, b) => AerCounts {
+            fatal: b.fatal,
+            ..*now
+        },
+        _ => *now,
+    }
+}
+
+pub struct PcieProbe<'a> {
+    pub sysfs_root: PathBuf,
+    pub state_dir: PathBuf,
+    /// For a GPU's PCI address.
+    pub gpu: Option<&'a GpuContext>,
+}
+
+impl PcieProbe<'_> {
+    fn aer(&self, pci: &Path) -> Verdict {
+        let name = name_of(pci);
+        match read_aer(pci) {
+            None => Verdict::NotApplicable("no AER counters".into()),
+            Some(Err(e)) => Verdict::Unknown(format!("cannot read AER counters of {name}: {e}")),
+            Some(Ok(now)) => match baseline::read(&self.state_dir, &name) {
+                Err(e) => Verdict::Unknown(e.to_string()),
+                Ok(b) => judge_aer(&name, &now, b.as_ref()),
+            },
+        }
+    }
+}
+
+impl Probe for PcieProbe<'_> {
+    fn name(&self) -> &'static str {
+        "pcie"
+    }
+
+    fn check(&self, device: &Device) -> Verdict {
+        let Some(pci) = function_dir(&self.sysfs_root, device, self.gpu) else {
+            return Verdict::NotApplicable("no PCI function".into());
+        };
+        let up = upstream_port(&pci);
+        let mut findings = vec![judge_width(&pci, up.as_deref()), self.aer(&pci)];
+        if let Some(u) = &up {
+            findings.push(self.aer(u));
+        }
+        // Named like the xid and nvml reasons, so a reject line says which check spoke.
+        match Verdict::worst(findings) {
+            Verdict::NotApplicable(_) => Verdict::Healthy,
+            Verdict::Warn(r) => Verdict::Warn(format!("pcie: {r}")),
+            Verdict::Unhealthy(r) => Verdict::Unhealthy(format!("pcie: {r}")),
+            v => v,
+        }
+    }
+}
+
+/// After a gate: moves the baselines of the functions behind `devices` and their upstream
+/// ports (`advance`). A failure is logged, never fails the start: the baseline is for the
+/// next start's judgement.
+pub fn advance_baselines(
+    sysfs_root: &Path,
+    state_dir: &Path,
+    devices: &[Device],
+    gpu: Option<&GpuContext>,
+) {
+    let mut done: Vec<PathBuf> = Vec::new();
+    let (now_unix, _) = clock::now();
+    for d in devices {
+        let Some(pci) = function_dir(sysfs_root, d, gpu) else {
+            continue;
+        };
+        let up = upstream_port(&pci);
+        for f in std::iter::once(pci).chain(up) {
+            if done.contains(&f) {
+                continue;
+            }
+            let name = name_of(&f);
+            // Read again, not taken from the probe: a fatal error since then stays a rise
+            // (`advance` never moves the fatal count); a lesser one is passed unwarned.
+            if let Some(Ok(now)) = read_aer(&f) {
+                // A damaged file is replaced: the probe said so at this start.
+                let old = baseline::read(state_dir, &name).ok().flatten();
+                let next = advance(&now, old.as_ref().map(|b| &b.aer));
+                if old.as_ref().map(|b| b.aer) != Some(next) {
+                    // While a fatal rise stands, "since" keeps naming when it was taken.
+                    let time_unix = match &old {
+                        Some(o) if next.fatal < now.fatal => o.time_unix,
+                        _ => now_unix,
+                    };
+                    let b = PcieBaseline {
+                        function: name.clone(),
+                        time_unix,
+                        aer: next,
+                    };
+                    if let Err(e) = baseline::write(state_dir, &b) {
+                        log::error!("cannot keep the PCIe baseline of {name}: {e}");
+                    }
+                }
+            }
+            done.push(f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::device::{DevNum, DevType, Source};
+    use crate::probe::sysfs::tests::Tree;
+    use std::os::unix::fs::symlink;
+
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sysfs-aer");
+
+    fn fixture(name: &str) -> String {
+        fs::read_to_string(Path::new(FIXTURES).join(name)).unwrap()
+    }
+
+    #[test]
+    fn real_aer_files_parse_in_both_kernel_formats() {
+        assert_eq!(
+            parse_aer(&fixture("v4.19-aer_dev_correctable"), "TOTAL_ERR_COR"),
+            Ok(2)
+        );
+        assert_eq!(
+            parse_aer(&fixture("v4.19-aer_dev_fatal"), "TOTAL_ERR_FATAL"),
+            Ok(0)
+        );
+        assert_eq!(
+            parse_aer(&fixture("v6-aer_dev_correctable"), "TOTAL_ERR_COR"),
+            Ok(0)
+        );
+        assert_eq!(
+            parse_aer(&fixture("v6-aer_dev_nonfatal"), "TOTAL_ERR_NONFATAL"),
+            Ok(3)
+        );
+        assert_eq!(
+            parse_aer(&fixture("v6-aer_dev_fatal"), "TOTAL_ERR_FATAL"),
+            Ok(1)
+        );
+        // an unnamed bit as later kernels print it; no total: the lines are summed
+        assert_eq!(
+            parse_aer("RxErr 1\ncor_errs_bit[9] 2\n", "TOTAL_ERR_COR"),
+            Ok(3)
+        );
+    }
+
+    #[test]
+    fn malformed_aer_files_are_errors_with_context() {
+        for (text, want) in [
+            ("", "empty"),
+            ("RxErr lots\n", "bad count \"lots\" for \"RxErr\""),
+            ("12\n", "unexpected line \"12\""),
+            ("RxErr -1\n", "bad count \"-1\""),
+            ("RxErr 99999999999999999999999\n", "bad count"),
+        ] {
+            let e = parse_aer(text, "TOTAL_ERR_COR").unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        // a hostile or broken tree: an endless file is read to its bound and refused
+        let t = Tree::new("pcie-huge");
+        let f = t.pci("0000:3b:00.0", true);
+        t.write(&f, "aer_dev_fatal", &"x".repeat(100_000));
+        assert!(
+            matches!(read_aer(&f), Some(Err(e)) if e.starts_with("aer_dev_fatal: unexpected line"))
+        );
+        t.write(&f, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        t.write(&f, "aer_dev_nonfatal", &"RxErr 1\n".repeat(10_000));
+        assert!(matches!(read_aer(&f), Some(Err(e)) if e.contains("more than 64 lines")));
+        fs::remove_dir_all(&t.0).unwrap();
+        let many = "RxErr 0\n".repeat(100);
+        assert!(parse_aer(&many, "TOTAL_ERR_COR")
+            .unwrap_err()
+            .contains("more than 64 lines"));
+    }
+
+    fn counts(c: u64, n: u64, f: u64) -> AerCounts {
+        AerCounts {
+            correctable: c,
+            nonfatal: n,
+            fatal: f,
+        }
+    }
+
+    fn base(c: u64, n: u64, f: u64) -> PcieBaseline {
+        PcieBaseline {
+            function: "0000:3b:00.0".into(),
+            time_unix: 1_796_223_098,
+            aer: counts(c, n, f),
+        }
+    }
+
+    #[test]
+    fn aer_is_judged_by_its_change_never_its_absolute_value() {
+        let f = "0000:3b:00.0";
+        // first sight: whatever the counts, nothing to judge yet
+        assert_eq!(judge_aer(f, &counts(50, 7, 3), None), Verdict::Healthy);
+        // unchanged since the baseline, however high
+        assert_eq!(
+            judge_aer(f, &counts(50, 7, 3), Some(&base(50, 7, 3))),
+            Verdict::Healthy
+        );
+        assert_eq!(
+            judge_aer(f, &counts(50, 7, 4), Some(&base(50, 7, 3))),
+            Verdict::Unhealthy(
+                "PCIe AER: 1 fatal error on 0000:3b:00.0 since 2026-12-02T14:51:38Z (3 -> 4)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            judge_aer(f, &counts(52, 7, 3), Some(&base(50, 7, 3))),
+            Verdict::Warn(
+                "PCIe AER: 2 correctable errors on 0000:3b:00.0 since 2026-12-02T14:51:38Z (50 -> 52)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            judge_aer(f, &counts(50, 8, 3), Some(&base(50, 7, 3))).status(),
+            "warn"
+        );
+        // counters below the baseline restarted: a reboot or reset, not a judgement
+        assert_eq!(
+            judge_aer(f, &counts(0, 0, 0), Some(&base(50, 7, 3))),
+            Verdict::Healthy
+        );
+    }
+
+    #[test]
+    fn the_baseline_moves_past_warnings_but_not_past_a_fatal_rise() {
+        assert_eq!(advance(&counts(5, 1, 2), None), counts(5, 1, 2));
+        assert_eq!(
+            advance(&counts(9, 4, 2), Some(&counts(5, 1, 2))),
+            counts(9, 4, 2)
+        );
+        // the fatal rise stays a rise at the next start
+        assert_eq!(
+            advance(&counts(9, 4, 3), Some(&counts(5, 1, 2))),
+            counts(9, 4, 2)
+        );
+        // counters restarted: retaken whole
+        assert_eq!(
+            advance(&counts(0, 0, 1), Some(&counts(5, 1, 0))),
+            counts(0, 0, 1)
+        );
+    }
+
+    /// devices/pci0000:00/0000:00:01.0 (a root port) / 0000:3b:00.0 (the GPU), and
+    /// bus/pci/devices/0000:3b:00.0 pointing at it, as the kernel lays them out.
+    fn gpu_tree(tag: &str) -> (Tree, PathBuf, PathBuf) {
+        let t = Tree::new(tag);
+        let port = t.pci("0000:00:01.0", true);
+        let gpu = port.join("0000:3b:00.0");
+        fs::create_dir_all(&gpu).unwrap();
+        symlink("../../../../bus/pci", gpu.join("subsystem")).unwrap();
+        t.write(&gpu, "vendor", "0x10de\n");
+        fs::create_dir_all(t.0.join("bus/pci/devices")).unwrap();
+        symlink(
+            "../../../devices/pci0000:00/0000:00:01.0/0000:3b:00.0",
+            t.0.join("bus/pci/devices/0000:3b:00.0"),
+        )
+        .unwrap();
+        (t, port, gpu)
+    }
+
+    fn gpu_device() -> Device {
+        Device {
+            num: DevNum {
+                typ: DevType::Char,
+                major: 195,
+                minor: 1,
+            },
+            class: Class::NvidiaGpu,
+            container_path: Some("/dev/nvidia1".into()),
+            host_path: None,
+            source: Source::LinuxDevices,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        }
+    }
+
+    use crate::probe::nvidia::nvml::NvmlAnswer;
+    use crate::probe::nvidia::procfs::ProcGpu;
+
+    fn nvml_with_gpu1_at_3b() -> NvmlAnswer {
+        let mut g = crate::probe::nvidia::nvml::tests::healthy(1);
+        g.pci_bus_id = crate::probe::nvidia::nvml::Reading::Value("00000000:3B:00.0".into());
+        NvmlAnswer {
+            gpus: Ok(vec![crate::probe::nvidia::nvml::tests::healthy(0), g]),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
+        }
+    }
+
+    fn ctx(nvml: NvmlAnswer, proc: Vec<ProcGpu>) -> GpuContext {
+        GpuContext {
+            nvml,
+            proc_gpus: proc,
+            kmsg: Err("not read".into()),
+            xid_table: Default::default(),
+            limits: crate::probe::nvidia::gpu::Limits {
+                max_volatile_uncorrectable_ecc: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn width_counts_what_both_ends_support_and_generation_not_at_all() {
+        let (t, port, gpu) = gpu_tree("pcie-width");
+        t.write(&gpu, "current_link_speed", "2.5 GT/s PCIe\n");
+        t.write(&gpu, "max_link_speed", "32.0 GT/s PCIe\n");
+        t.write(&gpu, "current_link_width", "16\n");
+        t.write(&gpu, "max_link_width", "16\n");
+        t.write(&port, "max_link_width", "16\n");
+        // an idle GPU at gen 1 of 5: healthy
+        assert_eq!(judge_width(&gpu, Some(&port)), Verdict::Healthy);
+        t.write(&gpu, "current_link_width", "8\n");
+        assert_eq!(
+            judge_width(&gpu, Some(&port)),
+            Verdict::Warn("PCIe link of 0000:3b:00.0 is x8, below the x16 it (x16) and its upstream port 0000:00:01.0 (x16) support".into())
+        );
+        // an x16 card in a slot wired x8: x8 is all it can be
+        t.write(&port, "max_link_width", "8\n");
+        assert_eq!(judge_width(&gpu, Some(&port)), Verdict::Healthy);
+        assert_eq!(
+            judge_width(&gpu, None),
+            Verdict::Warn("PCIe link of 0000:3b:00.0 is x8, below its maximum x16".into())
+        );
+        // a function that stopped answering reads all ones
+        t.write(&gpu, "current_link_width", "63\n");
+        assert_eq!(judge_width(&gpu, Some(&port)).status(), "unhealthy");
+        t.write(&gpu, "current_link_width", "wide\n");
+        assert_eq!(
+            judge_width(&gpu, Some(&port)),
+            Verdict::Unknown("cannot parse link width \"wide\" / \"16\" of 0000:3b:00.0".into())
+        );
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    #[test]
+    fn a_gpu_is_found_through_nvml_and_judged_against_the_stored_baseline() {
+        let (t, port, gpu) = gpu_tree("pcie-probe");
+        let state = t.0.join("state");
+        for (dir, fatal) in [(&gpu, 0), (&port, 0)] {
+            t.write(
+                dir,
+                "aer_dev_correctable",
+                &fixture("v6-aer_dev_correctable"),
+            );
+            t.write(
+                dir,
+                "aer_dev_fatal",
+                &format!("DLP {fatal}\nTOTAL_ERR_FATAL {fatal}\n"),
+            );
+        }
+        let gpu_ctx = ctx(nvml_with_gpu1_at_3b(), Vec::new());
+        let p = PcieProbe {
+            sysfs_root: t.0.clone(),
+            state_dir: state.clone(),
+            gpu: Some(&gpu_ctx),
+        };
+        let d = gpu_device();
+        assert_eq!(p.check(&d), Verdict::Healthy);
+        // a bus id that names another vendor's function is not the GPU
+        t.write(&gpu, "vendor", "0x8086\n");
+        assert_eq!(p.check(&d).status(), "not_applicable");
+        t.write(&gpu, "vendor", "0x10de\n");
+        // no GPU context: a GPU's function cannot be found
+        let blind = PcieProbe {
+            sysfs_root: t.0.clone(),
+            state_dir: state.clone(),
+            gpu: None,
+        };
+        assert_eq!(blind.check(&d).status(), "not_applicable");
+        // NVML stuck or missing: the driver's /proc list still names the function
+        let stuck = NvmlAnswer {
+            gpus: Err("NVML did not answer within 2000 ms".into()),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
+        };
+        let proc_only = ctx(
+            stuck,
+            vec![ProcGpu {
+                minor: 1,
+                pci: crate::probe::nvidia::pci::PciAddr::parse("0000:3b:00.0").unwrap(),
+                uuid: None,
+            }],
+        );
+        assert_eq!(
+            function_dir(&t.0, &d, Some(&proc_only)).map(|f| fs::canonicalize(f).unwrap()),
+            Some(fs::canonicalize(&gpu).unwrap())
+        );
+        // the first gate takes the baselines of the GPU and its port
+        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
+        assert!(state.join("pcie/0000:3b:00.0.json").is_file());
+        assert!(state.join("pcie/0000:00:01.0.json").is_file());
+        // a garbled file is unknown, naming it
+        t.write(&gpu, "aer_dev_correctable", "RxErr x\n");
+        let v = p.check(&d);
+        assert!(
+            v.reason().unwrap().contains(
+                "cannot read AER counters of 0000:3b:00.0: aer_dev_correctable: bad count"
+            ),
+            "{v:?}"
+        );
+        t.write(
+            &gpu,
+            "aer_dev_correctable",
+            &fixture("v6-aer_dev_correctable"),
+        );
+        assert_eq!(p.check(&d), Verdict::Healthy);
+        // the port saw a fatal error since: unhealthy, named
+        t.write(&port, "aer_dev_fatal", "DLP 1\nTOTAL_ERR_FATAL 1\n");
+        let v = p.check(&d);
+        assert!(
+            matches!(&v, Verdict::Unhealthy(r) if r.starts_with("pcie: PCIe AER: 1 fatal error on 0000:00:01.0 since ")),
+            "{v:?}"
+        );
+        // and stays so at the next start, its "since" unmoved by a later correctable error
+        // (taken long ago, so that "now" cannot pass for it)
+        let mut taken = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        taken.time_unix = 1000;
+        baseline::write(&state, &taken).unwrap();
+        t.write(&port, "aer_dev_correctable", "RxErr 1\nTOTAL_ERR_COR 1\n");
+        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
+        assert_eq!(p.check(&d).status(), "unhealthy");
+        let kept = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        assert_eq!(kept.aer.correctable, 1);
+        assert_eq!((kept.aer.fatal, kept.time_unix), (0, taken.time_unix));
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+}
