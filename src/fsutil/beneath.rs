@@ -29,8 +29,38 @@ pub fn lstat_beneath(root: &Path, path: &Path) -> io::Result<fs::Metadata> {
     beneath(root, path, libc::O_NOFOLLOW)
 }
 
+/// openat2(2) of `path` relative to `dir`: the one wrapper around the system call (libc has
+/// no function for it). The fd returned is owned by the caller.
+pub fn openat2(
+    dir: &impl std::os::fd::AsRawFd,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+    resolve: u64,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let how = OpenHow {
+        flags: flags as u64,
+        mode: 0,
+        resolve,
+    };
+    // SAFETY: valid fd, NUL-terminated path and an open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    } as libc::c_int;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by openat2 and is owned nowhere else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metadata> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     let rel = path
         .strip_prefix(root)
@@ -41,30 +71,12 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
         .open(root)?;
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let how = OpenHow {
-        flags: (flags | libc::O_PATH | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: valid fd, NUL-terminated path and an open_how of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    } as libc::c_int;
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENOSYS) {
-            return by_component(dir, rel);
-        }
-        return Err(e);
+    let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    match openat2(&dir, &c, flags | libc::O_PATH | libc::O_CLOEXEC, resolve) {
+        Ok(fd) => File::from(fd).metadata(),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => by_component(dir, rel),
+        Err(e) => Err(e),
     }
-    // SAFETY: fd was just returned by openat2 and is owned nowhere else.
-    File::from(unsafe { OwnedFd::from_raw_fd(fd) }).metadata()
 }
 
 /// [`beneath`] for kernels before 5.6, which have no openat2: one component at a time,

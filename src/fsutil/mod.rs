@@ -8,7 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 mod beneath;
-pub use beneath::{lstat_beneath, stat_beneath};
+pub use beneath::{lstat_beneath, openat2, stat_beneath};
 
 /// Reads at most `limit` bytes; one byte more is an error rather than a silent truncation.
 pub fn read_bounded(mut r: impl Read, limit: u64, what: &str, path: &Path) -> Result<Vec<u8>> {

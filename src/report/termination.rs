@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -115,16 +114,7 @@ pub fn text_to_append(existing: usize, ends_in_newline: bool, lines: &[String]) 
     Some(text)
 }
 
-/// struct open_how of openat2(2); libc's is non-exhaustive.
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-fn last_os_error(what: &str, path: &Path) -> Error {
-    let e = std::io::Error::last_os_error();
+fn open_error(what: &str, path: &Path, e: std::io::Error) -> Error {
     let why = match e.raw_os_error() {
         Some(libc::ELOOP) => "a component is a symlink".to_string(),
         Some(libc::EXDEV) => "it crosses a mount point or leaves kubelet_pods_dir".to_string(),
@@ -154,34 +144,20 @@ pub fn open_below(root: &Path, path: &Path) -> Result<File> {
     let c = CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| Error::invalid("termination message path", "contains a NUL byte"))?;
     // O_NONBLOCK: a FIFO planted in its place must not hold poststop (and so runc).
-    let how = OpenHow {
-        flags: (libc::O_RDWR
-            | libc::O_APPEND
-            | libc::O_NOFOLLOW
-            | libc::O_NONBLOCK
-            | libc::O_NOCTTY
-            | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_BENEATH
-            | libc::RESOLVE_NO_SYMLINKS
-            | libc::RESOLVE_NO_XDEV
-            | libc::RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: valid fd, NUL-terminated path and open_how of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    } as libc::c_int;
-    if fd < 0 {
-        return Err(last_os_error("cannot open", path));
-    }
-    // SAFETY: fd was just returned by openat2 and is not owned elsewhere.
-    let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let flags = libc::O_RDWR
+        | libc::O_APPEND
+        | libc::O_NOFOLLOW
+        | libc::O_NONBLOCK
+        | libc::O_NOCTTY
+        | libc::O_CLOEXEC;
+    let resolve = libc::RESOLVE_BENEATH
+        | libc::RESOLVE_NO_SYMLINKS
+        | libc::RESOLVE_NO_XDEV
+        | libc::RESOLVE_NO_MAGICLINKS;
+    let f = File::from(
+        crate::fsutil::openat2(&dir, &c, flags, resolve)
+            .map_err(|e| open_error("cannot open", path, e))?,
+    );
     let meta = f
         .metadata()
         .map_err(|e| Error::io("cannot stat", path, e))?;
