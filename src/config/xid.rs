@@ -5,7 +5,6 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -80,44 +79,64 @@ pub struct CatalogEntry {
 
 const CATALOG_TSV: &str = include_str!("xid_catalog.tsv");
 
-/// Parses the catalog text. Every row must parse: `catalog()` is only ever given the
-/// checked-in file, and a unit test holds it to that.
-fn parse_catalog(text: &'static str) -> Result<Vec<CatalogEntry>, String> {
-    let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&'static str> = line.split('\t').collect();
-        let [xid, bucket, resolution, description] = f.as_slice() else {
-            return Err(format!(
-                "xid catalog line {}: not 4 tab-separated fields",
-                i + 1
-            ));
-        };
-        let xid = xid
-            .parse()
-            .map_err(|_| format!("xid catalog line {}: {xid:?} is not a number", i + 1))?;
-        let resolution = XidResolution::parse(resolution)
-            .ok_or_else(|| format!("xid catalog line {}: bad resolution {resolution:?}", i + 1))?;
-        rows.push(CatalogEntry {
-            xid,
-            bucket,
-            resolution,
-            description,
-        });
+/// One data row of the catalog; `None` for a comment or blank line.
+fn parse_row(line: &'static str, number: usize) -> Option<Result<CatalogEntry, String>> {
+    if line.starts_with('#') || line.trim().is_empty() {
+        return None;
     }
-    Ok(rows)
+    let mut f = line.splitn(4, '\t');
+    let (Some(xid), Some(bucket), Some(resolution), Some(description)) =
+        (f.next(), f.next(), f.next(), f.next())
+    else {
+        return Some(Err(format!(
+            "xid catalog line {number}: not 4 tab-separated fields"
+        )));
+    };
+    if description.contains('\t') {
+        return Some(Err(format!(
+            "xid catalog line {number}: not 4 tab-separated fields"
+        )));
+    }
+    let Ok(xid) = xid.parse() else {
+        return Some(Err(format!(
+            "xid catalog line {number}: {xid:?} is not a number"
+        )));
+    };
+    let Some(resolution) = XidResolution::parse(resolution) else {
+        return Some(Err(format!(
+            "xid catalog line {number}: bad resolution {resolution:?}"
+        )));
+    };
+    Some(Ok(CatalogEntry {
+        xid,
+        bucket,
+        resolution,
+        description,
+    }))
 }
 
-/// The built-in catalog, parsed once.
-pub fn catalog() -> &'static [CatalogEntry] {
-    static CATALOG: OnceLock<Vec<CatalogEntry>> = OnceLock::new();
-    CATALOG.get_or_init(|| parse_catalog(CATALOG_TSV).unwrap_or_default())
+/// Parses the whole catalog text. Every row must parse: a unit test holds the checked-in
+/// file to that, so [`catalog_entry`] may skip the rows it is not asked about.
+#[cfg(test)]
+fn parse_catalog(text: &'static str) -> Result<Vec<CatalogEntry>, String> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, line)| parse_row(line, i + 1))
+        .collect()
 }
 
-pub fn catalog_entry(xid: u32) -> Option<&'static CatalogEntry> {
-    catalog().iter().find(|e| e.xid == xid)
+/// The catalog's row for `xid`. A start asks about one or two XIDs, so only the row whose
+/// first field is that number is parsed: building the whole table (with its long
+/// descriptions) cost more than the rest of the XID probe.
+pub fn catalog_entry(xid: u32) -> Option<CatalogEntry> {
+    let key = xid.to_string();
+    CATALOG_TSV.lines().enumerate().find_map(|(i, line)| {
+        let rest = line.strip_prefix(key.as_str())?;
+        if !rest.starts_with('\t') {
+            return None;
+        }
+        parse_row(line, i + 1)?.ok()
+    })
 }
 
 /// The catalog with the operator's `gpu.xid_actions` over it.
@@ -185,7 +204,9 @@ mod tests {
     #[test]
     fn the_checked_in_catalog_parses_whole_and_follows_nvidia() {
         let rows = parse_catalog(CATALOG_TSV).unwrap();
-        assert_eq!(rows.len(), catalog().len());
+        for r in &rows {
+            assert_eq!(catalog_entry(r.xid), Some(*r), "xid {}", r.xid);
+        }
         assert!(rows.len() > 100, "{}", rows.len());
         let mut seen = std::collections::BTreeSet::new();
         for r in &rows {

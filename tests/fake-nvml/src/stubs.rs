@@ -2,8 +2,8 @@
 //! NVML_ERROR_NOT_SUPPORTED. The real libnvidia-ml exports all of them (a driver answers
 //! NOT_SUPPORTED for what a GPU lacks); a fake that left them out made every load hundreds
 //! of failing dlsym lookups, milliseconds no real node pays, which the NVML benchmark then
-//! measured. The list is nvml-wrapper-sys 0.10's, less the functions lib.rs implements
-//! and `nvmlErrorString` (which returns a string, not a code); the `no-remapped-rows` build
+//! measured. The list is nvml-wrapper-sys 0.10's, less the functions lib.rs implements;
+//! `nvmlErrorString` returns a string, not a code, and is below. The `no-remapped-rows` build
 //! still lacks nvmlDeviceGetRemappedRows, as an old driver's library does.
 //!
 //! A stub takes no parameters: on the C ABIs this runs on (x86_64, aarch64) the caller owns
@@ -396,4 +396,22 @@ stubs! {
     nvmlVgpuTypeGetName
     nvmlVgpuTypeGetNumDisplayHeads
     nvmlVgpuTypeGetResolution
+}
+
+/// nvmlErrorString: the real library's text for each code the fake returns. Without it each
+/// load made one failing lookup, whose dlerror message glibc formats (gettext, asprintf).
+#[no_mangle]
+pub extern "C" fn nvmlErrorString(result: c_uint) -> *const std::ffi::c_char {
+    let s: &'static std::ffi::CStr = match result {
+        0 => c"Success",
+        1 => c"Uninitialized",
+        2 => c"Invalid Argument",
+        3 => c"Not Supported",
+        6 => c"Not Found",
+        7 => c"Insufficient Size",
+        9 => c"Driver Not Loaded",
+        15 => c"GPU is lost",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
 }

@@ -241,9 +241,9 @@ impl NvmlAnswer {
             .into_iter()
             .map(|a| a.unwrap_or_else(|| Err("not asked".into())))
             .collect();
-        let (facts, driver_version, init_us) = merge(gpus, answers);
+        let (facts, driver_version, init) = merge(gpus, answers);
         if !gpus.is_empty() {
-            log_times(started, init_us);
+            log_times(started, init);
         }
         NvmlAnswer {
             gpus: facts,
@@ -266,7 +266,11 @@ impl NvmlAnswer {
                 gpus,
                 init_us,
             }) => {
-                log_times(started, init_us);
+                let init = InitTimes {
+                    slowest_us: init_us,
+                    total_us: init_us,
+                };
+                log_times(started, init);
                 (Ok(gpus), driver_version)
             }
             Ok(isolate::Answer::Failed(e)) | Err(e) => (Err(e), None),
@@ -320,9 +324,9 @@ impl NvmlAnswer {
 fn merge(
     gpus: &[(u32, ProcGpu)],
     answers: Vec<Result<isolate::Answer, String>>,
-) -> (Result<Vec<GpuFacts>, String>, Option<String>, u64) {
+) -> (Result<Vec<GpuFacts>, String>, Option<String>, InitTimes) {
     let mut version = None;
-    let mut slowest_init = 0;
+    let mut init = InitTimes::default();
     let mut facts = Vec::with_capacity(gpus.len());
     let mut failures = Vec::new();
     for ((index, p), answer) in gpus.iter().zip(answers) {
@@ -333,7 +337,8 @@ fn merge(
                 init_us,
             }) if gpus.len() == 1 => {
                 version = version.or(driver_version);
-                slowest_init = slowest_init.max(init_us);
+                init.slowest_us = init.slowest_us.max(init_us);
+                init.total_us += init_us;
                 gpus.into_iter()
                     .next()
                     .unwrap_or_else(|| unanswered(*index, "no answer"))
@@ -360,17 +365,28 @@ fn merge(
         facts.push(f);
     }
     if !gpus.is_empty() && failures.len() == gpus.len() {
-        return (Err(failures.swap_remove(0)), None, slowest_init);
+        return (Err(failures.swap_remove(0)), None, init);
     }
-    (Ok(facts), version, slowest_init)
+    (Ok(facts), version, init)
 }
 
-/// For `DEVGATE_LOG=debug` and benches/nvml.sh: the NVML step's time, and how much of it
-/// the slowest child spent loading the library and in nvmlInit.
-fn log_times(started: Instant, init_us: u64) {
+/// Time the query children spent loading the library and in nvmlInit, in µs: the slowest
+/// one's, and all of theirs together (they run side by side, as many at once as the node
+/// has free cores).
+#[derive(Debug, Default, Clone, Copy)]
+struct InitTimes {
+    slowest_us: u64,
+    total_us: u64,
+}
+
+/// For `DEVGATE_LOG=debug` and benches/nvml.sh: the NVML step's time, and how much the
+/// children spent loading the library and in nvmlInit.
+fn log_times(started: Instant, init: InitTimes) {
     log::debug!(
-        "nvml: answered in {} us, NVML init {init_us} us (slowest child)",
-        started.elapsed().as_micros()
+        "nvml: answered in {} us, NVML init {} us (slowest child), {} us (all children)",
+        started.elapsed().as_micros(),
+        init.slowest_us,
+        init.total_us
     );
 }
 
