@@ -11,8 +11,21 @@ mod beneath;
 pub use beneath::{lstat_beneath, openat2, stat_beneath};
 
 /// Reads at most `limit` bytes; one byte more is an error rather than a silent truncation.
-pub fn read_bounded(mut r: impl Read, limit: u64, what: &str, path: &Path) -> Result<Vec<u8>> {
-    let mut buf = Vec::new();
+pub fn read_bounded(r: impl Read, limit: u64, what: &str, path: &Path) -> Result<Vec<u8>> {
+    read_bounded_sized(r, limit, 0, what, path)
+}
+
+/// [`read_bounded`] into a buffer sized for `expect` bytes up front: std's read_to_end
+/// starts at 32 bytes and doubles, which for a config.json of a few KB is a dozen reads.
+fn read_bounded_sized(
+    mut r: impl Read,
+    limit: u64,
+    expect: u64,
+    what: &str,
+    path: &Path,
+) -> Result<Vec<u8>> {
+    // One byte more than expected, so that the read which sees the end needs no growth.
+    let mut buf = Vec::with_capacity(expect.min(limit).saturating_add(1) as usize);
     r.by_ref()
         .take(limit + 1)
         .read_to_end(&mut buf)
@@ -49,7 +62,7 @@ pub fn read_regular_file(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>>
             limit,
         });
     }
-    read_bounded(f, limit, what, path)
+    read_bounded_sized(f, limit, meta.len(), what, path)
 }
 
 /// A small sysfs attribute, trimmed. Sysfs files report a size of 4096 whatever they hold,
