@@ -126,7 +126,10 @@ impl Source {
     }
 }
 
+/// Written with its number flat (`{"type":…,"major":…,"minor":…,"class":…}`), read back
+/// through [`DeviceWire`]: serde's `flatten` buffers every field into a map of its own first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "DeviceWire")]
 pub struct Device {
     #[serde(flatten)]
     pub num: DevNum,
@@ -142,6 +145,43 @@ pub struct Device {
     pub uid: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub gid: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct DeviceWire {
+    #[serde(rename = "type")]
+    typ: DevType,
+    major: u32,
+    minor: u32,
+    class: Class,
+    container_path: Option<PathBuf>,
+    host_path: Option<PathBuf>,
+    source: Source,
+    #[serde(default)]
+    file_mode: Option<u32>,
+    #[serde(default)]
+    uid: Option<u32>,
+    #[serde(default)]
+    gid: Option<u32>,
+}
+
+impl From<DeviceWire> for Device {
+    fn from(w: DeviceWire) -> Device {
+        Device {
+            num: DevNum {
+                typ: w.typ,
+                major: w.major,
+                minor: w.minor,
+            },
+            class: w.class,
+            container_path: w.container_path,
+            host_path: w.host_path,
+            source: w.source,
+            file_mode: w.file_mode,
+            uid: w.uid,
+            gid: w.gid,
+        }
+    }
 }
 
 impl Device {
@@ -200,5 +240,39 @@ pub(crate) fn check_number(what: &str, n: i64, max: i64, ctx: &str) -> Result<u3
             ctx,
             format!("{what} {n} out of range 0-{max}"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_reads_back_what_it_wrote() {
+        let d = Device {
+            num: DevNum {
+                typ: DevType::Char,
+                major: 195,
+                minor: 3,
+            },
+            class: Class::NvidiaGpu,
+            container_path: Some("/dev/nvidia3".into()),
+            host_path: None,
+            source: Source::LinuxDevices,
+            file_mode: Some(0o666),
+            uid: None,
+            gid: Some(0),
+        };
+        let text = serde_json::to_string(&d).unwrap();
+        assert!(
+            text.starts_with(r#"{"type":"c","major":195,"minor":3,"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Device>(&text).unwrap(), d);
+        let missing = r#"{"type":"c","major":1,"class":"char","source":"host"}"#;
+        let err = serde_json::from_str::<Device>(missing)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("minor"), "{err}");
     }
 }

@@ -63,16 +63,90 @@ impl Verdict {
     }
 }
 
+/// One probe's verdict, written flat (`{"probe":…,"status":…,"reason":…}`). It is read back
+/// through [`ProbeResultWire`]: serde's `flatten` buffers every field of the record into a
+/// map of its own first, which made reading a record back cost more than writing it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ProbeResultWire")]
 pub struct ProbeResult {
     pub probe: String,
     #[serde(flatten)]
     pub verdict: Verdict,
 }
 
+#[derive(Deserialize)]
+struct ProbeResultWire {
+    probe: String,
+    status: Status,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Status {
+    Healthy,
+    Warn,
+    Unhealthy,
+    Unknown,
+    NotApplicable,
+}
+
+impl TryFrom<ProbeResultWire> for ProbeResult {
+    type Error = String;
+
+    fn try_from(w: ProbeResultWire) -> Result<ProbeResult, String> {
+        let reason = || {
+            w.reason
+                .clone()
+                .ok_or_else(|| format!("probe {:?}: missing field `reason`", w.probe))
+        };
+        let verdict = match w.status {
+            Status::Healthy => Verdict::Healthy,
+            Status::Warn => Verdict::Warn(reason()?),
+            Status::Unhealthy => Verdict::Unhealthy(reason()?),
+            Status::Unknown => Verdict::Unknown(reason()?),
+            Status::NotApplicable => Verdict::NotApplicable(reason()?),
+        };
+        Ok(ProbeResult {
+            probe: w.probe,
+            verdict,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_result_reads_back_what_it_wrote() {
+        for v in [
+            Verdict::Healthy,
+            Verdict::Warn("w".into()),
+            Verdict::Unhealthy("u".into()),
+            Verdict::Unknown("k".into()),
+            Verdict::NotApplicable("n".into()),
+        ] {
+            let r = ProbeResult {
+                probe: "sysfs".into(),
+                verdict: v,
+            };
+            let text = serde_json::to_string(&r).unwrap();
+            assert_eq!(
+                serde_json::from_str::<ProbeResult>(&text).unwrap(),
+                r,
+                "{text}"
+            );
+        }
+        let err = serde_json::from_str::<ProbeResult>(r#"{"probe":"pcie","status":"warn"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("reason"), "{err}");
+        assert!(
+            serde_json::from_str::<ProbeResult>(r#"{"probe":"pcie","status":"fine"}"#).is_err()
+        );
+    }
 
     #[test]
     fn worst_picks_most_severe_and_joins_its_reasons() {
