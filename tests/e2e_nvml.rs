@@ -205,3 +205,116 @@ fn runc_starts_gpu_0_while_gpu_3_hangs_in_nvml() {
         }
     }
 }
+
+/// The kernel log lines a GPU would leave, in /dev/kmsg's format, from sequence 1000.
+fn kmsg_records(records: &[&str]) -> String {
+    records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("4,{},{},-;{r}\n", 1000 + i, 5_000_000 + i * 1000))
+        .collect()
+}
+
+/// Issue 12 items 5 and 6 under runc: the driver's own advice decides. NVML's recovery
+/// action GPU_RESET refuses the start; an XID 154 line naming a reset refuses it where NVML
+/// gives no recovery action; the driver's later "to 0x0 (None)" line lets it start again;
+/// an XID 13 (the application's fault, by NVIDIA's catalog) never blocks.
+#[test]
+fn runc_follows_the_drivers_recovery_action_from_nvml_and_from_the_kernel_log() {
+    require_root!();
+    let node = GpuNode::new("e2e-nvml-advice");
+    let (dir, dev_root) = (&node.dir, &node.dev_root);
+    let mut cfg = node.config();
+    cfg["proc_root"] = json!(dir);
+    let env = Env::with("e2e-nvml-advice", cfg);
+
+    // NVML: GPU 1 needs a reset
+    let scenario = node_with(1, json!({"recovery_action": recovery::GPU_RESET}));
+    write_proc_gpus(dir, &scenario);
+    let reset = write_scenario(dir, "reset", &scenario);
+    let b = gpu_bundle(&env, "advice-nvml", &reset);
+    let out = runtime_run("runc", &b, &unique_id("advice-nvml"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    let reason = format!(
+        "devgate: rejected /dev/nvidia1 (host {}/nvidia1, 195:1): nvml: GPU {} ({}): NVML recovery action GPU_RESET: the GPU needs a reset (nvidia-smi -r) before new work; policy reject",
+        dev_root.display(),
+        uuid(1),
+        bus(1)
+    );
+    assert!(all.contains(&reason), "{all}");
+    assert!(!b.marker().exists(), "the container ran although rejected");
+
+    // NVML without the field; the kernel log's XID 154 line says reset, and an XID 13 is there
+    let no_field = write_scenario(
+        dir,
+        "no-field",
+        &node_with(1, json!({"recovery_action": null})),
+    );
+    let xid13 = "NVRM: Xid (PCI:0000:3b:00): 13, pid=77, name=python, Graphics Exception";
+    let xid154 = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)";
+    fs::write(&node.kmsg, kmsg_records(&[xid13, xid154])).unwrap();
+    let b = gpu_bundle(&env, "advice-kmsg", &no_field);
+    let out = runtime_run("runc", &b, &unique_id("advice-kmsg"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    let reason = format!(
+        "devgate: rejected /dev/nvidia1 (host {}/nvidia1, 195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is GPU reset required",
+        dev_root.display()
+    );
+    assert!(all.contains(&reason), "{all}");
+    assert!(
+        !all.contains("xid 13"),
+        "XID 13 is the application's: {all}"
+    );
+    assert!(!b.marker().exists(), "the container ran although rejected");
+
+    // after `nvidia-smi -r` the driver logs the action back to None: the GPU starts work again
+    let none = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)";
+    fs::write(&node.kmsg, kmsg_records(&[xid13, xid154, none])).unwrap();
+    let b = gpu_bundle(&env, "advice-cleared", &no_field);
+    let out = runtime_run("runc", &b, &unique_id("advice-cleared"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+    assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
+}
+
+/// Issue 12 item 3 under runc, on a node with no NVIDIA driver and no NVIDIA PCI function:
+/// `NVIDIA_VISIBLE_DEVICES=0` (podman's config on a GPU-less host) selects nothing, so the
+/// container starts, and neither the index nor a UUID is judged.
+#[test]
+fn runc_starts_a_gpu_selector_container_on_a_node_without_the_driver() {
+    require_root!();
+    let dir = tempdir("e2e-nvml-nodriver");
+    for d in ["dev", "proc", "sys"] {
+        fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let env = Env::with(
+        "e2e-nvml-nodriver",
+        json!({
+            "dev_root": dir.join("dev"),
+            "proc_root": dir.join("proc"),
+            "sysfs_root": dir.join("sys"),
+            "nvml_library": dir.join("no-libnvidia-ml.so.1"),
+            "kmsg_path": dir.join("no-kmsg"),
+            "policy": {"on_unknown": "reject"},
+        }),
+    );
+    for (tag, selector) in [
+        ("index", "0"),
+        ("uuid", "GPU-00000000-1111-2222-3333-444444444444"),
+    ] {
+        let mut b = Bundle::new(
+            &format!("nodriver-{tag}"),
+            &["sh", "-c", "echo ran > /out/ran"],
+        );
+        b.spec["process"]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!(format!("NVIDIA_VISIBLE_DEVICES={selector}")));
+        b.add_hooks(&env, &["prestart", "poststop"]);
+        let out = runtime_run("runc", &b, &unique_id(&format!("nodriver-{tag}")));
+        assert!(out.status.success(), "{tag}: {}", text(&out));
+        assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n");
+    }
+}
