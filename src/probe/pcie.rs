@@ -23,8 +23,9 @@ use crate::model::device::Device;
 use crate::model::verdict::Verdict;
 use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
-use crate::probe::Probe;
+use crate::probe::{Findings, Probe};
 use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline};
+use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -249,23 +250,103 @@ pub fn advance(now: &AerCounts, base: Option<&AerCounts>) -> AerCounts {
     }
 }
 
+/// What the probe read of one PCI function: the stages after it (the baseline move, the
+/// start snapshot) use this rather than read the files again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionSeen {
+    pub dir: PathBuf,
+    /// The kernel's name, `0000:3b:00.0`.
+    pub name: String,
+    /// None where the kernel reports no AER for the function.
+    pub aer: Option<Result<AerCounts, String>>,
+    /// The stored baseline, read only when there is a count to judge against it (else
+    /// `Ok(None)`); an error names a damaged file.
+    pub baseline: Result<Option<PcieBaseline>, String>,
+}
+
+impl FunctionSeen {
+    /// Reads the function's AER counters and, when they read, its stored baseline.
+    pub fn read(dir: &Path, state_dir: &Path) -> FunctionSeen {
+        let name = name_of(dir);
+        let aer = read_aer(dir);
+        let baseline = match &aer {
+            Some(Ok(_)) => baseline::read(state_dir, &name).map_err(|e| e.to_string()),
+            _ => Ok(None),
+        };
+        FunctionSeen {
+            dir: dir.to_path_buf(),
+            name,
+            aer,
+            baseline,
+        }
+    }
+
+    /// The AER verdict on what was read.
+    fn judge(&self) -> Verdict {
+        let name = &self.name;
+        match &self.aer {
+            None => Verdict::NotApplicable("no AER counters".into()),
+            Some(Err(e)) => Verdict::Unknown(format!("cannot read AER counters of {name}: {e}")),
+            Some(Ok(now)) => match &self.baseline {
+                Err(e) => Verdict::Unknown(e.clone()),
+                Ok(b) => judge_aer(name, now, b.as_ref()),
+            },
+        }
+    }
+}
+
+/// The functions behind a device as the probe reads them, the device's own first, then its
+/// upstream port; empty when it has none. For a device the probe did not run on.
+pub fn read_functions(
+    sysfs_root: &Path,
+    state_dir: &Path,
+    device: &Device,
+    gpu: Option<&GpuContext>,
+) -> Vec<FunctionSeen> {
+    let Some(pci) = function_dir(sysfs_root, device, gpu) else {
+        return Vec::new();
+    };
+    let up = upstream_port(&pci);
+    std::iter::once(pci)
+        .chain(up)
+        .map(|f| FunctionSeen::read(&f, state_dir))
+        .collect()
+}
+
 pub struct PcieProbe<'a> {
     pub sysfs_root: PathBuf,
     pub state_dir: PathBuf,
     /// For a GPU's PCI address.
     pub gpu: Option<&'a GpuContext>,
+    /// The functions read in this probe pass: a port above several devices is read once.
+    seen: RefCell<Vec<FunctionSeen>>,
 }
 
-impl PcieProbe<'_> {
-    fn aer(&self, pci: &Path) -> Verdict {
-        let name = name_of(pci);
-        match read_aer(pci) {
-            None => Verdict::NotApplicable("no AER counters".into()),
-            Some(Err(e)) => Verdict::Unknown(format!("cannot read AER counters of {name}: {e}")),
-            Some(Ok(now)) => match baseline::read(&self.state_dir, &name) {
-                Err(e) => Verdict::Unknown(e.to_string()),
-                Ok(b) => judge_aer(&name, &now, b.as_ref()),
-            },
+impl<'a> PcieProbe<'a> {
+    pub fn new(sysfs_root: &Path, state_dir: &Path, gpu: Option<&'a GpuContext>) -> Self {
+        PcieProbe {
+            sysfs_root: sysfs_root.to_path_buf(),
+            state_dir: state_dir.to_path_buf(),
+            gpu,
+            seen: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn see(&self, dir: &Path) -> FunctionSeen {
+        if let Some(s) = self.seen.borrow().iter().find(|s| s.dir == dir) {
+            return s.clone();
+        }
+        let s = FunctionSeen::read(dir, &self.state_dir);
+        self.seen.borrow_mut().push(s.clone());
+        s
+    }
+
+    /// The device's PCI function: a GPU's through its bus id; another device's as the
+    /// sysfs probe found it, else through sysfs's device model.
+    fn function(&self, device: &Device, found: &Findings) -> Option<PathBuf> {
+        match &found.device_pci {
+            Some(pci) if device.class != Class::NvidiaGpu => pci.clone(),
+            _ => function_dir(&self.sysfs_root, device, self.gpu),
         }
     }
 }
@@ -275,15 +356,19 @@ impl Probe for PcieProbe<'_> {
         "pcie"
     }
 
-    fn check(&self, device: &Device) -> Verdict {
-        let Some(pci) = function_dir(&self.sysfs_root, device, self.gpu) else {
+    fn check(&self, device: &Device, found: &mut Findings) -> Verdict {
+        let Some(pci) = self.function(device, found) else {
+            found.pcie = Some(Vec::new());
             return Verdict::NotApplicable("no PCI function".into());
         };
         let up = upstream_port(&pci);
-        let mut findings = vec![judge_width(&pci, up.as_deref()), self.aer(&pci)];
-        if let Some(u) = &up {
-            findings.push(self.aer(u));
-        }
+        let mut findings = vec![judge_width(&pci, up.as_deref())];
+        let seen: Vec<FunctionSeen> = std::iter::once(&pci)
+            .chain(up.as_ref())
+            .map(|f| self.see(f))
+            .collect();
+        findings.extend(seen.iter().map(FunctionSeen::judge));
+        found.pcie = Some(seen);
         // Named like the xid and nvml reasons, so a reject line says which check spoke.
         match Verdict::worst(findings) {
             Verdict::NotApplicable(_) => Verdict::Healthy,
@@ -294,50 +379,66 @@ impl Probe for PcieProbe<'_> {
     }
 }
 
-/// After a gate: moves the baselines of the functions behind `devices` and their upstream
-/// ports (`advance`). A failure is logged, never fails the start: the baseline is for the
-/// next start's judgement.
+/// The baseline to store after a gate that read `seen`, from the one stored before (`old`);
+/// None when there is nothing to store.
+fn next_baseline(
+    seen: &FunctionSeen,
+    old: Option<&PcieBaseline>,
+    now_unix: u64,
+) -> Option<PcieBaseline> {
+    let Some(Ok(now)) = &seen.aer else {
+        return None;
+    };
+    let next = advance(now, old.map(|b| &b.aer));
+    if old.map(|b| b.aer) == Some(next) {
+        return None;
+    }
+    // While a fatal rise stands, "since" keeps naming when it was taken.
+    let time_unix = match old {
+        Some(o) if next.fatal < now.fatal => o.time_unix,
+        _ => now_unix,
+    };
+    Some(PcieBaseline {
+        function: seen.name.clone(),
+        time_unix,
+        aer: next,
+    })
+}
+
+/// After a gate: moves the baselines of the functions behind `judged` and their upstream
+/// ports (`advance`) to what the probe read of them (`Findings::pcie`), so that an error
+/// counted after that read is a rise at the next start; a device the probe did not run on
+/// (a spare the remap put in) is read now. A failure is logged, never fails the start: the
+/// baseline is for the next start's judgement.
 pub fn advance_baselines(
     sysfs_root: &Path,
     state_dir: &Path,
-    devices: &[Device],
+    judged: &[(&Device, Option<&Findings>)],
     gpu: Option<&GpuContext>,
 ) {
-    let mut done: Vec<PathBuf> = Vec::new();
+    let mut done: Vec<String> = Vec::new();
     let (now_unix, _) = clock::now();
-    for d in devices {
-        let Some(pci) = function_dir(sysfs_root, d, gpu) else {
-            continue;
+    for (d, found) in judged {
+        let read;
+        let seen = match found.and_then(|f| f.pcie.as_ref()) {
+            Some(s) => s,
+            None => {
+                read = read_functions(sysfs_root, state_dir, d, gpu);
+                &read
+            }
         };
-        let up = upstream_port(&pci);
-        for f in std::iter::once(pci).chain(up) {
-            if done.contains(&f) {
+        for f in seen {
+            if done.contains(&f.name) {
                 continue;
             }
-            let name = name_of(&f);
-            // Read again, not taken from the probe: a fatal error since then stays a rise
-            // (`advance` never moves the fatal count); a lesser one is passed unwarned.
-            if let Some(Ok(now)) = read_aer(&f) {
-                // A damaged file is replaced: the probe said so at this start.
-                let old = baseline::read(state_dir, &name).ok().flatten();
-                let next = advance(&now, old.as_ref().map(|b| &b.aer));
-                if old.as_ref().map(|b| b.aer) != Some(next) {
-                    // While a fatal rise stands, "since" keeps naming when it was taken.
-                    let time_unix = match &old {
-                        Some(o) if next.fatal < now.fatal => o.time_unix,
-                        _ => now_unix,
-                    };
-                    let b = PcieBaseline {
-                        function: name.clone(),
-                        time_unix,
-                        aer: next,
-                    };
-                    if let Err(e) = baseline::write(state_dir, &b) {
-                        log::error!("cannot keep the PCIe baseline of {name}: {e}");
-                    }
+            done.push(f.name.clone());
+            // A damaged file is replaced: the probe said so at this start.
+            let old = f.baseline.as_ref().ok().and_then(Option::as_ref);
+            if let Some(b) = next_baseline(f, old, now_unix) {
+                if let Err(e) = baseline::write(state_dir, &b) {
+                    log::error!("cannot keep the PCIe baseline of {}: {e}", f.name);
                 }
             }
-            done.push(f);
         }
     }
 }
@@ -594,24 +695,21 @@ mod tests {
             );
         }
         let gpu_ctx = ctx(nvml_with_gpu1_at_3b(), Vec::new());
-        let p = PcieProbe {
-            sysfs_root: t.0.clone(),
-            state_dir: state.clone(),
-            gpu: Some(&gpu_ctx),
-        };
         let d = gpu_device();
-        assert_eq!(p.check(&d), Verdict::Healthy);
+        // one probe pass per start, as probe_all makes it
+        let check = |gpu: Option<&GpuContext>| {
+            let mut found = Findings::default();
+            let v = PcieProbe::new(&t.0, &state, gpu).check(&d, &mut found);
+            (v, found)
+        };
+        let judge = || check(Some(&gpu_ctx)).0;
+        assert_eq!(judge(), Verdict::Healthy);
         // a bus id that names another vendor's function is not the GPU
         t.write(&gpu, "vendor", "0x8086\n");
-        assert_eq!(p.check(&d).status(), "not_applicable");
+        assert_eq!(judge().status(), "not_applicable");
         t.write(&gpu, "vendor", "0x10de\n");
         // no GPU context: a GPU's function cannot be found
-        let blind = PcieProbe {
-            sysfs_root: t.0.clone(),
-            state_dir: state.clone(),
-            gpu: None,
-        };
-        assert_eq!(blind.check(&d).status(), "not_applicable");
+        assert_eq!(check(None).0.status(), "not_applicable");
         // NVML stuck or missing: the driver's /proc list still names the function
         let stuck = NvmlAnswer {
             gpus: Err("NVML did not answer within 2000 ms".into()),
@@ -631,13 +729,14 @@ mod tests {
             function_dir(&t.0, &d, Some(&proc_only)).map(|f| fs::canonicalize(f).unwrap()),
             Some(fs::canonicalize(&gpu).unwrap())
         );
-        // the first gate takes the baselines of the GPU and its port
-        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
+        // the first gate takes the baselines of the GPU and its port (read then, as for a
+        // spare the probe did not run on)
+        advance_baselines(&t.0, &state, &[(&d, None)], Some(&gpu_ctx));
         assert!(state.join("pcie/0000:3b:00.0.json").is_file());
         assert!(state.join("pcie/0000:00:01.0.json").is_file());
         // a garbled file is unknown, naming it
         t.write(&gpu, "aer_dev_correctable", "RxErr x\n");
-        let v = p.check(&d);
+        let v = judge();
         assert!(
             v.reason().unwrap().contains(
                 "cannot read AER counters of 0000:3b:00.0: aer_dev_correctable: bad count"
@@ -649,10 +748,10 @@ mod tests {
             "aer_dev_correctable",
             &fixture("v6-aer_dev_correctable"),
         );
-        assert_eq!(p.check(&d), Verdict::Healthy);
+        assert_eq!(judge(), Verdict::Healthy);
         // the port saw a fatal error since: unhealthy, named
         t.write(&port, "aer_dev_fatal", "DLP 1\nTOTAL_ERR_FATAL 1\n");
-        let v = p.check(&d);
+        let v = judge();
         assert!(
             matches!(&v, Verdict::Unhealthy(r) if r.starts_with("pcie: PCIe AER: 1 fatal error on 0000:00:01.0 since ")),
             "{v:?}"
@@ -663,11 +762,37 @@ mod tests {
         taken.time_unix = 1000;
         baseline::write(&state, &taken).unwrap();
         t.write(&port, "aer_dev_correctable", "RxErr 1\nTOTAL_ERR_COR 1\n");
-        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
-        assert_eq!(p.check(&d).status(), "unhealthy");
+        let (v, found) = check(Some(&gpu_ctx));
+        assert_eq!(v.status(), "unhealthy");
+        advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&gpu_ctx));
+        assert_eq!(judge().status(), "unhealthy");
         let kept = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
         assert_eq!(kept.aer.correctable, 1);
         assert_eq!((kept.aer.fatal, kept.time_unix), (0, taken.time_unix));
+
+        // The baseline moves to what the probe read and judged, not to a later read: an
+        // error counted between the probe and the move is a rise at the next start, never
+        // passed unwarned. (The move reads no AER file: the probe's reading is all it has.)
+        fs::remove_file(state.join("pcie/0000:00:01.0.json")).unwrap();
+        t.write(&port, "aer_dev_fatal", "DLP 0\nTOTAL_ERR_FATAL 0\n");
+        let (v, found) = check(Some(&gpu_ctx));
+        assert_eq!(v, Verdict::Healthy);
+        let seen = found.pcie.as_ref().unwrap();
+        assert_eq!(
+            seen.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
+            ["0000:3b:00.0", "0000:00:01.0"]
+        );
+        t.write(&gpu, "aer_dev_correctable", "RxErr 5\nTOTAL_ERR_COR 5\n");
+        advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&gpu_ctx));
+        let moved = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(moved.aer.correctable, 0);
+        let v = judge();
+        assert!(
+            v.reason()
+                .unwrap()
+                .starts_with("pcie: PCIe AER: 5 correctable errors on 0000:3b:00.0 since "),
+            "{v:?}"
+        );
         fs::remove_dir_all(&t.0).unwrap();
     }
 }
