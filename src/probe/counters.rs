@@ -183,6 +183,7 @@ mod tests {
                     nonfatal: 1,
                     fatal: 2,
                 })),
+                replay: None,
                 baseline: Ok(None),
             }]),
         };

@@ -12,6 +12,11 @@
 //!   (a reboot or a reset of the function) or the operator removes the baseline file;
 //!   a non-fatal or correctable error since the baseline warns once, and the baseline moves
 //!   past it.
+//! - for a GPU, NVML's PCIe replay counter (link-level retransmissions: the link recovered
+//!   from an error by sending again, which AER counts as correctable). Also counted since
+//!   the driver loaded, it is kept in the same baseline and judged like a correctable error:
+//!   a rise warns once. A GPU or driver that does not report it (NOT_SUPPORTED, any NVML
+//!   error) leaves it not judged: a note, never unknown.
 //!
 //! Sysfs is outside input: every read is bounded (`read_attr`), and a file that does not
 //! parse makes the verdict unknown, naming the file and the function.
@@ -21,10 +26,11 @@ use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::model::verdict::Verdict;
+use crate::probe::nvidia::nvml::{Reading, LOST};
 use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
 use crate::probe::{Findings, Probe};
-use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline};
+use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline, ReplayCount};
 use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -200,10 +206,10 @@ fn restarted(now: &AerCounts, base: &AerCounts) -> bool {
 /// The rule, pure: a rise of the fatal count since the baseline is unhealthy; of the
 /// non-fatal or correctable count, a warning. No baseline yet: nothing to judge.
 pub fn judge_aer(name: &str, now: &AerCounts, base: Option<&PcieBaseline>) -> Verdict {
-    let Some(b) = base else {
+    let Some((b, aer)) = base.and_then(|b| Some((b, b.aer?))) else {
         return Verdict::Healthy;
     };
-    if restarted(now, &b.aer) {
+    if restarted(now, &aer) {
         return Verdict::Healthy;
     }
     let since = clock::rfc3339(b.time_unix);
@@ -215,26 +221,40 @@ pub fn judge_aer(name: &str, now: &AerCounts, base: Option<&PcieBaseline>) -> Ve
         )
     };
     let mut findings = Vec::new();
-    if now.fatal > b.aer.fatal {
-        findings.push(Verdict::Unhealthy(rise("fatal", b.aer.fatal, now.fatal)));
+    if now.fatal > aer.fatal {
+        findings.push(Verdict::Unhealthy(rise("fatal", aer.fatal, now.fatal)));
     }
-    if now.nonfatal > b.aer.nonfatal {
-        findings.push(Verdict::Warn(rise(
-            "non-fatal",
-            b.aer.nonfatal,
-            now.nonfatal,
-        )));
+    if now.nonfatal > aer.nonfatal {
+        findings.push(Verdict::Warn(rise("non-fatal", aer.nonfatal, now.nonfatal)));
     }
-    if now.correctable > b.aer.correctable {
+    if now.correctable > aer.correctable {
         findings.push(Verdict::Warn(rise(
             "correctable",
-            b.aer.correctable,
+            aer.correctable,
             now.correctable,
         )));
     }
     match Verdict::worst(findings) {
         Verdict::NotApplicable(_) => Verdict::Healthy,
         v => v,
+    }
+}
+
+/// The replay rule, pure: a rise since the baseline warns, as a correctable AER error does
+/// (a replay is the link recovering from an error by sending again). No baseline yet, or
+/// a count below it (the driver reloaded, the GPU was reset): nothing to judge.
+pub fn judge_replay(name: &str, now: u64, base: Option<&PcieBaseline>) -> Verdict {
+    match base.and_then(|b| b.replay) {
+        Some(b) if now > b.count => {
+            let n = now - b.count;
+            Verdict::Warn(format!(
+                "PCIe replay counter: {n} replay{} on {name} since {} ({} -> {now})",
+                if n == 1 { "" } else { "s" },
+                clock::rfc3339(b.time_unix),
+                b.count
+            ))
+        }
+        _ => Verdict::Healthy,
     }
 }
 
@@ -259,39 +279,68 @@ pub struct FunctionSeen {
     pub name: String,
     /// None where the kernel reports no AER for the function.
     pub aer: Option<Result<AerCounts, String>>,
+    /// NVML's PCIe replay counter, for a GPU's own function (None for any other, and when
+    /// NVML gave no answer at all).
+    pub replay: Option<Reading<u32>>,
     /// The stored baseline, read only when there is a count to judge against it (else
     /// `Ok(None)`); an error names a damaged file.
     pub baseline: Result<Option<PcieBaseline>, String>,
 }
 
 impl FunctionSeen {
-    /// Reads the function's AER counters and, when they read, its stored baseline.
-    pub fn read(dir: &Path, state_dir: &Path) -> FunctionSeen {
+    /// Reads the function's AER counters and, when a count is there to judge, its stored
+    /// baseline. `replay` is NVML's reading for a GPU's function.
+    pub fn read(dir: &Path, state_dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
         let name = name_of(dir);
         let aer = read_aer(dir);
-        let baseline = match &aer {
-            Some(Ok(_)) => baseline::read(state_dir, &name).map_err(|e| e.to_string()),
-            _ => Ok(None),
+        let counted = matches!(aer, Some(Ok(_))) || matches!(replay, Some(Reading::Value(_)));
+        let baseline = match counted {
+            true => baseline::read(state_dir, &name).map_err(|e| e.to_string()),
+            false => Ok(None),
         };
         FunctionSeen {
             dir: dir.to_path_buf(),
             name,
             aer,
+            replay,
             baseline,
         }
     }
 
-    /// The AER verdict on what was read.
-    fn judge(&self) -> Verdict {
+    /// The AER verdict on what was read, and the replay counter's for a GPU's function.
+    fn judge(&self) -> Vec<Verdict> {
         let name = &self.name;
-        match &self.aer {
-            None => Verdict::NotApplicable("no AER counters".into()),
-            Some(Err(e)) => Verdict::Unknown(format!("cannot read AER counters of {name}: {e}")),
-            Some(Ok(now)) => match &self.baseline {
-                Err(e) => Verdict::Unknown(e.clone()),
-                Ok(b) => judge_aer(name, now, b.as_ref()),
-            },
+        let base = self.baseline.as_ref().map(Option::as_ref);
+        let aer_read = matches!(self.aer, Some(Ok(_)));
+        let mut out = vec![match (&self.aer, base) {
+            (None, _) => Verdict::NotApplicable("no AER counters".into()),
+            (Some(Err(e)), _) => {
+                Verdict::Unknown(format!("cannot read AER counters of {name}: {e}"))
+            }
+            (Some(Ok(_)), Err(e)) => Verdict::Unknown(e.clone()),
+            (Some(Ok(now)), Ok(b)) => judge_aer(name, now, b),
+        }];
+        match (&self.replay, base) {
+            (None, _) => {}
+            (Some(Reading::Value(n)), Ok(b)) => out.push(judge_replay(name, u64::from(*n), b)),
+            // A damaged baseline is said once, by the AER verdict when it read one.
+            (Some(Reading::Value(_)), Err(_)) if aer_read => {}
+            (Some(Reading::Value(_)), Err(e)) => out.push(Verdict::Unknown(e.clone())),
+            (Some(other), _) => out.push(Verdict::NotApplicable(format!(
+                "PCIe replay counter of {name} not judged: {}",
+                why_not(other)
+            ))),
         }
+        out
+    }
+}
+
+/// Why NVML gave no replay count.
+fn why_not(r: &Reading<u32>) -> String {
+    match r {
+        Reading::NotSupported(why) | Reading::Failed(why) => why.clone(),
+        Reading::Lost => LOST.into(),
+        Reading::Value(_) => String::new(),
     }
 }
 
@@ -307,10 +356,18 @@ pub fn read_functions(
         return Vec::new();
     };
     let up = upstream_port(&pci);
-    std::iter::once(pci)
-        .chain(up)
-        .map(|f| FunctionSeen::read(&f, state_dir))
-        .collect()
+    let mut seen = vec![FunctionSeen::read(&pci, state_dir, replay_of(device, gpu))];
+    seen.extend(up.map(|u| FunctionSeen::read(&u, state_dir, None)));
+    seen
+}
+
+/// NVML's replay counter reading for a GPU.
+fn replay_of(device: &Device, gpu: Option<&GpuContext>) -> Option<Reading<u32>> {
+    if device.class != Class::NvidiaGpu {
+        return None;
+    }
+    let facts = gpu?.nvml.gpu_by_minor(device.num.minor)?;
+    Some(facts.pcie_replay.clone())
 }
 
 pub struct PcieProbe<'a> {
@@ -332,11 +389,11 @@ impl<'a> PcieProbe<'a> {
         }
     }
 
-    fn see(&self, dir: &Path) -> FunctionSeen {
+    fn see(&self, dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
         if let Some(s) = self.seen.borrow().iter().find(|s| s.dir == dir) {
             return s.clone();
         }
-        let s = FunctionSeen::read(dir, &self.state_dir);
+        let s = FunctionSeen::read(dir, &self.state_dir, replay);
         self.seen.borrow_mut().push(s.clone());
         s
     }
@@ -363,11 +420,9 @@ impl Probe for PcieProbe<'_> {
         };
         let up = upstream_port(&pci);
         let mut findings = vec![judge_width(&pci, up.as_deref())];
-        let seen: Vec<FunctionSeen> = std::iter::once(&pci)
-            .chain(up.as_ref())
-            .map(|f| self.see(f))
-            .collect();
-        findings.extend(seen.iter().map(FunctionSeen::judge));
+        let mut seen = vec![self.see(&pci, replay_of(device, self.gpu))];
+        seen.extend(up.map(|u| self.see(&u, None)));
+        findings.extend(seen.iter().flat_map(FunctionSeen::judge));
         found.pcie = Some(seen);
         // Named like the xid and nvml reasons, so a reject line says which check spoke.
         match Verdict::worst(findings) {
@@ -386,23 +441,39 @@ fn next_baseline(
     old: Option<&PcieBaseline>,
     now_unix: u64,
 ) -> Option<PcieBaseline> {
-    let Some(Ok(now)) = &seen.aer else {
-        return None;
+    let old_aer = old.and_then(|b| b.aer);
+    let aer = match &seen.aer {
+        Some(Ok(now)) => Some(advance(now, old_aer.as_ref())),
+        _ => old_aer,
     };
-    let next = advance(now, old.map(|b| &b.aer));
-    if old.map(|b| b.aer) == Some(next) {
-        return None;
-    }
-    // While a fatal rise stands, "since" keeps naming when it was taken.
-    let time_unix = match old {
-        Some(o) if next.fatal < now.fatal => o.time_unix,
+    let time_unix = match (old, &seen.aer) {
+        (Some(o), _) if aer == old_aer => o.time_unix,
+        // While a fatal rise stands, "since" keeps naming when it was taken.
+        (Some(o), Some(Ok(now))) if aer.is_some_and(|a| a.fatal < now.fatal) => o.time_unix,
         _ => now_unix,
     };
-    Some(PcieBaseline {
+    // The replay counter only ever warns: it moves to the count read.
+    let old_replay = old.and_then(|b| b.replay);
+    let replay = match &seen.replay {
+        Some(Reading::Value(n)) => Some(match old_replay {
+            Some(r) if r.count == u64::from(*n) => r,
+            _ => ReplayCount {
+                count: u64::from(*n),
+                time_unix: now_unix,
+            },
+        }),
+        _ => old_replay,
+    };
+    if aer.is_none() && replay.is_none() {
+        return None;
+    }
+    let next = PcieBaseline {
         function: seen.name.clone(),
         time_unix,
-        aer: next,
-    })
+        aer,
+        replay,
+    };
+    (old != Some(&next)).then_some(next)
 }
 
 /// After a gate: moves the baselines of the functions behind `judged` and their upstream
@@ -526,7 +597,8 @@ mod tests {
         PcieBaseline {
             function: "0000:3b:00.0".into(),
             time_unix: 1_796_223_098,
-            aer: counts(c, n, f),
+            aer: Some(counts(c, n, f)),
+            replay: None,
         }
     }
 
@@ -767,8 +839,11 @@ mod tests {
         advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&gpu_ctx));
         assert_eq!(judge().status(), "unhealthy");
         let kept = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
-        assert_eq!(kept.aer.correctable, 1);
-        assert_eq!((kept.aer.fatal, kept.time_unix), (0, taken.time_unix));
+        assert_eq!(kept.aer.unwrap().correctable, 1);
+        assert_eq!(
+            (kept.aer.unwrap().fatal, kept.time_unix),
+            (0, taken.time_unix)
+        );
 
         // The baseline moves to what the probe read and judged, not to a later read: an
         // error counted between the probe and the move is a rise at the next start, never
@@ -785,7 +860,7 @@ mod tests {
         t.write(&gpu, "aer_dev_correctable", "RxErr 5\nTOTAL_ERR_COR 5\n");
         advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&gpu_ctx));
         let moved = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
-        assert_eq!(moved.aer.correctable, 0);
+        assert_eq!(moved.aer.unwrap().correctable, 0);
         let v = judge();
         assert!(
             v.reason()
@@ -793,6 +868,165 @@ mod tests {
                 .starts_with("pcie: PCIe AER: 5 correctable errors on 0000:3b:00.0 since "),
             "{v:?}"
         );
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    fn with_replay(c: u64, time_unix: u64) -> PcieBaseline {
+        PcieBaseline {
+            replay: Some(ReplayCount {
+                count: c,
+                time_unix,
+            }),
+            ..base(0, 0, 0)
+        }
+    }
+
+    #[test]
+    fn the_replay_counter_is_judged_by_its_rise_never_its_value() {
+        let f = "0000:3b:00.0";
+        // first sight, or a baseline from before the counter was kept: nothing to judge
+        assert_eq!(judge_replay(f, 900, None), Verdict::Healthy);
+        assert_eq!(judge_replay(f, 900, Some(&base(0, 0, 0))), Verdict::Healthy);
+        assert_eq!(
+            judge_replay(f, 900, Some(&with_replay(900, 1))),
+            Verdict::Healthy
+        );
+        assert_eq!(
+            judge_replay(f, 905, Some(&with_replay(900, 1_796_223_098))),
+            Verdict::Warn(
+                "PCIe replay counter: 5 replays on 0000:3b:00.0 since 2026-12-02T14:51:38Z (900 -> 905)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            judge_replay(f, 1, Some(&with_replay(0, 1_796_223_098)))
+                .reason()
+                .unwrap(),
+            "PCIe replay counter: 1 replay on 0000:3b:00.0 since 2026-12-02T14:51:38Z (0 -> 1)"
+        );
+        // below the baseline: the driver reloaded or the GPU was reset
+        assert_eq!(
+            judge_replay(f, 3, Some(&with_replay(900, 1))),
+            Verdict::Healthy
+        );
+    }
+
+    fn seen(aer: Option<AerCounts>, replay: Option<Reading<u32>>) -> FunctionSeen {
+        FunctionSeen {
+            dir: PathBuf::from("/sys/devices/pci0000:00/0000:00:01.0/0000:3b:00.0"),
+            name: "0000:3b:00.0".into(),
+            aer: aer.map(Ok),
+            replay,
+            baseline: Ok(None),
+        }
+    }
+
+    #[test]
+    fn the_replay_baseline_moves_past_every_rise_and_apart_from_the_aer_counts() {
+        // first sight: taken now, AER or not (a GPU in a VM has no AER files)
+        let b = next_baseline(&seen(None, Some(Reading::Value(7))), None, 100).unwrap();
+        assert_eq!(
+            (b.aer, b.replay.map(|r| (r.count, r.time_unix))),
+            (None, Some((7, 100)))
+        );
+        // unchanged: nothing to write
+        assert_eq!(
+            next_baseline(&seen(None, Some(Reading::Value(7))), Some(&b), 200),
+            None
+        );
+        // a rise moves it, with its own time; the AER time stays where it was
+        let old = PcieBaseline {
+            time_unix: 50,
+            ..with_replay(7, 60)
+        };
+        let n = next_baseline(
+            &seen(Some(counts(0, 0, 0)), Some(Reading::Value(9))),
+            Some(&old),
+            300,
+        )
+        .unwrap();
+        assert_eq!(
+            n.replay,
+            Some(ReplayCount {
+                count: 9,
+                time_unix: 300
+            })
+        );
+        assert_eq!((n.aer, n.time_unix), (Some(counts(0, 0, 0)), 50));
+        // a fatal AER rise stays a rise while the replay count moves on
+        let n = next_baseline(
+            &seen(Some(counts(0, 0, 1)), Some(Reading::Value(12))),
+            Some(&old),
+            300,
+        )
+        .unwrap();
+        assert_eq!((n.aer.unwrap().fatal, n.time_unix), (0, 50));
+        assert_eq!(n.replay.unwrap().count, 12);
+        // not supported, or NVML failed: the stored count is kept as it was
+        for r in [
+            Reading::NotSupported("not supported".into()),
+            Reading::Failed("Unknown".into()),
+        ] {
+            let n = next_baseline(&seen(Some(counts(0, 0, 0)), Some(r)), Some(&old), 300);
+            assert_eq!(n, None);
+        }
+        // nothing counted at all: no file
+        assert_eq!(next_baseline(&seen(None, None), None, 300), None);
+    }
+
+    #[test]
+    fn a_gpus_replay_counter_rise_warns_once_and_unsupported_is_a_note() {
+        let (t, port, gpu) = gpu_tree("pcie-replay");
+        let state = t.0.join("state");
+        for dir in [&gpu, &port] {
+            t.write(dir, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        }
+        let d = gpu_device();
+        let start = |replay: Reading<u32>| {
+            let mut nvml = nvml_with_gpu1_at_3b();
+            nvml.gpus.as_mut().unwrap()[1].pcie_replay = replay;
+            let g = ctx(nvml, Vec::new());
+            let mut found = Findings::default();
+            let v = PcieProbe::new(&t.0, &state, Some(&g)).check(&d, &mut found);
+            advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&g));
+            (v, found)
+        };
+        // the first start takes the count, however high
+        assert_eq!(start(Reading::Value(40)).0, Verdict::Healthy);
+        let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(b.replay.map(|r| r.count), Some(40));
+        // the port's baseline has no replay count: NVML's counter is the GPU's
+        let p = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        assert_eq!(p.replay, None);
+        // replays since: one warning, then the baseline has moved past them
+        let (v, _) = start(Reading::Value(43));
+        assert!(
+            v.reason()
+                .unwrap()
+                .starts_with("pcie: PCIe replay counter: 3 replays on 0000:3b:00.0 since "),
+            "{v:?}"
+        );
+        assert_eq!(v.status(), "warn");
+        assert_eq!(start(Reading::Value(43)).0, Verdict::Healthy);
+        // not supported, or an NVML error: not judged, a note and never unknown; the
+        // stored count stays for when NVML answers again
+        for (r, why) in [
+            (
+                Reading::NotSupported("not supported".into()),
+                "not supported",
+            ),
+            (Reading::Failed("Unknown Error".into()), "Unknown Error"),
+            (Reading::Lost, LOST),
+        ] {
+            let (v, found) = start(r);
+            assert_eq!(v, Verdict::Healthy);
+            let judged = found.pcie.unwrap()[0].judge();
+            let note = format!("PCIe replay counter of 0000:3b:00.0 not judged: {why}");
+            assert!(judged.contains(&Verdict::NotApplicable(note)), "{judged:?}");
+        }
+        let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(b.replay.map(|r| r.count), Some(43));
+        assert!(start(Reading::Value(44)).0.status() == "warn");
         fs::remove_dir_all(&t.0).unwrap();
     }
 }
