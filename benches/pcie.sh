@@ -98,21 +98,25 @@ if command -v hyperfine >/dev/null; then
     done
     hyperfine --warmup 20 --runs "$RUNS" --shell=sh "${args[@]}"
 else
-    # Interleaved, so that load from elsewhere falls on every case alike.
-    declare -A total=()
+    # Interleaved, so that load from elsewhere falls on every case alike; each run's time
+    # is kept, for the median and the p10-p90 spread (a mean takes every neighbour's spike).
     for _ in $(seq "$RUNS"); do
         for i in "${!bins[@]}"; do
             for c in with without; do
-                start=$(date +%s%N)
+                t0=$EPOCHREALTIME
                 "${bins[$i]}" --config "$W/$c.json" hook prestart < "$W/state.json"
-                total[$i$c]=$(( ${total[$i$c]:-0} + $(date +%s%N) - start ))
+                t1=$EPOCHREALTIME
+                echo $(( ${t1/./} - ${t0/./} )) >> "$W/times.$i.$c"
             done
         done
     done
+    stats() { sort -n "$1" | awk '{a[NR]=$1} END {printf "%d %d %d", a[int((NR+1)/2)], a[int(NR*0.1+0.5)], a[int(NR*0.9+0.5)]}'; }
     for i in "${!bins[@]}"; do
         for c in with without; do
-            echo "${bins[$i]}: $c pcie: $(( ${total[$i$c]} / RUNS / 1000 )) us per prestart (mean of $RUNS, interleaved)"
+            set -- $(stats "$W/times.$i.$c")
+            echo "${bins[$i]}: $c pcie: median $1 us (p10 $2, p90 $3) of $RUNS, interleaved"
+            eval "med_$c=$1"
         done
-        echo "${bins[$i]}: ratio with/without: $(( ${total[${i}with]} * 100 / ${total[${i}without]} ))%"
+        echo "${bins[$i]}: ratio of medians with/without: $(awk -v a="$med_with" -v b="$med_without" 'BEGIN {printf "%.3f", a / b}')"
     done
 fi
