@@ -531,6 +531,17 @@ pub(crate) mod tests {
         };
         let bytes = serde_json::to_vec(&a).unwrap();
         assert_eq!(decode(&bytes).unwrap(), a);
+        // the replay counter as the query process writes it, and an answer without it
+        let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/nvml_answer");
+        let replay = |file: &str| match decode(&std::fs::read(seeds.join(file)).unwrap()) {
+            Ok(Answer::Gpus { gpus, .. }) => gpus[0].pcie_replay.clone(),
+            other => panic!("{file}: {other:?}"),
+        };
+        assert_eq!(replay("pcie-replay-counted.json"), Reading::Value(37));
+        assert_eq!(
+            replay("one-gpu-remap-pending.json"),
+            Reading::NotSupported("not in the answer".into())
+        );
         let f = Answer::Failed("cannot load x".into());
         assert_eq!(decode(&serde_json::to_vec(&f).unwrap()).unwrap(), f);
         let many = Answer::Gpus {
