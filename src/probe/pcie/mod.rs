@@ -21,6 +21,12 @@
 //! Sysfs is outside input: every read is bounded (`read_attr`), and a file that does not
 //! parse makes the verdict unknown, naming the file and the function.
 
+mod aer;
+mod rules;
+
+pub use aer::{parse_aer, read_aer};
+pub use rules::{advance, judge_aer, judge_replay};
+
 use crate::fsutil::read_attr;
 use crate::model::class::Class;
 use crate::model::clock;
@@ -30,7 +36,9 @@ use crate::probe::nvidia::nvml::{Reading, LOST};
 use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
 use crate::probe::{Findings, Probe};
-use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline, ReplayCount};
+use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline};
+use aer::shorten;
+use rules::next_baseline;
 use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -38,75 +46,6 @@ use std::path::{Path, PathBuf};
 /// No PCIe link is wider than x32; the kernel reads x63 (all ones) from a function that
 /// no longer answers config reads.
 const MAX_WIDTH: u32 = 32;
-/// An AER file has under 30 lines; more is not the kernel's.
-const MAX_AER_LINES: usize = 64;
-
-fn shorten(s: &str) -> String {
-    s.chars().take(64).collect()
-}
-
-/// One AER counter file: lines `NAME COUNT`, where NAME may hold spaces (kernels before
-/// 5.x print `Receiver Error 2`, later ones `RxErr 2`, and `…_bit[N] 1` for unnamed bits),
-/// ending with `TOTAL_ERR_COR` / `TOTAL_ERR_NONFATAL` / `TOTAL_ERR_FATAL`. The total is
-/// the answer; without one, the lines are summed.
-pub fn parse_aer(text: &str, total_key: &str) -> Result<u64, String> {
-    let mut sum: u64 = 0;
-    let mut seen = false;
-    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
-        if i >= MAX_AER_LINES {
-            return Err(format!("more than {MAX_AER_LINES} lines"));
-        }
-        let line = line.trim();
-        let Some((name, count)) = line.rsplit_once(|c: char| c.is_ascii_whitespace()) else {
-            return Err(format!("unexpected line {:?}", shorten(line)));
-        };
-        let name = name.trim_end();
-        if name.is_empty() {
-            return Err(format!("unexpected line {:?}", shorten(line)));
-        }
-        let n: u64 = count
-            .parse()
-            .map_err(|_| format!("bad count {:?} for {:?}", shorten(count), shorten(name)))?;
-        if name == total_key {
-            return Ok(n);
-        }
-        sum = sum.saturating_add(n);
-        seen = true;
-    }
-    if seen {
-        Ok(sum)
-    } else {
-        Err("empty".into())
-    }
-}
-
-/// A PCI function's three AER totals; None where the kernel reports no AER for it
-/// (no `aer_dev_fatal`: AER not supported, or a kernel before 4.19).
-pub fn read_aer(pci: &Path) -> Option<Result<AerCounts, String>> {
-    let fatal = read_attr(&pci.join("aer_dev_fatal")).ok()?;
-    let one = |file: &str, key: &str, text: Option<String>| match text {
-        None => Ok(0),
-        Some(t) => parse_aer(&t, key).map_err(|e| format!("{file}: {e}")),
-    };
-    let read = |file: &str| read_attr(&pci.join(file)).ok();
-    let counts = (|| {
-        Ok(AerCounts {
-            fatal: one("aer_dev_fatal", "TOTAL_ERR_FATAL", Some(fatal))?,
-            nonfatal: one(
-                "aer_dev_nonfatal",
-                "TOTAL_ERR_NONFATAL",
-                read("aer_dev_nonfatal"),
-            )?,
-            correctable: one(
-                "aer_dev_correctable",
-                "TOTAL_ERR_COR",
-                read("aer_dev_correctable"),
-            )?,
-        })
-    })();
-    Some(counts)
-}
-
 fn name_of(pci: &Path) -> String {
     pci.file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -195,79 +134,6 @@ pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
         ),
         None => format!("PCIe link of {name} is x{cur}, below its maximum x{max}"),
     })
-}
-
-/// Counters lower than the baseline restarted (a reboot, a reset, a hot-plug): the
-/// baseline is retaken, nothing is judged against the old one.
-fn restarted(now: &AerCounts, base: &AerCounts) -> bool {
-    now.fatal < base.fatal || now.nonfatal < base.nonfatal || now.correctable < base.correctable
-}
-
-/// The rule, pure: a rise of the fatal count since the baseline is unhealthy; of the
-/// non-fatal or correctable count, a warning. No baseline yet: nothing to judge.
-pub fn judge_aer(name: &str, now: &AerCounts, base: Option<&PcieBaseline>) -> Verdict {
-    let Some((b, aer)) = base.and_then(|b| Some((b, b.aer?))) else {
-        return Verdict::Healthy;
-    };
-    if restarted(now, &aer) {
-        return Verdict::Healthy;
-    }
-    let since = clock::rfc3339(b.time_unix);
-    let rise = |what: &str, was: u64, is: u64| {
-        let n = is - was;
-        format!(
-            "PCIe AER: {n} {what} error{} on {name} since {since} ({was} -> {is})",
-            if n == 1 { "" } else { "s" }
-        )
-    };
-    let mut findings = Vec::new();
-    if now.fatal > aer.fatal {
-        findings.push(Verdict::Unhealthy(rise("fatal", aer.fatal, now.fatal)));
-    }
-    if now.nonfatal > aer.nonfatal {
-        findings.push(Verdict::Warn(rise("non-fatal", aer.nonfatal, now.nonfatal)));
-    }
-    if now.correctable > aer.correctable {
-        findings.push(Verdict::Warn(rise(
-            "correctable",
-            aer.correctable,
-            now.correctable,
-        )));
-    }
-    match Verdict::worst(findings) {
-        Verdict::NotApplicable(_) => Verdict::Healthy,
-        v => v,
-    }
-}
-
-/// The replay rule, pure: a rise since the baseline warns, as a correctable AER error does
-/// (a replay is the link recovering from an error by sending again). No baseline yet, or
-/// a count below it (the driver reloaded, the GPU was reset): nothing to judge.
-pub fn judge_replay(name: &str, now: u64, base: Option<&PcieBaseline>) -> Verdict {
-    match base.and_then(|b| b.replay) {
-        Some(b) if now > b.count => {
-            let n = now - b.count;
-            Verdict::Warn(format!(
-                "PCIe replay counter: {n} replay{} on {name} since {} ({} -> {now})",
-                if n == 1 { "" } else { "s" },
-                clock::rfc3339(b.time_unix),
-                b.count
-            ))
-        }
-        _ => Verdict::Healthy,
-    }
-}
-
-/// The baseline after a gate: the counts now, except that a fatal rise is kept unmoved so
-/// that it goes on counting until the counters restart or the operator removes the file.
-pub fn advance(now: &AerCounts, base: Option<&AerCounts>) -> AerCounts {
-    match base {
-        Some(b) if !restarted(now, b) => AerCounts {
-            fatal: b.fatal,
-            ..*now
-        },
-        _ => *now,
-    }
 }
 
 /// What the probe read of one PCI function: the stages after it (the baseline move, the
@@ -434,48 +300,6 @@ impl Probe for PcieProbe<'_> {
     }
 }
 
-/// The baseline to store after a gate that read `seen`, from the one stored before (`old`);
-/// None when there is nothing to store.
-fn next_baseline(
-    seen: &FunctionSeen,
-    old: Option<&PcieBaseline>,
-    now_unix: u64,
-) -> Option<PcieBaseline> {
-    let old_aer = old.and_then(|b| b.aer);
-    let aer = match &seen.aer {
-        Some(Ok(now)) => Some(advance(now, old_aer.as_ref())),
-        _ => old_aer,
-    };
-    let time_unix = match (old, &seen.aer) {
-        (Some(o), _) if aer == old_aer => o.time_unix,
-        // While a fatal rise stands, "since" keeps naming when it was taken.
-        (Some(o), Some(Ok(now))) if aer.is_some_and(|a| a.fatal < now.fatal) => o.time_unix,
-        _ => now_unix,
-    };
-    // The replay counter only ever warns: it moves to the count read.
-    let old_replay = old.and_then(|b| b.replay);
-    let replay = match &seen.replay {
-        Some(Reading::Value(n)) => Some(match old_replay {
-            Some(r) if r.count == u64::from(*n) => r,
-            _ => ReplayCount {
-                count: u64::from(*n),
-                time_unix: now_unix,
-            },
-        }),
-        _ => old_replay,
-    };
-    if aer.is_none() && replay.is_none() {
-        return None;
-    }
-    let next = PcieBaseline {
-        function: seen.name.clone(),
-        time_unix,
-        aer,
-        replay,
-    };
-    (old != Some(&next)).then_some(next)
-}
-
 /// After a gate: moves the baselines of the functions behind `judged` and their upstream
 /// ports (`advance`) to what the probe read of them (`Findings::pcie`), so that an error
 /// counted after that read is a rise at the next start; a device the probe did not run on
@@ -519,6 +343,7 @@ mod tests {
     use super::*;
     use crate::model::device::{DevNum, DevType, Source};
     use crate::probe::sysfs::tests::Tree;
+    use crate::store::pcie::ReplayCount;
     use std::os::unix::fs::symlink;
 
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sysfs-aer");
