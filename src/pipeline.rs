@@ -262,7 +262,7 @@ pub(crate) fn gate_with(
     warnings.extend(selector_warnings);
     let in_use = record::in_use(&decisions, &applied.remaps);
     let used = with_findings(&decisions, &in_use, &findings);
-    // What this start judged becomes the PCIe AER baseline of the next (probe::pcie).
+    // What this start judged becomes the PCIe baseline of the next (probe::pcie).
     let mut judged: Vec<(&Device, Option<&Findings>)> = decisions
         .iter()
         .map(|d| &d.device)

@@ -339,6 +339,17 @@ pub(crate) mod tests {
             pci_dir_for(&t.0, &dev(DevType::Block, 8, 16)).unwrap(),
             fs::canonicalize(&pci).unwrap()
         );
+        // what the probe found is what pci_dir_for finds, for the pcie probe and the start
+        // snapshot to take instead of walking the tree again
+        for minor in [16, 17] {
+            let d = dev(DevType::Block, 8, minor);
+            let mut found = Findings::default();
+            p.check(&d, &mut found);
+            assert_eq!(found.device_pci, Some(pci_dir_for(&t.0, &d)), "8:{minor}");
+        }
+        let mut found = Findings::default();
+        p.check(&dev(DevType::Char, 9, 9), &mut found);
+        assert_eq!(found.device_pci, Some(None), "no sysfs entry: no function");
     }
 
     #[test]

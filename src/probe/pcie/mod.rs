@@ -696,6 +696,41 @@ mod tests {
         fs::remove_dir_all(&t.0).unwrap();
     }
 
+    #[test]
+    fn the_pcie_probe_takes_the_function_the_sysfs_probe_found() {
+        let (t, _port, func) = gpu_tree("pcie-found");
+        t.write(&func, "current_link_width", "8\n");
+        t.write(&func, "max_link_width", "16\n");
+        // a device with no sysfs entry of its own: only the finding names its function
+        let d = Device {
+            class: "char".into(),
+            ..gpu_device()
+        };
+        let p = PcieProbe::new(&t.0, &t.0.join("state"), None);
+        let mut found = Findings::default();
+        assert_eq!(p.check(&d, &mut found).status(), "not_applicable");
+        assert_eq!(found.pcie, Some(Vec::new()));
+        let mut found = Findings {
+            device_pci: Some(Some(func.clone())),
+            ..Findings::default()
+        };
+        let v = PcieProbe::new(&t.0, &t.0.join("state"), None).check(&d, &mut found);
+        assert!(
+            v.reason()
+                .unwrap()
+                .starts_with("pcie: PCIe link of 0000:3b:00.0 is x8"),
+            "{v:?}"
+        );
+        // the sysfs probe found none: none, without a walk of its own
+        let mut found = Findings {
+            device_pci: Some(None),
+            ..Findings::default()
+        };
+        let v = PcieProbe::new(&t.0, &t.0.join("state"), None).check(&d, &mut found);
+        assert_eq!(v, Verdict::NotApplicable("no PCI function".into()));
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
     fn with_replay(c: u64, time_unix: u64) -> PcieBaseline {
         PcieBaseline {
             replay: Some(ReplayCount {
