@@ -69,9 +69,10 @@ bench-gate: build
 bench-nvml: build
 	./benches/nvml.sh $(BIN)
 
-# 8 GPUs with and without the pcie probe's sysfs reads and baselines (benches/pcie.sh).
+# 8 GPUs with and without the pcie probe's sysfs reads and baselines (benches/pcie.sh);
+# BASE=path/to/older/devgate measures that build beside this one in the same run.
 bench-pcie: build
-	./benches/pcie.sh $(BIN)
+	./benches/pcie.sh $(BIN) $(or $(RUNS),200) $(BASE)
 
 # status, check and metrics with 10,000 start and 10,000 exit records on disk (root).
 bench-state: build

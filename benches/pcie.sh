@@ -5,13 +5,18 @@
 # reads the widths and AER counters of 16 functions and the stored baselines and the gate
 # moves them; "without" points sysfs_root at an empty tree, where the same probe finds no
 # function. Same devices, same NVML and XID work. Needs root (mknod). Uses hyperfine when
-# installed, else a plain loop.
+# installed, else a plain loop. Beside the wall clock it prints, where valgrind and strace
+# are installed, the hook process's instructions (callgrind) and how many files under the
+# sysfs tree and the baselines one prestart opens (every process, NVML children included).
+# BASE, a second devgate binary (an older build), is measured the same way in the same run,
+# interleaved with BIN.
 #
-#   benches/pcie.sh [path/to/devgate] [runs]
+#   benches/pcie.sh [path/to/devgate] [runs] [BASE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/devgate}
 RUNS=${2:-200}
+BASE=${3:-}
 [ -x "$BIN" ] || cargo build --release --locked
 cargo build --quiet --locked --manifest-path tests/fake-nvml/Cargo.toml --target-dir target/fake-nvml --release
 LIB=$PWD/target/fake-nvml/release/libfake_nvml.so
@@ -52,29 +57,66 @@ echo "{$common,\"sysfs_root\":\"$W/empty-sys\"}" > "$W/without.json"
 echo "{\"ociVersion\":\"1.0.2\",\"id\":\"bench\",\"status\":\"creating\",\"pid\":1,\"bundle\":\"$W/bundle\"}" > "$W/state.json"
 export FAKE_NVML_CONFIG=$W/fake.json
 
+bins=("$BIN")
+[ -z "$BASE" ] || bins+=("$BASE")
 # Both must allow without a word; a bench of a failing path measures the wrong thing.
-for c in with without; do
-    out=$("$BIN" --config "$W/$c.json" hook prestart < "$W/state.json" 2>&1) || { echo "prestart failed ($c): $out" >&2; exit 1; }
-    [ -z "$out" ] || { echo "prestart said something ($c): $out" >&2; exit 1; }
+for b in "${bins[@]}"; do
+    for c in with without; do
+        out=$("$b" --config "$W/$c.json" hook prestart < "$W/state.json" 2>&1) || { echo "prestart failed ($b, $c): $out" >&2; exit 1; }
+        [ -z "$out" ] || { echo "prestart said something ($b, $c): $out" >&2; exit 1; }
+    done
 done
 [ "$(ls "$W/state/pcie" | wc -l)" = 16 ] || { echo "expected 16 baselines" >&2; exit 1; }
 
-if command -v hyperfine >/dev/null; then
-    hyperfine --warmup 20 --runs "$RUNS" --shell=sh \
-        -n "8 GPUs, pcie probe on 16 functions" "$BIN --config $W/with.json hook prestart < $W/state.json" \
-        -n "8 GPUs, no PCI function found" "$BIN --config $W/without.json hook prestart < $W/state.json"
-else
-    # Interleaved, so that load from elsewhere falls on both alike.
-    declare -A total=([with]=0 [without]=0)
-    for _ in $(seq "$RUNS"); do
+# Steady state: the baselines exist and do not move.
+for b in "${bins[@]}"; do
+    echo "$b:"
+    if command -v valgrind >/dev/null; then
         for c in with without; do
-            start=$(date +%s%N)
-            "$BIN" --config "$W/$c.json" hook prestart < "$W/state.json"
-            total[$c]=$(( ${total[$c]} + $(date +%s%N) - start ))
+            rm -f "$W"/cg.*
+            # NVML's query processes are forked, and valgrind follows them: the hook is the
+            # first pid.
+            valgrind --tool=callgrind --callgrind-out-file=/dev/null --log-file="$W/cg.%p" \
+                "$b" --config "$W/$c.json" hook prestart < "$W/state.json"
+            first=$(ls "$W"/cg.* | sort -t. -k2 -n | head -1)
+            echo "  $c pcie: $(sed -n 's/.*Collected : //p' "$first") instructions (hook process)"
+        done
+    fi
+    if command -v strace >/dev/null; then
+        strace -f -qq -e trace=openat,readlink,readlinkat -o "$W/trace" \
+            "$b" --config "$W/with.json" hook prestart < "$W/state.json"
+        opens() { grep 'openat(' "$W/trace" | grep -c "$1" || true; }
+        echo "  with pcie, files opened: $(opens "$W/sys/") under sysfs ($(opens '/aer_dev_') AER counter files, $(opens '/vendor"') vendor), $(opens "$W/state/pcie/") baselines; $(grep -c 'readlink' "$W/trace" | tr -d ' ') readlinks in all"
+    fi
+done
+
+if command -v hyperfine >/dev/null; then
+    args=()
+    for b in "${bins[@]}"; do
+        args+=(-n "$b: 8 GPUs, pcie probe on 16 functions" "$b --config $W/with.json hook prestart < $W/state.json"
+               -n "$b: 8 GPUs, no PCI function found" "$b --config $W/without.json hook prestart < $W/state.json")
+    done
+    hyperfine --warmup 20 --runs "$RUNS" --shell=sh "${args[@]}"
+else
+    # Interleaved, so that load from elsewhere falls on every case alike; each run's time
+    # is kept, for the median and the p10-p90 spread (a mean takes every neighbour's spike).
+    for _ in $(seq "$RUNS"); do
+        for i in "${!bins[@]}"; do
+            for c in with without; do
+                t0=$EPOCHREALTIME
+                "${bins[$i]}" --config "$W/$c.json" hook prestart < "$W/state.json"
+                t1=$EPOCHREALTIME
+                echo $(( ${t1/./} - ${t0/./} )) >> "$W/times.$i.$c"
+            done
         done
     done
-    for c in with without; do
-        echo "$c pcie: $(( ${total[$c]} / RUNS / 1000 )) us per prestart (mean of $RUNS, interleaved)"
+    stats() { sort -n "$1" | awk '{a[NR]=$1} END {printf "%d %d %d", a[int((NR+1)/2)], a[int(NR*0.1+0.5)], a[int(NR*0.9+0.5)]}'; }
+    for i in "${!bins[@]}"; do
+        for c in with without; do
+            set -- $(stats "$W/times.$i.$c")
+            echo "${bins[$i]}: $c pcie: median $1 us (p10 $2, p90 $3) of $RUNS, interleaved"
+            eval "med_$c=$1"
+        done
+        echo "${bins[$i]}: ratio of medians with/without: $(awk -v a="$med_with" -v b="$med_without" 'BEGIN {printf "%.3f", a / b}')"
     done
-    echo "ratio with/without: $(( ${total[with]} * 100 / ${total[without]} ))%"
 fi

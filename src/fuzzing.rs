@@ -248,8 +248,8 @@ pub fn nvml_answer(data: &[u8]) {
 /// A sysfs AER counter file (`aer_dev_correctable`, `…_nonfatal`, `…_fatal`), then the
 /// baseline rule over what it parsed to.
 pub fn aer_counters(data: &[u8]) {
-    use crate::probe::pcie::{advance, judge_aer, parse_aer};
-    use crate::store::pcie::{AerCounts, PcieBaseline};
+    use crate::probe::pcie::{advance, judge_aer, judge_replay, parse_aer};
+    use crate::store::pcie::{AerCounts, PcieBaseline, ReplayCount};
     // as read_attr hands it over: at most 4096 bytes, lossy UTF-8, trimmed
     let text = String::from_utf8_lossy(&data[..data.len().min(4096)]);
     let text = text.trim();
@@ -267,18 +267,24 @@ pub fn aer_counters(data: &[u8]) {
             nonfatal: n / 2,
             fatal: n / (i as u64 + 1),
         };
+        let aer = AerCounts {
+            correctable: n / 3,
+            nonfatal: n,
+            fatal: n / 2,
+        };
         let base = PcieBaseline {
             function: "0000:3b:00.0".into(),
             time_unix: n,
-            aer: AerCounts {
-                correctable: n / 3,
-                nonfatal: n,
-                fatal: n / 2,
-            },
+            aer: Some(aer),
+            replay: Some(ReplayCount {
+                count: n / 2,
+                time_unix: n,
+            }),
         };
         let _ = judge_aer("0000:3b:00.0", &now, Some(&base));
-        let next = advance(&now, Some(&base.aer));
-        assert!(next.correctable <= now.correctable && next.fatal <= now.fatal.max(base.aer.fatal));
+        let _ = judge_replay("0000:3b:00.0", n, Some(&base));
+        let next = advance(&now, Some(&aer));
+        assert!(next.correctable <= now.correctable && next.fatal <= now.fatal.max(aer.fatal));
     }
 }
 

@@ -22,7 +22,7 @@ use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
 use crate::probe::nvidia::{self, GpuContext};
-use crate::probe::{pcie, probe_all};
+use crate::probe::{pcie, probe_all, Findings, Probed};
 use crate::report::fault::{self, Fault};
 use crate::report::record::{self, Decision, ExitRecord, PodInfo, StopLine};
 use crate::report::termination;
@@ -255,23 +255,29 @@ pub(crate) fn gate_with(
         });
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let verdicts = probe_all(config, &ledger, &devices, gpu.as_ref());
+    let Probed { verdicts, findings } = probe_all(config, &ledger, &devices, gpu.as_ref());
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = policy::summarize(&decisions);
     warnings.extend(selector_warnings);
-    // What this start judged becomes the PCIe AER baseline of the next (probe::pcie).
-    let mut judged: Vec<Device> = decisions.iter().map(|d| d.device.clone()).collect();
-    judged.extend(record::in_use(&decisions, &applied.remaps));
+    let in_use = record::in_use(&decisions, &applied.remaps);
+    let used = with_findings(&decisions, &in_use, &findings);
+    // What this start judged becomes the PCIe baseline of the next (probe::pcie).
+    let mut judged: Vec<(&Device, Option<&Findings>)> = decisions
+        .iter()
+        .map(|d| &d.device)
+        .zip(findings.iter().map(Some))
+        .collect();
+    judged.extend(used.iter().filter(|(_, f)| f.is_none()));
     pcie::advance_baselines(&config.sysfs_root, &config.state_dir, &judged, gpu.as_ref());
 
     let (time_unix, time) = clock::now();
     let snapshot = (action != Action::Reject).then(|| Snapshot {
         time_unix,
         kmsg_seq: gpu.as_ref().and_then(GpuContext::next_kmsg_seq),
-        devices: record::in_use(&decisions, &applied.remaps)
+        devices: used
             .iter()
-            .map(|d| counters::snapshot_of(config, &ledger, d, gpu.as_ref()))
+            .map(|(d, f)| counters::snapshot_of(config, &ledger, d, gpu.as_ref(), *f))
             .collect(),
     });
     let decision = Decision {
@@ -302,6 +308,21 @@ pub(crate) fn gate_with(
         reply.stderr.extend(message);
     }
     Ok(reply)
+}
+
+/// The devices in use, each with what the probes found of it: none for a spare the remap
+/// put in (probed by the remap; the stages after the probes read it again).
+fn with_findings<'a>(
+    decisions: &[DeviceDecision],
+    in_use: &'a [Device],
+    findings: &'a [Findings],
+) -> Vec<(&'a Device, Option<&'a Findings>)> {
+    in_use
+        .iter()
+        .zip(decisions)
+        .zip(findings)
+        .map(|((u, d), f)| (u, (u.num == d.device.num).then_some(f)))
+        .collect()
 }
 
 /// A gate's record with no devices, snapshot or remaps yet; `now` is the decision's time.
@@ -369,7 +390,7 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     let gpu = GpuContext::for_devices(&config, &devices);
     let now: Vec<DeviceSnapshot> = devices
         .iter()
-        .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref()))
+        .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
         .collect();
     let xids = gpu.as_ref().map(fault::xid_reports).unwrap_or_default();
     let faults = fault::diff(start, &now, &xids);

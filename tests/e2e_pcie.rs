@@ -1,8 +1,9 @@
 //! The PCIe link end to end under the real runc (issue 12, item 4): a GPU whose link sits
 //! at generation 1 of 5 while idle starts without a word, and a GPU whose AER fatal count
 //! rose since the baseline devgate stored at the last start is refused, until the
-//! operator removes that baseline. The GPU is the fake NVML's GPU 1 (bus 0x3b); sysfs is a
-//! temp tree laid out as the kernel lays it out.
+//! operator removes that baseline; a GPU whose NVML PCIe replay counter rose since the last
+//! start is warned about once, as a correctable AER error is. The GPU is the fake NVML's
+//! GPU 1 (bus 0x3b); sysfs is a temp tree laid out as the kernel lays it out.
 
 mod common;
 use common::fake_nvml::*;
@@ -157,4 +158,68 @@ fn runc_starts_an_idle_gpu_quietly_and_refuses_one_whose_aer_fatal_count_rose() 
     let out = runtime_run("runc", &b, &unique_id("port-again"));
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(env.decisions().pop().unwrap()["action"], "allow");
+}
+
+/// GPU 1 idle, with NVML's replay counter at `count` (None: the GPU does not support it,
+/// and the fake answers NOT_SUPPORTED).
+fn replay_scenario(dir: &Path, count: Option<u64>) -> PathBuf {
+    let mut pcie = json!({"gen": 1, "max_gen": 5, "width": 16, "max_width": 16});
+    if let Some(n) = count {
+        pcie["replay_counter"] = json!(n);
+    }
+    let name = format!("replay-{}", count.map_or("none".into(), |n| n.to_string()));
+    write_scenario(dir, &name, &node_with(1, json!({ "pcie": pcie })))
+}
+
+#[test]
+fn runc_warns_once_when_a_gpus_pcie_replay_counter_rose_since_the_last_start() {
+    require_root!();
+    let node = GpuNode::new("e2e-pcie-replay");
+    let sys = node.dir.join("sys");
+    sysfs_tree(&sys);
+    let mut cfg = node.config();
+    cfg["sysfs_root"] = json!(sys);
+    // an unknown would refuse the start: "not judged" must not be one
+    cfg["policy"] = json!({"on_unknown": "reject"});
+    let env = Env::with("e2e-pcie-replay", cfg);
+    let start = |tag: &str, count: Option<u64>| {
+        let b = gpu_bundle(
+            &env,
+            &format!("replay-{tag}"),
+            &replay_scenario(&node.dir, count),
+        );
+        let out = runtime_run("runc", &b, &unique_id(tag));
+        let all = text(&out);
+        assert!(out.status.success(), "{tag}: {all}");
+        assert_eq!(fs::read_to_string(b.marker()).unwrap(), "ran\n", "{tag}");
+        env.decisions().pop().unwrap()
+    };
+
+    // cumulative since the driver loaded: the first start takes 40 as the baseline and
+    // judges nothing by it
+    assert_eq!(start("first", Some(40))["action"], "allow");
+    let stored: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.dir.join("state/pcie/0000:3b:00.0.json")).unwrap())
+            .unwrap();
+    assert_eq!(stored["replay"]["count"], 40, "{stored}");
+
+    // 12 replays since: the start goes ahead with a warning, as for a correctable AER error
+    // (runc shows a hook's stderr only when it fails: the decision log has it)
+    let d = start("rose", Some(52));
+    assert_eq!(d["action"], "warn", "{d}");
+    let text = d.to_string();
+    assert!(
+        text.contains("pcie: PCIe replay counter: 12 replays on 0000:3b:00.0 since ")
+            && text.contains(" (40 -> 52)"),
+        "{d}"
+    );
+    // once: the baseline moved past them
+    assert_eq!(start("same", Some(52))["action"], "allow");
+
+    // a GPU or driver without the counter (NOT_SUPPORTED): not judged, not unknown, and the
+    // stored count waits for when NVML answers again
+    assert_eq!(start("unsupported", None)["action"], "allow");
+    let d = start("again", Some(53));
+    assert_eq!(d["action"], "warn", "{d}");
+    assert!(d.to_string().contains(" (52 -> 53)"), "{d}");
 }

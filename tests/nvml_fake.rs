@@ -1466,6 +1466,30 @@ mod direct {
     }
 
     #[test]
+    fn the_replay_counter_answers_through_its_pointer_or_not_supported() {
+        let mut scenario = node_of_with(2, 1, json!({}));
+        scenario["gpus"][0]["pcie"] = json!({"gen": 4, "max_gen": 4, "width": 16, "max_width": 16});
+        scenario["gpus"][1]["pcie"]["replay_counter"] = json!(4_000_000_000u64);
+        let f = fake("nvml-replay", scenario);
+        let nvml = f.nvml();
+        // a GPU whose scenario has no counter: NOT_SUPPORTED, as a GPU without one answers
+        let without = nvml.device_by_pci_bus_id(bus(0)).unwrap();
+        assert!(
+            matches!(without.pcie_replay_counter(), Err(NvmlError::NotSupported)),
+            "{:?}",
+            without.pcie_replay_counter()
+        );
+        // an unsigned int, as nvml.h declares it
+        let with = nvml.device_by_pci_bus_id(bus(1)).unwrap();
+        assert_eq!(with.pcie_replay_counter().unwrap(), 4_000_000_000);
+        assert!(
+            f.logged("nvmlDeviceGetPcieReplayCounter", &bus(1)),
+            "{:?}",
+            f.calls()
+        );
+    }
+
+    #[test]
     fn recovery_action_and_drain_state_read_as_nvml_defines_them() {
         let actions = [
             recovery::NONE,

@@ -63,7 +63,7 @@ pub fn healthy_spares(
         }
     };
     let mut ok = Vec::new();
-    let verdicts = probe::probe_all(config, ledger, &devices, gpu);
+    let verdicts = probe::probe_all(config, ledger, &devices, gpu).verdicts;
     for dec in policy::decide_all(devices, verdicts, &config.policy) {
         let bad: Vec<&str> = dec
             .verdicts

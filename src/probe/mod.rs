@@ -1,5 +1,12 @@
 //! Health probes. Each probe looks at one aspect of one device and returns a verdict;
 //! probes never call each other, and [`probe_all`] runs every probe on every device.
+//!
+//! What a probe read on the way (the node's stat, the PCI function behind the device, its
+//! AER counters) it writes into the device's [`Findings`], kept beside the verdicts: a
+//! later probe of the same device and the stages after the probes (the PCIe baseline move,
+//! the start snapshot) take it from there instead of reading sysfs again, so each file is
+//! read once per start. Whoever finds a field empty (its probe did not run, as for a spare
+//! the remap probed on its own) reads it itself.
 
 pub(crate) mod counters;
 pub(crate) mod node;
@@ -18,22 +25,48 @@ use nvidia::xid::XidProbe;
 use nvidia::GpuContext;
 use pcie::PcieProbe;
 use quarantine::QuarantineProbe;
+use std::path::PathBuf;
 use sysfs::SysfsProbe;
 
 pub trait Probe {
     fn name(&self) -> &'static str;
-    fn check(&self, device: &Device) -> Verdict;
+    /// The verdict on `device`; what the probe read that later stages use goes into
+    /// `found`, and what an earlier probe put there may be used instead of reading again.
+    fn check(&self, device: &Device, found: &mut Findings) -> Verdict;
+}
+
+/// What the probes read about one device. Each field is None until the probe that reads
+/// it ran on the device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Findings {
+    /// The node probe: the host node is there and is this device's.
+    pub node_present: Option<bool>,
+    /// The sysfs probe: the PCI function behind the device by the kernel's device model
+    /// (`Some(None)`: none, a virtual device or no sysfs entry).
+    pub device_pci: Option<Option<PathBuf>>,
+    /// The pcie probe: the functions it judged, the device's own first, then its upstream
+    /// port; empty when the device has no PCI function.
+    pub pcie: Option<Vec<pcie::FunctionSeen>>,
+}
+
+/// The probes' verdicts per device, and beside them what they read, in device order.
+#[derive(Debug, Default)]
+pub struct Probed {
+    pub verdicts: Vec<Vec<ProbeResult>>,
+    pub findings: Vec<Findings>,
 }
 
 /// Runs every probe on one device, in order.
-pub fn run_all(probes: &[&dyn Probe], device: &Device) -> Vec<ProbeResult> {
-    probes
+pub fn run_all(probes: &[&dyn Probe], device: &Device) -> (Vec<ProbeResult>, Findings) {
+    let mut found = Findings::default();
+    let verdicts = probes
         .iter()
         .map(|p| ProbeResult {
             probe: p.name().to_string(),
-            verdict: p.check(device),
+            verdict: p.check(device, &mut found),
         })
-        .collect()
+        .collect();
+    (verdicts, found)
 }
 
 /// Runs every probe on every device. The probe list is built once per call; the NVML and
@@ -44,21 +77,15 @@ pub fn probe_all(
     ledger: &Ledger,
     devices: &[Device],
     gpu: Option<&GpuContext>,
-) -> Vec<Vec<ProbeResult>> {
+) -> Probed {
     let node = NodeProbe {
         dev_root: config.dev_root.clone(),
     };
-    let sysfs = SysfsProbe {
-        sysfs_root: config.sysfs_root.clone(),
-    };
+    let sysfs = SysfsProbe::new(&config.sysfs_root);
     let quarantine = QuarantineProbe { ledger };
     let nvidia = devices.iter().any(|d| d.class.is_nvidia());
     let gpu = gpu.filter(|_| nvidia);
-    let pcie = PcieProbe {
-        sysfs_root: config.sysfs_root.clone(),
-        state_dir: config.state_dir.clone(),
-        gpu,
-    };
+    let pcie = PcieProbe::new(&config.sysfs_root, &config.state_dir, gpu);
     let nvml_probe = gpu.map(|g| NvmlProbe {
         answer: &g.nvml,
         limits: g.limits,
@@ -77,5 +104,6 @@ pub fn probe_all(
     if let Some(p) = &xid_probe {
         probes.push(p);
     }
-    devices.iter().map(|d| run_all(&probes, d)).collect()
+    let (verdicts, findings) = devices.iter().map(|d| run_all(&probes, d)).unzip();
+    Probed { verdicts, findings }
 }

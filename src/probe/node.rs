@@ -3,7 +3,7 @@
 
 use crate::model::device::{DevNum, Device};
 use crate::model::verdict::Verdict;
-use crate::probe::Probe;
+use crate::probe::{Findings, Probe};
 use std::io;
 use std::path::PathBuf;
 
@@ -16,7 +16,16 @@ impl Probe for NodeProbe {
         "node"
     }
 
-    fn check(&self, device: &Device) -> Verdict {
+    fn check(&self, device: &Device, found: &mut Findings) -> Verdict {
+        let verdict = self.judge(device);
+        // The start snapshot's "node present" is this stat's answer.
+        found.node_present = Some(verdict == Verdict::Healthy);
+        verdict
+    }
+}
+
+impl NodeProbe {
+    fn judge(&self, device: &Device) -> Verdict {
         let Some(host) = &device.host_path else {
             return Verdict::Unhealthy(format!(
                 "no device node {} {} under {}",
@@ -79,21 +88,27 @@ mod tests {
         let p = NodeProbe {
             dev_root: "/dev".into(),
         };
-        assert_eq!(p.check(&dev(Some("/dev/null"), 1, 3)), Verdict::Healthy);
         assert_eq!(
-            p.check(&dev(Some("/dev/null"), 1, 5)),
+            p.check(&dev(Some("/dev/null"), 1, 3), &mut Findings::default()),
+            Verdict::Healthy
+        );
+        assert_eq!(
+            p.check(&dev(Some("/dev/null"), 1, 5), &mut Findings::default()),
             Verdict::Unhealthy("/dev/null is 1:3, expected 1:5".into())
         );
         assert_eq!(
-            p.check(&dev(Some("/nonexistent/nvidia9"), 195, 9)),
+            p.check(
+                &dev(Some("/nonexistent/nvidia9"), 195, 9),
+                &mut Findings::default()
+            ),
             Verdict::Unhealthy("device node /nonexistent/nvidia9 is gone".into())
         );
         assert_eq!(
-            p.check(&dev(Some("/etc/hostname"), 1, 3)),
+            p.check(&dev(Some("/etc/hostname"), 1, 3), &mut Findings::default()),
             Verdict::Unhealthy("/etc/hostname is not a device node".into())
         );
         assert_eq!(
-            p.check(&dev(None, 195, 9)),
+            p.check(&dev(None, 195, 9), &mut Findings::default()),
             Verdict::Unhealthy("no device node c 195:9 under /dev".into())
         );
     }
@@ -110,7 +125,7 @@ mod tests {
             dev_root: d.clone(),
         };
         let host = d.join("shm/null");
-        let v = p.check(&dev(host.to_str(), 1, 3));
+        let v = p.check(&dev(host.to_str(), 1, 3), &mut Findings::default());
         assert_ne!(
             v,
             Verdict::Healthy,

@@ -3,7 +3,7 @@
 use crate::model::device::Device;
 use crate::model::text::one_line;
 use crate::model::verdict::Verdict;
-use crate::probe::Probe;
+use crate::probe::{Findings, Probe};
 use crate::store::quarantine::{Ledger, Lookup};
 
 pub struct QuarantineProbe<'a> {
@@ -15,7 +15,7 @@ impl Probe for QuarantineProbe<'_> {
         "quarantine"
     }
 
-    fn check(&self, device: &Device) -> Verdict {
+    fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
         match self.ledger.lookup(device.num) {
             Lookup::Clear => Verdict::Healthy,
             Lookup::Cordoned(e) => Verdict::Unhealthy(format!(

@@ -6,12 +6,16 @@
 use crate::fsutil::read_attr;
 use crate::model::device::{DevType, Device};
 use crate::model::verdict::Verdict;
-use crate::probe::Probe;
+use crate::probe::{Findings, Probe};
+use std::cell::OnceCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 pub struct SysfsProbe {
     pub sysfs_root: PathBuf,
+    /// `<sysfs_root>/devices` resolved, once per probe pass rather than once per device
+    /// (None inside: it cannot be resolved).
+    devices: OnceCell<Option<PathBuf>>,
 }
 
 /// How far devgate follows `device` links and parent directories; real trees need 2–6.
@@ -23,39 +27,60 @@ impl Probe for SysfsProbe {
         "sysfs"
     }
 
-    fn check(&self, device: &Device) -> Verdict {
+    fn check(&self, device: &Device, found: &mut Findings) -> Verdict {
+        let (verdict, pci) = self.look(device);
+        // The pcie probe and the start snapshot take the PCI function from here.
+        found.device_pci = Some(pci);
+        verdict
+    }
+}
+
+impl SysfsProbe {
+    pub fn new(sysfs_root: &Path) -> SysfsProbe {
+        SysfsProbe {
+            sysfs_root: sysfs_root.to_path_buf(),
+            devices: OnceCell::new(),
+        }
+    }
+
+    /// The verdict, and the PCI function the device model leads to.
+    fn look(&self, device: &Device) -> (Verdict, Option<PathBuf>) {
         // Resolved once here; the links below are followed from it without realpath.
-        let devices = fs::canonicalize(self.sysfs_root.join("devices")).ok();
-        let root = devices.as_deref().and_then(Path::parent);
+        let devices = self
+            .devices
+            .get_or_init(|| fs::canonicalize(self.sysfs_root.join("devices")).ok())
+            .as_deref();
+        let root = devices.and_then(Path::parent);
         let entry = device.num.sysfs_path(root.unwrap_or(&self.sysfs_root));
         if fs::symlink_metadata(&entry).is_err() {
-            return Verdict::NotApplicable(format!(
+            let why = format!(
                 "no sysfs entry for {} {}",
                 device.num.typ.letter(),
                 device.num
-            ));
+            );
+            return (Verdict::NotApplicable(why), None);
         }
         let resolved = match devices {
             Some(_) => resolve(&entry),
             None => fs::canonicalize(&entry),
         };
         let Ok(mut base) = resolved else {
-            return Verdict::Unknown(format!("cannot resolve {}", entry.display()));
+            let why = format!("cannot resolve {}", entry.display());
+            return (Verdict::Unknown(why), None);
         };
         // A partition's hardware is its disk's.
-        if device.num.typ == DevType::Block && base.join("partition").exists() {
+        let partition = device.num.typ == DevType::Block && base.join("partition").exists();
+        if partition {
             if let Some(parent) = base.parent() {
                 base = parent.to_path_buf();
             }
         }
         let hw = base.join("device");
         if !hw.exists() {
-            return Verdict::NotApplicable("virtual device".into());
+            return (Verdict::NotApplicable("virtual device".into()), None);
         }
         let chain = device_chain(&hw);
-        let pci = devices
-            .as_deref()
-            .and_then(|stop| chain.iter().find_map(|d| pci_ancestor(stop, d)));
+        let pci = devices.and_then(|stop| chain.iter().find_map(|d| pci_ancestor(stop, d)));
 
         let mut findings = Vec::new();
         let bound = chain
@@ -73,10 +98,13 @@ impl Probe for SysfsProbe {
         if device.num.typ == DevType::Block {
             findings.push(block_state(&hw));
         }
-        match Verdict::worst(findings) {
+        let verdict = match Verdict::worst(findings) {
             Verdict::NotApplicable(_) => Verdict::Healthy,
             v => v,
-        }
+        };
+        // Only the device's own chain names its PCI function, as `pci_dir_for` finds it:
+        // a partition's PCIe link was never judged as its disk's.
+        (verdict, pci.filter(|_| !partition))
     }
 }
 
@@ -117,7 +145,8 @@ fn pci_ancestor(stop: &Path, dir: &Path) -> Option<PathBuf> {
     None
 }
 
-/// The PCI function behind a device, for other parts (status, poststop snapshots).
+/// The PCI function behind a device, for a device the sysfs probe did not look at (a
+/// poststop snapshot, a spare).
 pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
     let devices = fs::canonicalize(sysfs_root.join("devices")).ok()?;
     let entry = device.num.sysfs_path(devices.parent()?);
@@ -246,15 +275,13 @@ pub(crate) mod tests {
     fn missing_entry_and_virtual_device_are_not_applicable() {
         let t = Tree::new("na");
         t.chardev("1:5", "zero", None);
-        let p = SysfsProbe {
-            sysfs_root: t.0.clone(),
-        };
+        let p = SysfsProbe::new(&t.0);
         assert_eq!(
-            p.check(&dev(DevType::Char, 195, 0)),
+            p.check(&dev(DevType::Char, 195, 0), &mut Findings::default()),
             Verdict::NotApplicable("no sysfs entry for c 195:0".into())
         );
         assert_eq!(
-            p.check(&dev(DevType::Char, 1, 5)),
+            p.check(&dev(DevType::Char, 1, 5), &mut Findings::default()),
             Verdict::NotApplicable("virtual device".into())
         );
     }
@@ -264,15 +291,16 @@ pub(crate) mod tests {
         let t = Tree::new("drv");
         let pci = t.pci("0000:3b:00.0", false);
         t.chardev("240:0", "accel0", Some(&pci));
-        let p = SysfsProbe {
-            sysfs_root: t.0.clone(),
-        };
+        let p = SysfsProbe::new(&t.0);
         assert_eq!(
-            p.check(&dev(DevType::Char, 240, 0)),
+            p.check(&dev(DevType::Char, 240, 0), &mut Findings::default()),
             Verdict::Unhealthy("no driver bound to 0000:3b:00.0".into())
         );
         symlink("../../../bus/pci/drivers/nvidia", pci.join("driver")).unwrap();
-        assert_eq!(p.check(&dev(DevType::Char, 240, 0)), Verdict::Healthy);
+        assert_eq!(
+            p.check(&dev(DevType::Char, 240, 0), &mut Findings::default()),
+            Verdict::Healthy
+        );
     }
 
     #[test]
@@ -291,15 +319,19 @@ pub(crate) mod tests {
         symlink(&disk, t.0.join("dev/block/8:16")).unwrap();
         symlink(disk.join("sdb1"), t.0.join("dev/block/8:17")).unwrap();
         t.write(&scsi, "state", "running\n");
-        let p = SysfsProbe {
-            sysfs_root: t.0.clone(),
-        };
-        assert_eq!(p.check(&dev(DevType::Block, 8, 16)), Verdict::Healthy);
+        let p = SysfsProbe::new(&t.0);
+        assert_eq!(
+            p.check(&dev(DevType::Block, 8, 16), &mut Findings::default()),
+            Verdict::Healthy
+        );
         t.write(&scsi, "state", "offline\n");
         let want = Verdict::Unhealthy("block device state is \"offline\", not running".into());
-        assert_eq!(p.check(&dev(DevType::Block, 8, 16)), want);
         assert_eq!(
-            p.check(&dev(DevType::Block, 8, 17)),
+            p.check(&dev(DevType::Block, 8, 16), &mut Findings::default()),
+            want
+        );
+        assert_eq!(
+            p.check(&dev(DevType::Block, 8, 17), &mut Findings::default()),
             want,
             "partition uses its disk"
         );
@@ -307,16 +339,25 @@ pub(crate) mod tests {
             pci_dir_for(&t.0, &dev(DevType::Block, 8, 16)).unwrap(),
             fs::canonicalize(&pci).unwrap()
         );
+        // what the probe found is what pci_dir_for finds, for the pcie probe and the start
+        // snapshot to take instead of walking the tree again
+        for minor in [16, 17] {
+            let d = dev(DevType::Block, 8, minor);
+            let mut found = Findings::default();
+            p.check(&d, &mut found);
+            assert_eq!(found.device_pci, Some(pci_dir_for(&t.0, &d)), "8:{minor}");
+        }
+        let mut found = Findings::default();
+        p.check(&dev(DevType::Char, 9, 9), &mut found);
+        assert_eq!(found.device_pci, Some(None), "no sysfs entry: no function");
     }
 
     #[test]
     fn real_sysfs_zero_is_virtual() {
-        let p = SysfsProbe {
-            sysfs_root: "/sys".into(),
-        };
+        let p = SysfsProbe::new(Path::new("/sys"));
         if Path::new("/sys/dev/char/1:5").exists() {
             assert_eq!(
-                p.check(&dev(DevType::Char, 1, 5)),
+                p.check(&dev(DevType::Char, 1, 5), &mut Findings::default()),
                 Verdict::NotApplicable("virtual device".into())
             );
         }

@@ -192,7 +192,7 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
 
     let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
     let gpu = GpuContext::for_devices(config, &devices);
-    let verdicts = probe_all(config, &ledger, &devices, gpu.as_ref());
+    let verdicts = probe_all(config, &ledger, &devices, gpu.as_ref()).verdicts;
     Ok(rows
         .into_iter()
         .zip(verdicts)

@@ -1,8 +1,9 @@
-//! Where each PCI function's AER counters stood when devgate last gated a container on it:
-//! `state_dir/pcie/<function>.json` (`0000:3b:00.0.json`), root's only (0600), written
-//! atomically. The kernel's AER counters are cumulative since boot, so a GPU that had one
-//! correctable error last month would warn forever if judged by its absolute count; devgate
-//! judges the change since this baseline instead.
+//! Where each PCI function's AER counters (and, for a GPU, NVML's PCIe replay counter) stood
+//! when devgate last gated a container on it: `state_dir/pcie/<function>.json`
+//! (`0000:3b:00.0.json`), root's only (0600), written atomically. The counters are
+//! cumulative since boot, so a GPU that had one correctable error last month would warn
+//! forever if judged by its absolute count; devgate judges the change since this baseline
+//! instead.
 
 use super::{read_json, write_json_volatile};
 use crate::error::{Error, Result};
@@ -23,9 +24,22 @@ pub struct AerCounts {
 pub struct PcieBaseline {
     /// The kernel's name of the function, `0000:3b:00.0`: also the file's name.
     pub function: String,
-    /// When the baseline was taken (or last moved).
+    /// When the AER counts were taken (or last moved).
     pub time_unix: u64,
-    pub aer: AerCounts,
+    /// None for a function whose AER counters the kernel does not report (a GPU in a VM)
+    /// but whose replay counter NVML does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aer: Option<AerCounts>,
+    /// NVML's PCIe replay counter of the GPU at this function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayCount>,
+}
+
+/// NVML's PCIe replay counter as stored, and when it was taken (or last moved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayCount {
+    pub count: u64,
+    pub time_unix: u64,
 }
 
 /// A baseline is a few dozen bytes; a bigger file is not devgate's.
@@ -91,14 +105,29 @@ mod tests {
         let b = PcieBaseline {
             function: "0000:3b:00.0".into(),
             time_unix: 7,
-            aer: AerCounts {
+            aer: Some(AerCounts {
                 correctable: 1,
                 nonfatal: 2,
                 fatal: 3,
-            },
+            }),
+            replay: Some(ReplayCount {
+                count: 12,
+                time_unix: 8,
+            }),
         };
         write(&d, &b).unwrap();
         assert_eq!(read(&d, "0000:3b:00.0").unwrap(), Some(b.clone()));
+        // a file written before the replay counter was kept reads as having none
+        std::fs::write(
+            d.join("pcie/0000:af:00.0.json"),
+            r#"{"function":"0000:af:00.0","time_unix":7,"aer":{"correctable":1,"nonfatal":0,"fatal":0}}"#,
+        )
+        .unwrap();
+        let old = read(&d, "0000:af:00.0").unwrap().unwrap();
+        assert_eq!(
+            (old.aer.map(|a| a.correctable), old.replay),
+            (Some(1), None)
+        );
         let mode = std::fs::metadata(d.join("pcie/0000:3b:00.0.json"))
             .unwrap()
             .permissions()

@@ -9,7 +9,7 @@ use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
 use crate::model::class::Class;
 use crate::model::device::{Device, Source};
 use crate::model::verdict::Verdict;
-use crate::probe::Probe;
+use crate::probe::{Findings, Probe};
 use serde::Serialize;
 
 /// Throttle reasons that mean the hardware is protecting itself, not policy (power cap,
@@ -179,7 +179,7 @@ impl Probe for NvmlProbe<'_> {
         "nvml"
     }
 
-    fn check(&self, device: &Device) -> Verdict {
+    fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
         if device.class != Class::NvidiaGpu {
             return Verdict::NotApplicable("not an NVIDIA GPU".into());
         }
@@ -591,16 +591,20 @@ mod tests {
             limits: L,
             gpus: 1,
         };
-        assert_eq!(p.check(&gpu_dev(7, "nvidia-gpu")), Verdict::Healthy);
         assert_eq!(
-            p.check(&gpu_dev(1, "nvidia-gpu")),
+            p.check(&gpu_dev(7, "nvidia-gpu"), &mut Findings::default()),
+            Verdict::Healthy
+        );
+        assert_eq!(
+            p.check(&gpu_dev(1, "nvidia-gpu"), &mut Findings::default()),
             Verdict::Unhealthy(
                 "nvml: no reachable GPU with minor number 1; unreachable index 3: GPU is lost"
                     .into()
             )
         );
         assert_eq!(
-            p.check(&gpu_dev(255, "nvidia-ctl")).status(),
+            p.check(&gpu_dev(255, "nvidia-ctl"), &mut Findings::default())
+                .status(),
             "not_applicable"
         );
         assert_eq!(snap.pci_of_minor(7).unwrap().to_string(), "0000:2b:00.0");
@@ -616,7 +620,7 @@ mod tests {
             gpus: 1,
         };
         assert_eq!(
-            p.check(&gpu_dev(0, "nvidia-gpu")),
+            p.check(&gpu_dev(0, "nvidia-gpu"), &mut Findings::default()),
             Verdict::Unknown("NVML did not answer in 2000 ms".into())
         );
     }

@@ -26,7 +26,7 @@ use crate::model::class::Class;
 use crate::model::device::Device;
 use crate::model::recovery::{RecoveryAction, RecoveryEffect};
 use crate::model::verdict::Verdict;
-use crate::probe::Probe;
+use crate::probe::{Findings, Probe};
 use std::collections::BTreeMap;
 
 /// The XID whose line carries the driver's recovery action.
@@ -169,7 +169,7 @@ impl Probe for XidProbe<'_> {
         "xid"
     }
 
-    fn check(&self, device: &Device) -> Verdict {
+    fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
         if device.class != Class::NvidiaGpu {
             return Verdict::NotApplicable("not an NVIDIA GPU".into());
         }
@@ -481,7 +481,7 @@ mod tests {
             proc: &[],
         };
         assert_eq!(
-            p.check(&gpu),
+            p.check(&gpu, &mut Findings::default()),
             Verdict::Unknown(
                 "3 reset-class XID reports on the node (xid 48 on 0000:86:00, xid 79 on 0000:3b:00) and the PCI address of minor 1 is unknown".into()
             )
@@ -496,7 +496,7 @@ mod tests {
             nvml: &no_nvml,
             proc: &[],
         };
-        assert_eq!(p.check(&gpu), Verdict::Healthy);
+        assert_eq!(p.check(&gpu, &mut Findings::default()), Verdict::Healthy);
         // NVML has no address for minor 1 but the driver's /proc list has: a report for
         // that slot is pinned on the GPU (XID 154 needs no NVML call, even when NVML hangs)
         let listed = [super::super::procfs::ProcGpu {
@@ -514,14 +514,17 @@ mod tests {
             nvml: &no_nvml,
             proc: &listed,
         };
-        assert_eq!(p.check(&gpu).status(), "unhealthy");
+        assert_eq!(
+            p.check(&gpu, &mut Findings::default()).status(),
+            "unhealthy"
+        );
         let p = XidProbe {
             scan: &reset,
             table: &table,
             nvml: &no_nvml,
             proc: &[],
         };
-        assert_eq!(p.check(&gpu).status(), "unknown");
+        assert_eq!(p.check(&gpu, &mut Findings::default()).status(), "unknown");
         let unreadable = Err("cannot open kernel log /dev/kmsg: permission denied".to_string());
         let p = XidProbe {
             scan: &unreadable,
@@ -529,10 +532,13 @@ mod tests {
             nvml: &no_nvml,
             proc: &[],
         };
-        assert_eq!(p.check(&gpu).status(), "unknown");
+        assert_eq!(p.check(&gpu, &mut Findings::default()).status(), "unknown");
         let mut ctl = gpu.clone();
         ctl.class = "nvidia-ctl".into();
-        assert_eq!(p.check(&ctl).status(), "not_applicable");
+        assert_eq!(
+            p.check(&ctl, &mut Findings::default()).status(),
+            "not_applicable"
+        );
     }
 
     #[test]
@@ -562,7 +568,7 @@ mod tests {
                 nvml: &nvml,
                 proc: &[],
             }
-            .check(&gpu)
+            .check(&gpu, &mut Findings::default())
         };
         assert_eq!(p(&Ok(scan.clone())), Verdict::Healthy);
         scan.truncated = true;

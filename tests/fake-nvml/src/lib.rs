@@ -15,6 +15,7 @@
 //!            "retired_pages_pending": false, "volatile_uncorrectable_ecc": 0,
 //!            "throttle_reasons": 0,
 //!            "pcie": {"gen": 4, "max_gen": 4, "width": 16, "max_width": 16, "replay_counter": 0},
+//!            (no `replay_counter`: nvmlDeviceGetPcieReplayCounter answers NOT_SUPPORTED)
 //!            "recovery_action": 0, "field_values": {"94": 0}, "drain": false,
 //!            "not_supported": ["nvmlDeviceGetTotalEccErrors"]}]}
 //! ```
@@ -693,16 +694,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(h: Handle, out: *mut c_ui
     pcie(h, "nvmlDeviceGetMaxPcieLinkWidth", "max_width", 16, out)
 }
 
-/// The replay counter is cumulative since the driver loaded, like the real one.
+/// The replay counter is cumulative since the driver loaded, like the real one. A GPU whose
+/// scenario has no `pcie.replay_counter` answers NVML_ERROR_NOT_SUPPORTED, as a GPU or
+/// driver without the counter does.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(h: Handle, out: *mut c_uint) -> Ret {
-    pcie(
-        h,
-        "nvmlDeviceGetPcieReplayCounter",
-        "replay_counter",
-        0,
-        out,
-    )
+    let g = match gpu(h, "nvmlDeviceGetPcieReplayCounter", false) {
+        Ok(g) => g,
+        Err(e) => return e,
+    };
+    match g["pcie"]["replay_counter"].as_u64() {
+        Some(n) => put(out, n as c_uint),
+        None => NOT_SUPPORTED,
+    }
 }
 
 /// nvmlFieldValue_t.

@@ -109,6 +109,15 @@ pub struct GpuFacts {
     pub recovery_action: Reading<u32>,
     /// nvmlDeviceQueryDrainState: the GPU is being drained.
     pub drain: Reading<bool>,
+    /// nvmlDeviceGetPcieReplayCounter: link-level retransmissions, counted since the driver
+    /// loaded; judged by its rise since a stored baseline (`probe::pcie`).
+    #[serde(default = "not_in_answer")]
+    pub pcie_replay: Reading<u32>,
+}
+
+/// A reading an answer does not carry (one written before devgate asked for it).
+fn not_in_answer<T>() -> Reading<T> {
+    Reading::NotSupported("not in the answer".into())
 }
 
 impl GpuFacts {
@@ -134,6 +143,7 @@ impl GpuFacts {
             pcie_width: r(lost),
             recovery_action: r(lost),
             drain: r(lost),
+            pcie_replay: r(lost),
         }
     }
 
@@ -162,6 +172,7 @@ impl GpuFacts {
             self.minor.is_lost(),
             self.recovery_action.is_lost(),
             self.drain.is_lost(),
+            self.pcie_replay.is_lost(),
         ]
         .iter()
         .any(|l| *l)
@@ -422,6 +433,7 @@ pub(crate) mod tests {
             }),
             recovery_action: Reading::Value(0),
             drain: Reading::Value(false),
+            pcie_replay: Reading::Value(0),
         }
     }
 
@@ -535,6 +547,17 @@ pub(crate) mod tests {
         };
         let bytes = serde_json::to_vec(&a).unwrap();
         assert_eq!(decode(&bytes).unwrap(), a);
+        // the replay counter as the query process writes it, and an answer without it
+        let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/nvml_answer");
+        let replay = |file: &str| match decode(&std::fs::read(seeds.join(file)).unwrap()) {
+            Ok(Answer::Gpus { gpus, .. }) => gpus[0].pcie_replay.clone(),
+            other => panic!("{file}: {other:?}"),
+        };
+        assert_eq!(replay("pcie-replay-counted.json"), Reading::Value(37));
+        assert_eq!(
+            replay("one-gpu-remap-pending.json"),
+            Reading::NotSupported("not in the answer".into())
+        );
         let f = Answer::Failed("cannot load x".into());
         assert_eq!(decode(&serde_json::to_vec(&f).unwrap()).unwrap(), f);
         let many = Answer::Gpus {

@@ -92,6 +92,7 @@ fn facts_of(dev: &Device, index: u32) -> GpuFacts {
         pcie_width: link(dev.current_pcie_link_width(), dev.max_pcie_link_width()),
         recovery_action: Reading::from_result(recovery_action(dev)),
         drain: Reading::from_result(dev.is_drain_enabled(None)),
+        pcie_replay: Reading::from_result(dev.pcie_replay_counter()),
     }
 }
 

@@ -12,94 +12,40 @@
 //!   (a reboot or a reset of the function) or the operator removes the baseline file;
 //!   a non-fatal or correctable error since the baseline warns once, and the baseline moves
 //!   past it.
+//! - for a GPU, NVML's PCIe replay counter (link-level retransmissions: the link recovered
+//!   from an error by sending again, which AER counts as correctable). Also counted since
+//!   the driver loaded, it is kept in the same baseline and judged like a correctable error:
+//!   a rise warns once. A GPU or driver that does not report it (NOT_SUPPORTED, any NVML
+//!   error) leaves it not judged: a note, never unknown.
 //!
 //! Sysfs is outside input: every read is bounded (`read_attr`), and a file that does not
 //! parse makes the verdict unknown, naming the file and the function.
+
+mod aer;
+mod rules;
+
+pub use aer::{parse_aer, read_aer};
+pub use rules::{advance, judge_aer, judge_replay};
 
 use crate::fsutil::read_attr;
 use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::model::verdict::Verdict;
+use crate::probe::nvidia::nvml::{Reading, LOST};
 use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
-use crate::probe::Probe;
+use crate::probe::{Findings, Probe};
 use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline};
+use aer::shorten;
+use rules::next_baseline;
+use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 /// No PCIe link is wider than x32; the kernel reads x63 (all ones) from a function that
 /// no longer answers config reads.
 const MAX_WIDTH: u32 = 32;
-/// An AER file has under 30 lines; more is not the kernel's.
-const MAX_AER_LINES: usize = 64;
-
-fn shorten(s: &str) -> String {
-    s.chars().take(64).collect()
-}
-
-/// One AER counter file: lines `NAME COUNT`, where NAME may hold spaces (kernels before
-/// 5.x print `Receiver Error 2`, later ones `RxErr 2`, and `…_bit[N] 1` for unnamed bits),
-/// ending with `TOTAL_ERR_COR` / `TOTAL_ERR_NONFATAL` / `TOTAL_ERR_FATAL`. The total is
-/// the answer; without one, the lines are summed.
-pub fn parse_aer(text: &str, total_key: &str) -> Result<u64, String> {
-    let mut sum: u64 = 0;
-    let mut seen = false;
-    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
-        if i >= MAX_AER_LINES {
-            return Err(format!("more than {MAX_AER_LINES} lines"));
-        }
-        let line = line.trim();
-        let Some((name, count)) = line.rsplit_once(|c: char| c.is_ascii_whitespace()) else {
-            return Err(format!("unexpected line {:?}", shorten(line)));
-        };
-        let name = name.trim_end();
-        if name.is_empty() {
-            return Err(format!("unexpected line {:?}", shorten(line)));
-        }
-        let n: u64 = count
-            .parse()
-            .map_err(|_| format!("bad count {:?} for {:?}", shorten(count), shorten(name)))?;
-        if name == total_key {
-            return Ok(n);
-        }
-        sum = sum.saturating_add(n);
-        seen = true;
-    }
-    if seen {
-        Ok(sum)
-    } else {
-        Err("empty".into())
-    }
-}
-
-/// A PCI function's three AER totals; None where the kernel reports no AER for it
-/// (no `aer_dev_fatal`: AER not supported, or a kernel before 4.19).
-pub fn read_aer(pci: &Path) -> Option<Result<AerCounts, String>> {
-    let fatal = read_attr(&pci.join("aer_dev_fatal")).ok()?;
-    let one = |file: &str, key: &str, text: Option<String>| match text {
-        None => Ok(0),
-        Some(t) => parse_aer(&t, key).map_err(|e| format!("{file}: {e}")),
-    };
-    let read = |file: &str| read_attr(&pci.join(file)).ok();
-    let counts = (|| {
-        Ok(AerCounts {
-            fatal: one("aer_dev_fatal", "TOTAL_ERR_FATAL", Some(fatal))?,
-            nonfatal: one(
-                "aer_dev_nonfatal",
-                "TOTAL_ERR_NONFATAL",
-                read("aer_dev_nonfatal"),
-            )?,
-            correctable: one(
-                "aer_dev_correctable",
-                "TOTAL_ERR_COR",
-                read("aer_dev_correctable"),
-            )?,
-        })
-    })();
-    Some(counts)
-}
-
 fn name_of(pci: &Path) -> String {
     pci.file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -190,63 +136,104 @@ pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
     })
 }
 
-/// Counters lower than the baseline restarted (a reboot, a reset, a hot-plug): the
-/// baseline is retaken, nothing is judged against the old one.
-fn restarted(now: &AerCounts, base: &AerCounts) -> bool {
-    now.fatal < base.fatal || now.nonfatal < base.nonfatal || now.correctable < base.correctable
+/// What the probe read of one PCI function: the stages after it (the baseline move, the
+/// start snapshot) use this rather than read the files again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionSeen {
+    pub dir: PathBuf,
+    /// The kernel's name, `0000:3b:00.0`.
+    pub name: String,
+    /// None where the kernel reports no AER for the function.
+    pub aer: Option<Result<AerCounts, String>>,
+    /// NVML's PCIe replay counter, for a GPU's own function (None for any other, and when
+    /// NVML gave no answer at all).
+    pub replay: Option<Reading<u32>>,
+    /// The stored baseline, read only when there is a count to judge against it (else
+    /// `Ok(None)`); an error names a damaged file.
+    pub baseline: Result<Option<PcieBaseline>, String>,
 }
 
-/// The rule, pure: a rise of the fatal count since the baseline is unhealthy; of the
-/// non-fatal or correctable count, a warning. No baseline yet: nothing to judge.
-pub fn judge_aer(name: &str, now: &AerCounts, base: Option<&PcieBaseline>) -> Verdict {
-    let Some(b) = base else {
-        return Verdict::Healthy;
-    };
-    if restarted(now, &b.aer) {
-        return Verdict::Healthy;
+impl FunctionSeen {
+    /// Reads the function's AER counters and, when a count is there to judge, its stored
+    /// baseline. `replay` is NVML's reading for a GPU's function.
+    pub fn read(dir: &Path, state_dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
+        let name = name_of(dir);
+        let aer = read_aer(dir);
+        let counted = matches!(aer, Some(Ok(_))) || matches!(replay, Some(Reading::Value(_)));
+        let baseline = match counted {
+            true => baseline::read(state_dir, &name).map_err(|e| e.to_string()),
+            false => Ok(None),
+        };
+        FunctionSeen {
+            dir: dir.to_path_buf(),
+            name,
+            aer,
+            replay,
+            baseline,
+        }
     }
-    let since = clock::rfc3339(b.time_unix);
-    let rise = |what: &str, was: u64, is: u64| {
-        let n = is - was;
-        format!(
-            "PCIe AER: {n} {what} error{} on {name} since {since} ({was} -> {is})",
-            if n == 1 { "" } else { "s" }
-        )
-    };
-    let mut findings = Vec::new();
-    if now.fatal > b.aer.fatal {
-        findings.push(Verdict::Unhealthy(rise("fatal", b.aer.fatal, now.fatal)));
-    }
-    if now.nonfatal > b.aer.nonfatal {
-        findings.push(Verdict::Warn(rise(
-            "non-fatal",
-            b.aer.nonfatal,
-            now.nonfatal,
-        )));
-    }
-    if now.correctable > b.aer.correctable {
-        findings.push(Verdict::Warn(rise(
-            "correctable",
-            b.aer.correctable,
-            now.correctable,
-        )));
-    }
-    match Verdict::worst(findings) {
-        Verdict::NotApplicable(_) => Verdict::Healthy,
-        v => v,
+
+    /// The AER verdict on what was read, and the replay counter's for a GPU's function.
+    fn judge(&self) -> Vec<Verdict> {
+        let name = &self.name;
+        let base = self.baseline.as_ref().map(Option::as_ref);
+        let aer_read = matches!(self.aer, Some(Ok(_)));
+        let mut out = vec![match (&self.aer, base) {
+            (None, _) => Verdict::NotApplicable("no AER counters".into()),
+            (Some(Err(e)), _) => {
+                Verdict::Unknown(format!("cannot read AER counters of {name}: {e}"))
+            }
+            (Some(Ok(_)), Err(e)) => Verdict::Unknown(e.clone()),
+            (Some(Ok(now)), Ok(b)) => judge_aer(name, now, b),
+        }];
+        match (&self.replay, base) {
+            (None, _) => {}
+            (Some(Reading::Value(n)), Ok(b)) => out.push(judge_replay(name, u64::from(*n), b)),
+            // A damaged baseline is said once, by the AER verdict when it read one.
+            (Some(Reading::Value(_)), Err(_)) if aer_read => {}
+            (Some(Reading::Value(_)), Err(e)) => out.push(Verdict::Unknown(e.clone())),
+            (Some(other), _) => out.push(Verdict::NotApplicable(format!(
+                "PCIe replay counter of {name} not judged: {}",
+                why_not(other)
+            ))),
+        }
+        out
     }
 }
 
-/// The baseline after a gate: the counts now, except that a fatal rise is kept unmoved so
-/// that it goes on counting until the counters restart or the operator removes the file.
-pub fn advance(now: &AerCounts, base: Option<&AerCounts>) -> AerCounts {
-    match base {
-        Some(b) if !restarted(now, b) => AerCounts {
-            fatal: b.fatal,
-            ..*now
-        },
-        _ => *now,
+/// Why NVML gave no replay count.
+fn why_not(r: &Reading<u32>) -> String {
+    match r {
+        Reading::NotSupported(why) | Reading::Failed(why) => why.clone(),
+        Reading::Lost => LOST.into(),
+        Reading::Value(_) => String::new(),
     }
+}
+
+/// The functions behind a device as the probe reads them, the device's own first, then its
+/// upstream port; empty when it has none. For a device the probe did not run on.
+pub fn read_functions(
+    sysfs_root: &Path,
+    state_dir: &Path,
+    device: &Device,
+    gpu: Option<&GpuContext>,
+) -> Vec<FunctionSeen> {
+    let Some(pci) = function_dir(sysfs_root, device, gpu) else {
+        return Vec::new();
+    };
+    let up = upstream_port(&pci);
+    let mut seen = vec![FunctionSeen::read(&pci, state_dir, replay_of(device, gpu))];
+    seen.extend(up.map(|u| FunctionSeen::read(&u, state_dir, None)));
+    seen
+}
+
+/// NVML's replay counter reading for a GPU.
+fn replay_of(device: &Device, gpu: Option<&GpuContext>) -> Option<Reading<u32>> {
+    if device.class != Class::NvidiaGpu {
+        return None;
+    }
+    let facts = gpu?.nvml.gpu_by_minor(device.num.minor)?;
+    Some(facts.pcie_replay.clone())
 }
 
 pub struct PcieProbe<'a> {
@@ -254,18 +241,35 @@ pub struct PcieProbe<'a> {
     pub state_dir: PathBuf,
     /// For a GPU's PCI address.
     pub gpu: Option<&'a GpuContext>,
+    /// The functions read in this probe pass: a port above several devices is read once.
+    seen: RefCell<Vec<FunctionSeen>>,
 }
 
-impl PcieProbe<'_> {
-    fn aer(&self, pci: &Path) -> Verdict {
-        let name = name_of(pci);
-        match read_aer(pci) {
-            None => Verdict::NotApplicable("no AER counters".into()),
-            Some(Err(e)) => Verdict::Unknown(format!("cannot read AER counters of {name}: {e}")),
-            Some(Ok(now)) => match baseline::read(&self.state_dir, &name) {
-                Err(e) => Verdict::Unknown(e.to_string()),
-                Ok(b) => judge_aer(&name, &now, b.as_ref()),
-            },
+impl<'a> PcieProbe<'a> {
+    pub fn new(sysfs_root: &Path, state_dir: &Path, gpu: Option<&'a GpuContext>) -> Self {
+        PcieProbe {
+            sysfs_root: sysfs_root.to_path_buf(),
+            state_dir: state_dir.to_path_buf(),
+            gpu,
+            seen: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn see(&self, dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
+        if let Some(s) = self.seen.borrow().iter().find(|s| s.dir == dir) {
+            return s.clone();
+        }
+        let s = FunctionSeen::read(dir, &self.state_dir, replay);
+        self.seen.borrow_mut().push(s.clone());
+        s
+    }
+
+    /// The device's PCI function: a GPU's through its bus id; another device's as the
+    /// sysfs probe found it, else through sysfs's device model.
+    fn function(&self, device: &Device, found: &Findings) -> Option<PathBuf> {
+        match &found.device_pci {
+            Some(pci) if device.class != Class::NvidiaGpu => pci.clone(),
+            _ => function_dir(&self.sysfs_root, device, self.gpu),
         }
     }
 }
@@ -275,15 +279,17 @@ impl Probe for PcieProbe<'_> {
         "pcie"
     }
 
-    fn check(&self, device: &Device) -> Verdict {
-        let Some(pci) = function_dir(&self.sysfs_root, device, self.gpu) else {
+    fn check(&self, device: &Device, found: &mut Findings) -> Verdict {
+        let Some(pci) = self.function(device, found) else {
+            found.pcie = Some(Vec::new());
             return Verdict::NotApplicable("no PCI function".into());
         };
         let up = upstream_port(&pci);
-        let mut findings = vec![judge_width(&pci, up.as_deref()), self.aer(&pci)];
-        if let Some(u) = &up {
-            findings.push(self.aer(u));
-        }
+        let mut findings = vec![judge_width(&pci, up.as_deref())];
+        let mut seen = vec![self.see(&pci, replay_of(device, self.gpu))];
+        seen.extend(up.map(|u| self.see(&u, None)));
+        findings.extend(seen.iter().flat_map(FunctionSeen::judge));
+        found.pcie = Some(seen);
         // Named like the xid and nvml reasons, so a reject line says which check spoke.
         match Verdict::worst(findings) {
             Verdict::NotApplicable(_) => Verdict::Healthy,
@@ -294,50 +300,40 @@ impl Probe for PcieProbe<'_> {
     }
 }
 
-/// After a gate: moves the baselines of the functions behind `devices` and their upstream
-/// ports (`advance`). A failure is logged, never fails the start: the baseline is for the
-/// next start's judgement.
+/// After a gate: moves the baselines of the functions behind `judged` and their upstream
+/// ports (`advance`) to what the probe read of them (`Findings::pcie`), so that an error
+/// counted after that read is a rise at the next start; a device the probe did not run on
+/// (a spare the remap put in) is read now. A failure is logged, never fails the start: the
+/// baseline is for the next start's judgement.
 pub fn advance_baselines(
     sysfs_root: &Path,
     state_dir: &Path,
-    devices: &[Device],
+    judged: &[(&Device, Option<&Findings>)],
     gpu: Option<&GpuContext>,
 ) {
-    let mut done: Vec<PathBuf> = Vec::new();
+    let mut done: Vec<String> = Vec::new();
     let (now_unix, _) = clock::now();
-    for d in devices {
-        let Some(pci) = function_dir(sysfs_root, d, gpu) else {
-            continue;
+    for (d, found) in judged {
+        let read;
+        let seen = match found.and_then(|f| f.pcie.as_ref()) {
+            Some(s) => s,
+            None => {
+                read = read_functions(sysfs_root, state_dir, d, gpu);
+                &read
+            }
         };
-        let up = upstream_port(&pci);
-        for f in std::iter::once(pci).chain(up) {
-            if done.contains(&f) {
+        for f in seen {
+            if done.contains(&f.name) {
                 continue;
             }
-            let name = name_of(&f);
-            // Read again, not taken from the probe: a fatal error since then stays a rise
-            // (`advance` never moves the fatal count); a lesser one is passed unwarned.
-            if let Some(Ok(now)) = read_aer(&f) {
-                // A damaged file is replaced: the probe said so at this start.
-                let old = baseline::read(state_dir, &name).ok().flatten();
-                let next = advance(&now, old.as_ref().map(|b| &b.aer));
-                if old.as_ref().map(|b| b.aer) != Some(next) {
-                    // While a fatal rise stands, "since" keeps naming when it was taken.
-                    let time_unix = match &old {
-                        Some(o) if next.fatal < now.fatal => o.time_unix,
-                        _ => now_unix,
-                    };
-                    let b = PcieBaseline {
-                        function: name.clone(),
-                        time_unix,
-                        aer: next,
-                    };
-                    if let Err(e) = baseline::write(state_dir, &b) {
-                        log::error!("cannot keep the PCIe baseline of {name}: {e}");
-                    }
+            done.push(f.name.clone());
+            // A damaged file is replaced: the probe said so at this start.
+            let old = f.baseline.as_ref().ok().and_then(Option::as_ref);
+            if let Some(b) = next_baseline(f, old, now_unix) {
+                if let Err(e) = baseline::write(state_dir, &b) {
+                    log::error!("cannot keep the PCIe baseline of {}: {e}", f.name);
                 }
             }
-            done.push(f);
         }
     }
 }
@@ -347,6 +343,7 @@ mod tests {
     use super::*;
     use crate::model::device::{DevNum, DevType, Source};
     use crate::probe::sysfs::tests::Tree;
+    use crate::store::pcie::ReplayCount;
     use std::os::unix::fs::symlink;
 
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sysfs-aer");
@@ -425,7 +422,8 @@ mod tests {
         PcieBaseline {
             function: "0000:3b:00.0".into(),
             time_unix: 1_796_223_098,
-            aer: counts(c, n, f),
+            aer: Some(counts(c, n, f)),
+            replay: None,
         }
     }
 
@@ -594,24 +592,21 @@ mod tests {
             );
         }
         let gpu_ctx = ctx(nvml_with_gpu1_at_3b(), Vec::new());
-        let p = PcieProbe {
-            sysfs_root: t.0.clone(),
-            state_dir: state.clone(),
-            gpu: Some(&gpu_ctx),
-        };
         let d = gpu_device();
-        assert_eq!(p.check(&d), Verdict::Healthy);
+        // one probe pass per start, as probe_all makes it
+        let check = |gpu: Option<&GpuContext>| {
+            let mut found = Findings::default();
+            let v = PcieProbe::new(&t.0, &state, gpu).check(&d, &mut found);
+            (v, found)
+        };
+        let judge = || check(Some(&gpu_ctx)).0;
+        assert_eq!(judge(), Verdict::Healthy);
         // a bus id that names another vendor's function is not the GPU
         t.write(&gpu, "vendor", "0x8086\n");
-        assert_eq!(p.check(&d).status(), "not_applicable");
+        assert_eq!(judge().status(), "not_applicable");
         t.write(&gpu, "vendor", "0x10de\n");
         // no GPU context: a GPU's function cannot be found
-        let blind = PcieProbe {
-            sysfs_root: t.0.clone(),
-            state_dir: state.clone(),
-            gpu: None,
-        };
-        assert_eq!(blind.check(&d).status(), "not_applicable");
+        assert_eq!(check(None).0.status(), "not_applicable");
         // NVML stuck or missing: the driver's /proc list still names the function
         let stuck = NvmlAnswer {
             gpus: Err("NVML did not answer within 2000 ms".into()),
@@ -631,13 +626,14 @@ mod tests {
             function_dir(&t.0, &d, Some(&proc_only)).map(|f| fs::canonicalize(f).unwrap()),
             Some(fs::canonicalize(&gpu).unwrap())
         );
-        // the first gate takes the baselines of the GPU and its port
-        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
+        // the first gate takes the baselines of the GPU and its port (read then, as for a
+        // spare the probe did not run on)
+        advance_baselines(&t.0, &state, &[(&d, None)], Some(&gpu_ctx));
         assert!(state.join("pcie/0000:3b:00.0.json").is_file());
         assert!(state.join("pcie/0000:00:01.0.json").is_file());
         // a garbled file is unknown, naming it
         t.write(&gpu, "aer_dev_correctable", "RxErr x\n");
-        let v = p.check(&d);
+        let v = judge();
         assert!(
             v.reason().unwrap().contains(
                 "cannot read AER counters of 0000:3b:00.0: aer_dev_correctable: bad count"
@@ -649,10 +645,10 @@ mod tests {
             "aer_dev_correctable",
             &fixture("v6-aer_dev_correctable"),
         );
-        assert_eq!(p.check(&d), Verdict::Healthy);
+        assert_eq!(judge(), Verdict::Healthy);
         // the port saw a fatal error since: unhealthy, named
         t.write(&port, "aer_dev_fatal", "DLP 1\nTOTAL_ERR_FATAL 1\n");
-        let v = p.check(&d);
+        let v = judge();
         assert!(
             matches!(&v, Verdict::Unhealthy(r) if r.starts_with("pcie: PCIe AER: 1 fatal error on 0000:00:01.0 since ")),
             "{v:?}"
@@ -663,11 +659,234 @@ mod tests {
         taken.time_unix = 1000;
         baseline::write(&state, &taken).unwrap();
         t.write(&port, "aer_dev_correctable", "RxErr 1\nTOTAL_ERR_COR 1\n");
-        advance_baselines(&t.0, &state, std::slice::from_ref(&d), Some(&gpu_ctx));
-        assert_eq!(p.check(&d).status(), "unhealthy");
+        let (v, found) = check(Some(&gpu_ctx));
+        assert_eq!(v.status(), "unhealthy");
+        advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&gpu_ctx));
+        assert_eq!(judge().status(), "unhealthy");
         let kept = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
-        assert_eq!(kept.aer.correctable, 1);
-        assert_eq!((kept.aer.fatal, kept.time_unix), (0, taken.time_unix));
+        assert_eq!(kept.aer.unwrap().correctable, 1);
+        assert_eq!(
+            (kept.aer.unwrap().fatal, kept.time_unix),
+            (0, taken.time_unix)
+        );
+
+        // The baseline moves to what the probe read and judged, not to a later read: an
+        // error counted between the probe and the move is a rise at the next start, never
+        // passed unwarned. (The move reads no AER file: the probe's reading is all it has.)
+        fs::remove_file(state.join("pcie/0000:00:01.0.json")).unwrap();
+        t.write(&port, "aer_dev_fatal", "DLP 0\nTOTAL_ERR_FATAL 0\n");
+        let (v, found) = check(Some(&gpu_ctx));
+        assert_eq!(v, Verdict::Healthy);
+        let seen = found.pcie.as_ref().unwrap();
+        assert_eq!(
+            seen.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
+            ["0000:3b:00.0", "0000:00:01.0"]
+        );
+        t.write(&gpu, "aer_dev_correctable", "RxErr 5\nTOTAL_ERR_COR 5\n");
+        advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&gpu_ctx));
+        let moved = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(moved.aer.unwrap().correctable, 0);
+        let v = judge();
+        assert!(
+            v.reason()
+                .unwrap()
+                .starts_with("pcie: PCIe AER: 5 correctable errors on 0000:3b:00.0 since "),
+            "{v:?}"
+        );
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    #[test]
+    fn the_pcie_probe_takes_the_function_the_sysfs_probe_found() {
+        let (t, _port, func) = gpu_tree("pcie-found");
+        t.write(&func, "current_link_width", "8\n");
+        t.write(&func, "max_link_width", "16\n");
+        // a device with no sysfs entry of its own: only the finding names its function
+        let d = Device {
+            class: "char".into(),
+            ..gpu_device()
+        };
+        let p = PcieProbe::new(&t.0, &t.0.join("state"), None);
+        let mut found = Findings::default();
+        assert_eq!(p.check(&d, &mut found).status(), "not_applicable");
+        assert_eq!(found.pcie, Some(Vec::new()));
+        let mut found = Findings {
+            device_pci: Some(Some(func.clone())),
+            ..Findings::default()
+        };
+        let v = PcieProbe::new(&t.0, &t.0.join("state"), None).check(&d, &mut found);
+        assert!(
+            v.reason()
+                .unwrap()
+                .starts_with("pcie: PCIe link of 0000:3b:00.0 is x8"),
+            "{v:?}"
+        );
+        // the sysfs probe found none: none, without a walk of its own
+        let mut found = Findings {
+            device_pci: Some(None),
+            ..Findings::default()
+        };
+        let v = PcieProbe::new(&t.0, &t.0.join("state"), None).check(&d, &mut found);
+        assert_eq!(v, Verdict::NotApplicable("no PCI function".into()));
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    fn with_replay(c: u64, time_unix: u64) -> PcieBaseline {
+        PcieBaseline {
+            replay: Some(ReplayCount {
+                count: c,
+                time_unix,
+            }),
+            ..base(0, 0, 0)
+        }
+    }
+
+    #[test]
+    fn the_replay_counter_is_judged_by_its_rise_never_its_value() {
+        let f = "0000:3b:00.0";
+        // first sight, or a baseline from before the counter was kept: nothing to judge
+        assert_eq!(judge_replay(f, 900, None), Verdict::Healthy);
+        assert_eq!(judge_replay(f, 900, Some(&base(0, 0, 0))), Verdict::Healthy);
+        assert_eq!(
+            judge_replay(f, 900, Some(&with_replay(900, 1))),
+            Verdict::Healthy
+        );
+        assert_eq!(
+            judge_replay(f, 905, Some(&with_replay(900, 1_796_223_098))),
+            Verdict::Warn(
+                "PCIe replay counter: 5 replays on 0000:3b:00.0 since 2026-12-02T14:51:38Z (900 -> 905)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            judge_replay(f, 1, Some(&with_replay(0, 1_796_223_098)))
+                .reason()
+                .unwrap(),
+            "PCIe replay counter: 1 replay on 0000:3b:00.0 since 2026-12-02T14:51:38Z (0 -> 1)"
+        );
+        // below the baseline: the driver reloaded or the GPU was reset
+        assert_eq!(
+            judge_replay(f, 3, Some(&with_replay(900, 1))),
+            Verdict::Healthy
+        );
+    }
+
+    fn seen(aer: Option<AerCounts>, replay: Option<Reading<u32>>) -> FunctionSeen {
+        FunctionSeen {
+            dir: PathBuf::from("/sys/devices/pci0000:00/0000:00:01.0/0000:3b:00.0"),
+            name: "0000:3b:00.0".into(),
+            aer: aer.map(Ok),
+            replay,
+            baseline: Ok(None),
+        }
+    }
+
+    #[test]
+    fn the_replay_baseline_moves_past_every_rise_and_apart_from_the_aer_counts() {
+        // first sight: taken now, AER or not (a GPU in a VM has no AER files)
+        let b = next_baseline(&seen(None, Some(Reading::Value(7))), None, 100).unwrap();
+        assert_eq!(
+            (b.aer, b.replay.map(|r| (r.count, r.time_unix))),
+            (None, Some((7, 100)))
+        );
+        // unchanged: nothing to write
+        assert_eq!(
+            next_baseline(&seen(None, Some(Reading::Value(7))), Some(&b), 200),
+            None
+        );
+        // a rise moves it, with its own time; the AER time stays where it was
+        let old = PcieBaseline {
+            time_unix: 50,
+            ..with_replay(7, 60)
+        };
+        let n = next_baseline(
+            &seen(Some(counts(0, 0, 0)), Some(Reading::Value(9))),
+            Some(&old),
+            300,
+        )
+        .unwrap();
+        assert_eq!(
+            n.replay,
+            Some(ReplayCount {
+                count: 9,
+                time_unix: 300
+            })
+        );
+        assert_eq!((n.aer, n.time_unix), (Some(counts(0, 0, 0)), 50));
+        // a fatal AER rise stays a rise while the replay count moves on
+        let n = next_baseline(
+            &seen(Some(counts(0, 0, 1)), Some(Reading::Value(12))),
+            Some(&old),
+            300,
+        )
+        .unwrap();
+        assert_eq!((n.aer.unwrap().fatal, n.time_unix), (0, 50));
+        assert_eq!(n.replay.unwrap().count, 12);
+        // not supported, or NVML failed: the stored count is kept as it was
+        for r in [
+            Reading::NotSupported("not supported".into()),
+            Reading::Failed("Unknown".into()),
+        ] {
+            let n = next_baseline(&seen(Some(counts(0, 0, 0)), Some(r)), Some(&old), 300);
+            assert_eq!(n, None);
+        }
+        // nothing counted at all: no file
+        assert_eq!(next_baseline(&seen(None, None), None, 300), None);
+    }
+
+    #[test]
+    fn a_gpus_replay_counter_rise_warns_once_and_unsupported_is_a_note() {
+        let (t, port, gpu) = gpu_tree("pcie-replay");
+        let state = t.0.join("state");
+        for dir in [&gpu, &port] {
+            t.write(dir, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        }
+        let d = gpu_device();
+        let start = |replay: Reading<u32>| {
+            let mut nvml = nvml_with_gpu1_at_3b();
+            nvml.gpus.as_mut().unwrap()[1].pcie_replay = replay;
+            let g = ctx(nvml, Vec::new());
+            let mut found = Findings::default();
+            let v = PcieProbe::new(&t.0, &state, Some(&g)).check(&d, &mut found);
+            advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&g));
+            (v, found)
+        };
+        // the first start takes the count, however high
+        assert_eq!(start(Reading::Value(40)).0, Verdict::Healthy);
+        let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(b.replay.map(|r| r.count), Some(40));
+        // the port's baseline has no replay count: NVML's counter is the GPU's
+        let p = baseline::read(&state, "0000:00:01.0").unwrap().unwrap();
+        assert_eq!(p.replay, None);
+        // replays since: one warning, then the baseline has moved past them
+        let (v, _) = start(Reading::Value(43));
+        assert!(
+            v.reason()
+                .unwrap()
+                .starts_with("pcie: PCIe replay counter: 3 replays on 0000:3b:00.0 since "),
+            "{v:?}"
+        );
+        assert_eq!(v.status(), "warn");
+        assert_eq!(start(Reading::Value(43)).0, Verdict::Healthy);
+        // not supported, or an NVML error: not judged, a note and never unknown; the
+        // stored count stays for when NVML answers again
+        for (r, why) in [
+            (
+                Reading::NotSupported("not supported".into()),
+                "not supported",
+            ),
+            (Reading::Failed("Unknown Error".into()), "Unknown Error"),
+            (Reading::Lost, LOST),
+        ] {
+            let (v, found) = start(r);
+            assert_eq!(v, Verdict::Healthy);
+            let judged = found.pcie.unwrap()[0].judge();
+            let note = format!("PCIe replay counter of 0000:3b:00.0 not judged: {why}");
+            assert!(judged.contains(&Verdict::NotApplicable(note)), "{judged:?}");
+        }
+        let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(b.replay.map(|r| r.count), Some(43));
+        assert!(start(Reading::Value(44)).0.status() == "warn");
         fs::remove_dir_all(&t.0).unwrap();
     }
 }
