@@ -49,3 +49,50 @@ fn rejected_starts_with_distinct_ids_leave_at_most_twice_exits_keep_files() {
     let explained = env.ok(&["explain", "crashloop-299"]);
     assert!(explained.contains("crashloop-299"), "{explained}");
 }
+
+/// The same bound with state_dir on tmpfs, as on a node (/run): there the number of records
+/// is read from the directory's size rather than by listing it (store::records::prune).
+#[test]
+fn rejected_starts_on_tmpfs_stay_within_exits_keep_and_its_slack() {
+    require_root!();
+    const KEEP: usize = 32; // slack 2
+    let env = Env::with("bounded-tmpfs", json!({ "exits_keep": KEEP }));
+    let mut b = Bundle::new("bounded-tmpfs", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.write();
+    env.ok(&["cordon", "1:5", "--reason", "bad"]);
+    let states = env.dir.join("states");
+    std::fs::create_dir_all(&states).unwrap();
+    for i in 0..100 {
+        std::fs::write(
+            states.join(format!("{i:03}.json")),
+            b.state_json(&format!("crashloop-{i}")),
+        )
+        .unwrap();
+    }
+    let state_dir = env.dir.join("state");
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            r#"mount -t tmpfs -o mode=0755 tmpfs "$1" || exit 9
+               for f in "$2"/*.json; do "$3" --config "$4" hook prestart < "$f" >/dev/null 2>&1; done
+               stat -f -c %T "$1"; find "$1/containers" -type f -name '*.json' | wc -l"#,
+        )
+        .arg("sh")
+        .arg(&state_dir)
+        .arg(&states)
+        .arg(devgate_bin())
+        .arg(&env.config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut lines = said.lines();
+    assert_eq!(lines.next(), Some("tmpfs"), "{said}");
+    let records: usize = lines.next().unwrap().trim().parse().unwrap();
+    assert!(
+        (KEEP..=KEEP + 2).contains(&records),
+        "{records} start records on tmpfs after 100 rejected starts, exits_keep {KEEP}"
+    );
+}

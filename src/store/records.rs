@@ -91,19 +91,32 @@ pub(crate) fn remove(state_dir: &Path, kind: Kind, id: &str) -> Result<bool> {
 }
 
 /// Removes the oldest records (by modification time) beyond `keep`, except those `spare`
-/// keeps.
+/// keeps. This runs on every start and stop, so it must not cost a stat per record (with the
+/// default 1000 records that was more than the rest of the hook): it waits until there are
+/// `keep + slack(keep)` entries, counted from the directory's own size on tmpfs (where
+/// state_dir lives) or from its names elsewhere, then stats, sorts and cuts back to `keep`.
+/// So a full pass runs once per `slack` new records, and at most `keep + slack` are kept.
 pub(crate) fn prune(state_dir: &Path, kind: Kind, keep: usize, spare: impl Fn(&Path) -> bool) {
-    let Ok(rd) = std::fs::read_dir(kind.dir(state_dir)) else {
+    let dir = kind.dir(state_dir);
+    let limit = keep.saturating_add(slack(keep));
+    if tmpfs_entries(&dir).is_some_and(|n| n < limit) {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(&dir) else {
         return;
     };
-    let mut files: Vec<(std::time::SystemTime, PathBuf)> = rd
+    let names: Vec<std::ffi::OsString> = rd
         .flatten()
-        .filter(|e| {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            n.ends_with(".json") && !n.starts_with('.')
-        })
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .map(|e| e.file_name())
+        .filter(|n| is_record_name(n))
+        .collect();
+    if names.len() < limit {
+        return;
+    }
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = names
+        .into_iter()
+        .map(|n| dir.join(n))
+        .filter_map(|p| Some((std::fs::symlink_metadata(&p).ok()?.modified().ok()?, p)))
         .collect();
     if files.len() <= keep {
         return;
@@ -114,6 +127,37 @@ pub(crate) fn prune(state_dir: &Path, kind: Kind, keep: usize, spare: impl Fn(&P
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+/// How many records past `keep` wait for the next pruning pass.
+fn slack(keep: usize) -> usize {
+    (keep / 16).max(1)
+}
+
+fn is_record_name(n: &std::ffi::OsStr) -> bool {
+    let n = n.to_string_lossy();
+    n.ends_with(".json") && !n.starts_with('.')
+}
+
+/// The number of entries in `dir` (an upper bound: its temp files, `.` and `..` count too)
+/// where the directory's stat tells it exactly: tmpfs adds BOGO_DIRENT_SIZE, 20 bytes, to a
+/// directory's size per entry (mm/shmem.c), `.` and `..` included. None on any other
+/// filesystem, or for a size that is not what tmpfs makes, and then the caller lists.
+fn tmpfs_entries(dir: &Path) -> Option<usize> {
+    let fs = nix::sys::statfs::statfs(dir).ok()?;
+    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return None;
+    }
+    let size = std::fs::symlink_metadata(dir).ok()?.len();
+    entries_from_tmpfs_size(size)
+}
+
+fn entries_from_tmpfs_size(size: u64) -> Option<usize> {
+    const BOGO_DIRENT_SIZE: u64 = 20;
+    if size < 2 * BOGO_DIRENT_SIZE || size % BOGO_DIRENT_SIZE != 0 {
+        return None;
+    }
+    usize::try_from(size / BOGO_DIRENT_SIZE).ok()
 }
 
 /// The container ids that have a record of `kind`.
@@ -139,4 +183,61 @@ pub(crate) fn list<T: DeserializeOwned>(state_dir: &Path, kind: Kind) -> Vec<T> 
         .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
         .filter_map(|e| read_file(&e.path(), kind).ok().flatten())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn a_tmpfs_directory_size_counts_its_entries() {
+        assert_eq!(entries_from_tmpfs_size(40), Some(2)); // empty: . and ..
+        assert_eq!(entries_from_tmpfs_size(140), Some(7));
+        assert_eq!(entries_from_tmpfs_size(4096), None); // ext4's block, not tmpfs's count
+        assert_eq!(entries_from_tmpfs_size(20), None);
+        assert_eq!(entries_from_tmpfs_size(0), None);
+    }
+
+    fn records(state: &Path, n: usize) -> Vec<PathBuf> {
+        let dir = Kind::Exit.dir(state);
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        (0..n)
+            .map(|i| {
+                let p = dir.join(format!("c{i:03}.json"));
+                let f = std::fs::File::create(&p).unwrap();
+                f.set_modified(base + Duration::from_secs(i as u64))
+                    .unwrap();
+                p
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pruning_waits_for_its_slack_then_cuts_back_to_keep_oldest_first() {
+        let state = crate::fsutil::tests::tempdir("prune");
+        let keep = 32; // slack 2
+        let files = records(&state, keep + 1);
+        std::fs::write(Kind::Exit.dir(&state).join(".c999.json.tmp"), "").unwrap();
+        prune(&state, Kind::Exit, keep, |_| false);
+        assert!(
+            files.iter().all(|p| p.exists()),
+            "pruned before the slack was used"
+        );
+
+        let files = records(&state, keep + 2);
+        prune(&state, Kind::Exit, keep, |_| false);
+        assert!(
+            !files[0].exists() && !files[1].exists(),
+            "the oldest two stay"
+        );
+        assert!(files[2..].iter().all(|p| p.exists()));
+
+        // a record `spare` keeps is passed over, not replaced by a newer one
+        let files = records(&state, keep + 2);
+        prune(&state, Kind::Exit, keep, |p| p == files[0]);
+        assert!(files[0].exists() && !files[1].exists() && files[2].exists());
+        let _ = std::fs::remove_dir_all(&state);
+    }
 }
