@@ -39,15 +39,37 @@ pub enum GpuSelector {
     Invalid(String),
 }
 
-/// Longer than any device name NVIDIA prints (a MIG UUID is 40 bytes).
+/// Longer than any device name NVIDIA prints (a MIG UUID is 40 bytes). Only a UUID token is
+/// refused for its length: a number may carry any count of leading zeros or white space,
+/// and glibc reads it all the same.
 pub const MAX_TOKEN: usize = 96;
+
+/// C's `isspace` in the C locale: Rust's `is_ascii_whitespace` lacks the vertical tab, which
+/// `strtoumax` and `sscanf` skip like any other.
+fn c_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r')
+}
+
+/// The value `strtoul`/`strtoumax` give for an optional sign and the digits `digits` in
+/// `radix`: a magnitude beyond 64 bits is `u64::MAX` whatever the sign; a negative one
+/// wraps (`-18446744073709551615` is 1).
+fn c_value(neg: bool, digits: &str, radix: u32) -> u64 {
+    let magnitude = digits.chars().try_fold(0u64, |v, c| {
+        v.checked_mul(u64::from(radix))?
+            .checked_add(u64::from(c.to_digit(radix)?))
+    });
+    match magnitude {
+        None => u64::MAX,
+        Some(v) if neg => v.wrapping_neg(),
+        Some(v) => v,
+    }
+}
 
 /// `strtoumax(s, &end, 10)` with `*end == '\0'` required: leading white space, one
 /// optional sign, at least one digit, nothing after. `None` when it does not parse;
-/// `Some(None)` when it parses to a value beyond any index (overflow, or negative and
-/// not zero, which C wraps to a huge number).
+/// `Some(None)` when it parses to `UINTMAX_MAX`, which NVIDIA refuses (overflow, `-1`).
 fn c_decimal(s: &str) -> Option<Option<u64>> {
-    let t = s.trim_start_matches(|c: char| c.is_ascii_whitespace());
+    let t = s.trim_start_matches(c_space);
     let (neg, digits) = match t.as_bytes().first() {
         Some(b'+') => (false, &t[1..]),
         Some(b'-') => (true, &t[1..]),
@@ -56,55 +78,63 @@ fn c_decimal(s: &str) -> Option<Option<u64>> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let value = digits.bytes().try_fold(0u64, |v, b| {
-        v.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-    });
-    Some(match value {
-        Some(0) => Some(0),
-        Some(v) if !neg => Some(v),
-        _ => None,
-    })
+    Some(Some(c_value(neg, digits, 10)).filter(|v| *v != u64::MAX))
 }
 
-/// One `%x` (or `%02x` with `width`) conversion: leading white space skipped, then up to
-/// `width` characters of an optional sign and hex digits. Returns the value (None when
-/// it overflows 32 bits or is negative and not zero) and the rest.
-fn c_hex(s: &str, width: Option<usize>) -> Option<(Option<u32>, &str)> {
-    let t = s.trim_start_matches(|c: char| c.is_ascii_whitespace());
-    let limit = width.unwrap_or(usize::MAX);
+/// One `%x` (or `%02x` with `width`) conversion as glibc's scanf makes it: leading white
+/// space skipped (not counted in the width), then within the width an optional sign, a
+/// `0x`/`0X` prefix (its `0` counts as a digit: `0x` alone reads as 0) and hex digits. The
+/// value is `strtoul`'s, stored into an `unsigned int`: truncated to 32 bits
+/// (`100000000` reads as 0). Returns it and the rest; `None` without a digit.
+fn c_hex(s: &str, width: Option<usize>) -> Option<(u32, &str)> {
+    let t = s.trim_start_matches(c_space);
+    let mut left = width.unwrap_or(usize::MAX);
     let b = t.as_bytes();
     let mut i = 0;
     let neg = matches!(b.first(), Some(b'-'));
-    if matches!(b.first(), Some(b'+' | b'-')) && limit > 1 {
+    if matches!(b.first(), Some(b'+' | b'-')) {
         i = 1;
+        left -= 1;
     }
     let start = i;
-    while i < b.len() && i < limit && b[i].is_ascii_hexdigit() {
+    if left > 0 && b.get(i) == Some(&b'0') {
         i += 1;
+        left -= 1;
+        if left > 0 && matches!(b.get(i), Some(b'x' | b'X')) {
+            i += 1;
+            left -= 1;
+        }
+    }
+    let digits_from = i;
+    while left > 0 && i < b.len() && b[i].is_ascii_hexdigit() {
+        i += 1;
+        left -= 1;
     }
     if i == start {
         return None;
     }
-    let v = u32::from_str_radix(&t[start..i], 16).ok();
-    let v = match v {
-        Some(0) => Some(0),
-        Some(v) if !neg => Some(v),
-        _ => None,
+    // the prefix's `0` is a digit of its own; the `x` is not
+    let digits = if digits_from > start + 1 {
+        &t[digits_from..i]
+    } else {
+        &t[start..i]
     };
-    Some((v, &t[i..]))
+    let digits = if digits.is_empty() { "0" } else { digits };
+    Some((c_value(neg, digits, 16) as u32, &t[i..]))
 }
 
 /// `sscanf(token, "%x:%02x:%02x.0")` returning 3: the text after the third conversion
 /// does not matter to the count, so `0:3b:00` and `0:3b:00.7` pass as NVIDIA's do.
-/// `Some(Err)` for a bus id whose numbers cannot be any GPU's.
+/// `Some(Err)` for a bus id whose numbers cannot be any GPU's (a bus or device that
+/// `%02x` prints wider than two digits: a negative one).
 fn pci_bus_id(t: &str) -> Option<Result<(u32, u8, u8), String>> {
     let (domain, rest) = c_hex(t, None)?;
     let rest = rest.strip_prefix(':')?;
     let (bus, rest) = c_hex(rest, Some(2))?;
     let rest = rest.strip_prefix(':')?;
     let (device, _) = c_hex(rest, Some(2))?;
-    Some(match (domain, bus, device) {
-        (Some(d), Some(b), Some(v)) => Ok((d, b as u8, v as u8)),
+    Some(match (u8::try_from(bus), u8::try_from(device)) {
+        (Ok(b), Ok(v)) => Ok((domain, b, v)),
         _ => Err("a PCI bus id whose numbers no GPU has".into()),
     })
 }
@@ -114,7 +144,7 @@ fn mig_index(t: &str) -> Option<(Option<u64>, Option<u64>)> {
     let (a, b) = t.split_once(':')?;
     let lead = |s: &str| -> Option<Option<u64>> {
         // %lu stops at the first non-digit; what follows the second number is ignored.
-        let s = s.trim_start_matches(|c: char| c.is_ascii_whitespace());
+        let s = s.trim_start_matches(c_space);
         let sign = usize::from(matches!(s.as_bytes().first(), Some(b'+' | b'-')));
         let n = s[sign..].bytes().take_while(u8::is_ascii_digit).count();
         c_decimal(&s[..sign + n])
@@ -142,15 +172,16 @@ pub fn parse(token: &str) -> Option<GpuSelector> {
         return None;
     }
     let invalid = |why: &str| Some(GpuSelector::Invalid(format!("{} is {why}", shown(token))));
-    if token.len() > MAX_TOKEN {
-        return invalid("longer than any GPU name");
-    }
+    let long = token.len() > MAX_TOKEN;
     if token.eq_ignore_ascii_case("all") {
         return Some(GpuSelector::All);
     }
     // Compared as bytes: the token is the container's and may split a UTF-8 character.
     let b = token.as_bytes();
     if b.len() > 4 && b[..4].eq_ignore_ascii_case(b"GPU-") {
+        if long {
+            return invalid("longer than any GPU name");
+        }
         return Some(GpuSelector::Uuid(token.to_string()));
     }
     match pci_bus_id(token) {
@@ -175,6 +206,9 @@ pub fn parse(token: &str) -> Option<GpuSelector> {
         None => {}
     }
     if b.len() > 4 && b[..4].eq_ignore_ascii_case(b"MIG-") {
+        if long {
+            return invalid("longer than any GPU name");
+        }
         return Some(GpuSelector::MigUuid(token.to_string()));
     }
     match mig_index(token) {
@@ -222,6 +256,13 @@ mod tests {
         // sscanf stops counting at the third number: NVIDIA takes these as device 0
         assert_eq!(parse("0:3b:00.7"), pci(0, 0x3b, 0));
         assert_eq!(parse("0:3b:000"), pci(0, 0x3b, 0));
+        // glibc's strtoul and strtoumax: 0x, \v, 32-bit truncation, negation that wraps
+        assert_eq!(parse("0x0:3b:00.0"), pci(0, 0x3b, 0));
+        assert_eq!(parse("100000000:3b:00.0"), pci(0, 0x3b, 0));
+        assert_eq!(parse("fffffffff:3b:00.0"), pci(u32::MAX, 0x3b, 0));
+        assert_eq!(parse("\x0b1"), Some(Index(1)));
+        assert_eq!(parse("-18446744073709551615"), Some(Index(1)));
+        assert_eq!(parse(&format!("{}7", "0".repeat(200))), Some(Index(7)));
         assert_eq!(
             parse("0:1"),
             Some(Mig {
@@ -257,7 +298,7 @@ mod tests {
             ("99999999999", "an index beyond"),
             ("99999999999999999999999", "an index beyond"),
             ("1:99999999999", "a MIG index beyond"),
-            ("fffffffff:3b:00.0", "a PCI bus id whose numbers no GPU has"),
+            ("0:-1:00.0", "a PCI bus id whose numbers no GPU has"),
             ("VOID", "not a GPU index"),
             ("None", "not a GPU index"),
         ] {
@@ -269,13 +310,150 @@ mod tests {
                 other => panic!("{t:?}: {other:?}"),
             }
         }
-        let long = "x".repeat(200);
+        let long = format!("GPU-{}", "x".repeat(200));
         match parse(&long) {
             Some(Invalid(r)) => assert!(r.len() < 160 && r.contains("longer than"), "{r}"),
             other => panic!("{other:?}"),
         }
         for t in ["aé€x", "GPé-x", "€€€€€", "GPU-é", "0:é", "é:1"] {
             assert!(parse(t).is_some(), "{t:?}");
+        }
+    }
+}
+
+/// devgate's reading against glibc's own `sscanf` and `strtoumax` (through `libc`), the
+/// functions libnvidia-container calls: wherever NVIDIA's tooling takes a token as a GPU
+/// index or a PCI bus id, devgate must take it as the same GPU, or a pod could hide the GPU
+/// it gets behind a spelling devgate reads otherwise (an unknown under the default
+/// `on_unknown: allow`).
+#[cfg(test)]
+mod glibc_tests {
+    use super::*;
+    use std::ffi::CString;
+
+    /// What libnvidia-container's `select_devices` makes of a token that is not `all` or
+    /// `GPU-…`: `Some(Ok(pci))` for `%x:%02x:%02x.0` read as a bus id that a GPU can have
+    /// (the `%02x` values fit two digits), `Some(Err(()))` for one no GPU has,
+    /// `Some(Ok(Index))` for a whole-token `strtoumax` below `UINTMAX_MAX`, `None` when it
+    /// refuses the token.
+    fn nvidia(token: &str) -> Option<Result<GpuSelector, ()>> {
+        let c = CString::new(token).ok()?;
+        let (mut d, mut b, mut v) = (0u32, 0u32, 0u32);
+        // SAFETY: a NUL-terminated string, a NUL-terminated format and three u32 out-pointers
+        // for its three %x conversions.
+        let n = unsafe {
+            libc::sscanf(
+                c.as_ptr(),
+                c"%x:%02x:%02x.0".as_ptr(),
+                &mut d as *mut u32,
+                &mut b as *mut u32,
+                &mut v as *mut u32,
+            )
+        };
+        if n == 3 {
+            return Some(match (u8::try_from(b), u8::try_from(v)) {
+                (Ok(bus), Ok(device)) => Ok(GpuSelector::PciBusId {
+                    domain: d,
+                    bus,
+                    device,
+                }),
+                _ => Err(()),
+            });
+        }
+        let mut end: *mut libc::c_char = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated string and a local end pointer.
+        let n = unsafe { libc::strtoull(c.as_ptr(), &mut end, 10) };
+        // SAFETY: strtoull leaves `end` inside the string it read.
+        let whole = unsafe { *end } == 0 && end.cast_const() != c.as_ptr();
+        (whole && n < u64::MAX).then(|| u32::try_from(n).map(GpuSelector::Index).map_err(|_| ()))
+    }
+
+    fn agree(token: &str) {
+        let b = token.as_bytes();
+        if token.eq_ignore_ascii_case("all")
+            || (b.len() > 4 && b[..4].eq_ignore_ascii_case(b"GPU-"))
+        {
+            return;
+        }
+        let ours = parse(token);
+        match nvidia(token) {
+            Some(Ok(sel)) => assert_eq!(ours, Some(sel), "{token:?}"),
+            Some(Err(())) => assert!(
+                matches!(ours, Some(GpuSelector::Invalid(_))),
+                "{token:?}: {ours:?}"
+            ),
+            // refused by NVIDIA: devgate must not check a GPU by index or bus id for it
+            None => assert!(
+                !matches!(
+                    ours,
+                    Some(GpuSelector::Index(_) | GpuSelector::PciBusId { .. })
+                ),
+                "{token:?}: {ours:?}"
+            ),
+        }
+    }
+
+    #[test]
+    fn spellings_read_as_glibc_reads_them() {
+        let long_zeros = format!("{}1", "0".repeat(200));
+        let long_space = format!("{}2", " ".repeat(120));
+        let long_domain = format!("{}:3b:00.0", "0".repeat(150));
+        for t in [
+            "\x0b1",
+            "\x0c\r\n\t 3",
+            "-18446744073709551615",
+            "-18446744073709551614",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-18446744073709551616",
+            long_zeros.as_str(),
+            long_space.as_str(),
+            long_domain.as_str(),
+            "0x0:3b:00.0",
+            "0X3b:00:00",
+            "0x:3b:00.0",
+            "0:0x:00.0",
+            "0:0x3b:00.0",
+            "0:3b:0x.0",
+            "100000000:3b:00.0",
+            "-100000000:3b:00.0",
+            "-ffffffff:3b:00.0",
+            "-0x1:3b:00.0",
+            "fffffffffffffffffffff:3b:00.0",
+            "-1:3b:00.0",
+            "0:-1:00.0",
+            "0:+3b:00.0",
+            "0:+b:00.0",
+            "+0x:1:2",
+            "\x0b0:\x0b3b:\x0b00.0",
+            "0:x3:00",
+            "0x1",
+            "+-1",
+            "- 1",
+        ] {
+            agree(t);
+        }
+    }
+
+    /// Every short token over the characters that matter to the two grammars, in a fixed
+    /// pseudo-random order (the same tokens at every run).
+    #[test]
+    fn random_short_tokens_read_as_glibc_reads_them() {
+        const ALPHABET: &[u8] = b"0123456789abfxX+-:. \x0b\t";
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..200_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let len = (state >> 60) as usize + 1;
+            let mut s = state;
+            let token: String = (0..len)
+                .map(|_| {
+                    s = s.rotate_left(5) ^ (s >> 3).wrapping_mul(31);
+                    ALPHABET[(s % ALPHABET.len() as u64) as usize] as char
+                })
+                .collect();
+            agree(&token);
         }
     }
 }
