@@ -5,7 +5,8 @@
 //! strictly skips one it does. So the rules are NVIDIA's, in NVIDIA's order:
 //!
 //! 1. `all`, any case: every GPU; tokens after it are not read.
-//! 2. `GPU-…` longer than `GPU-`: a GPU by its full UUID, any case. Never a prefix.
+//! 2. `GPU-…` longer than `GPU-`: the first GPU whose UUID it begins, any case
+//!    (`strncasecmp` over the token's length): `GPU-1a2b` is a GPU if one's UUID begins so.
 //! 3. a PCI bus id, `sscanf("%x:%02x:%02x.0")` with 3 conversions: `0:3b:00.0`,
 //!    `00000000:3B:00.0`, `0000:3b:00` all name domain 0, bus 0x3b, device 0.
 //! 4. a decimal index, `strtoumax(…, 10)` to the end of the token: `1`, `00001`, `+1`.
@@ -21,7 +22,7 @@
 pub enum GpuSelector {
     All,
     Index(u32),
-    /// `GPU-…`, compared whole without regard to case.
+    /// `GPU-…`: a prefix of the UUID, without regard to case ([`uuid_names`]).
     Uuid(String),
     PciBusId {
         domain: u32,
@@ -164,6 +165,14 @@ fn shown(t: &str) -> String {
     } else {
         format!("{t:?}")
     }
+}
+
+/// Whether a `GPU-…` token names the GPU whose UUID is `uuid`, as libnvidia-container
+/// compares them (`strncasecmp(uuid, token, strlen(token))`): the token begins the UUID,
+/// in any case. Of several GPUs it begins, NVIDIA gives the first in index order.
+pub fn uuid_names(token: &str, uuid: &str) -> bool {
+    uuid.len() >= token.len()
+        && uuid.as_bytes()[..token.len()].eq_ignore_ascii_case(token.as_bytes())
 }
 
 /// What one token selects: `None` for nothing (`void`, `none`, empty).
