@@ -40,7 +40,7 @@ pub fn oci_spec(data: &[u8]) {
         return;
     };
     let selectors = gpu_selectors(&spec);
-    assert!(selectors.len() <= 256);
+    assert!(selectors.len() <= crate::discover::gpu::MAX_SELECTORS + 1);
     let may = crate::discover::may_have_devices(&spec);
     let nowhere = Path::new(NOWHERE);
     if let Ok(devices) = crate::discover::discover(&spec, &class::builtin(), nowhere, nowhere) {
@@ -200,7 +200,7 @@ pub fn gpu_selector_values(data: &[u8]) {
         ..Spec::default()
     };
     let selectors = gpu_selectors(&spec);
-    assert!(selectors.len() <= 256);
+    assert!(selectors.len() <= crate::discover::gpu::MAX_SELECTORS + 1);
     for (s, _) in selectors {
         match s {
             GpuSelector::All | GpuSelector::Index(_) | GpuSelector::Mig { .. } => {}

@@ -5,6 +5,7 @@ use super::devnode::{find_host_node, node_num, walk_nodes};
 use crate::model::class::{self, ClassRule, NVIDIA_MAJOR};
 use crate::model::device::{DevNum, DevType, Device, Source};
 use crate::oci::spec::Spec;
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
@@ -14,8 +15,52 @@ pub use super::selector::GpuSelector;
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 const CDI_GPU_KIND: &str = "nvidia.com/gpu=";
-/// More selectors than GPUs on any node is a hostile spec; the rest are ignored.
-const MAX_SELECTORS: usize = 256;
+/// More distinct selectors than a node's GPUs could answer to (each GPU has one index, one
+/// bus id, 36 UUID prefixes and a few MIG instances): past it the rest is not read and is
+/// one unknown, never silently dropped (a GPU after them would go unchecked).
+pub(crate) const MAX_SELECTORS: usize = 1024;
+
+/// The selectors read so far, without repeats: `1`, `01` and `+1` are one selector, and of
+/// the tokens NVIDIA refuses only the first is kept (its tooling stops at it; one unknown
+/// says so). Bounded by [`MAX_SELECTORS`] however long the spec's values are, and each
+/// token costs one set lookup, so that millions of tokens cost only their parse.
+#[derive(Default)]
+struct Selectors {
+    out: Vec<(GpuSelector, Source)>,
+    seen: HashSet<(GpuSelector, Source)>,
+    full: bool,
+}
+
+impl Selectors {
+    /// False once full: the caller stops reading.
+    fn push(&mut self, sel: GpuSelector, source: Source) -> bool {
+        if self.full {
+            return false;
+        }
+        let key = match &sel {
+            GpuSelector::Uuid(u) => GpuSelector::Uuid(u.to_ascii_lowercase()),
+            GpuSelector::MigUuid(u) => GpuSelector::MigUuid(u.to_ascii_lowercase()),
+            GpuSelector::Invalid(_) => GpuSelector::Invalid(String::new()),
+            other => other.clone(),
+        };
+        if self.seen.contains(&(key.clone(), source)) {
+            return true;
+        }
+        if self.out.len() >= MAX_SELECTORS {
+            self.full = true;
+            self.out.push((
+                GpuSelector::Invalid(format!(
+                    "more than {MAX_SELECTORS} distinct GPU selectors, the rest not read"
+                )),
+                source,
+            ));
+            return false;
+        }
+        self.seen.insert((key, source));
+        self.out.push((sel, source));
+        true
+    }
+}
 
 /// The GPUs a container selects through `NVIDIA_VISIBLE_DEVICES` or CDI annotations in
 /// config.json. This is the only way a container's environment reaches devgate: as a list
@@ -23,12 +68,14 @@ const MAX_SELECTORS: usize = 256;
 /// (`selector`): tokens are not trimmed (NVIDIA's tooling refuses ` 1, GPU-…`), `all` ends
 /// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
-    let mut out = Vec::new();
-    out.extend(
-        volume_mount_devices(spec)
-            .filter_map(parse_selector)
-            .map(|s| (s, Source::NvidiaVisibleDevices)),
-    );
+    let mut out = Selectors::default();
+    for name in volume_mount_devices(spec) {
+        if let Some(s) = parse_selector(name) {
+            if !out.push(s, Source::NvidiaVisibleDevices) {
+                return out.out;
+            }
+        }
+    }
     // The device plugin's volume-mounts strategy sets the variable to the mounts' root:
     // the list is the mounts above, not this value.
     let env = spec
@@ -38,7 +85,9 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
         for token in v.split(',') {
             if let Some(s) = parse_selector(token) {
                 let all = s == GpuSelector::All;
-                out.push((s, Source::NvidiaVisibleDevices));
+                if !out.push(s, Source::NvidiaVisibleDevices) {
+                    return out.out;
+                }
                 if all {
                     break;
                 }
@@ -52,13 +101,14 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
         for token in v.split(',') {
             if let Some(name) = token.trim().strip_prefix(CDI_GPU_KIND) {
                 if let Some(s) = parse_selector(name) {
-                    out.push((s, Source::CdiAnnotation));
+                    if !out.push(s, Source::CdiAnnotation) {
+                        return out.out;
+                    }
                 }
             }
         }
     }
-    out.truncate(MAX_SELECTORS);
-    out
+    out.out
 }
 
 /// The NVIDIA toolkit's `accept-nvidia-visible-devices-as-volume-mounts`: the device
@@ -253,6 +303,45 @@ mod tests {
             gpu_selectors(&s)[..],
             [(GpuSelector::Invalid(_), _)]
         ));
+    }
+
+    /// NVIDIA's tooling reads every token; so must devgate, however many come before the
+    /// GPU that matters: repeats of one GPU, or tokens NVIDIA refuses, cannot push a GPU
+    /// out of the list, and past the bound on distinct selectors the rest is an unknown.
+    #[test]
+    fn no_count_of_tokens_hides_the_last_gpu() {
+        let env = |v: String| Spec {
+            process: serde_json::from_value(serde_json::json!({
+                "env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]
+            }))
+            .unwrap(),
+            ..Spec::default()
+        };
+        let repeats = format!("{}3", "0,00,+0,".repeat(300));
+        let got = gpu_selectors(&env(repeats));
+        assert!(
+            got.contains(&(GpuSelector::Index(3), Source::NvidiaVisibleDevices)),
+            "{:?}",
+            &got[got.len().saturating_sub(3)..]
+        );
+        assert_eq!(got.len(), 2, "spellings of GPU 0 are one selector");
+        // 100 000 distinct refused tokens: one unknown is kept, and GPU 3 is still read
+        let refused: String = (0..100_000).map(|i| format!("x{i},")).collect();
+        let got = gpu_selectors(&env(format!("{refused}3")));
+        assert_eq!(got.len(), 2, "{:?}", &got[..2.min(got.len())]);
+        assert!(matches!(&got[0].0, GpuSelector::Invalid(r) if r.contains("\"x0\"")));
+        assert_eq!(got[1].0, GpuSelector::Index(3));
+        // more distinct selectors than any node could take: the rest is an unknown
+        let many: String = (0..MAX_SELECTORS + 10)
+            .map(|i| format!("GPU-{i:x},"))
+            .collect();
+        let got = gpu_selectors(&env(format!("{many}3")));
+        assert_eq!(got.len(), MAX_SELECTORS + 1);
+        assert!(
+            matches!(&got[MAX_SELECTORS].0, GpuSelector::Invalid(r) if r.contains("more than")),
+            "{:?}",
+            got[MAX_SELECTORS]
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! `void`, `none` and empty tokens select nothing (the toolkit's own meaning).
 
 /// A GPU as NVIDIA's container tooling names it; NVML turns it into a minor number.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum GpuSelector {
     All,
     Index(u32),
