@@ -23,7 +23,7 @@
 //! cache anyway; the boot id covers a state_dir that is not.
 
 use super::gpu_at::{self, GpuAt, MAX_GPU_AT};
-use super::kmsg::{open_log, read_into, KmsgScan, ReadLimits, Scanner, XidEvent};
+use super::kmsg::{keep_newest, open_log, read_into, KmsgScan, ReadLimits, Scanner, XidEvent};
 use crate::fsutil::{ensure_private_dir, read_bounded, read_regular_file, write_atomic_volatile};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
@@ -211,8 +211,7 @@ fn full_scan(
 fn merge(scan: &mut KmsgScan, c: &Cache, limits: ReadLimits) {
     let mut events = c.events.clone();
     events.append(&mut scan.events);
-    let drop = events.len().saturating_sub(limits.max_events);
-    events.drain(..drop);
+    keep_newest(&mut events, limits.max_events);
     scan.events = events;
     scan.last_driver_load = scan.last_driver_load.or(c.last_driver_load);
     let mut at = c.gpu_at.clone();
@@ -663,6 +662,32 @@ mod tests {
 
     /// The fuzz seeds are the parser's own cases: the two a scan writes parse, the rest
     /// do not.
+    /// The cache's reports and a scan's are bounded together the same way: another
+    /// GPU's flood since the cache does not push the cache's report out.
+    #[test]
+    fn a_flood_after_the_cache_keeps_the_caches_report_of_another_gpu() {
+        let d = dir("flood");
+        let log = d.0.join("kmsg");
+        let mut text = format!("{AT}{XID}");
+        fs::write(&log, &text).unwrap();
+        let state = d.0.join("state");
+        let first = read_kmsg_cached(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
+        assert_eq!(first.events.len(), 1);
+        for i in 6..5_000u64 {
+            text.push_str(&format!(
+                "4,{i},{i}000,-;NVRM: Xid (PCI:0000:5e:00): 13, pid=66, Graphics Exception\n"
+            ));
+        }
+        fs::write(&log, &text).unwrap();
+        let cached = read_kmsg_cached(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
+        let whole = read_kmsg(&log, ReadLimits::default()).unwrap();
+        for s in [&cached, &whole] {
+            assert_eq!(s.events.len(), 1 + super::super::kmsg::MAX_EVENTS_PER_KIND);
+            assert_eq!((s.events[0].seq, s.events[0].xid), (5, 79));
+        }
+        same(&cached, &whole);
+    }
+
     #[test]
     fn fuzz_seeds_parse_as_named() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/kmsg_cache");
