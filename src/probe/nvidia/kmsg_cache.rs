@@ -9,9 +9,9 @@
 //!
 //! The cache is believed for no more than it proves:
 //! - /dev/kmsg: the same boot (`boot_id`), the same device, and a log that continues it:
-//!   the oldest record read is at most `last_seq + 1` (otherwise the ring wrapped past
-//!   what the cache saw, records nobody read are lost, and the cache is dropped: the scan
-//!   is a full one), and the record `last_seq`, when still there, has the same timestamp.
+//!   the record `last_seq`, when still there, has the same timestamp. When the ring has
+//!   wrapped past it (the oldest record read is newer), the records between are lost, but
+//!   what the cache saw of this boot still stands and is kept: a flood must not erase it.
 //! - a file: the same device and inode, at least `offset` bytes long, and the same bytes
 //!   at its head and just before `offset` (a fingerprint of each); the first record after
 //!   `offset` must be newer than `last_seq`.
@@ -165,16 +165,16 @@ fn worth_writing(c: &Cache, scan: &KmsgScan, offset: u64) -> bool {
 }
 
 /// Whether this read carries on from what the cache saw. A file: whatever follows the
-/// offset is newer. The device: no record between the cache and this read was lost (the
-/// oldest record read is at most `last_seq + 1`), and the record the cache ended at, when
-/// still in the ring, is the same record (its timestamp); a read that never got to it
-/// (cut short) does not carry on.
+/// offset is newer. The device: the record the cache ended at, when still in the ring, is
+/// the same record (its timestamp), or the ring has moved past it (the oldest record read
+/// is newer than `last_seq`). Records that went between the two reads are lost either way,
+/// but what the cache read of this boot's log stands: dropping it would let a flood (a pod
+/// making its own GPU report XID 31 at will) wrap the ring and erase another GPU's report.
+/// A read that never got to the cache's record (cut short) does not carry on.
 fn continues(file: bool, first: Option<u64>, known_ts: Option<u64>, c: &Cache) -> bool {
     match (file, first) {
         (true, first) => first.map_or(true, |seq| seq > c.last_seq),
-        (false, Some(first)) => {
-            known_ts == Some(c.last_ts_usec) || first == c.last_seq.saturating_add(1)
-        }
+        (false, Some(first)) => known_ts == Some(c.last_ts_usec) || first > c.last_seq,
         (false, None) => false,
     }
 }
@@ -601,8 +601,11 @@ mod tests {
         assert!(!continues(false, Some(0), Some(5001), &c));
         // the ring wrapped exactly to 101: nothing lost
         assert!(continues(false, Some(101), None, &c));
-        // wrapped past 101: records nobody read are lost
-        assert!(!continues(false, Some(102), None, &c));
+        // wrapped past 101: records nobody read are lost, but what the cache read of this
+        // boot's log still stands (a pod flooding the ring with its own GPU's XIDs must not
+        // erase another GPU's report the cache holds)
+        assert!(continues(false, Some(102), None, &c));
+        assert!(continues(false, Some(1_000_000), None, &c));
         // the read stopped before record 100
         assert!(!continues(false, Some(0), None, &c));
         assert!(!continues(false, None, None, &c));
