@@ -70,16 +70,23 @@ impl Selectors {
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     let mut out = Selectors::default();
     for name in volume_mount_devices(spec) {
-        if let Some(s) = parse_selector(name) {
+        if let Some(s) = parse_selector(&name) {
             if !out.push(s, Source::NvidiaVisibleDevices) {
                 return out.out;
             }
         }
     }
+    // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
+    // every GPU from the toolkit, unless the mounts named some.
+    let legacy_all = out.out.is_empty()
+        && spec.env(NVIDIA_VISIBLE_DEVICES).is_none()
+        && spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty())
+        && spec.env("NVIDIA_REQUIRE_CUDA").map_or(true, str::is_empty);
     // The device plugin's volume-mounts strategy sets the variable to the mounts' root:
     // the list is the mounts above, not this value.
     let env = spec
         .env(NVIDIA_VISIBLE_DEVICES)
+        .or(legacy_all.then_some("all"))
         .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
     if let Some(v) = env {
         for token in v.split(',') {
@@ -113,28 +120,55 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
 
 /// The NVIDIA toolkit's `accept-nvidia-visible-devices-as-volume-mounts`: the device
 /// plugin names each GPU by a mount of `/dev/null` at `<root>/<name>`; `cdi/<kind>=<name>`
-/// names a CDI device, `imex/…` an IMEX channel (not a GPU).
+/// (or `cdi/<vendor>/<class>/<name>`) names a CDI device, `imex/…` an IMEX channel (not a
+/// GPU). Read as the toolkit reads them (`DevicesFromMounts`): both paths through Go's
+/// `filepath.Clean`, the destination matched by a plain string prefix (no separator
+/// needed after it: `<root>3` is GPU 3) and the rest trimmed of `/` at both ends.
 const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
 
-fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = &str> {
+fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = String> + '_ {
     spec.mounts.iter().filter_map(|m| {
-        if m.source.as_deref() != Some(Path::new("/dev/null")) {
+        if go_clean(&m.source.as_deref()?.to_string_lossy()) != "/dev/null" {
             return None;
         }
-        let name = m
-            .destination
-            .to_str()?
+        let destination = go_clean(&m.destination.to_string_lossy());
+        let name = destination
             .strip_prefix(VOLUME_MOUNTS_ROOT)?
-            .strip_prefix('/')?
-            .trim_end_matches('/');
+            .trim_matches('/');
         if name.is_empty() || name.starts_with("imex/") {
             return None;
         }
-        match name.strip_prefix("cdi/") {
-            Some(cdi) => cdi.strip_prefix(CDI_GPU_KIND),
-            None => Some(name),
-        }
+        let name = match name.strip_prefix("cdi/") {
+            Some(cdi) => cdi
+                .strip_prefix(CDI_GPU_KIND)
+                .or_else(|| cdi.strip_prefix("nvidia.com/gpu/"))?,
+            None => name,
+        };
+        Some(name.to_string())
     })
+}
+
+/// Go's `filepath.Clean`, lexically: repeated and trailing `/` and `.` elements go, `..`
+/// takes the element before it (and above the root, nothing).
+fn go_clean(p: &str) -> String {
+    let rooted = p.starts_with('/');
+    let mut out: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." if out.last().is_some_and(|l| *l != "..") => {
+                out.pop();
+            }
+            ".." if rooted => {}
+            c => out.push(c),
+        }
+    }
+    let joined = out.join("/");
+    match (rooted, joined.is_empty()) {
+        (true, _) => format!("/{joined}"),
+        (false, true) => ".".to_string(),
+        (false, false) => joined,
+    }
 }
 
 /// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
@@ -303,6 +337,42 @@ mod tests {
             gpu_selectors(&s)[..],
             [(GpuSelector::Invalid(_), _)]
         ));
+    }
+
+    /// The toolkit reads the volume mounts through Go's `filepath.Clean`, with a plain
+    /// string prefix (`strings.HasPrefix(destination, root)`, no separator after it) and
+    /// `strings.Trim(…, "/")`, and takes `cdi/<vendor>/<class>/<name>` too; and a legacy
+    /// CUDA image (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` not, no
+    /// `NVIDIA_VISIBLE_DEVICES`) gets every GPU. Each is a GPU the container gets.
+    #[test]
+    fn spellings_the_toolkit_reads_name_gpus() {
+        let s = spec(
+            r#"{"mounts":[
+                  {"destination":"/var/run/nvidia-container-devices3","source":"/dev/null"},
+                  {"destination":"/var/run/./nvidia-container-devices//GPU-aBc/","source":"/dev//null"},
+                  {"destination":"/var/run/nvidia-container-devices/x/../5","source":"/dev/x/../null"},
+                  {"destination":"/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/6","source":"/dev/null"}]}"#,
+        );
+        let env = Source::NvidiaVisibleDevices;
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Index(3), env),
+                (GpuSelector::Uuid("GPU-aBc".into()), env),
+                (GpuSelector::Index(5), env),
+                (GpuSelector::Index(6), env),
+            ]
+        );
+        let legacy = spec(r#"{"process":{"env":["CUDA_VERSION=9.0.176"]}}"#);
+        assert_eq!(gpu_selectors(&legacy), vec![(GpuSelector::All, env)]);
+        assert!(may_have_devices(&legacy));
+        for not_all in [
+            r#"{"process":{"env":["CUDA_VERSION=9.0.176","NVIDIA_REQUIRE_CUDA=cuda>=9.0"]}}"#,
+            r#"{"process":{"env":["CUDA_VERSION=9.0.176","NVIDIA_VISIBLE_DEVICES=void"]}}"#,
+            r#"{"process":{"env":["CUDA_VERSION="]}}"#,
+        ] {
+            assert!(gpu_selectors(&spec(not_all)).is_empty(), "{not_all}");
+        }
     }
 
     /// NVIDIA's tooling reads every token; so must devgate, however many come before the
