@@ -1654,4 +1654,16 @@ fn env_selectors_false_ignores_nvidia_visible_devices() {
     spec["annotations"] = json!({"cdi.k8s.io/x": "nvidia.com/gpu=3"});
     let out = n.prestart(&spec, &bad);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // The toolkit's secure setup turns the variable off for unprivileged containers and
+    // lets the device plugin name GPUs by volume mounts instead: those are not the
+    // variable, and still select
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]);
+    spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": format!("/var/run/nvidia-container-devices/{}", uuid(3)),
+        "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"]
+    }));
+    let out = n.prestart(&spec, &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(n.said(&out).contains("remapping failed"), "{}", text(&out));
 }

@@ -68,6 +68,15 @@ impl Selectors {
 /// (`selector`): tokens are not trimmed (NVIDIA's tooling refuses ` 1, GPU-…`), `all` ends
 /// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
+    gpu_selectors_with(spec, true)
+}
+
+/// [`gpu_selectors`], with the variable itself read only when `env` (`gpu.env_selectors`).
+/// The device plugin's volume mounts are read either way: they are how it names GPUs in
+/// the toolkit's setup that turns the variable off for unprivileged containers
+/// (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, which is also
+/// `gpu.env_selectors`'s default), and the toolkit reads them whatever that key says.
+pub fn gpu_selectors_with(spec: &Spec, env: bool) -> Vec<(GpuSelector, Source)> {
     let mut out = Selectors::default();
     for name in volume_mount_devices(spec) {
         if let Some(s) = parse_selector(&name) {
@@ -78,6 +87,9 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     }
     // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
     // every GPU from the toolkit, unless the mounts named some.
+    if !env {
+        return cdi_selectors(spec, out);
+    }
     let legacy_all = out.out.is_empty()
         && spec.env(NVIDIA_VISIBLE_DEVICES).is_none()
         && spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty())
@@ -101,6 +113,11 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
             }
         }
     }
+    cdi_selectors(spec, out)
+}
+
+/// The CDI annotations' GPUs, after those in `out`.
+fn cdi_selectors(spec: &Spec, mut out: Selectors) -> Vec<(GpuSelector, Source)> {
     for (k, v) in &spec.annotations {
         if !k.starts_with(CDI_ANNOTATION_PREFIX) {
             continue;
@@ -373,6 +390,25 @@ mod tests {
         ] {
             assert!(gpu_selectors(&spec(not_all)).is_empty(), "{not_all}");
         }
+    }
+
+    /// `gpu.env_selectors: false` drops the variable (and a legacy image's `all`), never
+    /// the device plugin's volume mounts nor CDI annotations.
+    #[test]
+    fn without_env_selectors_mounts_and_cdi_still_select() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=1","CUDA_VERSION=9.0"]},
+                "annotations":{"cdi.k8s.io/x":"nvidia.com/gpu=2"},
+                "mounts":[{"destination":"/var/run/nvidia-container-devices/3","source":"/dev/null"}]}"#,
+        );
+        assert_eq!(
+            gpu_selectors_with(&s, false),
+            vec![
+                (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
+                (GpuSelector::Index(2), Source::CdiAnnotation),
+            ]
+        );
+        assert_eq!(gpu_selectors_with(&s, true).len(), 3);
     }
 
     /// NVIDIA's tooling reads every token; so must devgate, however many come before the
