@@ -14,7 +14,18 @@ pub use super::selector::GpuSelector;
 
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-const CDI_GPU_KIND: &str = "nvidia.com/gpu=";
+/// The CDI kinds NVIDIA's specs name GPUs by: nvidia-ctk's, the device plugin's own
+/// (`--device-list-strategy=cdi-annotations`/`cdi-cri`) and the management spec's.
+const CDI_GPU_KINDS: [&str; 3] = [
+    "nvidia.com/gpu=",
+    "k8s.device-plugin.nvidia.com/gpu=",
+    "management.nvidia.com/gpu=",
+];
+
+/// The GPU name in a CDI device name of one of [`CDI_GPU_KINDS`].
+fn cdi_gpu_name(name: &str) -> Option<&str> {
+    CDI_GPU_KINDS.iter().find_map(|k| name.strip_prefix(k))
+}
 /// More distinct selectors than a node's GPUs could answer to (each GPU has one index, one
 /// bus id, 36 UUID prefixes and a few MIG instances): past it the rest is not read and is
 /// one unknown, never silently dropped (a GPU after them would go unchecked).
@@ -102,7 +113,9 @@ pub fn gpu_selectors_with(spec: &Spec, env: bool) -> Vec<(GpuSelector, Source)> 
         .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
     if let Some(v) = env {
         for token in v.split(',') {
-            if let Some(s) = parse_selector(token) {
+            // The runtime's CDI mode takes a qualified CDI name in the variable as it is
+            // (and its `auto` mode switches to CDI for one).
+            if let Some(s) = parse_selector(cdi_gpu_name(token).unwrap_or(token)) {
                 let all = s == GpuSelector::All;
                 if !out.push(s, Source::NvidiaVisibleDevices) {
                     return out.out;
@@ -123,7 +136,7 @@ fn cdi_selectors(spec: &Spec, mut out: Selectors) -> Vec<(GpuSelector, Source)> 
             continue;
         }
         for token in v.split(',') {
-            if let Some(name) = token.trim().strip_prefix(CDI_GPU_KIND) {
+            if let Some(name) = cdi_gpu_name(token.trim()) {
                 if let Some(s) = parse_selector(name) {
                     if !out.push(s, Source::CdiAnnotation) {
                         return out.out;
@@ -156,9 +169,11 @@ fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = String> + '_ {
             return None;
         }
         let name = match name.strip_prefix("cdi/") {
-            Some(cdi) => cdi
-                .strip_prefix(CDI_GPU_KIND)
-                .or_else(|| cdi.strip_prefix("nvidia.com/gpu/"))?,
+            Some(cdi) => cdi_gpu_name(cdi).or_else(|| {
+                // `<vendor>/<class>/<name>`
+                let (kind, name) = cdi.rsplit_once('/')?;
+                cdi_gpu_name(&format!("{kind}=")).map(|_| name)
+            })?,
             None => name,
         };
         Some(name.to_string())
@@ -390,6 +405,31 @@ mod tests {
         ] {
             assert!(gpu_selectors(&spec(not_all)).is_empty(), "{not_all}");
         }
+    }
+
+    /// The CDI kinds NVIDIA's own specs name GPUs by: nvidia-ctk's `nvidia.com/gpu`, the
+    /// device plugin's `k8s.device-plugin.nvidia.com/gpu` and the management spec's
+    /// `management.nvidia.com/gpu`; and a qualified CDI name in the variable, which the
+    /// runtime's CDI mode takes as it is (and its `auto` mode switches to CDI for).
+    #[test]
+    fn every_nvidia_cdi_gpu_kind_selects_in_annotations_mounts_and_the_variable() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1,k8s.device-plugin.nvidia.com/gpu=GPU-aBc"]},
+                "annotations":{"cdi.k8s.io/a":"k8s.device-plugin.nvidia.com/gpu=2",
+                               "cdi.k8s.io/b":"management.nvidia.com/gpu=all,vendor.com/nic=1"},
+                "mounts":[{"destination":"/var/run/nvidia-container-devices/cdi/k8s.device-plugin.nvidia.com/gpu=3","source":"/dev/null"}]}"#,
+        );
+        let (env, cdi) = (Source::NvidiaVisibleDevices, Source::CdiAnnotation);
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Index(3), env),
+                (GpuSelector::Index(1), env),
+                (GpuSelector::Uuid("GPU-aBc".into()), env),
+                (GpuSelector::Index(2), cdi),
+                (GpuSelector::All, cdi),
+            ]
+        );
     }
 
     /// `gpu.env_selectors: false` drops the variable (and a legacy image's `all`), never
