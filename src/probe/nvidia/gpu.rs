@@ -405,8 +405,18 @@ pub fn resolve_selectors(
             )),
         }
     }
+    if unresolved.len() > MAX_UNRESOLVED {
+        let more = unresolved.len() - MAX_UNRESOLVED;
+        unresolved.truncate(MAX_UNRESOLVED);
+        unresolved.push(format!("and {more} more GPU selectors that name no GPU"));
+    }
     (chosen, unresolved)
 }
+
+/// Sentences said about selectors that name no GPU, past which they are counted: each is a
+/// warning line, a clause of the reject line, and part of the record and the decision log
+/// line of every retry of the pod.
+pub(crate) const MAX_UNRESOLVED: usize = 16;
 
 #[cfg(test)]
 mod tests {
@@ -621,6 +631,37 @@ mod tests {
         assert_eq!(
             p.check(&gpu_dev(0, "nvidia-gpu"), &mut Findings::default()),
             Verdict::Unknown("NVML did not answer in 2000 ms".into())
+        );
+    }
+
+    /// A spec naming hundreds of GPUs no list has gets a bounded reason, not one sentence
+    /// each: the reject line, its record and the decision log line stay small however many
+    /// times a pod is retried.
+    #[test]
+    fn unresolved_selectors_are_said_a_bounded_number_of_times() {
+        let ok = NvmlAnswer {
+            gpus: Ok((0..2).map(healthy).collect()),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let sel: Vec<(GpuSelector, Source)> = (0..100)
+            .map(|i| {
+                (
+                    GpuSelector::Uuid(format!("GPU-ffff{i:04}")),
+                    Source::NvidiaVisibleDevices,
+                )
+            })
+            .collect();
+        let (chosen, unresolved) = resolve_selectors(&sel, &KnownGpus::from_answer(&ok), &[]);
+        assert!(chosen.is_empty());
+        assert_eq!(unresolved.len(), MAX_UNRESOLVED + 1, "{unresolved:?}");
+        assert_eq!(
+            unresolved.last().unwrap(),
+            &format!(
+                "and {} more GPU selectors that name no GPU",
+                100 - MAX_UNRESOLVED
+            )
         );
     }
 
