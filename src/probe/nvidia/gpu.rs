@@ -201,7 +201,7 @@ impl Probe for NvmlProbe<'_> {
                 verdict_for(g, &checks)
             }
             None if self.answer.lookup == Lookup::DriverList => Verdict::Unhealthy(format!(
-                "nvml: the driver lists no GPU with minor number {minor} (/proc/driver/nvidia/gpus)"
+                "nvml: the driver lists no usable GPU with minor number {minor} (/proc/driver/nvidia/gpus: none, or one excluded from use)"
             )),
             None => missing_minor(minor, gpus),
         }
