@@ -26,6 +26,7 @@ const CDI_GPU_KINDS: [&str; 3] = [
 fn cdi_gpu_name(name: &str) -> Option<&str> {
     CDI_GPU_KINDS.iter().find_map(|k| name.strip_prefix(k))
 }
+
 /// More distinct selectors than a node's GPUs could answer to (each GPU has one index, one
 /// bus id, 36 UUID prefixes and a few MIG instances): past it the rest is not read and is
 /// one unknown, never silently dropped (a GPU after them would go unchecked).
@@ -96,11 +97,11 @@ pub fn gpu_selectors_with(spec: &Spec, env: bool) -> Vec<(GpuSelector, Source)> 
             }
         }
     }
-    // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
-    // every GPU from the toolkit, unless the mounts named some.
     if !env {
         return cdi_selectors(spec, out);
     }
+    // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
+    // every GPU from the toolkit, unless the mounts named some.
     let legacy_all = out.out.is_empty()
         && spec.env(NVIDIA_VISIBLE_DEVICES).is_none()
         && spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty())
