@@ -14,7 +14,7 @@ use crate::discover::gpu::GpuSelector;
 use crate::discover::{self, gpu};
 use crate::error::Result;
 use crate::model::clock;
-use crate::model::device::{Device, Source};
+use crate::model::device::Device;
 use crate::model::text::one_line;
 use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
@@ -76,10 +76,7 @@ fn assigned(
 ) -> Result<(Vec<Device>, Option<GpuContext>, Vec<String>)> {
     let rules = config.class_rules();
     let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
-    let mut selectors = gpu::gpu_selectors(spec);
-    if !config.env_selectors() {
-        selectors.retain(|(_, source)| *source != Source::NvidiaVisibleDevices);
-    }
+    let mut selectors = gpu::gpu_selectors_with(spec, config.env_selectors());
     let mut ctx = None;
     let mut warnings = Vec::new();
     if !selectors.is_empty() || nvidia::has_gpu(&devices) {

@@ -867,6 +867,16 @@ fn selector_forms_follow_libnvidia_container() {
         "00000000:86:00.0",
         "0000:86:00",
         "3:0",
+        // glibc reads these as NVIDIA's tooling does: GPU 3, or the GPU at 0000:86:00
+        "\u{b}3",
+        "-18446744073709551613",
+        &format!("{}3", "0".repeat(200)),
+        "0x0:86:00.0",
+        "100000000:86:00.0",
+        // libnvidia-container takes a UUID's prefix, any case: the first 12 characters
+        // of GPU 3's UUID are GPU 3
+        &uuid(3)[..12],
+        &uuid(3)[..12].to_lowercase(),
     ] {
         let out = n.prestart(&with_env(form), &bad);
         assert_eq!(out.status.code(), Some(1), "{form}: {}", text(&out));
@@ -876,14 +886,14 @@ fn selector_forms_follow_libnvidia_container() {
             text(&out)
         );
     }
-    // the first 12 characters of GPU 3's UUID: a prefix is not the GPU
-    let prefix = &uuid(3)[..12];
-    let out = n.prestart(&with_env(prefix), &bad);
+    // a token longer than the UUID begins no UUID
+    let longer = format!("{}0", uuid(3));
+    let out = n.prestart(&with_env(&longer), &bad);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         n.said(&out).trim_end(),
         format!(
-            "devgate: warning: NVIDIA_VISIBLE_DEVICES selects {prefix}, which NVML does not report"
+            "devgate: warning: NVIDIA_VISIBLE_DEVICES selects {longer}, which NVML does not report"
         )
     );
     // tokens NVIDIA refuses: said, with the reason
@@ -1644,4 +1654,16 @@ fn env_selectors_false_ignores_nvidia_visible_devices() {
     spec["annotations"] = json!({"cdi.k8s.io/x": "nvidia.com/gpu=3"});
     let out = n.prestart(&spec, &bad);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // The toolkit's secure setup turns the variable off for unprivileged containers and
+    // lets the device plugin name GPUs by volume mounts instead: those are not the
+    // variable, and still select
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]);
+    spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": format!("/var/run/nvidia-container-devices/{}", uuid(3)),
+        "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"]
+    }));
+    let out = n.prestart(&spec, &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(n.said(&out).contains("remapping failed"), "{}", text(&out));
 }

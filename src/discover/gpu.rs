@@ -5,6 +5,7 @@ use super::devnode::{find_host_node, node_num, walk_nodes};
 use crate::model::class::{self, ClassRule, NVIDIA_MAJOR};
 use crate::model::device::{DevNum, DevType, Device, Source};
 use crate::oci::spec::Spec;
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
@@ -13,9 +14,65 @@ pub use super::selector::GpuSelector;
 
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-const CDI_GPU_KIND: &str = "nvidia.com/gpu=";
-/// More selectors than GPUs on any node is a hostile spec; the rest are ignored.
-const MAX_SELECTORS: usize = 256;
+/// The CDI kinds NVIDIA's specs name GPUs by: nvidia-ctk's, the device plugin's own
+/// (`--device-list-strategy=cdi-annotations`/`cdi-cri`) and the management spec's.
+const CDI_GPU_KINDS: [&str; 3] = [
+    "nvidia.com/gpu=",
+    "k8s.device-plugin.nvidia.com/gpu=",
+    "management.nvidia.com/gpu=",
+];
+
+/// The GPU name in a CDI device name of one of [`CDI_GPU_KINDS`].
+fn cdi_gpu_name(name: &str) -> Option<&str> {
+    CDI_GPU_KINDS.iter().find_map(|k| name.strip_prefix(k))
+}
+
+/// More distinct selectors than a node's GPUs could answer to (each GPU has one index, one
+/// bus id, 36 UUID prefixes and a few MIG instances): past it the rest is not read and is
+/// one unknown, never silently dropped (a GPU after them would go unchecked).
+pub(crate) const MAX_SELECTORS: usize = 1024;
+
+/// The selectors read so far, without repeats: `1`, `01` and `+1` are one selector, and of
+/// the tokens NVIDIA refuses only the first is kept (its tooling stops at it; one unknown
+/// says so). Bounded by [`MAX_SELECTORS`] however long the spec's values are, and each
+/// token costs one set lookup, so that millions of tokens cost only their parse.
+#[derive(Default)]
+struct Selectors {
+    out: Vec<(GpuSelector, Source)>,
+    seen: HashSet<(GpuSelector, Source)>,
+    full: bool,
+}
+
+impl Selectors {
+    /// False once full: the caller stops reading.
+    fn push(&mut self, sel: GpuSelector, source: Source) -> bool {
+        if self.full {
+            return false;
+        }
+        let key = match &sel {
+            GpuSelector::Uuid(u) => GpuSelector::Uuid(u.to_ascii_lowercase()),
+            GpuSelector::MigUuid(u) => GpuSelector::MigUuid(u.to_ascii_lowercase()),
+            GpuSelector::Invalid(_) => GpuSelector::Invalid(String::new()),
+            other => other.clone(),
+        };
+        if self.seen.contains(&(key.clone(), source)) {
+            return true;
+        }
+        if self.out.len() >= MAX_SELECTORS {
+            self.full = true;
+            self.out.push((
+                GpuSelector::Invalid(format!(
+                    "more than {MAX_SELECTORS} distinct GPU selectors, the rest not read"
+                )),
+                source,
+            ));
+            return false;
+        }
+        self.seen.insert((key, source));
+        self.out.push((sel, source));
+        true
+    }
+}
 
 /// The GPUs a container selects through `NVIDIA_VISIBLE_DEVICES` or CDI annotations in
 /// config.json. This is the only way a container's environment reaches devgate: as a list
@@ -23,68 +80,128 @@ const MAX_SELECTORS: usize = 256;
 /// (`selector`): tokens are not trimmed (NVIDIA's tooling refuses ` 1, GPU-…`), `all` ends
 /// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
-    let mut out = Vec::new();
-    out.extend(
-        volume_mount_devices(spec)
-            .filter_map(parse_selector)
-            .map(|s| (s, Source::NvidiaVisibleDevices)),
-    );
+    gpu_selectors_with(spec, true)
+}
+
+/// [`gpu_selectors`], with the variable itself read only when `env` (`gpu.env_selectors`).
+/// The device plugin's volume mounts are read either way: they are how it names GPUs in
+/// the toolkit's setup that turns the variable off for unprivileged containers
+/// (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, which is also
+/// `gpu.env_selectors`'s default), and the toolkit reads them whatever that key says.
+pub fn gpu_selectors_with(spec: &Spec, env: bool) -> Vec<(GpuSelector, Source)> {
+    let mut out = Selectors::default();
+    for name in volume_mount_devices(spec) {
+        if let Some(s) = parse_selector(&name) {
+            if !out.push(s, Source::NvidiaVisibleDevices) {
+                return out.out;
+            }
+        }
+    }
+    if !env {
+        return cdi_selectors(spec, out);
+    }
+    // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
+    // every GPU from the toolkit, unless the mounts named some.
+    let legacy_all = out.out.is_empty()
+        && spec.env(NVIDIA_VISIBLE_DEVICES).is_none()
+        && spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty())
+        && spec.env("NVIDIA_REQUIRE_CUDA").map_or(true, str::is_empty);
     // The device plugin's volume-mounts strategy sets the variable to the mounts' root:
     // the list is the mounts above, not this value.
     let env = spec
         .env(NVIDIA_VISIBLE_DEVICES)
+        .or(legacy_all.then_some("all"))
         .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
     if let Some(v) = env {
         for token in v.split(',') {
-            if let Some(s) = parse_selector(token) {
+            // The runtime's CDI mode takes a qualified CDI name in the variable as it is
+            // (and its `auto` mode switches to CDI for one).
+            if let Some(s) = parse_selector(cdi_gpu_name(token).unwrap_or(token)) {
                 let all = s == GpuSelector::All;
-                out.push((s, Source::NvidiaVisibleDevices));
+                if !out.push(s, Source::NvidiaVisibleDevices) {
+                    return out.out;
+                }
                 if all {
                     break;
                 }
             }
         }
     }
+    cdi_selectors(spec, out)
+}
+
+/// The CDI annotations' GPUs, after those in `out`.
+fn cdi_selectors(spec: &Spec, mut out: Selectors) -> Vec<(GpuSelector, Source)> {
     for (k, v) in &spec.annotations {
         if !k.starts_with(CDI_ANNOTATION_PREFIX) {
             continue;
         }
         for token in v.split(',') {
-            if let Some(name) = token.trim().strip_prefix(CDI_GPU_KIND) {
+            if let Some(name) = cdi_gpu_name(token.trim()) {
                 if let Some(s) = parse_selector(name) {
-                    out.push((s, Source::CdiAnnotation));
+                    if !out.push(s, Source::CdiAnnotation) {
+                        return out.out;
+                    }
                 }
             }
         }
     }
-    out.truncate(MAX_SELECTORS);
-    out
+    out.out
 }
 
 /// The NVIDIA toolkit's `accept-nvidia-visible-devices-as-volume-mounts`: the device
 /// plugin names each GPU by a mount of `/dev/null` at `<root>/<name>`; `cdi/<kind>=<name>`
-/// names a CDI device, `imex/…` an IMEX channel (not a GPU).
+/// (or `cdi/<vendor>/<class>/<name>`) names a CDI device, `imex/…` an IMEX channel (not a
+/// GPU). Read as the toolkit reads them (`DevicesFromMounts`): both paths through Go's
+/// `filepath.Clean`, the destination matched by a plain string prefix (no separator
+/// needed after it: `<root>3` is GPU 3) and the rest trimmed of `/` at both ends.
 const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
 
-fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = &str> {
+fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = String> + '_ {
     spec.mounts.iter().filter_map(|m| {
-        if m.source.as_deref() != Some(Path::new("/dev/null")) {
+        if go_clean(&m.source.as_deref()?.to_string_lossy()) != "/dev/null" {
             return None;
         }
-        let name = m
-            .destination
-            .to_str()?
+        let destination = go_clean(&m.destination.to_string_lossy());
+        let name = destination
             .strip_prefix(VOLUME_MOUNTS_ROOT)?
-            .strip_prefix('/')?
-            .trim_end_matches('/');
+            .trim_matches('/');
         if name.is_empty() || name.starts_with("imex/") {
             return None;
         }
-        match name.strip_prefix("cdi/") {
-            Some(cdi) => cdi.strip_prefix(CDI_GPU_KIND),
-            None => Some(name),
-        }
+        let name = match name.strip_prefix("cdi/") {
+            Some(cdi) => cdi_gpu_name(cdi).or_else(|| {
+                // `<vendor>/<class>/<name>`
+                let (kind, name) = cdi.rsplit_once('/')?;
+                cdi_gpu_name(&format!("{kind}=")).map(|_| name)
+            })?,
+            None => name,
+        };
+        Some(name.to_string())
     })
+}
+
+/// Go's `filepath.Clean`, lexically: repeated and trailing `/` and `.` elements go, `..`
+/// takes the element before it (and above the root, nothing).
+fn go_clean(p: &str) -> String {
+    let rooted = p.starts_with('/');
+    let mut out: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." if out.last().is_some_and(|l| *l != "..") => {
+                out.pop();
+            }
+            ".." if rooted => {}
+            c => out.push(c),
+        }
+    }
+    let joined = out.join("/");
+    match (rooted, joined.is_empty()) {
+        (true, _) => format!("/{joined}"),
+        (false, true) => ".".to_string(),
+        (false, false) => joined,
+    }
 }
 
 /// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
@@ -253,6 +370,125 @@ mod tests {
             gpu_selectors(&s)[..],
             [(GpuSelector::Invalid(_), _)]
         ));
+    }
+
+    /// The toolkit reads the volume mounts through Go's `filepath.Clean`, with a plain
+    /// string prefix (`strings.HasPrefix(destination, root)`, no separator after it) and
+    /// `strings.Trim(…, "/")`, and takes `cdi/<vendor>/<class>/<name>` too; and a legacy
+    /// CUDA image (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` not, no
+    /// `NVIDIA_VISIBLE_DEVICES`) gets every GPU. Each is a GPU the container gets.
+    #[test]
+    fn spellings_the_toolkit_reads_name_gpus() {
+        let s = spec(
+            r#"{"mounts":[
+                  {"destination":"/var/run/nvidia-container-devices3","source":"/dev/null"},
+                  {"destination":"/var/run/./nvidia-container-devices//GPU-aBc/","source":"/dev//null"},
+                  {"destination":"/var/run/nvidia-container-devices/x/../5","source":"/dev/x/../null"},
+                  {"destination":"/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/6","source":"/dev/null"}]}"#,
+        );
+        let env = Source::NvidiaVisibleDevices;
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Index(3), env),
+                (GpuSelector::Uuid("GPU-aBc".into()), env),
+                (GpuSelector::Index(5), env),
+                (GpuSelector::Index(6), env),
+            ]
+        );
+        let legacy = spec(r#"{"process":{"env":["CUDA_VERSION=9.0.176"]}}"#);
+        assert_eq!(gpu_selectors(&legacy), vec![(GpuSelector::All, env)]);
+        assert!(may_have_devices(&legacy));
+        for not_all in [
+            r#"{"process":{"env":["CUDA_VERSION=9.0.176","NVIDIA_REQUIRE_CUDA=cuda>=9.0"]}}"#,
+            r#"{"process":{"env":["CUDA_VERSION=9.0.176","NVIDIA_VISIBLE_DEVICES=void"]}}"#,
+            r#"{"process":{"env":["CUDA_VERSION="]}}"#,
+        ] {
+            assert!(gpu_selectors(&spec(not_all)).is_empty(), "{not_all}");
+        }
+    }
+
+    /// The CDI kinds NVIDIA's own specs name GPUs by: nvidia-ctk's `nvidia.com/gpu`, the
+    /// device plugin's `k8s.device-plugin.nvidia.com/gpu` and the management spec's
+    /// `management.nvidia.com/gpu`; and a qualified CDI name in the variable, which the
+    /// runtime's CDI mode takes as it is (and its `auto` mode switches to CDI for).
+    #[test]
+    fn every_nvidia_cdi_gpu_kind_selects_in_annotations_mounts_and_the_variable() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1,k8s.device-plugin.nvidia.com/gpu=GPU-aBc"]},
+                "annotations":{"cdi.k8s.io/a":"k8s.device-plugin.nvidia.com/gpu=2",
+                               "cdi.k8s.io/b":"management.nvidia.com/gpu=all,vendor.com/nic=1"},
+                "mounts":[{"destination":"/var/run/nvidia-container-devices/cdi/k8s.device-plugin.nvidia.com/gpu=3","source":"/dev/null"}]}"#,
+        );
+        let (env, cdi) = (Source::NvidiaVisibleDevices, Source::CdiAnnotation);
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Index(3), env),
+                (GpuSelector::Index(1), env),
+                (GpuSelector::Uuid("GPU-aBc".into()), env),
+                (GpuSelector::Index(2), cdi),
+                (GpuSelector::All, cdi),
+            ]
+        );
+    }
+
+    /// `gpu.env_selectors: false` drops the variable (and a legacy image's `all`), never
+    /// the device plugin's volume mounts nor CDI annotations.
+    #[test]
+    fn without_env_selectors_mounts_and_cdi_still_select() {
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=1","CUDA_VERSION=9.0"]},
+                "annotations":{"cdi.k8s.io/x":"nvidia.com/gpu=2"},
+                "mounts":[{"destination":"/var/run/nvidia-container-devices/3","source":"/dev/null"}]}"#,
+        );
+        assert_eq!(
+            gpu_selectors_with(&s, false),
+            vec![
+                (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
+                (GpuSelector::Index(2), Source::CdiAnnotation),
+            ]
+        );
+        assert_eq!(gpu_selectors_with(&s, true).len(), 3);
+    }
+
+    /// NVIDIA's tooling reads every token; so must devgate, however many come before the
+    /// GPU that matters: repeats of one GPU, or tokens NVIDIA refuses, cannot push a GPU
+    /// out of the list, and past the bound on distinct selectors the rest is an unknown.
+    #[test]
+    fn no_count_of_tokens_hides_the_last_gpu() {
+        let env = |v: String| Spec {
+            process: serde_json::from_value(serde_json::json!({
+                "env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]
+            }))
+            .unwrap(),
+            ..Spec::default()
+        };
+        let repeats = format!("{}3", "0,00,+0,".repeat(300));
+        let got = gpu_selectors(&env(repeats));
+        assert!(
+            got.contains(&(GpuSelector::Index(3), Source::NvidiaVisibleDevices)),
+            "{:?}",
+            &got[got.len().saturating_sub(3)..]
+        );
+        assert_eq!(got.len(), 2, "spellings of GPU 0 are one selector");
+        // 100 000 distinct refused tokens: one unknown is kept, and GPU 3 is still read
+        let refused: String = (0..100_000).map(|i| format!("x{i},")).collect();
+        let got = gpu_selectors(&env(format!("{refused}3")));
+        assert_eq!(got.len(), 2, "{:?}", &got[..2.min(got.len())]);
+        assert!(matches!(&got[0].0, GpuSelector::Invalid(r) if r.contains("\"x0\"")));
+        assert_eq!(got[1].0, GpuSelector::Index(3));
+        // more distinct selectors than any node could take: the rest is an unknown
+        let many: String = (0..MAX_SELECTORS + 10)
+            .map(|i| format!("GPU-{i:x},"))
+            .collect();
+        let got = gpu_selectors(&env(format!("{many}3")));
+        assert_eq!(got.len(), MAX_SELECTORS + 1);
+        assert!(
+            matches!(&got[MAX_SELECTORS].0, GpuSelector::Invalid(r) if r.contains("more than")),
+            "{:?}",
+            got[MAX_SELECTORS]
+        );
     }
 
     #[test]

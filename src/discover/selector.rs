@@ -5,7 +5,8 @@
 //! strictly skips one it does. So the rules are NVIDIA's, in NVIDIA's order:
 //!
 //! 1. `all`, any case: every GPU; tokens after it are not read.
-//! 2. `GPU-…` longer than `GPU-`: a GPU by its full UUID, any case. Never a prefix.
+//! 2. `GPU-…` longer than `GPU-`: the first GPU whose UUID it begins, any case
+//!    (`strncasecmp` over the token's length): `GPU-1a2b` is a GPU if one's UUID begins so.
 //! 3. a PCI bus id, `sscanf("%x:%02x:%02x.0")` with 3 conversions: `0:3b:00.0`,
 //!    `00000000:3B:00.0`, `0000:3b:00` all name domain 0, bus 0x3b, device 0.
 //! 4. a decimal index, `strtoumax(…, 10)` to the end of the token: `1`, `00001`, `+1`.
@@ -17,11 +18,11 @@
 //! `void`, `none` and empty tokens select nothing (the toolkit's own meaning).
 
 /// A GPU as NVIDIA's container tooling names it; NVML turns it into a minor number.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum GpuSelector {
     All,
     Index(u32),
-    /// `GPU-…`, compared whole without regard to case.
+    /// `GPU-…`: a prefix of the UUID, without regard to case ([`uuid_names`]).
     Uuid(String),
     PciBusId {
         domain: u32,
@@ -39,15 +40,37 @@ pub enum GpuSelector {
     Invalid(String),
 }
 
-/// Longer than any device name NVIDIA prints (a MIG UUID is 40 bytes).
+/// Longer than any device name NVIDIA prints (a MIG UUID is 40 bytes). Only a UUID token is
+/// refused for its length: a number may carry any count of leading zeros or white space,
+/// and glibc reads it all the same.
 pub const MAX_TOKEN: usize = 96;
+
+/// C's `isspace` in the C locale: Rust's `is_ascii_whitespace` lacks the vertical tab, which
+/// `strtoumax` and `sscanf` skip like any other.
+fn c_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r')
+}
+
+/// The value `strtoul`/`strtoumax` give for an optional sign and the digits `digits` in
+/// `radix`: a magnitude beyond 64 bits is `u64::MAX` whatever the sign; a negative one
+/// wraps (`-18446744073709551615` is 1).
+fn c_value(neg: bool, digits: &str, radix: u32) -> u64 {
+    let magnitude = digits.chars().try_fold(0u64, |v, c| {
+        v.checked_mul(u64::from(radix))?
+            .checked_add(u64::from(c.to_digit(radix)?))
+    });
+    match magnitude {
+        None => u64::MAX,
+        Some(v) if neg => v.wrapping_neg(),
+        Some(v) => v,
+    }
+}
 
 /// `strtoumax(s, &end, 10)` with `*end == '\0'` required: leading white space, one
 /// optional sign, at least one digit, nothing after. `None` when it does not parse;
-/// `Some(None)` when it parses to a value beyond any index (overflow, or negative and
-/// not zero, which C wraps to a huge number).
+/// `Some(None)` when it parses to `UINTMAX_MAX`, which NVIDIA refuses (overflow, `-1`).
 fn c_decimal(s: &str) -> Option<Option<u64>> {
-    let t = s.trim_start_matches(|c: char| c.is_ascii_whitespace());
+    let t = s.trim_start_matches(c_space);
     let (neg, digits) = match t.as_bytes().first() {
         Some(b'+') => (false, &t[1..]),
         Some(b'-') => (true, &t[1..]),
@@ -56,55 +79,63 @@ fn c_decimal(s: &str) -> Option<Option<u64>> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let value = digits.bytes().try_fold(0u64, |v, b| {
-        v.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-    });
-    Some(match value {
-        Some(0) => Some(0),
-        Some(v) if !neg => Some(v),
-        _ => None,
-    })
+    Some(Some(c_value(neg, digits, 10)).filter(|v| *v != u64::MAX))
 }
 
-/// One `%x` (or `%02x` with `width`) conversion: leading white space skipped, then up to
-/// `width` characters of an optional sign and hex digits. Returns the value (None when
-/// it overflows 32 bits or is negative and not zero) and the rest.
-fn c_hex(s: &str, width: Option<usize>) -> Option<(Option<u32>, &str)> {
-    let t = s.trim_start_matches(|c: char| c.is_ascii_whitespace());
-    let limit = width.unwrap_or(usize::MAX);
+/// One `%x` (or `%02x` with `width`) conversion as glibc's scanf makes it: leading white
+/// space skipped (not counted in the width), then within the width an optional sign, a
+/// `0x`/`0X` prefix (its `0` counts as a digit: `0x` alone reads as 0) and hex digits. The
+/// value is `strtoul`'s, stored into an `unsigned int`: truncated to 32 bits
+/// (`100000000` reads as 0). Returns it and the rest; `None` without a digit.
+fn c_hex(s: &str, width: Option<usize>) -> Option<(u32, &str)> {
+    let t = s.trim_start_matches(c_space);
+    let mut left = width.unwrap_or(usize::MAX);
     let b = t.as_bytes();
     let mut i = 0;
     let neg = matches!(b.first(), Some(b'-'));
-    if matches!(b.first(), Some(b'+' | b'-')) && limit > 1 {
+    if matches!(b.first(), Some(b'+' | b'-')) {
         i = 1;
+        left -= 1;
     }
     let start = i;
-    while i < b.len() && i < limit && b[i].is_ascii_hexdigit() {
+    if left > 0 && b.get(i) == Some(&b'0') {
         i += 1;
+        left -= 1;
+        if left > 0 && matches!(b.get(i), Some(b'x' | b'X')) {
+            i += 1;
+            left -= 1;
+        }
+    }
+    let digits_from = i;
+    while left > 0 && i < b.len() && b[i].is_ascii_hexdigit() {
+        i += 1;
+        left -= 1;
     }
     if i == start {
         return None;
     }
-    let v = u32::from_str_radix(&t[start..i], 16).ok();
-    let v = match v {
-        Some(0) => Some(0),
-        Some(v) if !neg => Some(v),
-        _ => None,
+    // the prefix's `0` is a digit of its own; the `x` is not
+    let digits = if digits_from > start + 1 {
+        &t[digits_from..i]
+    } else {
+        &t[start..i]
     };
-    Some((v, &t[i..]))
+    let digits = if digits.is_empty() { "0" } else { digits };
+    Some((c_value(neg, digits, 16) as u32, &t[i..]))
 }
 
 /// `sscanf(token, "%x:%02x:%02x.0")` returning 3: the text after the third conversion
 /// does not matter to the count, so `0:3b:00` and `0:3b:00.7` pass as NVIDIA's do.
-/// `Some(Err)` for a bus id whose numbers cannot be any GPU's.
+/// `Some(Err)` for a bus id whose numbers cannot be any GPU's (a bus or device that
+/// `%02x` prints wider than two digits: a negative one).
 fn pci_bus_id(t: &str) -> Option<Result<(u32, u8, u8), String>> {
     let (domain, rest) = c_hex(t, None)?;
     let rest = rest.strip_prefix(':')?;
     let (bus, rest) = c_hex(rest, Some(2))?;
     let rest = rest.strip_prefix(':')?;
     let (device, _) = c_hex(rest, Some(2))?;
-    Some(match (domain, bus, device) {
-        (Some(d), Some(b), Some(v)) => Ok((d, b as u8, v as u8)),
+    Some(match (u8::try_from(bus), u8::try_from(device)) {
+        (Ok(b), Ok(v)) => Ok((domain, b, v)),
         _ => Err("a PCI bus id whose numbers no GPU has".into()),
     })
 }
@@ -114,7 +145,7 @@ fn mig_index(t: &str) -> Option<(Option<u64>, Option<u64>)> {
     let (a, b) = t.split_once(':')?;
     let lead = |s: &str| -> Option<Option<u64>> {
         // %lu stops at the first non-digit; what follows the second number is ignored.
-        let s = s.trim_start_matches(|c: char| c.is_ascii_whitespace());
+        let s = s.trim_start_matches(c_space);
         let sign = usize::from(matches!(s.as_bytes().first(), Some(b'+' | b'-')));
         let n = s[sign..].bytes().take_while(u8::is_ascii_digit).count();
         c_decimal(&s[..sign + n])
@@ -136,21 +167,30 @@ fn shown(t: &str) -> String {
     }
 }
 
+/// Whether a `GPU-…` token names the GPU whose UUID is `uuid`, as libnvidia-container
+/// compares them (`strncasecmp(uuid, token, strlen(token))`): the token begins the UUID,
+/// in any case. Of several GPUs it begins, NVIDIA gives the first in index order.
+pub fn uuid_names(token: &str, uuid: &str) -> bool {
+    uuid.len() >= token.len()
+        && uuid.as_bytes()[..token.len()].eq_ignore_ascii_case(token.as_bytes())
+}
+
 /// What one token selects: `None` for nothing (`void`, `none`, empty).
 pub fn parse(token: &str) -> Option<GpuSelector> {
     if token.is_empty() || token == "void" || token == "none" {
         return None;
     }
     let invalid = |why: &str| Some(GpuSelector::Invalid(format!("{} is {why}", shown(token))));
-    if token.len() > MAX_TOKEN {
-        return invalid("longer than any GPU name");
-    }
+    let long = token.len() > MAX_TOKEN;
     if token.eq_ignore_ascii_case("all") {
         return Some(GpuSelector::All);
     }
     // Compared as bytes: the token is the container's and may split a UTF-8 character.
     let b = token.as_bytes();
     if b.len() > 4 && b[..4].eq_ignore_ascii_case(b"GPU-") {
+        if long {
+            return invalid("longer than any GPU name");
+        }
         return Some(GpuSelector::Uuid(token.to_string()));
     }
     match pci_bus_id(token) {
@@ -175,6 +215,9 @@ pub fn parse(token: &str) -> Option<GpuSelector> {
         None => {}
     }
     if b.len() > 4 && b[..4].eq_ignore_ascii_case(b"MIG-") {
+        if long {
+            return invalid("longer than any GPU name");
+        }
         return Some(GpuSelector::MigUuid(token.to_string()));
     }
     match mig_index(token) {
@@ -222,6 +265,13 @@ mod tests {
         // sscanf stops counting at the third number: NVIDIA takes these as device 0
         assert_eq!(parse("0:3b:00.7"), pci(0, 0x3b, 0));
         assert_eq!(parse("0:3b:000"), pci(0, 0x3b, 0));
+        // glibc's strtoul and strtoumax: 0x, \v, 32-bit truncation, negation that wraps
+        assert_eq!(parse("0x0:3b:00.0"), pci(0, 0x3b, 0));
+        assert_eq!(parse("100000000:3b:00.0"), pci(0, 0x3b, 0));
+        assert_eq!(parse("fffffffff:3b:00.0"), pci(u32::MAX, 0x3b, 0));
+        assert_eq!(parse("\x0b1"), Some(Index(1)));
+        assert_eq!(parse("-18446744073709551615"), Some(Index(1)));
+        assert_eq!(parse(&format!("{}7", "0".repeat(200))), Some(Index(7)));
         assert_eq!(
             parse("0:1"),
             Some(Mig {
@@ -257,7 +307,7 @@ mod tests {
             ("99999999999", "an index beyond"),
             ("99999999999999999999999", "an index beyond"),
             ("1:99999999999", "a MIG index beyond"),
-            ("fffffffff:3b:00.0", "a PCI bus id whose numbers no GPU has"),
+            ("0:-1:00.0", "a PCI bus id whose numbers no GPU has"),
             ("VOID", "not a GPU index"),
             ("None", "not a GPU index"),
         ] {
@@ -269,7 +319,7 @@ mod tests {
                 other => panic!("{t:?}: {other:?}"),
             }
         }
-        let long = "x".repeat(200);
+        let long = format!("GPU-{}", "x".repeat(200));
         match parse(&long) {
             Some(Invalid(r)) => assert!(r.len() < 160 && r.contains("longer than"), "{r}"),
             other => panic!("{other:?}"),

@@ -6,6 +6,7 @@ use super::pci::PciAddr;
 use super::procfs::ProcGpu;
 use super::recovery;
 use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
+use crate::discover::selector::uuid_names;
 use crate::model::class::Class;
 use crate::model::device::{Device, Source};
 use crate::model::verdict::Verdict;
@@ -200,7 +201,7 @@ impl Probe for NvmlProbe<'_> {
                 verdict_for(g, &checks)
             }
             None if self.answer.lookup == Lookup::DriverList => Verdict::Unhealthy(format!(
-                "nvml: the driver lists no GPU with minor number {minor} (/proc/driver/nvidia/gpus)"
+                "nvml: the driver lists no usable GPU with minor number {minor} (/proc/driver/nvidia/gpus: none, or one excluded from use)"
             )),
             None => missing_minor(minor, gpus),
         }
@@ -249,14 +250,12 @@ pub struct KnownGpus {
 }
 
 impl KnownGpus {
-    /// Whether a GPU on the list has this UUID (as NVIDIA compares them, ignoring case).
+    /// Whether a GPU on the list has a UUID this selector names (as NVIDIA compares them:
+    /// a prefix, ignoring case).
     pub fn knows_uuid(&self, uuid: &str) -> bool {
         self.ids.as_ref().is_ok_and(|ids| {
-            ids.iter().any(|g| {
-                g.uuid
-                    .as_deref()
-                    .is_some_and(|v| v.eq_ignore_ascii_case(uuid))
-            })
+            ids.iter()
+                .any(|g| g.uuid.as_deref().is_some_and(|v| uuid_names(uuid, v)))
         })
     }
 
@@ -364,7 +363,7 @@ pub fn resolve_selectors(
             (Ok(gpus), GpuSelector::Uuid(u)) => {
                 match gpus
                     .iter()
-                    .find(|g| g.uuid.as_deref().is_some_and(|v| v.eq_ignore_ascii_case(u)))
+                    .find(|g| g.uuid.as_deref().is_some_and(|v| uuid_names(u, v)))
                 {
                     Some(g) => add(g.minor, *source),
                     None => {
@@ -406,8 +405,18 @@ pub fn resolve_selectors(
             )),
         }
     }
+    if unresolved.len() > MAX_UNRESOLVED {
+        let more = unresolved.len() - MAX_UNRESOLVED;
+        unresolved.truncate(MAX_UNRESOLVED);
+        unresolved.push(format!("and {more} more GPU selectors that name no GPU"));
+    }
     (chosen, unresolved)
 }
+
+/// Sentences said about selectors that name no GPU, past which they are counted: each is a
+/// warning line, a clause of the reject line, and part of the record and the decision log
+/// line of every retry of the pod.
+pub(crate) const MAX_UNRESOLVED: usize = 16;
 
 #[cfg(test)]
 mod tests {
@@ -623,6 +632,71 @@ mod tests {
             p.check(&gpu_dev(0, "nvidia-gpu"), &mut Findings::default()),
             Verdict::Unknown("NVML did not answer in 2000 ms".into())
         );
+    }
+
+    /// A spec naming hundreds of GPUs no list has gets a bounded reason, not one sentence
+    /// each: the reject line, its record and the decision log line stay small however many
+    /// times a pod is retried.
+    #[test]
+    fn unresolved_selectors_are_said_a_bounded_number_of_times() {
+        let ok = NvmlAnswer {
+            gpus: Ok((0..2).map(healthy).collect()),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let sel: Vec<(GpuSelector, Source)> = (0..100)
+            .map(|i| {
+                (
+                    GpuSelector::Uuid(format!("GPU-ffff{i:04}")),
+                    Source::NvidiaVisibleDevices,
+                )
+            })
+            .collect();
+        let (chosen, unresolved) = resolve_selectors(&sel, &KnownGpus::from_answer(&ok), &[]);
+        assert!(chosen.is_empty());
+        assert_eq!(unresolved.len(), MAX_UNRESOLVED + 1, "{unresolved:?}");
+        assert_eq!(
+            unresolved.last().unwrap(),
+            &format!(
+                "and {} more GPU selectors that name no GPU",
+                100 - MAX_UNRESOLVED
+            )
+        );
+    }
+
+    /// libnvidia-container takes a `GPU-` token as a prefix of the UUID, any case, and
+    /// gives the first GPU in index order that it begins: so must devgate, or the pod gets
+    /// that GPU unchecked (`strncasecmp(uuid, token, strlen(token))` in `select_devices`).
+    #[test]
+    fn a_uuid_selector_names_the_first_gpu_its_prefix_begins() {
+        let mut gpus: Vec<GpuFacts> = (0..3).map(healthy).collect();
+        gpus[2].minor = Reading::Value(7);
+        let ok = NvmlAnswer {
+            gpus: Ok(gpus),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let known = KnownGpus::from_answer(&ok);
+        let env = Source::NvidiaVisibleDevices;
+        assert!(known.knows_uuid("gpu-00000002-00"));
+        let (chosen, unresolved) = resolve_selectors(
+            &[
+                (GpuSelector::Uuid("gpu-00000002-00".into()), env),
+                // GPUs 0, 1 and 2 all begin so: the first in index order
+                (GpuSelector::Uuid("GPU-0000000".into()), env),
+                // longer than the UUID: no GPU
+                (
+                    GpuSelector::Uuid("GPU-00000001-0000-0000-0000-0000000000000".into()),
+                    env,
+                ),
+            ],
+            &known,
+            &[],
+        );
+        assert_eq!(chosen, vec![(7, env), (0, env)]);
+        assert_eq!(unresolved.len(), 1, "{unresolved:?}");
     }
 
     #[test]

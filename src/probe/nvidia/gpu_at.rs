@@ -12,6 +12,7 @@ use super::nvml::NvmlAnswer;
 use super::pci::PciAddr;
 use super::procfs::ProcGpu;
 use crate::discover::gpu::GpuSelector;
+use crate::discover::selector::uuid_names;
 use crate::model::device::Source;
 use serde::{Deserialize, Serialize};
 
@@ -68,11 +69,12 @@ pub fn remember(map: &mut Vec<GpuAt>, at: GpuAt) {
     map.push(at);
 }
 
-/// The PCI slot the kernel log last placed `uuid` at (UUIDs compare without case). When
-/// two slots claim the same UUID (a board moved between driver loads), the newer record.
+/// The PCI slot the kernel log last placed the GPU a `uuid` selector names at (compared
+/// as NVIDIA compares them: a prefix, without case). When two slots match (a board moved
+/// between driver loads), the newer record.
 pub fn pci_of_uuid(map: &[GpuAt], uuid: &str) -> Option<PciAddr> {
     map.iter()
-        .filter(|g| g.uuid.eq_ignore_ascii_case(uuid))
+        .filter(|g| uuid_names(uuid, &g.uuid))
         .max_by_key(|g| g.seq)
         .map(|g| g.pci)
 }

@@ -18,7 +18,7 @@ pub use super::kmsg_record::{is_driver_load, parse_record, parse_xid, Record};
 use super::kmsg_record::{parse_header, DRIVER_TAG};
 use super::pci::PciAddr;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
@@ -65,7 +65,8 @@ impl Default for ReadLimits {
 /// What one read of the kernel log found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct KmsgScan {
-    /// The newest `max_events` XID reports, oldest first.
+    /// At most `max_events` XID reports, oldest first: the newest of each XID on each PCI
+    /// slot ([`keep_newest`]).
     pub events: Vec<XidEvent>,
     /// The sequence number of the newest NVIDIA driver load record.
     pub last_driver_load: Option<u64>,
@@ -102,6 +103,41 @@ impl KmsgScan {
     }
 }
 
+/// Reports kept of one XID on one PCI slot: the newest, which say when it last happened;
+/// the count in a reason stops here. Real drivers report a handful of XIDs on a handful of
+/// GPUs, so the kinds times this stay well under `max_events`.
+pub const MAX_EVENTS_PER_KIND: usize = 32;
+
+/// Cuts `events` (oldest first) to the newest [`MAX_EVENTS_PER_KIND`] of each XID on each
+/// PCI slot, then, only if that is still more than `max` (a driver reporting hundreds of
+/// kinds), to the newest `max`. A pod makes its own GPU report XID 13, 31 or 43 as often as
+/// it likes; a plain "newest `max`" would let that flood push another GPU's XID 48 or 79
+/// (or its own) out, and that GPU would pass. A flood now pushes out only older reports of
+/// its own kind. The cut composes: cutting a cut list with more reports appended gives
+/// what cutting the whole gives, so a cached scan answers as a full one.
+pub(crate) fn keep_newest(events: &mut Vec<XidEvent>, max: usize) {
+    let kind = |e: &XidEvent| (e.pci.domain, e.pci.bus, e.pci.device, e.xid);
+    let mut counts: BTreeMap<(u32, u8, u8, u32), usize> = BTreeMap::new();
+    for e in events.iter() {
+        *counts.entry(kind(e)).or_default() += 1;
+    }
+    if counts.values().any(|&c| c > MAX_EVENTS_PER_KIND) {
+        for c in counts.values_mut() {
+            *c = c.saturating_sub(MAX_EVENTS_PER_KIND);
+        }
+        // the oldest of a kind go first
+        events.retain(|e| match counts.get_mut(&kind(e)) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        });
+    }
+    let over = events.len().saturating_sub(max);
+    events.drain(..over);
+}
+
 /// Splits a byte stream into lines, bounded, and parses each as a kernel log record.
 pub(crate) struct Scanner {
     limits: ReadLimits,
@@ -110,7 +146,8 @@ pub(crate) struct Scanner {
     /// Inside a line longer than `max_line`: drop bytes up to its newline.
     overlong: bool,
     bytes: u64,
-    events: VecDeque<XidEvent>,
+    /// Up to twice `max_events`, cut ([`keep_newest`]) when full and at the end.
+    events: Vec<XidEvent>,
     /// Driver records up to this sequence number are known already (`kmsg_cache`): counted
     /// but not parsed again.
     pub(crate) known_through: Option<u64>,
@@ -126,7 +163,7 @@ impl Scanner {
             carry: Vec::new(),
             overlong: false,
             bytes: 0,
-            events: VecDeque::new(),
+            events: Vec::new(),
             known_through: None,
             known_ts: None,
             scan: KmsgScan::default(),
@@ -235,10 +272,10 @@ impl Scanner {
         if is_driver_load(&msg) {
             self.scan.last_driver_load = Some(h.seq);
         } else if let Some((pci, xid, text)) = parse_xid(&msg) {
-            if self.events.len() >= self.limits.max_events {
-                self.events.pop_front();
+            if self.events.len() >= self.limits.max_events.saturating_mul(2) {
+                keep_newest(&mut self.events, self.limits.max_events);
             }
-            self.events.push_back(XidEvent {
+            self.events.push(XidEvent {
                 seq: h.seq,
                 ts_usec: h.ts_usec,
                 pci,
@@ -262,7 +299,8 @@ impl Scanner {
             let l = std::mem::take(&mut self.carry);
             self.line(&l);
         }
-        self.scan.events = self.events.into();
+        keep_newest(&mut self.events, self.limits.max_events);
+        self.scan.events = self.events;
         self.scan
     }
 }
@@ -504,6 +542,29 @@ x,y,z;not numbers\n\
             ..ReadLimits::default()
         };
         assert!(scan_bytes(many.as_bytes(), lim).truncated);
+    }
+
+    /// A pod makes its own GPU report XID 13, 31 or 43 as often as it likes (an illegal
+    /// address in a kernel it launches). The bound on kept reports must not let that flood
+    /// push another GPU's report out, nor an earlier report of another XID on its own GPU.
+    #[test]
+    fn a_flood_of_one_xid_never_pushes_out_another_report() {
+        let mut log = String::from(
+            "4,1,1,-;NVRM: Xid (PCI:0000:86:00): 48, pid=9, An uncorrectable double bit error\n\
+             4,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=9, GPU has fallen off the bus.\n",
+        );
+        for i in 3..10_000u64 {
+            log.push_str(&format!(
+                "4,{i},{i},-;NVRM: Xid (PCI:0000:3b:00): 31, pid=66, Ch 00000008, intr 10000000\n"
+            ));
+        }
+        let s = scan_bytes(log.as_bytes(), ReadLimits::default());
+        let first: Vec<(u64, u32)> = s.events.iter().take(3).map(|e| (e.seq, e.xid)).collect();
+        assert_eq!(first, vec![(1, 48), (2, 79), (9_999 - 31, 31)]);
+        // the flood keeps its newest reports, in log order
+        assert_eq!(s.events.len(), 2 + MAX_EVENTS_PER_KIND);
+        assert_eq!(s.events.last().map(|e| e.seq), Some(9_999));
+        assert!(s.events.windows(2).all(|w| w[0].seq < w[1].seq));
     }
 
     #[test]

@@ -9,9 +9,9 @@
 //!
 //! The cache is believed for no more than it proves:
 //! - /dev/kmsg: the same boot (`boot_id`), the same device, and a log that continues it:
-//!   the oldest record read is at most `last_seq + 1` (otherwise the ring wrapped past
-//!   what the cache saw, records nobody read are lost, and the cache is dropped: the scan
-//!   is a full one), and the record `last_seq`, when still there, has the same timestamp.
+//!   the record `last_seq`, when still there, has the same timestamp. When the ring has
+//!   wrapped past it (the oldest record read is newer), the records between are lost, but
+//!   what the cache saw of this boot still stands and is kept: a flood must not erase it.
 //! - a file: the same device and inode, at least `offset` bytes long, and the same bytes
 //!   at its head and just before `offset` (a fingerprint of each); the first record after
 //!   `offset` must be newer than `last_seq`.
@@ -23,7 +23,7 @@
 //! cache anyway; the boot id covers a state_dir that is not.
 
 use super::gpu_at::{self, GpuAt, MAX_GPU_AT};
-use super::kmsg::{open_log, read_into, KmsgScan, ReadLimits, Scanner, XidEvent};
+use super::kmsg::{keep_newest, open_log, read_into, KmsgScan, ReadLimits, Scanner, XidEvent};
 use crate::fsutil::{ensure_private_dir, read_bounded, read_regular_file, write_atomic_volatile};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
@@ -165,16 +165,16 @@ fn worth_writing(c: &Cache, scan: &KmsgScan, offset: u64) -> bool {
 }
 
 /// Whether this read carries on from what the cache saw. A file: whatever follows the
-/// offset is newer. The device: no record between the cache and this read was lost (the
-/// oldest record read is at most `last_seq + 1`), and the record the cache ended at, when
-/// still in the ring, is the same record (its timestamp); a read that never got to it
-/// (cut short) does not carry on.
+/// offset is newer. The device: the record the cache ended at, when still in the ring, is
+/// the same record (its timestamp), or the ring has moved past it (the oldest record read
+/// is newer than `last_seq`). Records that went between the two reads are lost either way,
+/// but what the cache read of this boot's log stands: dropping it would let a flood (a pod
+/// making its own GPU report XID 31 at will) wrap the ring and erase another GPU's report.
+/// A read that never got to the cache's record (cut short) does not carry on.
 fn continues(file: bool, first: Option<u64>, known_ts: Option<u64>, c: &Cache) -> bool {
     match (file, first) {
         (true, first) => first.map_or(true, |seq| seq > c.last_seq),
-        (false, Some(first)) => {
-            known_ts == Some(c.last_ts_usec) || first == c.last_seq.saturating_add(1)
-        }
+        (false, Some(first)) => known_ts == Some(c.last_ts_usec) || first > c.last_seq,
         (false, None) => false,
     }
 }
@@ -211,8 +211,7 @@ fn full_scan(
 fn merge(scan: &mut KmsgScan, c: &Cache, limits: ReadLimits) {
     let mut events = c.events.clone();
     events.append(&mut scan.events);
-    let drop = events.len().saturating_sub(limits.max_events);
-    events.drain(..drop);
+    keep_newest(&mut events, limits.max_events);
     scan.events = events;
     scan.last_driver_load = scan.last_driver_load.or(c.last_driver_load);
     let mut at = c.gpu_at.clone();
@@ -602,8 +601,11 @@ mod tests {
         assert!(!continues(false, Some(0), Some(5001), &c));
         // the ring wrapped exactly to 101: nothing lost
         assert!(continues(false, Some(101), None, &c));
-        // wrapped past 101: records nobody read are lost
-        assert!(!continues(false, Some(102), None, &c));
+        // wrapped past 101: records nobody read are lost, but what the cache read of this
+        // boot's log still stands (a pod flooding the ring with its own GPU's XIDs must not
+        // erase another GPU's report the cache holds)
+        assert!(continues(false, Some(102), None, &c));
+        assert!(continues(false, Some(1_000_000), None, &c));
         // the read stopped before record 100
         assert!(!continues(false, Some(0), None, &c));
         assert!(!continues(false, None, None, &c));
@@ -663,6 +665,32 @@ mod tests {
 
     /// The fuzz seeds are the parser's own cases: the two a scan writes parse, the rest
     /// do not.
+    /// The cache's reports and a scan's are bounded together the same way: another
+    /// GPU's flood since the cache does not push the cache's report out.
+    #[test]
+    fn a_flood_after_the_cache_keeps_the_caches_report_of_another_gpu() {
+        let d = dir("flood");
+        let log = d.0.join("kmsg");
+        let mut text = format!("{AT}{XID}");
+        fs::write(&log, &text).unwrap();
+        let state = d.0.join("state");
+        let first = read_kmsg_cached(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
+        assert_eq!(first.events.len(), 1);
+        for i in 6..5_000u64 {
+            text.push_str(&format!(
+                "4,{i},{i}000,-;NVRM: Xid (PCI:0000:5e:00): 13, pid=66, Graphics Exception\n"
+            ));
+        }
+        fs::write(&log, &text).unwrap();
+        let cached = read_kmsg_cached(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
+        let whole = read_kmsg(&log, ReadLimits::default()).unwrap();
+        for s in [&cached, &whole] {
+            assert_eq!(s.events.len(), 1 + super::super::kmsg::MAX_EVENTS_PER_KIND);
+            assert_eq!((s.events[0].seq, s.events[0].xid), (5, 79));
+        }
+        same(&cached, &whole);
+    }
+
     #[test]
     fn fuzz_seeds_parse_as_named() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/kmsg_cache");

@@ -66,10 +66,14 @@ pub fn read_gpus(proc_root: &Path) -> Vec<ProcGpu> {
 }
 
 /// The `Device Minor:` and `GPU UUID:` rows of one `information` file; the directory name
-/// gives the address (`Bus Location:` says the same). None without a valid minor.
+/// gives the address (`Bus Location:` says the same). None without a valid minor, and for
+/// a GPU the administrator excluded (`GPU Excluded: Yes`, `NVreg_ExcludedGpus`): neither
+/// NVML nor the container toolkit counts it, so it has no index and no container gets it
+/// (one given its node is judged as the driver listing no usable GPU there).
 pub fn parse_information(text: &str, pci: PciAddr) -> Option<ProcGpu> {
     let mut minor = None;
     let mut uuid = None;
+    let mut excluded = false;
     for line in text.lines() {
         let Some((key, value)) = line.split_once(':') else {
             continue;
@@ -78,8 +82,12 @@ pub fn parse_information(text: &str, pci: PciAddr) -> Option<ProcGpu> {
         match key.trim() {
             "Device Minor" => minor = value.parse::<u32>().ok().filter(|m| *m < 255),
             "GPU UUID" if is_uuid(value) => uuid = Some(value.to_string()),
+            "GPU Excluded" => excluded = value != "No",
             _ => {}
         }
+    }
+    if excluded {
+        return None;
     }
     Some(ProcGpu {
         minor: minor?,
@@ -118,5 +126,25 @@ mod tests {
         assert_eq!(parse_information("Model: x\n", pci), None);
         let unread = INFO.replace("GPU-8a4b0a6e-1c51-4a27-9c3c-2a3b8d0f6e11", "GPU-????????");
         assert_eq!(parse_information(&unread, pci).unwrap().uuid, None);
+    }
+
+    /// A GPU the administrator excluded (`NVreg_ExcludedGpus`, DGX's GPU exclusion of a
+    /// failed board) is listed by the driver but counted by neither NVML nor the container
+    /// toolkit: NVIDIA's index N is the Nth GPU that is not excluded. Counting it would
+    /// make devgate check the wrong GPU for `NVIDIA_VISIBLE_DEVICES=1`.
+    #[test]
+    fn an_excluded_gpu_is_not_in_the_list() {
+        let root = crate::fsutil::tests::tempdir("procfs-excluded");
+        for (bus, minor, excluded) in [("1b", 0, "No"), ("3b", 1, "Yes"), ("5e", 2, "No")] {
+            let dir = root.join(format!("driver/nvidia/gpus/0000:{bus}:00.0"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let info = INFO
+                .replace("Device Minor: \t 2", &format!("Device Minor: \t {minor}"))
+                .replace("GPU Excluded:\t No", &format!("GPU Excluded:\t {excluded}"));
+            std::fs::write(dir.join("information"), info).unwrap();
+        }
+        let minors: Vec<u32> = read_gpus(&root).iter().map(|g| g.minor).collect();
+        assert_eq!(minors, vec![0, 2]);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

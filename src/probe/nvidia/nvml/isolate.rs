@@ -143,7 +143,8 @@ pub fn ask(
         Err(e) => return fail_all(jobs, &e),
     };
     let got = collect(&reads, deadline);
-    let pids = started.reap();
+    let answered: Vec<bool> = got.iter().map(Option::is_some).collect();
+    let pids = started.reap(&answered);
     let ms = timeout.as_millis();
     got.into_iter()
         .zip(jobs)
@@ -174,14 +175,17 @@ enum Started {
 }
 
 impl Started {
-    /// Collects the processes that have ended; never waits for one that has not. Returns
-    /// the forked children's pids by job.
-    fn reap(self) -> Vec<Option<i32>> {
+    /// Collects the children that answered and have ended; never waits for one that has
+    /// not. One that did not answer is left unreaped even if it has ended since: its pid
+    /// then stays its own (a zombie) while the hook notes it as stuck, and cannot be
+    /// another process's. Returns the forked children's pids by job.
+    fn reap(self, answered: &[bool]) -> Vec<Option<i32>> {
         use nix::sys::wait::{waitpid, WaitPidFlag};
         match self {
             Started::Forked(pids) => {
-                for p in pids.iter().flatten() {
-                    let _ = waitpid(*p, Some(WaitPidFlag::WNOHANG));
+                let ended = pids.iter().zip(answered).filter(|(_, a)| **a);
+                for p in ended.filter_map(|(p, _)| *p) {
+                    let _ = waitpid(p, Some(WaitPidFlag::WNOHANG));
                 }
                 pids.iter().map(|p| p.map(|p| p.as_raw())).collect()
             }
@@ -321,5 +325,31 @@ fn drain(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
             Err(nix::errno::Errno::EAGAIN) => return false,
             Err(_) => return true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+    use nix::unistd::ForkResult;
+
+    /// A child that has not answered is never reaped by the hook: its pid stays its own (a
+    /// zombie at worst) until the hook is gone, so the stuck note written for it
+    /// (`stuck::Stuck::record`, which reads /proc/PID/stat after `ask`) cannot name another
+    /// process that took the pid over in between.
+    #[test]
+    fn a_child_without_an_answer_is_left_unreaped() {
+        // SAFETY: the child only calls _exit.
+        let child = match unsafe { nix::unistd::fork() }.unwrap() {
+            ForkResult::Child => unsafe { libc::_exit(0) },
+            ForkResult::Parent { child } => child,
+        };
+        // until it has ended, without reaping it
+        waitid(Id::Pid(child), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT).unwrap();
+        let pids = Started::Forked(vec![Some(child)]).reap(&[false]);
+        assert_eq!(pids, vec![Some(child.as_raw())]);
+        // still this process's child: reaping it now succeeds
+        assert_eq!(waitpid(child, None), Ok(WaitStatus::Exited(child, 0)));
     }
 }

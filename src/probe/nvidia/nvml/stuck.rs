@@ -62,7 +62,7 @@ impl Stuck {
             return;
         }
         let note = format!("{pid} {start} {}\n", now());
-        if let Err(e) = write_atomic_volatile(&self.path(pci), note.as_bytes(), 0o644) {
+        if let Err(e) = write_atomic_volatile(&self.path(pci), note.as_bytes(), 0o600) {
             log::warn!("cannot note the stuck NVML query on {pci}: {e}");
         }
     }
@@ -114,6 +114,13 @@ mod tests {
         assert_eq!(s.still_stuck(&pci), None);
         // this test process stands for the stuck one
         s.record(&pci, std::process::id() as i32);
+        // root's alone, as every record devgate writes (SECURITY.md)
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(s.path(&pci))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
         let why = s.still_stuck(&pci).unwrap();
         assert!(
             why.contains(&format!("(pid {})", std::process::id())),
