@@ -206,15 +206,6 @@ fn runc_starts_gpu_0_while_gpu_3_hangs_in_nvml() {
     }
 }
 
-/// The kernel log lines a GPU would leave, in /dev/kmsg's format, from sequence 1000.
-fn kmsg_records(records: &[&str]) -> String {
-    records
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("4,{},{},-;{r}\n", 1000 + i, 5_000_000 + i * 1000))
-        .collect()
-}
-
 /// Issue 12 items 5 and 6 under runc: the driver's own advice decides. NVML's recovery
 /// action GPU_RESET refuses the start; an XID 154 line naming a reset refuses it where NVML
 /// gives no recovery action; the driver's later "to 0x0 (None)" line lets it start again;

@@ -558,7 +558,7 @@ fn recovery_action_and_drain_state_decide_and_clear_old_xids() {
     // reset; after `nvidia-smi -r` (no driver reload, so the report stays in the log) NVML
     // says NONE and the GPU answers, and the report only warns.
     let xid48 = "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, DBE (0x1,0x2)";
-    fs::write(&n.kmsg, kmsg_fixture(&[xid48])).unwrap();
+    fs::write(&n.kmsg, fake_nvml::kmsg_records(&[xid48])).unwrap();
     let out = n.prestart(&spec_with_gpus(&[1]), &scenario);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(n.said(&out).contains("xid: xid 48"), "{}", text(&out));
@@ -926,15 +926,6 @@ fn selector_forms_follow_libnvidia_container() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
-/// The kernel log lines a GPU at bus 0x3b would leave.
-fn kmsg_fixture(records: &[&str]) -> String {
-    records
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("4,{},{},-;{r}\n", 1000 + i, 5_000_000 + i * 1000))
-        .collect()
-}
-
 #[test]
 fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
     require_root!();
@@ -943,7 +934,7 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.";
     fs::write(
         &n.kmsg,
-        kmsg_fixture(&[
+        fake_nvml::kmsg_records(&[
             "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
             "NVRM: Xid (PCI:0000:1b:00): 13, pid=1, Graphics Exception",
             xid79,
@@ -961,7 +952,7 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
     // the driver was loaded again after it: the GPU was re-initialised
     fs::write(
         &n.kmsg,
-        kmsg_fixture(&[
+        fake_nvml::kmsg_records(&[
             xid79,
             "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
         ]),
@@ -975,7 +966,7 @@ fn xid_reports_in_the_kernel_log_reject_until_the_driver_reloads() {
         fake_nvml::lib(),
         json!({"gpu": {"xid_actions": {"79": "warn"}}}),
     );
-    fs::write(&lenient.kmsg, kmsg_fixture(&[xid79])).unwrap();
+    fs::write(&lenient.kmsg, fake_nvml::kmsg_records(&[xid79])).unwrap();
     let out = lenient.prestart(&spec_with_gpus(&[1]), &node_with(1, old_driver));
     assert!(out.status.success(), "{}", text(&out));
     assert!(
@@ -1012,14 +1003,14 @@ fn xid_154_lines_decide_by_the_recovery_action_they_name() {
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.";
     // the line as published (tests/fixtures/kmsg/nvrm-lines.txt), moved to GPU 1's slot
     let reset = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)";
-    fs::write(&n.kmsg, kmsg_fixture(&[reset])).unwrap();
+    fs::write(&n.kmsg, fake_nvml::kmsg_records(&[reset])).unwrap();
     let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
     n.rejected(
         &out,
         "devgate: rejected /dev/nvidia1 (195:1): xid: xid 154 on 0000:3b:00: the driver's recovery action is GPU reset required, at 5.000000 s after boot (kmsg seq 1000): \"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\"; policy reject",
     );
     let drain = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)";
-    fs::write(&n.kmsg, kmsg_fixture(&[drain])).unwrap();
+    fs::write(&n.kmsg, fake_nvml::kmsg_records(&[drain])).unwrap();
     let out = n.prestart(&spec_with_gpus(&[1]), &no_field);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
@@ -1032,7 +1023,7 @@ fn xid_154_lines_decide_by_the_recovery_action_they_name() {
     // XID 79, the reset the driver asked for, then its word that nothing more is needed
     fs::write(
         &n.kmsg,
-        kmsg_fixture(&[
+        fake_nvml::kmsg_records(&[
             xid79,
             "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
             "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
@@ -1061,7 +1052,7 @@ fn xid_154_rejects_through_the_drivers_list_when_nvml_hangs() {
     stuck["hang_ms"] = json!({"nvmlInitWithFlags": 60_000});
     fs::write(
         &n.kmsg,
-        kmsg_fixture(&["NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"]),
+        fake_nvml::kmsg_records(&["NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"]),
     )
     .unwrap();
     let out = n.prestart(&spec_with_gpus(&[1]), &stuck);

@@ -394,3 +394,14 @@ impl GpuNode {
         json!({"dev_root": self.dev_root, "nvml_library": lib(), "kmsg_path": self.kmsg})
     }
 }
+
+/// Kernel log records in /dev/kmsg's format (`prio,seq,usec,-;text`), warning priority,
+/// from sequence 1000 at 5 s after boot, one millisecond apart: what a `kmsg_path` file
+/// holds in tests.
+pub fn kmsg_records(records: &[&str]) -> String {
+    records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("4,{},{},-;{r}\n", 1000 + i, 5_000_000 + i * 1000))
+        .collect()
+}
