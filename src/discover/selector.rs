@@ -181,6 +181,12 @@ pub fn parse(token: &str) -> Option<GpuSelector> {
         return None;
     }
     let invalid = |why: &str| Some(GpuSelector::Invalid(format!("{} is {why}", shown(token))));
+    // A NUL ends the token for every C reader (execve's environment, the toolkit's
+    // arguments to nvidia-container-cli, which Go's exec refuses outright), so no reading of
+    // the bytes after it is NVIDIA's: the token selects no GPU devgate could name.
+    if token.contains('\0') {
+        return invalid("holding a NUL byte");
+    }
     let long = token.len() > MAX_TOKEN;
     if token.eq_ignore_ascii_case("all") {
         return Some(GpuSelector::All);
@@ -310,6 +316,10 @@ mod tests {
             ("0:-1:00.0", "a PCI bus id whose numbers no GPU has"),
             ("VOID", "not a GPU index"),
             ("None", "not a GPU index"),
+            // the fuzzer's find: sscanf would stop at the NUL and read a bus id
+            ("00000000:3B:00.0\u{2}\0\0", "holding a NUL byte"),
+            ("1\0", "holding a NUL byte"),
+            ("GPU-1\0", "holding a NUL byte"),
         ] {
             match parse(t) {
                 Some(Invalid(r)) => {
