@@ -1119,7 +1119,7 @@ fn status_shows_each_gpu_and_every_check() {
     );
     assert!(
         shown
-            .contains("      retired_pages  unhealthy      retired pages pending, reboot required"),
+            .contains("      retired_pages   unhealthy      retired pages pending, reboot required"),
         "{shown}"
     );
 }

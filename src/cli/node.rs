@@ -93,7 +93,8 @@ pub(super) fn status(args: &Args) -> Result<()> {
             "{:<24} {:<8} {:<12} {:<10} {:<24} {}",
             r.device.name(),
             r.device.num.to_string(),
-            r.device.class,
+            // to_string: Class's Display writes its name without honouring the width
+            r.device.class.to_string(),
             r.health.as_str(),
             r.roles.join(","),
             q
@@ -110,7 +111,7 @@ pub(super) fn status(args: &Args) -> Result<()> {
             );
             for c in &g.checks {
                 let line = format!(
-                    "      {:<14} {:<14} {}",
+                    "      {:<15} {:<14} {}",
                     c.check,
                     c.verdict.status(),
                     one_line(c.verdict.reason().unwrap_or(""))
