@@ -93,8 +93,7 @@ pub(super) fn status(args: &Args) -> Result<()> {
             "{:<24} {:<8} {:<12} {:<10} {:<24} {}",
             r.device.name(),
             r.device.num.to_string(),
-            // to_string: Class's Display writes its name without honouring the width
-            r.device.class.to_string(),
+            r.device.class,
             r.health.as_str(),
             r.roles.join(","),
             q

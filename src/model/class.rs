@@ -81,7 +81,8 @@ impl From<Class> for String {
 
 impl fmt::Display for Class {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // pad, not write_str: a table's `{:<12}` lines up only if Display honours it
+        f.pad(self.as_str())
     }
 }
 
