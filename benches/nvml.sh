@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prestart wall time for a container with 8 GPUs on the fake NVML library, side by side:
-# - "per GPU": the GPUs found by the driver's /proc list, each asked about in a process of
-#   its own (the normal path on a GPU node);
+# - "by the driver's list": the GPUs found by the driver's /proc list, asked about in as
+#   many processes as the hook has CPUs, at most one per GPU (the normal path on a GPU node);
 # - "enumerated": no /proc list, so NVML enumerates every GPU in one process (the fallback);
 # - "excluded": the same 8 devices (same nodes, same node/sysfs/quarantine probes) classed
 #   as a non-NVIDIA class through device_classes, so the GPU probes are left out.
@@ -54,7 +54,7 @@ if command -v hyperfine >/dev/null; then
     # The hook reads its state on stdin, so each run goes through sh; hyperfine measures
     # and subtracts the shell's own start-up.
     hyperfine --warmup 20 --runs "$RUNS" --shell=sh \
-        -n "8 GPUs, NVML per GPU + XID" "$BIN --config $W/with.json hook prestart < $W/state.json" \
+        -n "8 GPUs, NVML by the driver's list + XID" "$BIN --config $W/with.json hook prestart < $W/state.json" \
         -n "8 GPUs, NVML enumerated + XID" "$BIN --config $W/enum.json hook prestart < $W/state.json" \
         -n "8 GPUs, NVML step excluded" "$BIN --config $W/without.json hook prestart < $W/state.json"
 else
@@ -69,10 +69,10 @@ else
         done
     done
     for c in with enum without; do
-        case $c in with) n="NVML per GPU + XID";; enum) n="NVML enumerated + XID";; without) n="NVML step excluded";; esac
+        case $c in with) n="NVML by the driver's list + XID";; enum) n="NVML enumerated + XID";; without) n="NVML step excluded";; esac
         echo "8 GPUs, $n: $(( total[$c] / RUNS )) us per prestart (mean of $RUNS)"
     done
-    echo "per GPU over excluded: $(( (total[with] - total[without]) / RUNS )) us"
+    echo "driver's list over excluded: $(( (total[with] - total[without]) / RUNS )) us"
 fi
 
 # NVML init (loading the library, nvmlInit), as devgate logs it at debug level: in the
@@ -93,6 +93,6 @@ done
 echo "NVML init: slowest child $(( slow_sum / RUNS )) us, all children $(( all_sum / RUNS )) us (means of $RUNS)"
 if [ -n "${total[with]:-}" ]; then
     over=$(( (total[with] - total[without]) / RUNS ))
-    echo "per GPU over excluded, NVML init excluded: $(( over - slow_sum / RUNS )) us (slowest child's init off)," \
+    echo "driver's list over excluded, NVML init excluded: $(( over - slow_sum / RUNS )) us (slowest child's init off)," \
         "$(( over - all_sum / RUNS / cores )) us (all children's init spread over $cores cores off)"
 fi

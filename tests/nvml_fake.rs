@@ -61,12 +61,29 @@ impl Node {
     }
 
     fn prestart_env(&self, spec: &Value, scenario: &Value, env: &[(&str, &Path)]) -> Output {
+        self.prestart_with(Command::new(devgate_bin()), spec, scenario, env)
+    }
+
+    /// The hook allowed one CPU only (taskset), so that its NVML processes are one, as on a
+    /// node with fewer CPUs than GPUs.
+    fn prestart_on_one_cpu(&self, spec: &Value, scenario: &Value) -> Output {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "0"]).arg(devgate_bin());
+        self.prestart_with(cmd, spec, scenario, &[])
+    }
+
+    fn prestart_with(
+        &self,
+        mut cmd: Command,
+        spec: &Value,
+        scenario: &Value,
+        env: &[(&str, &Path)],
+    ) -> Output {
         let bundle = tempdir("bundle");
         fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
         let fake = write_scenario(&self.dir, "scenario", scenario);
         let state = json!({"ociVersion": "1.0.2", "id": unique_id("c"), "status": "creating",
                            "pid": std::process::id(), "bundle": bundle});
-        let mut cmd = Command::new(devgate_bin());
         cmd.arg("--config")
             .arg(&self.env.config)
             .args(["hook", "prestart"])
@@ -365,6 +382,56 @@ fn a_gpu_hanging_in_nvml_makes_only_its_own_containers_unknown() {
 
 /// A container's GPU is found by its PCI address from the driver's list: NVML never counts
 /// or enumerates GPUs, and no other GPU is attached or queried.
+/// On a node with fewer CPUs than GPUs the GPUs share NVML processes, each answering its
+/// GPUs in turn. A GPU that hangs there still holds only itself: the GPUs queued behind it
+/// are asked again, each in a process of its own, and answered within the deadline.
+#[test]
+fn gpus_queued_behind_a_hanging_gpu_in_one_process_are_asked_again() {
+    require_root!();
+    require_cmd("taskset", "util-linux");
+    let scenario = node_with(3, fault::hangs(600_000));
+    let n = node_with_proc(
+        "hang-shared",
+        json!({"probe_timeout_ms": 2000, "policy": {"on_unknown": "reject"}}),
+        &scenario,
+    );
+    let pids = n.dir.join("hung-pids");
+    let scenario = with_pid_log(scenario, &pids);
+    // one CPU: one process for all eight, GPU 3 first in its queue
+    let out = n.prestart_on_one_cpu(&spec_with_gpus(&[3, 0, 1, 2, 4, 5, 6, 7]), &scenario);
+    n.rejected(
+        &out,
+        &format!(
+            "devgate: rejected /dev/nvidia3 (195:3): nvml unknown: nvml: GPU {} ({}): NVML did not answer for this GPU in 2000 ms; policy on_unknown reject",
+            uuid(3),
+            bus(3)
+        ),
+    );
+    let hung = Hung::read(&pids);
+    assert!(
+        hung.pids.iter().all(|(b, _)| *b == bus(3)),
+        "{:?}",
+        hung.pids
+    );
+    // and with the hung GPU last in the queue, the seven before it are answered in turn
+    let n = node_with_proc(
+        "hang-shared-last",
+        json!({"probe_timeout_ms": 2000, "policy": {"on_unknown": "reject"}}),
+        &node_with(7, fault::hangs(600_000)),
+    );
+    let out = n.prestart_on_one_cpu(
+        &spec_with_gpus(&[0, 1, 2, 3, 4, 5, 6, 7]),
+        &node_with(7, fault::hangs(600_000)),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(
+        said.starts_with("devgate: rejected /dev/nvidia7 (195:7): nvml unknown"),
+        "{said}"
+    );
+    assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+}
+
 #[test]
 fn a_healthy_gpu_is_never_enumerated_when_another_is_assigned() {
     require_root!();
@@ -1118,8 +1185,9 @@ fn status_shows_each_gpu_and_every_check() {
         "{shown}"
     );
     assert!(
-        shown
-            .contains("      retired_pages   unhealthy      retired pages pending, reboot required"),
+        shown.contains(
+            "      retired_pages   unhealthy      retired pages pending, reboot required"
+        ),
         "{shown}"
     );
 }

@@ -24,7 +24,7 @@ pub fn serve(args: &[OsString]) -> ! {
         // SAFETY: this process is single-threaded (main.rs calls serve first thing), so the
         // child may run anything; it ends with _exit.
         match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => run_child(&library, *fd, job),
+            Ok(nix::unistd::ForkResult::Child) => run_child(&library, &[(*fd, job.clone())]),
             Ok(nix::unistd::ForkResult::Parent { .. }) => {}
             Err(e) => write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}"))),
         }
@@ -47,35 +47,45 @@ fn parse_args(args: &[OsString]) -> Option<(OsString, Vec<(RawFd, Job)>)> {
     Some((library.clone(), jobs))
 }
 
-/// One job, in its own process: keeps only its own pipe, puts stdio on /dev/null, asks
-/// NVML, answers, `_exit`s. Never returns, not even by a panic: a child forked from the
-/// hook must never run on into the hook's code.
-pub(super) fn run_child(library: &OsString, fd: RawFd, job: &Job) -> ! {
-    close_others(fd);
+/// A list of jobs, in a process of their own: keeps only their pipes, puts stdio on
+/// /dev/null, opens NVML once, then answers the jobs in order, each on its own pipe, which
+/// it closes at once so that the hook sees that job answered while the next runs; then
+/// `_exit`s. Never returns, not even by a panic: a child forked from the hook must never
+/// run on into the hook's code.
+pub(super) fn run_child(library: &OsString, jobs: &[(RawFd, Job)]) -> ! {
+    let keep: Vec<RawFd> = jobs.iter().map(|(fd, _)| *fd).collect();
+    close_others(&keep);
     stdio_to_null();
     // SAFETY: alarm only arms a timer; its default action ends this process.
     unsafe { libc::alarm(ABANDON_AFTER_S) };
-    let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(library, job)))
-        .unwrap_or_else(|_| Answer::Failed("the NVML query panicked".into()));
-    write_answer(fd, &answer);
+    let started = Instant::now();
+    let opened = std::panic::catch_unwind(|| query::open(library))
+        .unwrap_or_else(|_| Err("the NVML query panicked".into()));
+    let init_us = started.elapsed().as_micros() as u64;
+    for (i, (fd, job)) in jobs.iter().enumerate() {
+        let answer = match &opened {
+            // The library's load and init are counted once, with the first answer.
+            Ok(nvml) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                answer(nvml, job, if i == 0 { init_us } else { 0 })
+            }))
+            .unwrap_or_else(|_| Answer::Failed("the NVML query panicked".into())),
+            Err(e) => Answer::Failed(e.clone()),
+        };
+        write_answer(*fd, &answer);
+        // SAFETY: this process's copy of the job's pipe, used by nothing else after this.
+        unsafe { libc::close(*fd) };
+    }
+    // No nvmlShutdown: a lost GPU can hang it, and the process ends now anyway.
     // SAFETY: ends the process at once, without the library's destructors.
     unsafe { libc::_exit(0) }
 }
 
-fn answer(library: &OsString, job: &Job) -> Answer {
-    let started = Instant::now();
-    let nvml = match query::open(library) {
-        Ok(n) => n,
-        Err(e) => return Answer::Failed(e),
-    };
-    let init_us = started.elapsed().as_micros() as u64;
+fn answer(nvml: &nvml_wrapper::Nvml, job: &Job, init_us: u64) -> Answer {
     let driver_version = nvml.sys_driver_version().ok();
     let gpus = match job {
-        Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(&nvml, bus_id, *index)]),
-        Job::Every => query::every_gpu(&nvml),
+        Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(nvml, bus_id, *index)]),
+        Job::Every => query::every_gpu(nvml),
     };
-    // No nvmlShutdown: a lost GPU can hang it, and the process ends now anyway.
-    std::mem::forget(nvml);
     match gpus {
         Ok(gpus) => Answer::Gpus {
             driver_version,
@@ -122,19 +132,30 @@ pub(super) fn write_answer(fd: RawFd, answer: &Answer) {
 }
 
 /// Closes every descriptor but stdio and `keep`: the child must not hold the pipes of the
-/// other GPUs (their ends would not close with their children) nor anything the runtime
-/// passed the hook.
-fn close_others(keep: RawFd) {
-    let keep = keep as libc::c_uint;
-    // SAFETY: close_range only closes descriptors; none of them is used after this.
-    let ok = unsafe {
-        (keep == 3 || libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32) == 0)
-            && libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32) == 0
-    };
+/// other processes' GPUs (their ends would not close with those children) nor anything the
+/// runtime passed the hook.
+fn close_others(keep: &[RawFd]) {
+    let mut keep: Vec<libc::c_uint> = keep
+        .iter()
+        .filter_map(|fd| libc::c_uint::try_from(*fd).ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from: libc::c_uint = 3;
+    let mut ok = true;
+    for &k in keep.iter().chain(std::iter::once(&libc::c_uint::MAX)) {
+        if from < k {
+            let last = if k == libc::c_uint::MAX { k } else { k - 1 };
+            // SAFETY: close_range only closes descriptors; none of them is used after this.
+            ok &= unsafe { libc::syscall(libc::SYS_close_range, from, last, 0u32) } == 0;
+        }
+        from = k.saturating_add(1);
+    }
     if !ok {
         // kernels before 5.9: the descriptors a hook can have
         for fd in 3..1024 {
-            if fd != keep as RawFd {
+            if !keep.contains(&(fd as libc::c_uint)) {
                 // SAFETY: as above.
                 unsafe { libc::close(fd) };
             }
