@@ -157,19 +157,35 @@ impl FunctionSeen {
     /// Reads the function's AER counters and, when a count is there to judge, its stored
     /// baseline. `replay` is NVML's reading for a GPU's function.
     pub fn read(dir: &Path, state_dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
-        let name = name_of(dir);
-        let aer = read_aer(dir);
-        let counted = matches!(aer, Some(Ok(_))) || matches!(replay, Some(Reading::Value(_)));
-        let baseline = match counted {
-            true => baseline::read(state_dir, &name).map_err(|e| e.to_string()),
-            false => Ok(None),
-        };
-        FunctionSeen {
+        let mut seen = FunctionSeen {
             dir: dir.to_path_buf(),
-            name,
-            aer,
-            replay,
-            baseline,
+            name: name_of(dir),
+            aer: read_aer(dir),
+            replay: None,
+            baseline: Ok(None),
+        };
+        if seen.counted() {
+            seen.baseline = baseline::read(state_dir, &seen.name).map_err(|e| e.to_string());
+        }
+        if let Some(r) = replay {
+            seen.join_replay(state_dir, r);
+        }
+        seen
+    }
+
+    /// A count is there to judge against a baseline.
+    fn counted(&self) -> bool {
+        matches!(self.aer, Some(Ok(_))) || matches!(self.replay, Some(Reading::Value(_)))
+    }
+
+    /// Puts NVML's replay count (the GPU's) into this reading, which may have been taken
+    /// for another device of the same function (the GPU's DRM node), and reads the
+    /// baseline when nothing before needed it.
+    fn join_replay(&mut self, state_dir: &Path, replay: Reading<u32>) {
+        let read_before = self.counted();
+        self.replay = Some(replay);
+        if !read_before && self.counted() {
+            self.baseline = baseline::read(state_dir, &self.name).map_err(|e| e.to_string());
         }
     }
 
@@ -256,12 +272,22 @@ impl<'a> PcieProbe<'a> {
     }
 
     fn see(&self, dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
-        if let Some(s) = self.seen.borrow().iter().find(|s| s.dir == dir) {
-            return s.clone();
+        let mut seen = self.seen.borrow_mut();
+        match seen.iter_mut().find(|s| s.dir == dir) {
+            // Read first for a device of the GPU's function that is not the GPU (its DRM
+            // node), which has no replay count: the GPU's own is added, not lost.
+            Some(s) => {
+                if let (None, Some(r)) = (&s.replay, replay) {
+                    s.join_replay(&self.state_dir, r);
+                }
+                s.clone()
+            }
+            None => {
+                let s = FunctionSeen::read(dir, &self.state_dir, replay);
+                seen.push(s.clone());
+                s
+            }
         }
-        let s = FunctionSeen::read(dir, &self.state_dir, replay);
-        self.seen.borrow_mut().push(s.clone());
-        s
     }
 
     /// The device's PCI function: a GPU's through its bus id; another device's as the
@@ -311,28 +337,29 @@ pub fn advance_baselines(
     judged: &[(&Device, Option<&Findings>)],
     gpu: Option<&GpuContext>,
 ) {
-    let mut done: Vec<String> = Vec::new();
     let (now_unix, _) = clock::now();
+    let mut functions: Vec<FunctionSeen> = Vec::new();
     for (d, found) in judged {
-        let read;
         let seen = match found.and_then(|f| f.pcie.as_ref()) {
-            Some(s) => s,
-            None => {
-                read = read_functions(sysfs_root, state_dir, d, gpu);
-                &read
-            }
+            Some(s) => s.clone(),
+            None => read_functions(sysfs_root, state_dir, d, gpu),
         };
         for f in seen {
-            if done.contains(&f.name) {
-                continue;
+            match functions.iter_mut().find(|k| k.name == f.name) {
+                // One function, one baseline: the reading with the GPU's replay count
+                // stands over another device's of the same function (its DRM node's).
+                Some(k) if k.replay.is_none() && f.replay.is_some() => *k = f,
+                Some(_) => {}
+                None => functions.push(f),
             }
-            done.push(f.name.clone());
-            // A damaged file is replaced: the probe said so at this start.
-            let old = f.baseline.as_ref().ok().and_then(Option::as_ref);
-            if let Some(b) = next_baseline(f, old, now_unix) {
-                if let Err(e) = baseline::write(state_dir, &b) {
-                    log::error!("cannot keep the PCIe baseline of {}: {e}", f.name);
-                }
+        }
+    }
+    for f in &functions {
+        // A damaged file is replaced: the probe said so at this start.
+        let old = f.baseline.as_ref().ok().and_then(Option::as_ref);
+        if let Some(b) = next_baseline(f, old, now_unix) {
+            if let Err(e) = baseline::write(state_dir, &b) {
+                log::error!("cannot keep the PCIe baseline of {}: {e}", f.name);
             }
         }
     }
@@ -887,6 +914,58 @@ mod tests {
         let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
         assert_eq!(b.replay.map(|r| r.count), Some(43));
         assert!(start(Reading::Value(44)).0.status() == "warn");
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    /// A GPU's DRM node (`/dev/dri/cardN`, which NVIDIA's CDI specs hand out beside
+    /// `/dev/nvidiaN`) has the GPU's PCI function; probed first, its reading (which has no
+    /// NVML replay count: the node is not the GPU's) must not stand for the GPU's.
+    #[test]
+    fn a_function_read_first_for_another_device_still_gets_the_gpus_replay_count() {
+        let (t, _port, gpu) = gpu_tree("pcie-replay-dri");
+        let state = t.0.join("state");
+        t.write(&gpu, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        let d = gpu_device();
+        let card = Device {
+            num: DevNum {
+                typ: DevType::Char,
+                major: 226,
+                minor: 1,
+            },
+            class: "dri".into(),
+            container_path: Some("/dev/dri/card1".into()),
+            ..gpu_device()
+        };
+        let start = |count: u32| {
+            let mut nvml = nvml_with_gpu1_at_3b();
+            nvml.gpus.as_mut().unwrap()[1].pcie_replay = Reading::Value(count);
+            let g = ctx(nvml, Vec::new());
+            let p = PcieProbe::new(&t.0, &state, Some(&g));
+            let mut card_found = Findings {
+                device_pci: Some(Some(gpu.clone())),
+                ..Findings::default()
+            };
+            let _ = p.check(&card, &mut card_found);
+            let mut gpu_found = Findings::default();
+            let v = p.check(&d, &mut gpu_found);
+            advance_baselines(
+                &t.0,
+                &state,
+                &[(&card, Some(&card_found)), (&d, Some(&gpu_found))],
+                Some(&g),
+            );
+            v
+        };
+        assert_eq!(start(40), Verdict::Healthy);
+        let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(b.replay.map(|r| r.count), Some(40));
+        let v = start(43);
+        assert_eq!(v.status(), "warn", "{v:?}");
+        assert!(
+            v.reason().unwrap().contains("3 replays on 0000:3b:00.0"),
+            "{v:?}"
+        );
+        assert_eq!(start(43), Verdict::Healthy, "warned once, then moved past");
         fs::remove_dir_all(&t.0).unwrap();
     }
 }
