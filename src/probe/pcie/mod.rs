@@ -148,44 +148,29 @@ pub struct FunctionSeen {
     /// NVML's PCIe replay counter, for a GPU's own function (None for any other, and when
     /// NVML gave no answer at all).
     pub replay: Option<Reading<u32>>,
-    /// The stored baseline, read only when there is a count to judge against it (else
-    /// `Ok(None)`); an error names a damaged file.
+    /// The stored baseline, read before the counters; an error names a damaged file.
     pub baseline: Result<Option<PcieBaseline>, String>,
 }
 
 impl FunctionSeen {
-    /// Reads the function's AER counters and, when a count is there to judge, its stored
-    /// baseline. `replay` is NVML's reading for a GPU's function.
+    /// Reads the function's stored baseline and then its AER counters. `replay` is NVML's
+    /// reading for a GPU's function (taken earlier, in the query process: a baseline
+    /// another gate moved past it meanwhile reads as a counter that went down, which only
+    /// retakes the count, so a later rise warns again, never less).
     pub fn read(dir: &Path, state_dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
-        let mut seen = FunctionSeen {
+        let name = name_of(dir);
+        // The baseline before the counters: a baseline is written from counts read before
+        // it, and counts only grow, so counts read after it are never below it unless the
+        // counters restarted. Read the other way round, a gate on the same function at the
+        // same time (a GPU two pods share) could write a newer baseline in between, and
+        // counts below it read as a restart: a fatal rise passed and was retaken past.
+        let baseline = baseline::read(state_dir, &name).map_err(|e| e.to_string());
+        FunctionSeen {
             dir: dir.to_path_buf(),
-            name: name_of(dir),
+            name,
             aer: read_aer(dir),
-            replay: None,
-            baseline: Ok(None),
-        };
-        if seen.counted() {
-            seen.baseline = baseline::read(state_dir, &seen.name).map_err(|e| e.to_string());
-        }
-        if let Some(r) = replay {
-            seen.join_replay(state_dir, r);
-        }
-        seen
-    }
-
-    /// A count is there to judge against a baseline.
-    fn counted(&self) -> bool {
-        matches!(self.aer, Some(Ok(_))) || matches!(self.replay, Some(Reading::Value(_)))
-    }
-
-    /// Puts NVML's replay count (the GPU's) into this reading, which may have been taken
-    /// for another device of the same function (the GPU's DRM node), and reads the
-    /// baseline when nothing before needed it.
-    fn join_replay(&mut self, state_dir: &Path, replay: Reading<u32>) {
-        let read_before = self.counted();
-        self.replay = Some(replay);
-        if !read_before && self.counted() {
-            self.baseline = baseline::read(state_dir, &self.name).map_err(|e| e.to_string());
+            replay,
+            baseline,
         }
     }
 
@@ -277,8 +262,8 @@ impl<'a> PcieProbe<'a> {
             // Read first for a device of the GPU's function that is not the GPU (its DRM
             // node), which has no replay count: the GPU's own is added, not lost.
             Some(s) => {
-                if let (None, Some(r)) = (&s.replay, replay) {
-                    s.join_replay(&self.state_dir, r);
+                if s.replay.is_none() {
+                    s.replay = replay;
                 }
                 s.clone()
             }
@@ -914,6 +899,74 @@ mod tests {
         let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
         assert_eq!(b.replay.map(|r| r.count), Some(43));
         assert!(start(Reading::Value(44)).0.status() == "warn");
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    /// Two gates on one function at once (a GPU shared by time-slicing, two devices under
+    /// one port): one writes a baseline between the other's counter read and its baseline
+    /// read. Then the counts read look lower than the baseline, like counters that
+    /// restarted, and a fatal rise counted before both was passed and its baseline retaken
+    /// past it. The counters must be read after the baseline, never before. The other gate
+    /// is a thread that writes its baseline when the counters are opened (a FIFO for
+    /// `aer_dev_fatal`), so the order is the test's, not timing's.
+    #[test]
+    fn a_baseline_written_by_a_concurrent_gate_never_hides_a_fatal_rise() {
+        let t = Tree::new("pcie-race");
+        let f = t.pci("0000:3b:00.0", true);
+        let state = t.0.join("state");
+        let b0 = PcieBaseline {
+            function: "0000:3b:00.0".into(),
+            time_unix: 1,
+            aer: Some(counts(5, 0, 0)),
+            replay: None,
+        };
+        baseline::write(&state, &b0).unwrap();
+        t.write(&f, "aer_dev_correctable", "TOTAL_ERR_COR 5\n");
+        t.write(&f, "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL 0\n");
+        let fifo = f.join("aer_dev_fatal");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let other = {
+            let (fifo, state) = (fifo.clone(), state.clone());
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut w = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+                // the other gate read one more correctable error and moved the baseline
+                let b1 = PcieBaseline {
+                    aer: Some(counts(6, 0, 0)),
+                    ..b0
+                };
+                baseline::write(&state, &b1).unwrap();
+                w.write_all(b"TOTAL_ERR_FATAL 1\n").unwrap();
+            })
+        };
+        let seen = FunctionSeen::read(&f, &state, None);
+        other.join().unwrap();
+        let v = Verdict::worst(seen.judge());
+        assert_eq!(v.status(), "unhealthy", "{v:?} from {seen:?}");
+        assert!(
+            v.reason()
+                .unwrap()
+                .contains("1 fatal error on 0000:3b:00.0"),
+            "{v:?}"
+        );
+        advance_baselines(
+            &t.0,
+            &state,
+            &[(
+                &gpu_device(),
+                Some(&Findings {
+                    pcie: Some(vec![seen]),
+                    ..Findings::default()
+                }),
+            )],
+            None,
+        );
+        let kept = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(
+            kept.aer.map(|a| a.fatal),
+            Some(0),
+            "the rise keeps counting"
+        );
         fs::remove_dir_all(&t.0).unwrap();
     }
 
