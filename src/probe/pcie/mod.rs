@@ -9,9 +9,10 @@
 //!   count since boot, so each is judged against the baseline devgate stored at the last
 //!   container start (`store::pcie`), never by its absolute value:
 //!   a fatal error since the baseline is unhealthy, and stays so until the counters restart
-//!   (a reboot or a reset of the function) or the operator removes the baseline file;
-//!   a non-fatal or correctable error since the baseline warns once, and the baseline moves
-//!   past it.
+//!   (the function removed and added again: a reboot, a hot-plug) or the operator removes
+//!   the baseline file; a non-fatal or correctable error since the baseline warns once, and
+//!   the baseline moves past it. Counters that restarted since the baseline are judged
+//!   against zero: all they count happened after it.
 //! - for a GPU, NVML's PCIe replay counter (link-level retransmissions: the link recovered
 //!   from an error by sending again, which AER counts as correctable). Also counted since
 //!   the driver loaded, it is kept in the same baseline and judged like a correctable error:
@@ -486,10 +487,42 @@ mod tests {
             advance(&counts(9, 4, 3), Some(&counts(5, 1, 2))),
             counts(9, 4, 2)
         );
-        // counters restarted: retaken whole
+        // counters restarted: retaken, but for a fatal count since, which stays a rise
         assert_eq!(
             advance(&counts(0, 0, 1), Some(&counts(5, 1, 0))),
-            counts(0, 0, 1)
+            counts(0, 0, 0)
+        );
+        assert_eq!(
+            advance(&counts(3, 1, 0), Some(&counts(5, 1, 2))),
+            counts(3, 1, 0)
+        );
+    }
+
+    /// Counters below the baseline restarted after it was taken (the function was removed
+    /// and added again: a link that dropped and came back, a hot-plug, a reboot with
+    /// state_dir kept): all they count happened since the baseline. A broken device whose
+    /// link drops and retrains, then reports a fatal error, must not pass because its
+    /// correctable count is now below the stored one; and the rise keeps counting.
+    #[test]
+    fn a_fatal_error_counted_after_the_counters_restarted_is_a_rise() {
+        let f = "0000:3b:00.0";
+        let v = judge_aer(f, &counts(0, 0, 1), Some(&base(50, 7, 0)));
+        assert_eq!(v.status(), "unhealthy", "{v:?}");
+        assert!(
+            v.reason()
+                .unwrap()
+                .ends_with("1 fatal error on 0000:3b:00.0 since 2026-12-02T14:51:38Z (counters restarted: 0 -> 1)"),
+            "{v:?}"
+        );
+        assert_eq!(
+            judge_aer(f, &counts(2, 0, 0), Some(&base(50, 7, 0))).status(),
+            "warn"
+        );
+        let next = advance(&counts(0, 0, 1), Some(&counts(50, 7, 0)));
+        assert_eq!(next, counts(0, 0, 0), "the fatal rise stays a rise");
+        assert_eq!(
+            judge_aer(f, &counts(0, 0, 1), Some(&base(0, 0, 0))).status(),
+            "unhealthy"
         );
     }
 
