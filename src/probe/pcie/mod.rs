@@ -498,6 +498,50 @@ mod tests {
         );
     }
 
+    /// A counter file that is there but cannot be read (an I/O error, a function going
+    /// away under the read) is no count, not a zero: read as zero, it made the counts look
+    /// restarted, so a fatal count already in the baseline read as new (a healthy device
+    /// rejected, for good) or, before restarts were judged, a fatal rise passed. Only a file
+    /// that is not there counts zero (a kernel that reports the fatal count alone).
+    #[test]
+    fn an_aer_file_that_cannot_be_read_is_unknown_never_zero() {
+        let t = Tree::new("pcie-unreadable");
+        let f = t.pci("0000:3b:00.0", true);
+        let state = t.0.join("state");
+        let b0 = PcieBaseline {
+            aer: Some(counts(5, 0, 1)),
+            ..base(0, 0, 0)
+        };
+        baseline::write(&state, &b0).unwrap();
+        t.write(&f, "aer_dev_fatal", "TOTAL_ERR_FATAL 1\n");
+        t.write(&f, "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL 0\n");
+        // reading a directory fails (EISDIR) where opening it does not
+        fs::create_dir(f.join("aer_dev_correctable")).unwrap();
+        let seen = FunctionSeen::read(&f, &state, None);
+        let v = Verdict::worst(seen.judge());
+        assert_eq!(v.status(), "unknown", "{v:?}");
+        assert!(v.reason().unwrap().contains("aer_dev_correctable"), "{v:?}");
+        let found = Findings {
+            pcie: Some(vec![seen]),
+            ..Findings::default()
+        };
+        advance_baselines(&t.0, &state, &[(&gpu_device(), Some(&found))], None);
+        assert_eq!(baseline::read(&state, "0000:3b:00.0").unwrap(), Some(b0));
+        // a file that is not there counts zero
+        fs::remove_dir(f.join("aer_dev_correctable")).unwrap();
+        fs::remove_file(f.join("aer_dev_nonfatal")).unwrap();
+        assert_eq!(read_aer(&f), Some(Ok(counts(0, 0, 1))));
+        // nor is an unreadable fatal count "no AER counters": that passed as not applicable
+        fs::remove_file(f.join("aer_dev_fatal")).unwrap();
+        fs::create_dir(f.join("aer_dev_fatal")).unwrap();
+        assert!(
+            matches!(read_aer(&f), Some(Err(e)) if e.starts_with("aer_dev_fatal: cannot read")),
+            "{:?}",
+            read_aer(&f)
+        );
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
     /// Counters below the baseline restarted after it was taken (the function was removed
     /// and added again: a link that dropped and came back, a hot-plug, a reboot with
     /// state_dir kept): all they count happened since the baseline. A broken device whose
