@@ -137,10 +137,13 @@ fn slack(keep: usize) -> usize {
     (keep / 16).max(1)
 }
 
-/// A writer's temp file (`.<name>.tmp.<pid>`, fsutil's atomic write).
+/// A writer's temp file (`.<name>.tmp.<pid>`, fsutil's atomic write; the name is cut to
+/// 200 bytes there, so `.json` may be gone).
 fn is_temp_name(n: &std::ffi::OsStr) -> bool {
     let n = n.to_string_lossy();
-    n.starts_with('.') && n.contains(".json.tmp.")
+    n.starts_with('.')
+        && n.rsplit_once(".tmp.")
+            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A temp file a write left when its hook was killed between create and rename (a
@@ -280,6 +283,10 @@ mod tests {
         let keep = 32;
         records(&state, keep + 2);
         let dir = Kind::Exit.dir(&state);
+        let long = format!(".{}.tmp.4244", "c".repeat(200));
+        let f = std::fs::File::create(dir.join(&long)).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(3600))
+            .unwrap();
         let stale = dir.join(".c900.json.tmp.4242");
         let fresh = dir.join(".c901.json.tmp.4243");
         let f = std::fs::File::create(&stale).unwrap();
@@ -288,6 +295,7 @@ mod tests {
         std::fs::File::create(&fresh).unwrap();
         prune(&state, Kind::Exit, keep, |_| false);
         assert!(!stale.exists(), "a killed writer's temp file stays");
+        assert!(!dir.join(&long).exists(), "a temp name cut short stays");
         assert!(fresh.exists(), "a write in flight lost its temp file");
         let _ = std::fs::remove_dir_all(&state);
     }
