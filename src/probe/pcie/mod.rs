@@ -314,8 +314,10 @@ impl Probe for PcieProbe<'_> {
 
 /// After a gate: moves the baselines of the functions behind `judged` and their upstream
 /// ports (`advance`) to what the probe read of them (`Findings::pcie`), so that an error
-/// counted after that read is a rise at the next start; a device the probe did not run on
-/// (a spare the remap put in) is read now. A failure is logged, never fails the start: the
+/// counted after that read is a rise at the next start. A device the probe did not run on
+/// (a spare the remap put in) is read now, and only a first baseline is taken for it: the
+/// remap's probe of a spare tells no one of a warning, so a stored baseline moved past its
+/// rise would have warned no one, ever. A failure is logged, never fails the start: the
 /// baseline is for the next start's judgement.
 pub fn advance_baselines(
     sysfs_root: &Path,
@@ -324,23 +326,30 @@ pub fn advance_baselines(
     gpu: Option<&GpuContext>,
 ) {
     let (now_unix, _) = clock::now();
-    let mut functions: Vec<FunctionSeen> = Vec::new();
+    // Each function once, and whether this gate's probe judged it.
+    let mut functions: Vec<(FunctionSeen, bool)> = Vec::new();
     for (d, found) in judged {
-        let seen = match found.and_then(|f| f.pcie.as_ref()) {
-            Some(s) => s.clone(),
-            None => read_functions(sysfs_root, state_dir, d, gpu),
+        let (seen, probed) = match found.and_then(|f| f.pcie.as_ref()) {
+            Some(s) => (s.clone(), true),
+            None => (read_functions(sysfs_root, state_dir, d, gpu), false),
         };
         for f in seen {
-            match functions.iter_mut().find(|k| k.name == f.name) {
+            match functions.iter_mut().find(|(k, _)| k.name == f.name) {
                 // One function, one baseline: the reading with the GPU's replay count
                 // stands over another device's of the same function (its DRM node's).
-                Some(k) if k.replay.is_none() && f.replay.is_some() => *k = f,
-                Some(_) => {}
-                None => functions.push(f),
+                Some((k, was)) if k.replay.is_none() && f.replay.is_some() => {
+                    *k = f;
+                    *was |= probed;
+                }
+                Some((_, was)) => *was |= probed,
+                None => functions.push((f, probed)),
             }
         }
     }
-    for f in &functions {
+    for (f, probed) in &functions {
+        if !probed && matches!(f.baseline, Ok(Some(_))) {
+            continue;
+        }
         // A damaged file is replaced: the probe said so at this start.
         let old = f.baseline.as_ref().ok().and_then(Option::as_ref);
         if let Some(b) = next_baseline(f, old, now_unix) {
@@ -976,6 +985,52 @@ mod tests {
         let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
         assert_eq!(b.replay.map(|r| r.count), Some(43));
         assert!(start(Reading::Value(44)).0.status() == "warn");
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    /// A spare the remap put in was probed by the remap, whose warnings reach no one; the
+    /// gate reads it again after the remap. Moving its stored baseline to that reading
+    /// passed its correctable and replay rises without a word, for good. Only a first
+    /// baseline is taken for it; a stored one waits for a gate that judges the spare.
+    #[test]
+    fn a_spare_the_probe_did_not_judge_keeps_its_stored_baseline() {
+        let (t, _port, gpu) = gpu_tree("pcie-spare");
+        let state = t.0.join("state");
+        t.write(&gpu, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        t.write(&gpu, "aer_dev_correctable", "TOTAL_ERR_COR 7\n");
+        let mut nvml = nvml_with_gpu1_at_3b();
+        nvml.gpus.as_mut().unwrap()[1].pcie_replay = Reading::Value(43);
+        let g = ctx(nvml, Vec::new());
+        let d = gpu_device();
+        // no baseline yet: the spare's first is taken
+        advance_baselines(&t.0, &state, &[(&d, None)], Some(&g));
+        let first = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(first.aer.map(|a| a.correctable), Some(7));
+        // rises since: not moved past without a judgement
+        t.write(&gpu, "aer_dev_correctable", "TOTAL_ERR_COR 9\n");
+        let mut nvml = nvml_with_gpu1_at_3b();
+        nvml.gpus.as_mut().unwrap()[1].pcie_replay = Reading::Value(45);
+        let g = ctx(nvml, Vec::new());
+        advance_baselines(&t.0, &state, &[(&d, None)], Some(&g));
+        assert_eq!(baseline::read(&state, "0000:3b:00.0").unwrap(), Some(first));
+        // the next gate that probes it warns, and then moves it
+        let mut found = Findings::default();
+        let v = PcieProbe::new(&t.0, &state, Some(&g)).check(&d, &mut found);
+        assert_eq!(v.status(), "warn", "{v:?}");
+        let why = v.reason().unwrap();
+        assert!(
+            why.contains("2 correctable errors") && why.contains("2 replays"),
+            "{why}"
+        );
+        advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&g));
+        let moved = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(
+            (
+                moved.aer.map(|a| a.correctable),
+                moved.replay.map(|r| r.count)
+            ),
+            (Some(9), Some(45))
+        );
         fs::remove_dir_all(&t.0).unwrap();
     }
 
