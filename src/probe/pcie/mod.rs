@@ -1072,6 +1072,16 @@ mod tests {
             })
         };
         let seen = FunctionSeen::read(&f, &state, None);
+        // Should the read never have opened the FIFO, this open lets the other gate go on,
+        // so that the test fails rather than hangs; it is held until the writer is done.
+        let _unblock = {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo)
+                .unwrap()
+        };
         other.join().unwrap();
         let v = Verdict::worst(seen.judge());
         assert_eq!(v.status(), "unhealthy", "{v:?} from {seen:?}");
