@@ -361,6 +361,7 @@ pub(crate) mod tests {
         let disk_pci = Some(fs::canonicalize(&pci).unwrap());
         assert_eq!(found.device_pci, Some(disk_pci.clone()), "partition");
         assert_eq!(pci_dir_for(&t.0, &dev(DevType::Block, 8, 17)), disk_pci);
+        fs::remove_dir_all(&t.0).unwrap();
     }
 
     #[test]
