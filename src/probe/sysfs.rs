@@ -261,6 +261,13 @@ pub(crate) mod tests {
         }
     }
 
+    /// The tree goes with the test, failed or not (several tests left theirs in /tmp).
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
     fn dev(typ: DevType, major: u32, minor: u32) -> Device {
         Device {
             num: DevNum { typ, major, minor },
