@@ -387,6 +387,27 @@ mod tests {
             }
         }
     }
+
+    /// The record seeds are records as devgate writes them (devices with every verdict
+    /// status, a rule-only device, a snapshot with GPU counters): each reads back, so a
+    /// change to how records are read (the wire structs that replaced serde's flatten)
+    /// that drops one written by an earlier devgate shows here.
+    #[test]
+    fn every_record_seed_reads_as_a_record() {
+        use crate::report::record::{Decision, ExitRecord};
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/records");
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let data = std::fs::read(&p).unwrap();
+            let d = super::round_trip::<Decision>(&data).map(|d| d.devices.len());
+            let x = super::round_trip::<ExitRecord>(&data).map(|x| x.devices.len());
+            assert!(
+                d.is_some() || x.is_some(),
+                "{} reads as no record",
+                p.display()
+            );
+        }
+    }
 }
 
 /// devgate's reading against glibc's own `sscanf` and `strtoumax` (through `libc`), the

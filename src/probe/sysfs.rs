@@ -64,17 +64,11 @@ impl SysfsProbe {
             Some(_) => resolve(&entry),
             None => fs::canonicalize(&entry),
         };
-        let Ok(mut base) = resolved else {
+        let Ok(base) = resolved else {
             let why = format!("cannot resolve {}", entry.display());
             return (Verdict::Unknown(why), None);
         };
-        // A partition's hardware is its disk's.
-        let partition = device.num.typ == DevType::Block && base.join("partition").exists();
-        if partition {
-            if let Some(parent) = base.parent() {
-                base = parent.to_path_buf();
-            }
-        }
+        let base = disk_of(device, base);
         let hw = base.join("device");
         if !hw.exists() {
             return (Verdict::NotApplicable("virtual device".into()), None);
@@ -102,10 +96,19 @@ impl SysfsProbe {
             Verdict::NotApplicable(_) => Verdict::Healthy,
             v => v,
         };
-        // Only the device's own chain names its PCI function, as `pci_dir_for` finds it:
-        // a partition's PCIe link was never judged as its disk's.
-        (verdict, pci.filter(|_| !partition))
+        (verdict, pci)
     }
+}
+
+/// A partition's hardware is its disk's (its driver, its state, its PCI function): the
+/// disk's directory for a partition's, else `base` as it is.
+fn disk_of(device: &Device, base: PathBuf) -> PathBuf {
+    if device.num.typ == DevType::Block && base.join("partition").exists() {
+        if let Some(parent) = base.parent() {
+            return parent.to_path_buf();
+        }
+    }
+    base
 }
 
 /// The device, then what its `device` link points to, and so on: a class device such as
@@ -150,7 +153,7 @@ fn pci_ancestor(stop: &Path, dir: &Path) -> Option<PathBuf> {
 pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
     let devices = fs::canonicalize(sysfs_root.join("devices")).ok()?;
     let entry = device.num.sysfs_path(devices.parent()?);
-    let hw = resolve(&entry).ok()?.join("device");
+    let hw = disk_of(device, resolve(&entry).ok()?).join("device");
     device_chain(&hw)
         .iter()
         .find_map(|d| pci_ancestor(&devices, d))
@@ -258,6 +261,13 @@ pub(crate) mod tests {
         }
     }
 
+    /// The tree goes with the test, failed or not (several tests left theirs in /tmp).
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
     fn dev(typ: DevType, major: u32, minor: u32) -> Device {
         Device {
             num: DevNum { typ, major, minor },
@@ -350,6 +360,15 @@ pub(crate) mod tests {
         let mut found = Findings::default();
         p.check(&dev(DevType::Char, 9, 9), &mut found);
         assert_eq!(found.device_pci, Some(None), "no sysfs entry: no function");
+        // A partition's PCI function is its disk's, as its driver and state are: a pod
+        // given /dev/nvme0n1p1 of a disk whose link reports a fatal AER error was not
+        // judged by the pcie probe at all. The start snapshot and poststop agree.
+        let mut found = Findings::default();
+        p.check(&dev(DevType::Block, 8, 17), &mut found);
+        let disk_pci = Some(fs::canonicalize(&pci).unwrap());
+        assert_eq!(found.device_pci, Some(disk_pci.clone()), "partition");
+        assert_eq!(pci_dir_for(&t.0, &dev(DevType::Block, 8, 17)), disk_pci);
+        fs::remove_dir_all(&t.0).unwrap();
     }
 
     #[test]

@@ -105,11 +105,14 @@ pub(crate) fn prune(state_dir: &Path, kind: Kind, keep: usize, spare: impl Fn(&P
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return;
     };
-    let names: Vec<std::ffi::OsString> = rd
-        .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| is_record_name(n))
-        .collect();
+    let mut names: Vec<std::ffi::OsString> = Vec::new();
+    for n in rd.flatten().map(|e| e.file_name()) {
+        if is_record_name(&n) {
+            names.push(n);
+        } else if is_temp_name(&n) {
+            remove_if_stale(&dir.join(n));
+        }
+    }
     if names.len() < limit {
         return;
     }
@@ -132,6 +135,35 @@ pub(crate) fn prune(state_dir: &Path, kind: Kind, keep: usize, spare: impl Fn(&P
 /// How many records past `keep` wait for the next pruning pass.
 fn slack(keep: usize) -> usize {
     (keep / 16).max(1)
+}
+
+/// A writer's temp file (`.<name>.tmp.<pid>`, fsutil's atomic write; the name is cut to
+/// 200 bytes there, so `.json` may be gone).
+fn is_temp_name(n: &std::ffi::OsStr) -> bool {
+    let n = n.to_string_lossy();
+    n.starts_with('.')
+        && n.rsplit_once(".tmp.")
+            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A temp file a write left when its hook was killed between create and rename (a
+/// runtime's hook timeout) is no record and no pass ever removed it: each kill left one
+/// more, counted in a tmpfs directory's size too. A write takes milliseconds, so one older
+/// than this is no writer's any more.
+const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn remove_if_stale(p: &Path) {
+    let Ok(meta) = std::fs::symlink_metadata(p) else {
+        return;
+    };
+    let old = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.elapsed().ok())
+        .is_some_and(|age| age > STALE_TEMP);
+    if meta.is_file() && old {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 fn is_record_name(n: &std::ffi::OsStr) -> bool {
@@ -238,6 +270,33 @@ mod tests {
         let files = records(&state, keep + 2);
         prune(&state, Kind::Exit, keep, |p| p == files[0]);
         assert!(files[0].exists() && !files[1].exists() && files[2].exists());
+        let _ = std::fs::remove_dir_all(&state);
+    }
+
+    /// A hook killed between a record's temp file and its rename (a runtime's hook
+    /// timeout) left the temp file for good: no record, never pruned, so state grew by one
+    /// per kill and each counted in the tmpfs size. A pass removes those no writer can still
+    /// hold, and leaves a fresh one (a write in flight) alone.
+    #[test]
+    fn a_pass_removes_temp_files_a_killed_writer_left() {
+        let state = crate::fsutil::tests::tempdir("prune-tmp");
+        let keep = 32;
+        records(&state, keep + 2);
+        let dir = Kind::Exit.dir(&state);
+        let long = format!(".{}.tmp.4244", "c".repeat(200));
+        let f = std::fs::File::create(dir.join(&long)).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(3600))
+            .unwrap();
+        let stale = dir.join(".c900.json.tmp.4242");
+        let fresh = dir.join(".c901.json.tmp.4243");
+        let f = std::fs::File::create(&stale).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(3600))
+            .unwrap();
+        std::fs::File::create(&fresh).unwrap();
+        prune(&state, Kind::Exit, keep, |_| false);
+        assert!(!stale.exists(), "a killed writer's temp file stays");
+        assert!(!dir.join(&long).exists(), "a temp name cut short stays");
+        assert!(fresh.exists(), "a write in flight lost its temp file");
         let _ = std::fs::remove_dir_all(&state);
     }
 }

@@ -48,17 +48,27 @@ pub fn parse_aer(text: &str, total_key: &str) -> Result<u64, String> {
 }
 
 /// A PCI function's three AER totals; None where the kernel reports no AER for it
-/// (no `aer_dev_fatal`: AER not supported, or a kernel before 4.19).
+/// (no `aer_dev_fatal`: AER not supported, or a kernel before 4.19). A file that is there
+/// but cannot be read is an error, never a zero: a zero below the baseline reads as
+/// counters that restarted (`rules`).
 pub fn read_aer(pci: &Path) -> Option<Result<AerCounts, String>> {
-    let fatal = read_attr(&pci.join("aer_dev_fatal")).ok()?;
-    let one = |file: &str, key: &str, text: Option<String>| match text {
+    // Ok(None): the file is not there.
+    let read = |file: &str| match read_attr(&pci.join(file)) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{file}: cannot read: {e}")),
+    };
+    let fatal = match read("aer_dev_fatal") {
+        Ok(None) => return None,
+        other => other,
+    };
+    let one = |file: &str, key: &str, text: Result<Option<String>, String>| match text? {
         None => Ok(0),
         Some(t) => parse_aer(&t, key).map_err(|e| format!("{file}: {e}")),
     };
-    let read = |file: &str| read_attr(&pci.join(file)).ok();
     let counts = (|| {
         Ok(AerCounts {
-            fatal: one("aer_dev_fatal", "TOTAL_ERR_FATAL", Some(fatal))?,
+            fatal: one("aer_dev_fatal", "TOTAL_ERR_FATAL", fatal)?,
             nonfatal: one(
                 "aer_dev_nonfatal",
                 "TOTAL_ERR_NONFATAL",

@@ -9,9 +9,10 @@
 //!   count since boot, so each is judged against the baseline devgate stored at the last
 //!   container start (`store::pcie`), never by its absolute value:
 //!   a fatal error since the baseline is unhealthy, and stays so until the counters restart
-//!   (a reboot or a reset of the function) or the operator removes the baseline file;
-//!   a non-fatal or correctable error since the baseline warns once, and the baseline moves
-//!   past it.
+//!   (the function removed and added again: a reboot, a hot-plug) or the operator removes
+//!   the baseline file; a non-fatal or correctable error since the baseline warns once, and
+//!   the baseline moves past it. Counters that restarted since the baseline are judged
+//!   against zero: all they count happened after it.
 //! - for a GPU, NVML's PCIe replay counter (link-level retransmissions: the link recovered
 //!   from an error by sending again, which AER counts as correctable). Also counted since
 //!   the driver loaded, it is kept in the same baseline and judged like a correctable error:
@@ -148,26 +149,27 @@ pub struct FunctionSeen {
     /// NVML's PCIe replay counter, for a GPU's own function (None for any other, and when
     /// NVML gave no answer at all).
     pub replay: Option<Reading<u32>>,
-    /// The stored baseline, read only when there is a count to judge against it (else
-    /// `Ok(None)`); an error names a damaged file.
+    /// The stored baseline, read before the counters; an error names a damaged file.
     pub baseline: Result<Option<PcieBaseline>, String>,
 }
 
 impl FunctionSeen {
-    /// Reads the function's AER counters and, when a count is there to judge, its stored
-    /// baseline. `replay` is NVML's reading for a GPU's function.
+    /// Reads the function's stored baseline and then its AER counters. `replay` is NVML's
+    /// reading for a GPU's function (taken earlier, in the query process: a baseline
+    /// another gate moved past it meanwhile reads as a counter that went down, which only
+    /// retakes the count, so a later rise warns again, never less).
     pub fn read(dir: &Path, state_dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
         let name = name_of(dir);
-        let aer = read_aer(dir);
-        let counted = matches!(aer, Some(Ok(_))) || matches!(replay, Some(Reading::Value(_)));
-        let baseline = match counted {
-            true => baseline::read(state_dir, &name).map_err(|e| e.to_string()),
-            false => Ok(None),
-        };
+        // The baseline before the counters: a baseline is written from counts read before
+        // it, and counts only grow, so counts read after it are never below it unless the
+        // counters restarted. Read the other way round, a gate on the same function at the
+        // same time (a GPU two pods share) could write a newer baseline in between, and
+        // counts below it read as a restart: a fatal rise passed and was retaken past.
+        let baseline = baseline::read(state_dir, &name).map_err(|e| e.to_string());
         FunctionSeen {
             dir: dir.to_path_buf(),
             name,
-            aer,
+            aer: read_aer(dir),
             replay,
             baseline,
         }
@@ -256,12 +258,22 @@ impl<'a> PcieProbe<'a> {
     }
 
     fn see(&self, dir: &Path, replay: Option<Reading<u32>>) -> FunctionSeen {
-        if let Some(s) = self.seen.borrow().iter().find(|s| s.dir == dir) {
-            return s.clone();
+        let mut seen = self.seen.borrow_mut();
+        match seen.iter_mut().find(|s| s.dir == dir) {
+            // Read first for a device of the GPU's function that is not the GPU (its DRM
+            // node), which has no replay count: the GPU's own is added, not lost.
+            Some(s) => {
+                if s.replay.is_none() {
+                    s.replay = replay;
+                }
+                s.clone()
+            }
+            None => {
+                let s = FunctionSeen::read(dir, &self.state_dir, replay);
+                seen.push(s.clone());
+                s
+            }
         }
-        let s = FunctionSeen::read(dir, &self.state_dir, replay);
-        self.seen.borrow_mut().push(s.clone());
-        s
     }
 
     /// The device's PCI function: a GPU's through its bus id; another device's as the
@@ -302,8 +314,10 @@ impl Probe for PcieProbe<'_> {
 
 /// After a gate: moves the baselines of the functions behind `judged` and their upstream
 /// ports (`advance`) to what the probe read of them (`Findings::pcie`), so that an error
-/// counted after that read is a rise at the next start; a device the probe did not run on
-/// (a spare the remap put in) is read now. A failure is logged, never fails the start: the
+/// counted after that read is a rise at the next start. A device the probe did not run on
+/// (a spare the remap put in) is read now, and only a first baseline is taken for it: the
+/// remap's probe of a spare tells no one of a warning, so a stored baseline moved past its
+/// rise would have warned no one, ever. A failure is logged, never fails the start: the
 /// baseline is for the next start's judgement.
 pub fn advance_baselines(
     sysfs_root: &Path,
@@ -311,28 +325,36 @@ pub fn advance_baselines(
     judged: &[(&Device, Option<&Findings>)],
     gpu: Option<&GpuContext>,
 ) {
-    let mut done: Vec<String> = Vec::new();
     let (now_unix, _) = clock::now();
+    // Each function once, and whether this gate's probe judged it.
+    let mut functions: Vec<(FunctionSeen, bool)> = Vec::new();
     for (d, found) in judged {
-        let read;
-        let seen = match found.and_then(|f| f.pcie.as_ref()) {
-            Some(s) => s,
-            None => {
-                read = read_functions(sysfs_root, state_dir, d, gpu);
-                &read
-            }
+        let (seen, probed) = match found.and_then(|f| f.pcie.as_ref()) {
+            Some(s) => (s.clone(), true),
+            None => (read_functions(sysfs_root, state_dir, d, gpu), false),
         };
         for f in seen {
-            if done.contains(&f.name) {
-                continue;
-            }
-            done.push(f.name.clone());
-            // A damaged file is replaced: the probe said so at this start.
-            let old = f.baseline.as_ref().ok().and_then(Option::as_ref);
-            if let Some(b) = next_baseline(f, old, now_unix) {
-                if let Err(e) = baseline::write(state_dir, &b) {
-                    log::error!("cannot keep the PCIe baseline of {}: {e}", f.name);
+            match functions.iter_mut().find(|(k, _)| k.name == f.name) {
+                // One function, one baseline: the reading with the GPU's replay count
+                // stands over another device's of the same function (its DRM node's).
+                Some((k, was)) if k.replay.is_none() && f.replay.is_some() => {
+                    *k = f;
+                    *was |= probed;
                 }
+                Some((_, was)) => *was |= probed,
+                None => functions.push((f, probed)),
+            }
+        }
+    }
+    for (f, probed) in &functions {
+        if !probed && matches!(f.baseline, Ok(Some(_))) {
+            continue;
+        }
+        // A damaged file is replaced: the probe said so at this start.
+        let old = f.baseline.as_ref().ok().and_then(Option::as_ref);
+        if let Some(b) = next_baseline(f, old, now_unix) {
+            if let Err(e) = baseline::write(state_dir, &b) {
+                log::error!("cannot keep the PCIe baseline of {}: {e}", f.name);
             }
         }
     }
@@ -474,10 +496,86 @@ mod tests {
             advance(&counts(9, 4, 3), Some(&counts(5, 1, 2))),
             counts(9, 4, 2)
         );
-        // counters restarted: retaken whole
+        // counters restarted: retaken, but for a fatal count since, which stays a rise
         assert_eq!(
             advance(&counts(0, 0, 1), Some(&counts(5, 1, 0))),
-            counts(0, 0, 1)
+            counts(0, 0, 0)
+        );
+        assert_eq!(
+            advance(&counts(3, 1, 0), Some(&counts(5, 1, 2))),
+            counts(3, 1, 0)
+        );
+    }
+
+    /// A counter file that is there but cannot be read (an I/O error, a function going
+    /// away under the read) is no count, not a zero: read as zero, it made the counts look
+    /// restarted, so a fatal count already in the baseline read as new (a healthy device
+    /// rejected, for good) or, before restarts were judged, a fatal rise passed. Only a file
+    /// that is not there counts zero (a kernel that reports the fatal count alone).
+    #[test]
+    fn an_aer_file_that_cannot_be_read_is_unknown_never_zero() {
+        let t = Tree::new("pcie-unreadable");
+        let f = t.pci("0000:3b:00.0", true);
+        let state = t.0.join("state");
+        let b0 = PcieBaseline {
+            aer: Some(counts(5, 0, 1)),
+            ..base(0, 0, 0)
+        };
+        baseline::write(&state, &b0).unwrap();
+        t.write(&f, "aer_dev_fatal", "TOTAL_ERR_FATAL 1\n");
+        t.write(&f, "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL 0\n");
+        // reading a directory fails (EISDIR) where opening it does not
+        fs::create_dir(f.join("aer_dev_correctable")).unwrap();
+        let seen = FunctionSeen::read(&f, &state, None);
+        let v = Verdict::worst(seen.judge());
+        assert_eq!(v.status(), "unknown", "{v:?}");
+        assert!(v.reason().unwrap().contains("aer_dev_correctable"), "{v:?}");
+        let found = Findings {
+            pcie: Some(vec![seen]),
+            ..Findings::default()
+        };
+        advance_baselines(&t.0, &state, &[(&gpu_device(), Some(&found))], None);
+        assert_eq!(baseline::read(&state, "0000:3b:00.0").unwrap(), Some(b0));
+        // a file that is not there counts zero
+        fs::remove_dir(f.join("aer_dev_correctable")).unwrap();
+        fs::remove_file(f.join("aer_dev_nonfatal")).unwrap();
+        assert_eq!(read_aer(&f), Some(Ok(counts(0, 0, 1))));
+        // nor is an unreadable fatal count "no AER counters": that passed as not applicable
+        fs::remove_file(f.join("aer_dev_fatal")).unwrap();
+        fs::create_dir(f.join("aer_dev_fatal")).unwrap();
+        assert!(
+            matches!(read_aer(&f), Some(Err(e)) if e.starts_with("aer_dev_fatal: cannot read")),
+            "{:?}",
+            read_aer(&f)
+        );
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    /// Counters below the baseline restarted after it was taken (the function was removed
+    /// and added again: a link that dropped and came back, a hot-plug, a reboot with
+    /// state_dir kept): all they count happened since the baseline. A broken device whose
+    /// link drops and retrains, then reports a fatal error, must not pass because its
+    /// correctable count is now below the stored one; and the rise keeps counting.
+    #[test]
+    fn a_fatal_error_counted_after_the_counters_restarted_is_a_rise() {
+        let f = "0000:3b:00.0";
+        let v = judge_aer(f, &counts(0, 0, 1), Some(&base(50, 7, 0)));
+        assert_eq!(v.status(), "unhealthy", "{v:?}");
+        assert!(
+            v.reason()
+                .unwrap()
+                .ends_with("1 fatal error on 0000:3b:00.0 since 2026-12-02T14:51:38Z (counters restarted: 0 -> 1)"),
+            "{v:?}"
+        );
+        assert_eq!(
+            judge_aer(f, &counts(2, 0, 0), Some(&base(50, 7, 0))).status(),
+            "warn"
+        );
+        let next = advance(&counts(0, 0, 1), Some(&counts(50, 7, 0)));
+        assert_eq!(next, counts(0, 0, 0), "the fatal rise stays a rise");
+        assert_eq!(
+            judge_aer(f, &counts(0, 0, 1), Some(&base(0, 0, 0))).status(),
+            "unhealthy"
         );
     }
 
@@ -887,6 +985,182 @@ mod tests {
         let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
         assert_eq!(b.replay.map(|r| r.count), Some(43));
         assert!(start(Reading::Value(44)).0.status() == "warn");
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    /// A spare the remap put in was probed by the remap, whose warnings reach no one; the
+    /// gate reads it again after the remap. Moving its stored baseline to that reading
+    /// passed its correctable and replay rises without a word, for good. Only a first
+    /// baseline is taken for it; a stored one waits for a gate that judges the spare.
+    #[test]
+    fn a_spare_the_probe_did_not_judge_keeps_its_stored_baseline() {
+        let (t, _port, gpu) = gpu_tree("pcie-spare");
+        let state = t.0.join("state");
+        t.write(&gpu, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        t.write(&gpu, "aer_dev_correctable", "TOTAL_ERR_COR 7\n");
+        let mut nvml = nvml_with_gpu1_at_3b();
+        nvml.gpus.as_mut().unwrap()[1].pcie_replay = Reading::Value(43);
+        let g = ctx(nvml, Vec::new());
+        let d = gpu_device();
+        // no baseline yet: the spare's first is taken
+        advance_baselines(&t.0, &state, &[(&d, None)], Some(&g));
+        let first = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(first.aer.map(|a| a.correctable), Some(7));
+        // rises since: not moved past without a judgement
+        t.write(&gpu, "aer_dev_correctable", "TOTAL_ERR_COR 9\n");
+        let mut nvml = nvml_with_gpu1_at_3b();
+        nvml.gpus.as_mut().unwrap()[1].pcie_replay = Reading::Value(45);
+        let g = ctx(nvml, Vec::new());
+        advance_baselines(&t.0, &state, &[(&d, None)], Some(&g));
+        assert_eq!(baseline::read(&state, "0000:3b:00.0").unwrap(), Some(first));
+        // the next gate that probes it warns, and then moves it
+        let mut found = Findings::default();
+        let v = PcieProbe::new(&t.0, &state, Some(&g)).check(&d, &mut found);
+        assert_eq!(v.status(), "warn", "{v:?}");
+        let why = v.reason().unwrap();
+        assert!(
+            why.contains("2 correctable errors") && why.contains("2 replays"),
+            "{why}"
+        );
+        advance_baselines(&t.0, &state, &[(&d, Some(&found))], Some(&g));
+        let moved = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(
+            (
+                moved.aer.map(|a| a.correctable),
+                moved.replay.map(|r| r.count)
+            ),
+            (Some(9), Some(45))
+        );
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    /// Two gates on one function at once (a GPU shared by time-slicing, two devices under
+    /// one port): one writes a baseline between the other's counter read and its baseline
+    /// read. Then the counts read look lower than the baseline, like counters that
+    /// restarted, and a fatal rise counted before both was passed and its baseline retaken
+    /// past it. The counters must be read after the baseline, never before. The other gate
+    /// is a thread that writes its baseline when the counters are opened (a FIFO for
+    /// `aer_dev_fatal`), so the order is the test's, not timing's.
+    #[test]
+    fn a_baseline_written_by_a_concurrent_gate_never_hides_a_fatal_rise() {
+        let t = Tree::new("pcie-race");
+        let f = t.pci("0000:3b:00.0", true);
+        let state = t.0.join("state");
+        let b0 = PcieBaseline {
+            function: "0000:3b:00.0".into(),
+            time_unix: 1,
+            aer: Some(counts(5, 0, 0)),
+            replay: None,
+        };
+        baseline::write(&state, &b0).unwrap();
+        t.write(&f, "aer_dev_correctable", "TOTAL_ERR_COR 5\n");
+        t.write(&f, "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL 0\n");
+        let fifo = f.join("aer_dev_fatal");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let other = {
+            let (fifo, state) = (fifo.clone(), state.clone());
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut w = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+                // the other gate read one more correctable error and moved the baseline
+                let b1 = PcieBaseline {
+                    aer: Some(counts(6, 0, 0)),
+                    ..b0
+                };
+                baseline::write(&state, &b1).unwrap();
+                w.write_all(b"TOTAL_ERR_FATAL 1\n").unwrap();
+            })
+        };
+        let seen = FunctionSeen::read(&f, &state, None);
+        // Should the read never have opened the FIFO, this open lets the other gate go on,
+        // so that the test fails rather than hangs; it is held until the writer is done.
+        let _unblock = {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo)
+                .unwrap()
+        };
+        other.join().unwrap();
+        let v = Verdict::worst(seen.judge());
+        assert_eq!(v.status(), "unhealthy", "{v:?} from {seen:?}");
+        assert!(
+            v.reason()
+                .unwrap()
+                .contains("1 fatal error on 0000:3b:00.0"),
+            "{v:?}"
+        );
+        advance_baselines(
+            &t.0,
+            &state,
+            &[(
+                &gpu_device(),
+                Some(&Findings {
+                    pcie: Some(vec![seen]),
+                    ..Findings::default()
+                }),
+            )],
+            None,
+        );
+        let kept = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(
+            kept.aer.map(|a| a.fatal),
+            Some(0),
+            "the rise keeps counting"
+        );
+        fs::remove_dir_all(&t.0).unwrap();
+    }
+
+    /// A GPU's DRM node (`/dev/dri/cardN`, which NVIDIA's CDI specs hand out beside
+    /// `/dev/nvidiaN`) has the GPU's PCI function; probed first, its reading (which has no
+    /// NVML replay count: the node is not the GPU's) must not stand for the GPU's.
+    #[test]
+    fn a_function_read_first_for_another_device_still_gets_the_gpus_replay_count() {
+        let (t, _port, gpu) = gpu_tree("pcie-replay-dri");
+        let state = t.0.join("state");
+        t.write(&gpu, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
+        let d = gpu_device();
+        let card = Device {
+            num: DevNum {
+                typ: DevType::Char,
+                major: 226,
+                minor: 1,
+            },
+            class: "dri".into(),
+            container_path: Some("/dev/dri/card1".into()),
+            ..gpu_device()
+        };
+        let start = |count: u32| {
+            let mut nvml = nvml_with_gpu1_at_3b();
+            nvml.gpus.as_mut().unwrap()[1].pcie_replay = Reading::Value(count);
+            let g = ctx(nvml, Vec::new());
+            let p = PcieProbe::new(&t.0, &state, Some(&g));
+            let mut card_found = Findings {
+                device_pci: Some(Some(gpu.clone())),
+                ..Findings::default()
+            };
+            let _ = p.check(&card, &mut card_found);
+            let mut gpu_found = Findings::default();
+            let v = p.check(&d, &mut gpu_found);
+            advance_baselines(
+                &t.0,
+                &state,
+                &[(&card, Some(&card_found)), (&d, Some(&gpu_found))],
+                Some(&g),
+            );
+            v
+        };
+        assert_eq!(start(40), Verdict::Healthy);
+        let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
+        assert_eq!(b.replay.map(|r| r.count), Some(40));
+        let v = start(43);
+        assert_eq!(v.status(), "warn", "{v:?}");
+        assert!(
+            v.reason().unwrap().contains("3 replays on 0000:3b:00.0"),
+            "{v:?}"
+        );
+        assert_eq!(start(43), Verdict::Healthy, "warned once, then moved past");
         fs::remove_dir_all(&t.0).unwrap();
     }
 }

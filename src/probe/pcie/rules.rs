@@ -7,26 +7,39 @@ use crate::model::verdict::Verdict;
 use crate::probe::nvidia::nvml::Reading;
 use crate::store::pcie::{AerCounts, PcieBaseline, ReplayCount};
 
-/// Counters lower than the baseline restarted (a reboot, a reset, a hot-plug): the
-/// baseline is retaken, nothing is judged against the old one.
+/// Counters lower than the baseline restarted (the function was removed and added again:
+/// a reboot, a hot-plug, a link that dropped and came back) after the baseline was taken.
 fn restarted(now: &AerCounts, base: &AerCounts) -> bool {
     now.fatal < base.fatal || now.nonfatal < base.nonfatal || now.correctable < base.correctable
+}
+
+/// What counts are judged against: the stored counts, or zero where the counters restarted
+/// since, as all they count then happened after the baseline was taken (a broken device
+/// whose link drops and comes back with a fatal error must not pass as a restart).
+fn judged_against(now: &AerCounts, base: &AerCounts) -> AerCounts {
+    match restarted(now, base) {
+        true => AerCounts::default(),
+        false => *base,
+    }
 }
 
 /// The rule, pure: a rise of the fatal count since the baseline is unhealthy; of the
 /// non-fatal or correctable count, a warning. No baseline yet: nothing to judge.
 pub fn judge_aer(name: &str, now: &AerCounts, base: Option<&PcieBaseline>) -> Verdict {
-    let Some((b, aer)) = base.and_then(|b| Some((b, b.aer?))) else {
+    let Some((b, stored)) = base.and_then(|b| Some((b, b.aer?))) else {
         return Verdict::Healthy;
     };
-    if restarted(now, &aer) {
-        return Verdict::Healthy;
-    }
+    let aer = judged_against(now, &stored);
     let since = clock::rfc3339(b.time_unix);
+    let restart = if restarted(now, &stored) {
+        "counters restarted: "
+    } else {
+        ""
+    };
     let rise = |what: &str, was: u64, is: u64| {
         let n = is - was;
         format!(
-            "PCIe AER: {n} {what} error{} on {name} since {since} ({was} -> {is})",
+            "PCIe AER: {n} {what} error{} on {name} since {since} ({restart}{was} -> {is})",
             if n == 1 { "" } else { "s" }
         )
     };
@@ -69,14 +82,15 @@ pub fn judge_replay(name: &str, now: u64, base: Option<&PcieBaseline>) -> Verdic
 }
 
 /// The baseline after a gate: the counts now, except that a fatal rise is kept unmoved so
-/// that it goes on counting until the counters restart or the operator removes the file.
+/// that it goes on counting until the counters restart or the operator removes the file
+/// (counters that restarted keep a fatal count of zero: one counted since is a rise).
 pub fn advance(now: &AerCounts, base: Option<&AerCounts>) -> AerCounts {
     match base {
-        Some(b) if !restarted(now, b) => AerCounts {
-            fatal: b.fatal,
+        Some(b) => AerCounts {
+            fatal: judged_against(now, b).fatal,
             ..*now
         },
-        _ => *now,
+        None => *now,
     }
 }
 
