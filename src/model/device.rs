@@ -243,6 +243,27 @@ pub(crate) fn check_number(what: &str, n: i64, max: i64, ctx: &str) -> Result<u3
     }
 }
 
+/// `/dev/nvidiaN` as `linux.devices` names it, for the unit tests of every stage.
+#[cfg(test)]
+impl Device {
+    pub(crate) fn linux_gpu(minor: u32) -> Device {
+        Device {
+            num: DevNum {
+                typ: DevType::Char,
+                major: 195,
+                minor,
+            },
+            class: Class::NvidiaGpu,
+            container_path: Some(format!("/dev/nvidia{minor}").into()),
+            host_path: None,
+            source: Source::LinuxDevices,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,18 +271,9 @@ mod tests {
     #[test]
     fn a_device_reads_back_what_it_wrote() {
         let d = Device {
-            num: DevNum {
-                typ: DevType::Char,
-                major: 195,
-                minor: 3,
-            },
-            class: Class::NvidiaGpu,
-            container_path: Some("/dev/nvidia3".into()),
-            host_path: None,
-            source: Source::LinuxDevices,
             file_mode: Some(0o666),
-            uid: None,
             gid: Some(0),
+            ..Device::linux_gpu(3)
         };
         let text = serde_json::to_string(&d).unwrap();
         assert!(

@@ -567,20 +567,9 @@ mod tests {
     }
 
     fn gpu_dev(minor: u32, class: &str) -> Device {
-        use crate::model::device::{DevNum, DevType, Source};
         Device {
-            num: DevNum {
-                typ: DevType::Char,
-                major: 195,
-                minor,
-            },
             class: class.into(),
-            container_path: Some(format!("/dev/nvidia{minor}").into()),
-            host_path: None,
-            source: Source::LinuxDevices,
-            file_mode: None,
-            uid: None,
-            gid: None,
+            ..Device::linux_gpu(minor)
         }
     }
 

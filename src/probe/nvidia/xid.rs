@@ -451,21 +451,7 @@ mod tests {
 
     #[test]
     fn probe_needs_the_gpus_address_only_when_a_report_would_block() {
-        use crate::model::device::{DevNum, DevType, Source};
-        let gpu = Device {
-            num: DevNum {
-                typ: DevType::Char,
-                major: 195,
-                minor: 1,
-            },
-            class: Class::NvidiaGpu,
-            container_path: Some("/dev/nvidia1".into()),
-            host_path: None,
-            source: Source::LinuxDevices,
-            file_mode: None,
-            uid: None,
-            gid: None,
-        };
+        let gpu = Device::linux_gpu(1);
         let no_nvml = NvmlAnswer {
             gpus: Err("cannot load x".into()),
             driver_version: None,

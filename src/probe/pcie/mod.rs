@@ -363,7 +363,7 @@ pub fn advance_baselines(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::device::{DevNum, DevType, Source};
+    use crate::model::device::{DevNum, DevType};
     use crate::probe::sysfs::tests::Tree;
     use crate::store::pcie::ReplayCount;
     use std::os::unix::fs::symlink;
@@ -598,20 +598,7 @@ mod tests {
     }
 
     fn gpu_device() -> Device {
-        Device {
-            num: DevNum {
-                typ: DevType::Char,
-                major: 195,
-                minor: 1,
-            },
-            class: Class::NvidiaGpu,
-            container_path: Some("/dev/nvidia1".into()),
-            host_path: None,
-            source: Source::LinuxDevices,
-            file_mode: None,
-            uid: None,
-            gid: None,
-        }
+        Device::linux_gpu(1)
     }
 
     use crate::probe::nvidia::nvml::NvmlAnswer;
