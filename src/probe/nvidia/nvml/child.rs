@@ -62,11 +62,20 @@ pub(super) fn run_child(library: &OsString, jobs: &[(RawFd, Job)]) -> ! {
     let opened = std::panic::catch_unwind(|| query::open(library))
         .unwrap_or_else(|_| Err("the NVML query panicked".into()));
     let init_us = started.elapsed().as_micros() as u64;
+    // Asked once: the driver is the same for every GPU this process answers for.
+    let driver_version = opened.as_ref().ok().and_then(|nvml| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            nvml.sys_driver_version().ok()
+        }))
+        .ok()
+        .flatten()
+    });
     for (i, (fd, job)) in jobs.iter().enumerate() {
         let answer = match &opened {
             // The library's load and init are counted once, with the first answer.
             Ok(nvml) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                answer(nvml, job, if i == 0 { init_us } else { 0 })
+                let init_us = if i == 0 { init_us } else { 0 };
+                answer(nvml, job, init_us, driver_version.clone())
             }))
             .unwrap_or_else(|_| Answer::Failed("the NVML query panicked".into())),
             Err(e) => Answer::Failed(e.clone()),
@@ -80,8 +89,12 @@ pub(super) fn run_child(library: &OsString, jobs: &[(RawFd, Job)]) -> ! {
     unsafe { libc::_exit(0) }
 }
 
-fn answer(nvml: &nvml_wrapper::Nvml, job: &Job, init_us: u64) -> Answer {
-    let driver_version = nvml.sys_driver_version().ok();
+fn answer(
+    nvml: &nvml_wrapper::Nvml,
+    job: &Job,
+    init_us: u64,
+    driver_version: Option<String>,
+) -> Answer {
     let gpus = match job {
         Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(nvml, bus_id, *index)]),
         Job::Every => query::every_gpu(nvml),

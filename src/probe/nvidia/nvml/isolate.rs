@@ -136,8 +136,7 @@ pub fn ask(
         }
     };
     let writes: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
-    let forked = single_threaded();
-    let started = if forked {
+    let started = if single_threaded() {
         let groups = groups(jobs.len(), processes_for(jobs.len()));
         Ok(Started::Forked(fork_groups(
             library, &writes, jobs, &groups,
