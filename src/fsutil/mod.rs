@@ -74,6 +74,27 @@ pub fn read_attr(path: &Path) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&buf).trim().to_string())
 }
 
+/// The temp file an atomic write of `name` goes through: `.<name>.tmp.<pid>`, keeping at
+/// most 200 bytes of `name`, so that a final name near NAME_MAX (255 bytes: a long
+/// container id) still has a temp name that fits.
+fn temp_name(name: &std::ffi::OsStr) -> std::ffi::OsString {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let stem = &name.as_bytes()[..name.len().min(200)];
+    let mut t = b".".to_vec();
+    t.extend_from_slice(stem);
+    t.extend_from_slice(format!(".tmp.{}", std::process::id()).as_bytes());
+    std::ffi::OsString::from_vec(t)
+}
+
+/// Whether `name` is one of [`temp_name`]'s: what a writer killed between create and rename
+/// leaves behind (the stem may have lost its `.json` to the 200-byte cut).
+pub fn is_temp_name(name: &std::ffi::OsStr) -> bool {
+    let n = name.to_string_lossy();
+    n.starts_with('.')
+        && n.rsplit_once(".tmp.")
+            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Makes sure `dir` exists as a real directory owned by us and writable by nobody else,
 /// along its whole path (see [`check_path`]), creating it (and missing parents) with mode
 /// 0755 when absent. Anything else — a symlink, a file, a directory another user could
@@ -271,16 +292,7 @@ fn replace_file(
     let name = path
         .file_name()
         .ok_or_else(|| Error::invalid("path", format!("{} has no file name", path.display())))?;
-    // The temp name keeps at most 200 bytes of the final name, so that a final name near
-    // NAME_MAX (255 bytes: a long container id) still has a temp name that fits.
-    let tmp: PathBuf = {
-        use std::os::unix::ffi::{OsStrExt, OsStringExt};
-        let stem = &name.as_bytes()[..name.len().min(200)];
-        let mut t = b".".to_vec();
-        t.extend_from_slice(stem);
-        t.extend_from_slice(format!(".tmp.{}", std::process::id()).as_bytes());
-        dir.join(std::ffi::OsString::from_vec(t))
-    };
+    let tmp = dir.join(temp_name(name));
     // A writer killed mid-write leaves its temp file; a later writer with the same pid must
     // not be blocked by it. The directory is root's (checked by the caller), so the name is.
     let _ = fs::remove_file(&tmp);
@@ -377,6 +389,29 @@ pub(crate) mod tests {
         fs::create_dir_all(&p).unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
         p
+    }
+
+    #[test]
+    fn every_temp_name_a_write_makes_is_known_as_one() {
+        use std::ffi::OsStr;
+        for name in [
+            "c1.json".to_string(),
+            "x".repeat(255),
+            "c-195-6.json".into(),
+        ] {
+            let t = temp_name(OsStr::new(&name));
+            assert!(t.len() <= 255, "{}", t.len());
+            assert!(is_temp_name(&t), "{t:?}");
+        }
+        for name in [
+            "c1.json",
+            ".c1.json",
+            ".c1.json.tmp.",
+            ".c1.json.tmp.12x",
+            "c.tmp.1",
+        ] {
+            assert!(!is_temp_name(OsStr::new(name)), "{name}");
+        }
     }
 
     #[test]

@@ -145,9 +145,7 @@ impl Leases {
         // writer's and will never be renamed into place.
         if let Ok(rd) = fs::read_dir(&self.dir) {
             for e in rd.flatten() {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                if n.starts_with('.') && n.contains(".json.tmp.") {
+                if crate::fsutil::is_temp_name(&e.file_name()) {
                     let _ = fs::remove_file(e.path());
                 }
             }

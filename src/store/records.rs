@@ -5,7 +5,7 @@
 
 use super::{read_json, write_json_volatile};
 use crate::error::{Error, Result};
-use crate::fsutil::{ensure_private_dir, is_safe_component, remove_volatile};
+use crate::fsutil::{ensure_private_dir, is_safe_component, is_temp_name, remove_volatile};
 use crate::model::text::one_line;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -135,15 +135,6 @@ pub(crate) fn prune(state_dir: &Path, kind: Kind, keep: usize, spare: impl Fn(&P
 /// How many records past `keep` wait for the next pruning pass.
 fn slack(keep: usize) -> usize {
     (keep / 16).max(1)
-}
-
-/// A writer's temp file (`.<name>.tmp.<pid>`, fsutil's atomic write; the name is cut to
-/// 200 bytes there, so `.json` may be gone).
-fn is_temp_name(n: &std::ffi::OsStr) -> bool {
-    let n = n.to_string_lossy();
-    n.starts_with('.')
-        && n.rsplit_once(".tmp.")
-            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A temp file a write left when its hook was killed between create and rename (a
