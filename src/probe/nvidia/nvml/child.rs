@@ -71,6 +71,13 @@ pub(super) fn run_child(library: &OsString, jobs: &[(RawFd, Job)]) -> ! {
         .flatten()
     });
     for (i, (fd, job)) in jobs.iter().enumerate() {
+        if reader_gone(*fd) {
+            // The hook asked this GPU again elsewhere (or left): asking it here too could
+            // leave a second process stuck on it.
+            // SAFETY: this process's copy of the job's pipe, used by nothing else after this.
+            unsafe { libc::close(*fd) };
+            continue;
+        }
         let answer = match &opened {
             // The library's load and init are counted once, with the first answer.
             Ok(nvml) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -107,6 +114,19 @@ fn answer(
         },
         Err(e) => Answer::Failed(e),
     }
+}
+
+/// Whether the read end of the pipe `fd` writes to has been closed: poll reports POLLERR
+/// on a pipe's write end then.
+fn reader_gone(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLERR != 0
 }
 
 /// stdin, stdout and stderr on /dev/null: a child forked from the hook must not hold the
@@ -173,5 +193,19 @@ fn close_others(keep: &[RawFd]) {
                 unsafe { libc::close(fd) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_pipe_whose_reader_closed_is_known_before_the_query() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        assert!(!reader_gone(w.as_raw_fd()));
+        drop(r);
+        assert!(reader_gone(w.as_raw_fd()));
     }
 }

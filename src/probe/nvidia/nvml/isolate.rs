@@ -226,20 +226,22 @@ fn groups(jobs: usize, processes: usize) -> Vec<Vec<usize>> {
 }
 
 /// The jobs to ask again: in each process that has jobs unanswered, every one after the
-/// first of them (the first is the one it is on, or died in). A job is unanswered when its
-/// pipe is still open, or ended with nothing written (the process died before it).
+/// first of them (the first is the one it is on, or died in), and that first one too unless
+/// it was the process's first job: a GPU answered before it may have left NVML's state in
+/// that process wedged, and the GPU it is on must not take the blame. A job is unanswered
+/// when its pipe is still open, or ended with nothing written (the process died before it).
 fn behind_a_stuck_job(pids: &[Option<nix::unistd::Pid>], got: &Collected) -> Vec<usize> {
-    let mut seen: Vec<nix::unistd::Pid> = Vec::new();
+    let mut stuck_on: Vec<nix::unistd::Pid> = Vec::new();
+    let mut answered_some: Vec<nix::unistd::Pid> = Vec::new();
     let mut again = Vec::new();
     for (i, pid) in pids.iter().enumerate() {
         let Some(pid) = pid else { continue };
         if got.answered(i) {
-            continue;
-        }
-        if seen.contains(pid) {
+            answered_some.push(*pid);
+        } else if stuck_on.contains(pid) || answered_some.contains(pid) {
             again.push(i);
         } else {
-            seen.push(*pid);
+            stuck_on.push(*pid);
         }
     }
     again
@@ -499,18 +501,23 @@ mod tests {
             nix::unistd::Pid::from_raw(10),
             nix::unistd::Pid::from_raw(11),
         );
-        // jobs 0, 2, 4 in process a; 1, 3 in b; a is stuck on 2, b answered all
+        // jobs 0, 2, 4 in process a; 1, 3 in b; a is stuck on its first job, b answered all
         let pids = [Some(a), Some(b), Some(a), Some(b), Some(a)];
         let mut got = Collected::new(5);
-        for i in [0, 1, 3] {
+        for i in [1, 3] {
             got.bufs[i] = b"{}".to_vec();
             got.done[i] = true;
         }
-        assert_eq!(behind_a_stuck_job(&pids, &got), [4]);
-        // a died in job 2: its pipes 2 and 4 ended empty; 4 is asked again, 2 is the one
+        assert_eq!(behind_a_stuck_job(&pids, &got), [2, 4]);
+        // a answered job 0 and is stuck on 2: job 0's GPU may have wedged the process, so
+        // 2 is asked again too, not blamed
+        got.bufs[0] = b"{}".to_vec();
+        got.done[0] = true;
+        assert_eq!(behind_a_stuck_job(&pids, &got), [2, 4]);
+        // a died in job 2: its pipes 2 and 4 ended empty; both are asked again
         got.done[2] = true;
         got.done[4] = true;
-        assert_eq!(behind_a_stuck_job(&pids, &got), [4]);
+        assert_eq!(behind_a_stuck_job(&pids, &got), [2, 4]);
         // a fork that failed answered its own jobs; nothing to ask again
         let pids = [None, Some(b), None, Some(b), None];
         assert!(behind_a_stuck_job(&pids, &got).is_empty());
