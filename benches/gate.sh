@@ -1,13 +1,15 @@
 #!/bin/bash
 # The performance gate of issue 9, measured side by side in one run. Every case is run N
-# times, all runs interleaved in one random order (so drift and neighbours' load hit every
-# case alike), with devgate's state_dir, quarantine and log_file on tmpfs (/run, as on a
-# node). Cases:
+# times, as N pairs (devgate, /bin/true) interleaved in one random order (so drift and
+# neighbours' load hit every case alike), with devgate's state_dir, quarantine and log_file
+# on tmpfs (/run, as on a node). Cases:
 #   runc8-gate / runc8-true   `runc run` of busybox `true` with 8 devices, devgate
 #                             prestart+poststop hooks vs /bin/true hooks
 #   runc0-gate / runc0-true   the same with no devices
 #   pre8-gate / pre8-true     the prestart hook alone, 8 devices, vs /bin/true, same stdin
-# Then 100 prestarts (8 devices) started at once, for p99/p50 on this machine's cores.
+# Each ratio is 1 + the median of the pairs' differences over the median /bin/true time,
+# with a 95% confidence interval. Then 100 prestarts (8 devices) started at once, for
+# p99/p50 on this machine's cores.
 # Wall clock on a shared machine is noisy; the instruction counts (callgrind) printed beside
 # each ratio are the stable measure.
 # Usage: benches/gate.sh [DEVGATE_BIN] [N]   (root; runc, busybox-static, valgrind)
@@ -81,13 +83,25 @@ run_case() { # $1: case
 }
 
 CASES="runc8-gate runc8-true runc0-gate runc0-true pre8-gate pre8-true"
+PAIRS="runc8 runc0 pre8"
 for c in $CASES; do run_case "$c"; : >"$W/$c.times"; done # warm caches, check each works
-for c in $CASES; do for _ in $(seq "$N"); do echo "$c"; done; done | shuf >"$W/order"
-while read -r -u 3 c; do
+for p in $PAIRS; do : >"$W/$p.diffs"; done
+# Runs go in pairs, devgate and /bin/true back to back in a random order of the two, the
+# pairs themselves in a random order: a pair sees one moment of the machine, so the
+# difference within it is far steadier than either time (`runc run` alone varies by
+# +-30% here). The ratio is 1 + median difference / median /bin/true time.
+for p in $PAIRS; do for _ in $(seq "$N"); do echo "$p"; done; done | shuf >"$W/order"
+timed() { # $1: case; appends its time, prints it
+  local t0 t1
   t0=$EPOCHREALTIME
-  run_case "$c"
+  run_case "$1"
   t1=$EPOCHREALTIME
-  echo $(( (${t1/./} - ${t0/./}) )) >>"$W/$c.times"
+  echo $(( ${t1/./} - ${t0/./} )) | tee -a "$W/$1.times"
+}
+while read -r -u 3 p; do
+  if [ $((RANDOM % 2)) = 0 ]; then g=$(timed "$p-gate"); t=$(timed "$p-true")
+  else t=$(timed "$p-true"); g=$(timed "$p-gate"); fi
+  echo $((g - t)) >>"$W/$p.diffs"
 done 3<"$W/order"
 
 # median, then the spread as p10..p90, in microseconds
@@ -97,6 +111,16 @@ stats() { sort -n "$W/$1.times" | awk '{a[NR]=$1} END {
 insns() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" 2>&1 <"$W/state.json" |
   sed -n 's/.*Collected : //p'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+# "RATIO [LO, HI]": 1 + the median paired difference over the median /bin/true time, with
+# the median difference's 95% confidence interval from its order statistics (ranks
+# n/2 -+ 0.98 sqrt(n), distribution-free).
+pair_ratio() { # $1: pair
+  local t; t=$(stats "$1-true" | cut -d' ' -f1)
+  sort -n "$W/$1.diffs" | awk -v t="$t" '{a[NR]=$1} END {
+    n=NR; m=a[int((n+1)/2)]; k=int(0.98*sqrt(n)+0.5);
+    l=int(n/2)-k; if (l < 1) l=1; h=int(n/2)+1+k; if (h > n) h=n;
+    printf "%.3f [%.3f, %.3f] (median difference %d us)", 1+m/t, 1+a[l]/t, 1+a[h]/t, m}'
+}
 
 POST="$W/post.json"
 printf '{"ociVersion":"1.0.2","id":"bench-pre","status":"stopped","bundle":"%s"}' "$W/runc8-gate" >"$POST"
@@ -111,24 +135,33 @@ printf '%-11s %8s %8s %8s\n' case median p10 p90
 for c in $CASES; do set -- $(stats "$c"); printf '%-11s %8s %8s %8s\n' "$c" "$1" "$2" "$3"; done
 med() { stats "$1" | cut -d' ' -f1; }
 echo
-printf 'runc run, 8 devices, devgate/true hooks: %s (goal <= 1.03); hooks: prestart %s + poststop %s instructions vs 2 x %s\n' \
-  "$(ratio "$(med runc8-gate)" "$(med runc8-true)")" "$i_pre" "$i_post" "$i_true"
-printf 'runc run, no devices, devgate/true hooks: %s (goal <= 1.02)\n' \
-  "$(ratio "$(med runc0-gate)" "$(med runc0-true)")"
-printf 'prestart alone, 8 devices, devgate/true:  %s (goal <= 2); instructions %s vs %s (%s)\n' \
-  "$(ratio "$(med pre8-gate)" "$(med pre8-true)")" "$i_pre" "$i_true" "$(ratio "$i_pre" "$i_true")"
+printf 'runc run, 8 devices, devgate/true hooks: %s (goal <= 1.03)\n' "$(pair_ratio runc8)"
+printf '  hooks: prestart %s + poststop %s instructions vs 2 x %s\n' "$i_pre" "$i_post" "$i_true"
+printf 'runc run, no devices, devgate/true hooks: %s (goal <= 1.02)\n' "$(pair_ratio runc0)"
+printf 'prestart alone, 8 devices, devgate/true:  %s (goal <= 2)\n' "$(pair_ratio pre8)"
+printf '  instructions %s vs %s (%s)\n' "$i_pre" "$i_true" "$(ratio "$i_pre" "$i_true")"
+printf '  (ratios of the medians, less steady: runc8 %s, runc0 %s, pre8 %s)\n' \
+  "$(ratio "$(med runc8-gate)" "$(med runc8-true)")" "$(ratio "$(med runc0-gate)" "$(med runc0-true)")" \
+  "$(ratio "$(med pre8-gate)" "$(med pre8-true)")"
 
-# 100 prestarts at once: each one's own wall time
+# 100 prestarts at once: each one's own wall time. Every subshell first waits on a FIFO
+# that opens only once all 100 exist, so they start together rather than as fast as bash
+# can fork them (which is what an earlier version of this measured).
 : >"$W/conc.times"
 for i in $(seq 100); do
   sed "s/bench-pre/bench-c$i/" "$W/state.json" >"$W/state-$i.json"
 done
+mkfifo "$W/go"
 for i in $(seq 100); do
-  (t0=$EPOCHREALTIME
+  (: <"$W/go"
+   t0=$EPOCHREALTIME
    "$BIN" --config "$W/config.json" hook prestart <"$W/state-$i.json" 2>/dev/null
    t1=$EPOCHREALTIME
    echo $(( (${t1/./} - ${t0/./}) )) >>"$W/conc.times") &
 done
+sleep 1 # by now every subshell waits in open(2) on the FIFO
+exec 4>"$W/go"
+exec 4>&-
 wait
 sort -n "$W/conc.times" | awk -v cores="$(nproc)" '{a[NR]=$1} END {
   p50=a[int((NR+1)/2)]; p99=a[int(NR*0.99+0.5)];

@@ -257,7 +257,7 @@ pub(crate) fn gate_with(
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = policy::summarize(&decisions);
     warnings.extend(selector_warnings);
-    let in_use = record::in_use(&decisions, &applied.remaps);
+    let in_use = record::in_use(decisions.iter().map(|d| &d.device), &applied.remaps);
     let used = with_findings(&decisions, &in_use, &findings);
     // What this start judged becomes the PCIe baseline of the next (probe::pcie).
     let mut judged: Vec<(&Device, Option<&Findings>)> = decisions
@@ -372,7 +372,7 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
     if let Err(e) = marker::remove(&config.state_dir, &state.id) {
         log::error!("cannot remove the decided marker of {}: {e}", state.id);
     }
-    let Some(rec) = record::read_record(&config.state_dir, &state.id)? else {
+    let Some(rec) = record::read_start(&config.state_dir, &state.id)? else {
         return Ok(Reply::default());
     };
     let Some(start) = &rec.snapshot else {
@@ -382,7 +382,7 @@ fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Resu
         return Ok(Reply::default());
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let devices = record::in_use(&rec.devices, &rec.remaps);
+    let devices = record::in_use(rec.devices.iter().map(|d| &d.device), &rec.remaps);
     // NVML and the kernel log are read again only for a container that had a GPU.
     let gpu = GpuContext::for_devices(&config, &devices);
     let now: Vec<DeviceSnapshot> = devices

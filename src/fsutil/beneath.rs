@@ -3,6 +3,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -65,18 +66,54 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
     let rel = path
         .strip_prefix(root)
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    let (dir, fresh) = root_dir(root)?;
+    match openat2(&dir, &c, flags | libc::O_PATH | libc::O_CLOEXEC, resolve) {
+        Ok(fd) => {
+            keep_root(root, dir);
+            File::from(fd).metadata()
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => by_component(File::from(dir), rel),
+        // A kept root may be a directory since removed (or mounted over): once more from a
+        // fresh open of `root`, so a stale fd can cost a retry but never an answer.
+        Err(_) if !fresh => beneath(root, path, flags),
+        Err(e) => {
+            keep_root(root, dir);
+            Err(e)
+        }
+    }
+}
+
+thread_local! {
+    /// The last root [`beneath`] opened, kept for the next lookup below it: a hook looks up
+    /// every device of a container below the same dev_root, twice (discovery and the node
+    /// probe), and opening and closing the root each time was two of every five system
+    /// calls of a lookup. A lookup that fails with a kept fd is retried with a fresh one.
+    static ROOT: std::cell::RefCell<Option<(std::path::PathBuf, OwnedFd)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The kept fd for `root` (taken out while in use), else a fresh O_PATH open of it; and
+/// whether it is fresh.
+fn root_dir(root: &Path) -> io::Result<(OwnedFd, bool)> {
+    let kept = ROOT.with(|r| match r.borrow_mut().take() {
+        Some((p, fd)) if p == root => Some(fd),
+        _ => None,
+    });
+    if let Some(fd) = kept {
+        return Ok((fd, false));
+    }
     let dir = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(root)?;
-    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    match openat2(&dir, &c, flags | libc::O_PATH | libc::O_CLOEXEC, resolve) {
-        Ok(fd) => File::from(fd).metadata(),
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => by_component(dir, rel),
-        Err(e) => Err(e),
-    }
+    Ok((dir.into(), true))
+}
+
+fn keep_root(root: &Path, fd: OwnedFd) {
+    ROOT.with(|r| *r.borrow_mut() = Some((root.to_path_buf(), fd)));
 }
 
 /// [`beneath`] for kernels before 5.6, which have no openat2: one component at a time,
@@ -114,6 +151,32 @@ fn by_component(dir: File, rel: &Path) -> io::Result<fs::Metadata> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The root's fd is kept between lookups, and a kept fd never gives a stale answer:
+    /// after the root is removed and made again with other nodes, a lookup sees the new
+    /// one; one that stays fails as it would have.
+    #[test]
+    fn a_kept_root_is_reused_and_a_replaced_root_is_opened_again() {
+        let d = crate::fsutil::tests::tempdir("beneath-kept");
+        let root = d.join("dev");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        let kept = ROOT.with(|r| r.borrow().as_ref().map(|(p, _)| p.clone()));
+        assert_eq!(kept.as_deref(), Some(root.as_path()));
+        // replaced: the old directory (and the kept fd's) is gone
+        fs::remove_dir_all(&root).unwrap();
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir(root.join("b")).unwrap();
+        assert!(stat_beneath(&root, &root.join("b")).unwrap().is_dir());
+        assert!(stat_beneath(&root, &root.join("a")).is_err());
+        // another root takes the slot, and the first is opened again when asked
+        let other = d.join("other");
+        fs::create_dir_all(&other).unwrap();
+        assert!(stat_beneath(&other, &other.join("b")).is_err());
+        assert!(stat_beneath(&root, &root.join("b")).unwrap().is_dir());
+        fs::remove_dir_all(&d).unwrap();
+    }
 
     /// Without openat2 (before 5.6) the walk below dev_root goes one component at a time
     /// and follows no symlink: a link planted in /dev/shm leads nowhere.

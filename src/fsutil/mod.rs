@@ -293,17 +293,26 @@ fn replace_file(
         .file_name()
         .ok_or_else(|| Error::invalid("path", format!("{} has no file name", path.display())))?;
     let tmp = dir.join(temp_name(name));
-    // A writer killed mid-write leaves its temp file; a later writer with the same pid must
-    // not be blocked by it. The directory is root's (checked by the caller), so the name is.
-    let _ = fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = OpenOptions::new()
+    let create = || {
+        OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
-            .map_err(|e| Error::io("cannot create", &tmp, e))?;
+    };
+    let result = (|| {
+        // A writer killed mid-write leaves its temp file; a later writer with the same pid
+        // must not be blocked by it. The directory is root's (checked by the caller), so the
+        // name is: removed, then created anew (never opened as it is).
+        let mut f = match create() {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let _ = fs::remove_file(&tmp);
+                create()
+            }
+            r => r,
+        }
+        .map_err(|e| Error::io("cannot create", &tmp, e))?;
         if let Some((uid, gid)) = owner {
             use std::os::fd::AsRawFd;
             nix::unistd::fchown(
@@ -412,6 +421,23 @@ pub(crate) mod tests {
         ] {
             assert!(!is_temp_name(OsStr::new(name)), "{name}");
         }
+    }
+
+    /// A temp file a killed writer with this pid left (here: a symlink to a file that must
+    /// not be written through) does not block the write, and is never opened.
+    #[test]
+    fn a_temp_file_left_by_a_killed_writer_is_replaced_not_written_through() {
+        let d = tempdir("left-temp");
+        let target = d.join("c1.json");
+        let victim = d.join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let tmp = d.join(temp_name(std::ffi::OsStr::new("c1.json")));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        write_atomic_volatile(&target, b"new", 0o600).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"new");
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert!(fs::symlink_metadata(&tmp).is_err(), "the temp name is gone");
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -7,15 +7,11 @@ use crate::fsutil::read_attr;
 use crate::model::device::{DevType, Device};
 use crate::model::verdict::Verdict;
 use crate::probe::{Findings, Probe};
-use std::cell::OnceCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 pub struct SysfsProbe {
     pub sysfs_root: PathBuf,
-    /// `<sysfs_root>/devices` resolved, once per probe pass rather than once per device
-    /// (None inside: it cannot be resolved).
-    devices: OnceCell<Option<PathBuf>>,
 }
 
 /// How far devgate follows `device` links and parent directories; real trees need 2–6.
@@ -39,34 +35,34 @@ impl SysfsProbe {
     pub fn new(sysfs_root: &Path) -> SysfsProbe {
         SysfsProbe {
             sysfs_root: sysfs_root.to_path_buf(),
-            devices: OnceCell::new(),
         }
     }
 
     /// The verdict, and the PCI function the device model leads to.
     fn look(&self, device: &Device) -> (Verdict, Option<PathBuf>) {
-        // Resolved once here; the links below are followed from it without realpath.
-        let devices = self
-            .devices
-            .get_or_init(|| fs::canonicalize(self.sysfs_root.join("devices")).ok())
-            .as_deref();
+        // The links below are followed from the resolved `devices` without realpath.
+        let devices = devices_dir(&self.sysfs_root);
+        let devices = devices.as_deref();
         let root = devices.and_then(Path::parent);
         let entry = device.num.sysfs_path(root.unwrap_or(&self.sysfs_root));
-        if fs::symlink_metadata(&entry).is_err() {
-            let why = format!(
-                "no sysfs entry for {} {}",
-                device.num.typ.letter(),
-                device.num
-            );
-            return (Verdict::NotApplicable(why), None);
-        }
         let resolved = match devices {
             Some(_) => resolve(&entry),
             None => fs::canonicalize(&entry),
         };
-        let Ok(base) = resolved else {
-            let why = format!("cannot resolve {}", entry.display());
-            return (Verdict::Unknown(why), None);
+        let base = match resolved {
+            Ok(base) => base,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let why = format!(
+                    "no sysfs entry for {} {}",
+                    device.num.typ.letter(),
+                    device.num
+                );
+                return (Verdict::NotApplicable(why), None);
+            }
+            Err(_) => {
+                let why = format!("cannot resolve {}", entry.display());
+                return (Verdict::Unknown(why), None);
+            }
         };
         let base = disk_of(device, base);
         let hw = base.join("device");
@@ -151,12 +147,34 @@ fn pci_ancestor(stop: &Path, dir: &Path) -> Option<PathBuf> {
 /// The PCI function behind a device, for a device the sysfs probe did not look at (a
 /// poststop snapshot, a spare).
 pub fn pci_dir_for(sysfs_root: &Path, device: &Device) -> Option<PathBuf> {
-    let devices = fs::canonicalize(sysfs_root.join("devices")).ok()?;
+    let devices = devices_dir(sysfs_root)?;
     let entry = device.num.sysfs_path(devices.parent()?);
     let hw = disk_of(device, resolve(&entry).ok()?).join("device");
     device_chain(&hw)
         .iter()
         .find_map(|d| pci_ancestor(&devices, d))
+}
+
+thread_local! {
+    /// `<sysfs_root>/devices` resolved, for the last sysfs_root asked: once per hook rather
+    /// than once per device (realpath reads every component as a link).
+    static DEVICES: std::cell::RefCell<Option<(PathBuf, PathBuf)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `<sysfs_root>/devices` resolved (None: it cannot be). Only a resolved one is kept, so
+/// a tree that appears later is still found.
+fn devices_dir(sysfs_root: &Path) -> Option<PathBuf> {
+    let kept = DEVICES.with(|d| match &*d.borrow() {
+        Some((root, devices)) if root == sysfs_root => Some(devices.clone()),
+        _ => None,
+    });
+    if kept.is_some() {
+        return kept;
+    }
+    let devices = fs::canonicalize(sysfs_root.join("devices")).ok()?;
+    DEVICES.with(|d| *d.borrow_mut() = Some((sysfs_root.to_path_buf(), devices.clone())));
+    Some(devices)
 }
 
 /// What `fs::canonicalize` returns for a sysfs path whose directory is already resolved,

@@ -226,6 +226,33 @@ pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
     records::read(state_dir, Kind::Start, id)
 }
 
+/// What poststop reads of a start record: the devices without their verdicts, the start
+/// snapshot, the remaps, the pod and the start time. The parts it does not need are
+/// skipped unparsed (no strings made, no UTF-8 checked): the verdicts were most of the
+/// cost of reading a record back, on every container stop.
+#[derive(Debug, Deserialize)]
+pub struct StartRecord {
+    pub time: String,
+    pub time_unix: u64,
+    #[serde(default)]
+    pub pod: PodInfo,
+    pub devices: Vec<AssignedDevice>,
+    #[serde(default)]
+    pub snapshot: Option<Snapshot>,
+    #[serde(default)]
+    pub remaps: Vec<RemapRecord>,
+}
+
+/// One device of a [`StartRecord`], its verdicts left unread.
+#[derive(Debug, Deserialize)]
+pub struct AssignedDevice {
+    pub device: Device,
+}
+
+pub fn read_start(state_dir: &Path, id: &str) -> Result<Option<StartRecord>> {
+    records::read(state_dir, Kind::Start, id)
+}
+
 /// Records are for people after the fact; failing to write one must not change whether a
 /// container starts, so errors are logged, not returned.
 pub fn keep(config: &Config, decision: &Decision) {
@@ -245,16 +272,19 @@ pub fn keep(config: &Config, decision: &Decision) {
 }
 
 /// The devices the container runs on: a remapped device's spare stands in for it.
-pub fn in_use(decisions: &[DeviceDecision], remaps: &[RemapRecord]) -> Vec<Device> {
-    decisions
-        .iter()
-        .map(|d| match remaps.iter().find(|r| r.device == d.device.num) {
+pub fn in_use<'a>(
+    devices: impl IntoIterator<Item = &'a Device>,
+    remaps: &[RemapRecord],
+) -> Vec<Device> {
+    devices
+        .into_iter()
+        .map(|d| match remaps.iter().find(|r| r.device == d.num) {
             Some(r) => Device {
                 num: r.spare,
                 host_path: Some(r.spare_path.clone()),
-                ..d.device.clone()
+                ..d.clone()
             },
-            None => d.device.clone(),
+            None => d.clone(),
         })
         .collect()
 }
