@@ -1,13 +1,9 @@
-//! One hook call, start to end, and the only module that knows every stage:
-//! state → spec → devices → probes → policy → action → record (gate), and
-//! state → record → probes → fault diff → termination message (poststop).
-//!
-//! The runtime wrapper (`crate::wrapper`) runs the same gate before the runtime, through
-//! `gate_with`, with a remap that writes into the spec instead of the created container.
+//! The gate (prestart / createRuntime, and the runtime wrapper through [`gate_with`]):
+//! spec → devices → probes → policy → remap → record.
 
+use super::{Remapper, Reply};
 use crate::action::nsdev::ContainerProcess;
-use crate::action::remap::{self, Applied};
-use crate::action::spare;
+use crate::action::remap;
 use crate::config::policy::Action;
 use crate::config::Config;
 use crate::discover::gpu::GpuSelector;
@@ -20,52 +16,15 @@ use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
-use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
+use crate::probe::counters::{self, Snapshot};
 use crate::probe::nvidia::{self, GpuContext};
 use crate::probe::{pcie, probe_all, Findings, Probed};
-use crate::report::fault::{self, Fault};
-use crate::report::record::{self, Decision, ExitRecord, PodInfo, StopLine};
-use crate::report::termination;
+use crate::report::record::{self, Decision, PodInfo};
 use crate::store::lease::Leases;
 use crate::store::marker;
 use crate::store::quarantine::Ledger;
 use std::path::Path;
 use std::time::Instant;
-
-/// What the hook has to say and how it exits.
-#[derive(Debug, Default)]
-pub struct Reply {
-    pub exit_code: i32,
-    pub stderr: Vec<String>,
-    /// The decision, when devgate made one (a container with devices).
-    pub action: Option<Action>,
-    /// The reject line, also among `stderr`.
-    pub message: Option<String>,
-}
-
-/// How a gate carries out a remap: at hook time in the created container
-/// (`action::remap::apply`), or in the spec before the runtime reads it (the runtime
-/// wrapper).
-pub(crate) type Remapper<'a> =
-    dyn FnMut(&Config, &Ledger, Option<&GpuContext>, &mut [DeviceDecision]) -> Applied + 'a;
-
-/// One hook call, once the state is read (the caller reads stdin first, always: a
-/// runtime that writes the state into a pipe nobody reads can see EPIPE and report a
-/// failure that is not there).
-pub fn run(
-    stage: Stage,
-    state: &State,
-    config_path: Option<&Path>,
-    started: Instant,
-) -> Result<Reply> {
-    if stage.gates() {
-        gate(stage, state, config_path, started)
-    } else if stage == Stage::Poststop {
-        poststop(state, config_path, started)
-    } else {
-        Ok(Reply::default())
-    }
-}
 
 /// The devices a spec assigns, GPUs its selectors name included, with the GPU context
 /// when a GPU is among them (NVML is opened at most once per hook call), and a warning
@@ -146,7 +105,7 @@ fn assigned(
 }
 
 /// prestart / createRuntime: decide whether the container may start.
-fn gate(
+pub(super) fn gate(
     stage: Stage,
     state: &State,
     config_path: Option<&Path>,
@@ -347,102 +306,4 @@ fn record_of(
         snapshot: None,
         remaps: Vec::new(),
     }
-}
-
-/// poststop: what went wrong with the container's devices while it ran. It never fails the
-/// lifecycle (the caller exits 0 on any error past reading stdin) and is idempotent: an
-/// exit record already present means an earlier call did the work.
-///
-/// Long because it is the poststop path, stage after stage; each stage is a call into
-/// its layer and the early returns are the cases with nothing to do.
-fn poststop(state: &State, config_path: Option<&Path>, started: Instant) -> Result<Reply> {
-    // The bundle may already be gone; then only devgate's own record can tell.
-    let spec = Spec::load(&state.bundle).ok();
-    if spec
-        .as_ref()
-        .is_some_and(|s| !discover::may_have_devices(s))
-    {
-        return Ok(Reply::default());
-    }
-    let config = Config::load(config_path)?;
-    // Spares go back first: whatever else fails below, a lease must not outlive its container.
-    spare::release(&config, &state.id);
-    // The runtime wrapper's marker is for this run only (a runtime deleting without the
-    // wrapper never tells it).
-    if let Err(e) = marker::remove(&config.state_dir, &state.id) {
-        log::error!("cannot remove the decided marker of {}: {e}", state.id);
-    }
-    let Some(rec) = record::read_start(&config.state_dir, &state.id)? else {
-        return Ok(Reply::default());
-    };
-    let Some(start) = &rec.snapshot else {
-        return Ok(Reply::default()); // rejected: it never ran
-    };
-    if record::read_exit(&config.state_dir, &state.id)?.is_some() {
-        return Ok(Reply::default());
-    }
-    let ledger = Ledger::new(&config.quarantine_dir);
-    let devices = record::in_use(rec.devices.iter().map(|d| &d.device), &rec.remaps);
-    // NVML and the kernel log are read again only for a container that had a GPU.
-    let gpu = GpuContext::for_devices(&config, &devices);
-    let now: Vec<DeviceSnapshot> = devices
-        .iter()
-        .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
-        .collect();
-    let xids = gpu.as_ref().map(fault::xid_reports).unwrap_or_default();
-    let faults = fault::diff(start, &now, &xids);
-    let lines: Vec<String> = faults.iter().map(Fault::line).collect();
-
-    let termination_message = if faults.is_empty() {
-        None
-    } else {
-        let host = match spec.as_ref() {
-            Some(s) => termination::host_file(s, &state.annotations, &config.kubelet_pods_dir),
-            None => Err("no bundle spec".into()),
-        };
-        Some(match host {
-            Ok(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
-            Err(why) => termination::Delivery {
-                host_path: None,
-                written: false,
-                note: format!("not written: {why}"),
-            },
-        })
-    };
-    let (stopped_unix, stopped) = clock::now();
-    let exit = ExitRecord {
-        container_id: state.id.clone(),
-        pod: rec.pod.clone(),
-        devices,
-        faults,
-        started: rec.time.clone(),
-        started_unix: rec.time_unix,
-        stopped: stopped.clone(),
-        stopped_unix,
-        termination_message,
-        version: crate::VERSION.to_string(),
-    };
-    if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
-        log::error!("cannot keep exit record: {e}");
-    }
-    if let Some(log_file) = &config.log_file {
-        let line = StopLine {
-            time: &stopped,
-            time_unix: stopped_unix,
-            stage: "poststop",
-            container_id: &state.id,
-            pod: &rec.pod,
-            faults: &exit.faults,
-            elapsed_us: started.elapsed().as_micros() as u64,
-            version: crate::VERSION,
-        };
-        if let Err(e) = record::append_log(log_file, &line) {
-            log::error!("cannot append decision log: {e}");
-        }
-    }
-    Ok(Reply {
-        exit_code: 0,
-        stderr: lines,
-        ..Reply::default()
-    })
 }

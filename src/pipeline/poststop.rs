@@ -1,0 +1,122 @@
+//! Poststop: the start record and the devices read again → the fault diff → the
+//! termination message and the exit record.
+
+use super::Reply;
+use crate::action::spare;
+use crate::config::Config;
+use crate::discover;
+use crate::error::Result;
+use crate::model::clock;
+use crate::oci::spec::Spec;
+use crate::oci::state::State;
+use crate::probe::counters::{self, DeviceSnapshot};
+use crate::probe::nvidia::GpuContext;
+use crate::report::fault::{self, Fault};
+use crate::report::record::{self, ExitRecord, StopLine};
+use crate::report::termination;
+use crate::store::marker;
+use crate::store::quarantine::Ledger;
+use std::path::Path;
+use std::time::Instant;
+
+/// poststop: what went wrong with the container's devices while it ran. It never fails the
+/// lifecycle (the caller exits 0 on any error past reading stdin) and is idempotent: an
+/// exit record already present means an earlier call did the work.
+///
+/// Long because it is the poststop path, stage after stage; each stage is a call into
+/// its layer and the early returns are the cases with nothing to do.
+pub(super) fn poststop(
+    state: &State,
+    config_path: Option<&Path>,
+    started: Instant,
+) -> Result<Reply> {
+    // The bundle may already be gone; then only devgate's own record can tell.
+    let spec = Spec::load(&state.bundle).ok();
+    if spec
+        .as_ref()
+        .is_some_and(|s| !discover::may_have_devices(s))
+    {
+        return Ok(Reply::default());
+    }
+    let config = Config::load(config_path)?;
+    // Spares go back first: whatever else fails below, a lease must not outlive its container.
+    spare::release(&config, &state.id);
+    // The runtime wrapper's marker is for this run only (a runtime deleting without the
+    // wrapper never tells it).
+    if let Err(e) = marker::remove(&config.state_dir, &state.id) {
+        log::error!("cannot remove the decided marker of {}: {e}", state.id);
+    }
+    let Some(rec) = record::read_start(&config.state_dir, &state.id)? else {
+        return Ok(Reply::default());
+    };
+    let Some(start) = &rec.snapshot else {
+        return Ok(Reply::default()); // rejected: it never ran
+    };
+    if record::read_exit(&config.state_dir, &state.id)?.is_some() {
+        return Ok(Reply::default());
+    }
+    let ledger = Ledger::new(&config.quarantine_dir);
+    let devices = record::in_use(rec.devices.iter().map(|d| &d.device), &rec.remaps);
+    // NVML and the kernel log are read again only for a container that had a GPU.
+    let gpu = GpuContext::for_devices(&config, &devices);
+    let now: Vec<DeviceSnapshot> = devices
+        .iter()
+        .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
+        .collect();
+    let xids = gpu.as_ref().map(fault::xid_reports).unwrap_or_default();
+    let faults = fault::diff(start, &now, &xids);
+    let lines: Vec<String> = faults.iter().map(Fault::line).collect();
+
+    let termination_message = if faults.is_empty() {
+        None
+    } else {
+        let host = match spec.as_ref() {
+            Some(s) => termination::host_file(s, &state.annotations, &config.kubelet_pods_dir),
+            None => Err("no bundle spec".into()),
+        };
+        Some(match host {
+            Ok(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
+            Err(why) => termination::Delivery {
+                host_path: None,
+                written: false,
+                note: format!("not written: {why}"),
+            },
+        })
+    };
+    let (stopped_unix, stopped) = clock::now();
+    let exit = ExitRecord {
+        container_id: state.id.clone(),
+        pod: rec.pod.clone(),
+        devices,
+        faults,
+        started: rec.time.clone(),
+        started_unix: rec.time_unix,
+        stopped: stopped.clone(),
+        stopped_unix,
+        termination_message,
+        version: crate::VERSION.to_string(),
+    };
+    if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
+        log::error!("cannot keep exit record: {e}");
+    }
+    if let Some(log_file) = &config.log_file {
+        let line = StopLine {
+            time: &stopped,
+            time_unix: stopped_unix,
+            stage: "poststop",
+            container_id: &state.id,
+            pod: &rec.pod,
+            faults: &exit.faults,
+            elapsed_us: started.elapsed().as_micros() as u64,
+            version: crate::VERSION,
+        };
+        if let Err(e) = record::append_log(log_file, &line) {
+            log::error!("cannot append decision log: {e}");
+        }
+    }
+    Ok(Reply {
+        exit_code: 0,
+        stderr: lines,
+        ..Reply::default()
+    })
+}
