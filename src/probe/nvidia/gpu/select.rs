@@ -1,0 +1,337 @@
+//! Which GPUs a container's selectors (`NVIDIA_VISIBLE_DEVICES`, CDI annotations) name,
+//! resolved against the driver's list or NVML's enumeration.
+
+use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
+use crate::discover::selector::uuid_names;
+use crate::model::device::Source;
+use crate::probe::nvidia::nvml::NvmlAnswer;
+use crate::probe::nvidia::pci::PciAddr;
+use crate::probe::nvidia::procfs::ProcGpu;
+
+/// One GPU as selectors see it, in index order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuId {
+    pub minor: u32,
+    pub uuid: Option<String>,
+    /// For a PCI bus id selector.
+    pub pci: Option<PciAddr>,
+}
+
+/// The GPUs selectors are resolved against, and who listed them; `Err` when nobody could.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownGpus {
+    pub ids: Result<Vec<GpuId>, String>,
+    /// `NVML` or `the driver`, for the warnings.
+    pub by: &'static str,
+}
+
+impl KnownGpus {
+    /// Whether a GPU on the list has a UUID this selector names (as NVIDIA compares them:
+    /// a prefix, ignoring case).
+    pub fn knows_uuid(&self, uuid: &str) -> bool {
+        self.ids.as_ref().is_ok_and(|ids| {
+            ids.iter()
+                .any(|g| g.uuid.as_deref().is_some_and(|v| uuid_names(uuid, v)))
+        })
+    }
+
+    /// The driver's list, in PCI address order: NVML's own index order.
+    pub fn from_driver(driver: &[(u32, ProcGpu)]) -> KnownGpus {
+        KnownGpus {
+            ids: Ok(driver
+                .iter()
+                .map(|(_, p)| GpuId {
+                    minor: p.minor,
+                    uuid: p.uuid.clone(),
+                    pci: Some(p.pci),
+                })
+                .collect()),
+            by: "the driver",
+        }
+    }
+
+    /// NVML's enumeration. A GPU without a minor (lost) is taken at the driver's default
+    /// numbering, index N = /dev/nvidiaN, so that it is still checked and found wanting
+    /// rather than silently skipped.
+    pub fn from_answer(answer: &NvmlAnswer) -> KnownGpus {
+        KnownGpus {
+            ids: answer.gpus.as_ref().map_err(Clone::clone).map(|gpus| {
+                gpus.iter()
+                    .map(|g| GpuId {
+                        minor: g.minor.value().copied().unwrap_or(g.index),
+                        uuid: g.uuid.value().cloned(),
+                        pci: g.pci_bus_id.value().and_then(|b| PciAddr::parse(b)),
+                    })
+                    .collect()
+            }),
+            by: "NVML",
+        }
+    }
+}
+
+/// Whether a PCI bus id selector names this GPU: domain, bus and device, as
+/// libnvidia-container compares `%08x:%02x:%02x.0` with the GPU's bus id.
+fn bus_id_names(sel: &GpuSelector, g: &GpuId) -> bool {
+    let GpuSelector::PciBusId {
+        domain,
+        bus,
+        device,
+    } = sel
+    else {
+        return false;
+    };
+    g.pci
+        .is_some_and(|a| a.domain == *domain && a.bus == *bus && a.device == *device)
+}
+
+fn show_bus_id(sel: &GpuSelector) -> String {
+    match sel {
+        GpuSelector::PciBusId {
+            domain,
+            bus,
+            device,
+        } => format!("{domain:08x}:{bus:02x}:{device:02x}.0"),
+        _ => String::new(),
+    }
+}
+
+/// The minors a container's GPU selectors name, and a sentence for each one that names no
+/// GPU. When no GPU list could be had, an index is taken at the driver's default numbering
+/// and `all` means the `nvidiaN` nodes on the host (`nodes`), so that every GPU is still
+/// checked.
+pub fn resolve_selectors(
+    selectors: &[(GpuSelector, Source)],
+    known: &KnownGpus,
+    nodes: &[u32],
+) -> (Vec<(u32, Source)>, Vec<String>) {
+    let mut chosen: Vec<(u32, Source)> = Vec::new();
+    let mut unresolved = Vec::new();
+    let mut add = |minor: u32, source: Source| {
+        match chosen.iter_mut().find(|(m, _)| *m == minor) {
+            // a GPU also named on its own is judged as named
+            Some(c) if c.1 == Source::AllGpus => c.1 = source,
+            Some(_) => {}
+            None => chosen.push((minor, source)),
+        }
+    };
+    let (by, (report, reports)) = (
+        known.by,
+        if known.by == "NVML" {
+            ("reports", "report")
+        } else {
+            ("lists", "list")
+        },
+    );
+    for (sel, source) in selectors {
+        let how = match source {
+            Source::CdiAnnotation => "CDI annotation",
+            _ => NVIDIA_VISIBLE_DEVICES,
+        };
+        match (&known.ids, sel) {
+            (Ok(gpus), GpuSelector::All) => gpus.iter().for_each(|g| add(g.minor, Source::AllGpus)),
+            (Ok(gpus), GpuSelector::Index(i)) => match gpus.get(*i as usize) {
+                Some(g) => add(g.minor, *source),
+                None => unresolved.push(format!(
+                    "{how} selects GPU {i} but {by} {report} {} GPUs",
+                    gpus.len()
+                )),
+            },
+            (Ok(gpus), GpuSelector::Uuid(u)) => {
+                match gpus
+                    .iter()
+                    .find(|g| g.uuid.as_deref().is_some_and(|v| uuid_names(u, v)))
+                {
+                    Some(g) => add(g.minor, *source),
+                    None => {
+                        unresolved.push(format!("{how} selects {u}, which {by} does not {reports}"))
+                    }
+                }
+            }
+            (Ok(gpus), GpuSelector::PciBusId { .. }) => {
+                match gpus.iter().find(|g| bus_id_names(sel, g)) {
+                    Some(g) => add(g.minor, *source),
+                    None => unresolved.push(format!(
+                        "{how} selects PCI bus id {}, which {by} does not {reports}",
+                        show_bus_id(sel)
+                    )),
+                }
+            }
+            // A MIG instance runs on its parent GPU: that is what is checked.
+            (Ok(gpus), GpuSelector::Mig { gpu, instance }) => match gpus.get(*gpu as usize) {
+                Some(g) => add(g.minor, *source),
+                None => unresolved.push(format!(
+                    "{how} selects MIG device {gpu}:{instance} but {by} {report} {} GPUs",
+                    gpus.len()
+                )),
+            },
+            (_, GpuSelector::MigUuid(u)) => unresolved.push(format!(
+                "{how} selects MIG device {u}, whose GPU devgate cannot tell (it does not list MIG devices)"
+            )),
+            (_, GpuSelector::Invalid(why)) => unresolved.push(format!(
+                "{how} value {why}, which NVIDIA's tooling refuses"
+            )),
+            (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, Source::AllGpus)),
+            (Err(_), GpuSelector::Index(i) | GpuSelector::Mig { gpu: i, .. }) => add(*i, *source),
+            (Err(why), GpuSelector::Uuid(u)) => {
+                unresolved.push(format!("{how} selects {u}, which cannot be checked: {why}"))
+            }
+            (Err(why), GpuSelector::PciBusId { .. }) => unresolved.push(format!(
+                "{how} selects PCI bus id {}, which cannot be checked: {why}",
+                show_bus_id(sel)
+            )),
+        }
+    }
+    if unresolved.len() > MAX_UNRESOLVED {
+        let more = unresolved.len() - MAX_UNRESOLVED;
+        unresolved.truncate(MAX_UNRESOLVED);
+        unresolved.push(format!("and {more} more GPU selectors that name no GPU"));
+    }
+    (chosen, unresolved)
+}
+
+/// Sentences said about selectors that name no GPU, past which they are counted: each is a
+/// warning line, a clause of the reject line, and part of the record and the decision log
+/// line of every retry of the pod.
+pub(crate) const MAX_UNRESOLVED: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::nvidia::nvml::tests::healthy;
+    use crate::probe::nvidia::nvml::{GpuFacts, Lookup, Reading};
+
+    /// A spec naming hundreds of GPUs no list has gets a bounded reason, not one sentence
+    /// each: the reject line, its record and the decision log line stay small however many
+    /// times a pod is retried.
+    #[test]
+    fn unresolved_selectors_are_said_a_bounded_number_of_times() {
+        let ok = NvmlAnswer {
+            gpus: Ok((0..2).map(healthy).collect()),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let sel: Vec<(GpuSelector, Source)> = (0..100)
+            .map(|i| {
+                (
+                    GpuSelector::Uuid(format!("GPU-ffff{i:04}")),
+                    Source::NvidiaVisibleDevices,
+                )
+            })
+            .collect();
+        let (chosen, unresolved) = resolve_selectors(&sel, &KnownGpus::from_answer(&ok), &[]);
+        assert!(chosen.is_empty());
+        assert_eq!(unresolved.len(), MAX_UNRESOLVED + 1, "{unresolved:?}");
+        assert_eq!(
+            unresolved.last().unwrap(),
+            &format!(
+                "and {} more GPU selectors that name no GPU",
+                100 - MAX_UNRESOLVED
+            )
+        );
+    }
+
+    /// libnvidia-container takes a `GPU-` token as a prefix of the UUID, any case, and
+    /// gives the first GPU in index order that it begins: so must devgate, or the pod gets
+    /// that GPU unchecked (`strncasecmp(uuid, token, strlen(token))` in `select_devices`).
+    #[test]
+    fn a_uuid_selector_names_the_first_gpu_its_prefix_begins() {
+        let mut gpus: Vec<GpuFacts> = (0..3).map(healthy).collect();
+        gpus[2].minor = Reading::Value(7);
+        let ok = NvmlAnswer {
+            gpus: Ok(gpus),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let known = KnownGpus::from_answer(&ok);
+        let env = Source::NvidiaVisibleDevices;
+        assert!(known.knows_uuid("gpu-00000002-00"));
+        let (chosen, unresolved) = resolve_selectors(
+            &[
+                (GpuSelector::Uuid("gpu-00000002-00".into()), env),
+                // GPUs 0, 1 and 2 all begin so: the first in index order
+                (GpuSelector::Uuid("GPU-0000000".into()), env),
+                // longer than the UUID: no GPU
+                (
+                    GpuSelector::Uuid("GPU-00000001-0000-0000-0000-0000000000000".into()),
+                    env,
+                ),
+            ],
+            &known,
+            &[],
+        );
+        assert_eq!(chosen, vec![(7, env), (0, env)]);
+        assert_eq!(unresolved.len(), 1, "{unresolved:?}");
+    }
+
+    #[test]
+    fn selectors_resolve_through_nvml_or_default_numbering() {
+        let mut gpus: Vec<GpuFacts> = (0..3).map(healthy).collect();
+        gpus[1].minor = Reading::Value(5);
+        gpus[2] = GpuFacts::unreachable(2, "GPU is lost".into(), true);
+        let ok = NvmlAnswer {
+            gpus: Ok(gpus),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let env = Source::NvidiaVisibleDevices;
+        let cdi = Source::CdiAnnotation;
+        let sel = vec![
+            (GpuSelector::Index(1), env),
+            (
+                GpuSelector::Uuid("gpu-00000000-0000-0000-0000-000000000000".into()),
+                cdi,
+            ),
+            (GpuSelector::Index(2), env),
+            (GpuSelector::Index(9), env),
+            (GpuSelector::Uuid("GPU-nope".into()), cdi),
+            (GpuSelector::Index(1), cdi),
+        ];
+        let (chosen, unresolved) = resolve_selectors(&sel, &KnownGpus::from_answer(&ok), &[]);
+        assert_eq!(chosen, vec![(5, env), (0, cdi), (2, env)]);
+        assert_eq!(
+            unresolved,
+            vec![
+                "NVIDIA_VISIBLE_DEVICES selects GPU 9 but NVML reports 3 GPUs".to_string(),
+                "CDI annotation selects GPU-nope, which NVML does not report".to_string()
+            ]
+        );
+        let (chosen, _) = resolve_selectors(
+            &[(GpuSelector::All, env)],
+            &KnownGpus::from_answer(&ok),
+            &[],
+        );
+        let all = Source::AllGpus;
+        assert_eq!(chosen, vec![(0, all), (5, all), (2, all)]);
+        // a GPU also named on its own is judged as named
+        let (chosen, _) = resolve_selectors(
+            &[(GpuSelector::All, env), (GpuSelector::Index(2), cdi)],
+            &KnownGpus::from_answer(&ok),
+            &[],
+        );
+        assert_eq!(chosen, vec![(0, all), (5, all), (2, cdi)]);
+
+        let failed = NvmlAnswer {
+            gpus: Err("cannot load x".into()),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let (chosen, unresolved) = resolve_selectors(
+            &[
+                (GpuSelector::All, env),
+                (GpuSelector::Index(4), env),
+                (GpuSelector::Uuid("GPU-1".into()), env),
+            ],
+            &KnownGpus::from_answer(&failed),
+            &[0, 1],
+        );
+        assert_eq!(chosen, vec![(0, all), (1, all), (4, env)]);
+        assert_eq!(
+            unresolved,
+            vec!["NVIDIA_VISIBLE_DEVICES selects GPU-1, which cannot be checked: cannot load x"]
+        );
+    }
+}
