@@ -6,8 +6,8 @@
 //! no other GPU is touched ([`query`]). A GPU whose driver call hangs, often in an
 //! uninterruptible ioctl, holds only its own process: the hook takes what the others
 //! answered by the `probe_timeout_ms` deadline and leaves. What comes back is plain data, a
-//! [`NvmlAnswer`] of each GPU's facts (`facts`); judging it ([`super::gpu::checks`]) is pure and is where every threshold
-//! lives.
+//! [`NvmlAnswer`] of each GPU's facts (`facts`); judging it ([`super::gpu::checks`]) is
+//! pure and is where every threshold lives.
 
 pub(crate) mod child;
 mod facts;
