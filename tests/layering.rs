@@ -2,6 +2,10 @@
 //! layer imports only the layers before it. This test fails the build when a module
 //! imports a later layer, when a top-level module is missing from the table, or when
 //! lib.rs declares the modules out of order. docs/architecture.md explains the layers.
+//!
+//! It also holds the sizes the project keeps to: no file under src/ with more than
+//! [`MAX_FILE_LINES`] lines of non-test code, and no function longer than
+//! [`MAX_SILENT_FN_LINES`] lines without a comment (the reason it stays one piece).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -146,4 +150,210 @@ fn the_checker_sees_grouped_and_plain_paths() {
     );
     let names: Vec<&str> = refs.iter().map(|(_, n)| n.as_str()).collect();
     assert_eq!(names, ["model", "cli", "store", "policy"]);
+}
+
+/// The most lines of non-test code a file under src/ may hold: the project keeps files
+/// under about 400, and this leaves a little room before the build fails.
+const MAX_FILE_LINES: usize = 420;
+
+/// Past this many lines a function carries a comment saying why it stays one piece.
+const MAX_SILENT_FN_LINES: usize = 60;
+
+/// A file's lines of non-test code: those before its `#[cfg(test)]` module (all of them
+/// when it has none).
+fn non_test_lines(text: &str) -> usize {
+    text.lines()
+        .take_while(|l| !l.starts_with("#[cfg(test)]"))
+        .count()
+}
+
+/// Whether a trimmed line starts a function: `fn name`, after any of `pub`, `pub(…)`,
+/// `const`, `async`, `unsafe` and `extern "…"`.
+fn starts_fn(trimmed: &str) -> bool {
+    let mut rest = trimmed;
+    if let Some(r) = rest.strip_prefix("pub(") {
+        rest = r.split_once(") ").map_or("", |(_, r)| r);
+    } else if let Some(r) = rest.strip_prefix("pub ") {
+        rest = r;
+    }
+    loop {
+        if let Some(r) = ["const ", "async ", "unsafe "]
+            .iter()
+            .find_map(|q| rest.strip_prefix(q))
+        {
+            rest = r;
+        } else if let Some(r) = rest.strip_prefix("extern \"") {
+            rest = r.split_once("\" ").map_or("", |(_, r)| r);
+        } else {
+            break;
+        }
+    }
+    rest.strip_prefix("fn ")
+        .is_some_and(|r| r.starts_with(|c: char| c.is_alphabetic() || c == '_'))
+}
+
+/// A function longer than the limit: its first line (1-based), its name, its length from
+/// the `fn` line to the closing brace at the same indentation, and whether it has a
+/// comment: a `//` line inside it, or the doc comment directly above it (attributes may
+/// stand between).
+#[derive(Debug, PartialEq)]
+struct LongFn {
+    line: usize,
+    name: String,
+    len: usize,
+    commented: bool,
+}
+
+fn long_functions(text: &str, max: usize) -> Vec<LongFn> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let trimmed = l.trim_start();
+        if !starts_fn(trimmed) {
+            continue;
+        }
+        let indent = &l[..l.len() - trimmed.len()];
+        // The line that opens the body; a declaration without one (a trait's) ends in `;`.
+        let Some(open) = (i..lines.len())
+            .find(|&j| lines[j].contains('{') || lines[j].trim_end().ends_with(';'))
+        else {
+            continue;
+        };
+        let opener = lines[open].trim_end();
+        if !opener.contains('{')
+            || (opener.ends_with('}') && opener.matches('{').count() == opener.matches('}').count())
+        {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        let Some(end) = (open + 1..lines.len()).find(|&k| lines[k] == close) else {
+            continue;
+        };
+        let len = end - i + 1;
+        if len <= max {
+            continue;
+        }
+        let inside = lines[i + 1..end]
+            .iter()
+            .any(|x| x.trim_start().starts_with("//"));
+        let above = lines[..i]
+            .iter()
+            .rev()
+            .map(|x| x.trim_start())
+            .find(|x| !x.starts_with("#["))
+            .is_some_and(|x| x.starts_with("///"));
+        let name = trimmed.split("fn ").nth(1).unwrap_or("");
+        out.push(LongFn {
+            line: i + 1,
+            name: name
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect(),
+            len,
+            commented: inside || above,
+        });
+    }
+    out
+}
+
+fn src_files() -> (PathBuf, Vec<PathBuf>) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    files.sort();
+    (root.to_path_buf(), files)
+}
+
+#[test]
+fn no_source_file_holds_more_than_420_lines_of_non_test_code() {
+    let (root, files) = src_files();
+    let over: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = non_test_lines(&fs::read_to_string(f).unwrap());
+            (n > MAX_FILE_LINES).then(|| {
+                format!(
+                    "{}: {n} lines of non-test code",
+                    f.strip_prefix(&root).unwrap().display()
+                )
+            })
+        })
+        .collect();
+    assert!(
+        over.is_empty(),
+        "files over {MAX_FILE_LINES} lines of non-test code (the lines before \
+         #[cfg(test)]); split them along the boundaries the code suggests:\n{}",
+        over.join("\n")
+    );
+}
+
+#[test]
+fn every_function_over_60_lines_has_a_comment_saying_why() {
+    let (root, files) = src_files();
+    let mut silent = Vec::new();
+    for f in &files {
+        let text = fs::read_to_string(f).unwrap();
+        for long in long_functions(&text, MAX_SILENT_FN_LINES) {
+            if !long.commented {
+                silent.push(format!(
+                    "{}:{}: fn {}, {} lines",
+                    f.strip_prefix(&root).unwrap().display(),
+                    long.line,
+                    long.name,
+                    long.len
+                ));
+            }
+        }
+    }
+    assert!(
+        silent.is_empty(),
+        "functions over {MAX_SILENT_FN_LINES} lines with no comment (a `//` line inside, \
+         or a doc comment above) saying why they stay one piece:\n{}",
+        silent.join("\n")
+    );
+}
+
+#[test]
+fn the_size_checks_count_as_they_say() {
+    let file = "//! doc\nfn a() {}\n\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n";
+    assert_eq!(non_test_lines(file), 3);
+    assert_eq!(non_test_lines("fn a() {}\nfn b() {}\n"), 2);
+
+    let body = |n: usize, comment: &str| {
+        let mut b = String::from(comment);
+        for k in 0..n {
+            b.push_str(&format!("        let x{k} = {k};\n"));
+        }
+        b
+    };
+    // the signature's 3 lines, 60 lets, the `1` and the closing brace: 65
+    let silent = format!(
+        "impl X {{\n    pub(crate) fn long(\n        &self,\n    ) -> u32 {{\n{}        1\n    }}\n\n    fn short() {{}}\n}}\n",
+        body(60, "")
+    );
+    let found = long_functions(&silent, 60);
+    assert_eq!(
+        found,
+        [LongFn {
+            line: 2,
+            name: "long".into(),
+            len: 65,
+            commented: false
+        }]
+    );
+    assert!(long_functions(&silent, 65).is_empty());
+    let inside = format!(
+        "fn long() {{\n{}}}\n",
+        body(61, "    // one piece: it is a table\n")
+    );
+    assert!(long_functions(&inside, 60)[0].commented);
+    let doc = format!(
+        "/// Long because it is a table.\n#[inline]\nunsafe extern \"C\" fn long() {{\n{}}}\n",
+        body(61, "")
+    );
+    let found = long_functions(&doc, 60);
+    assert_eq!((found[0].line, found[0].commented), (3, true));
+    // a trait's declaration has no body; a one-line body is short
+    assert!(long_functions("trait T {\n    fn f(&self);\n}\n", 0).is_empty());
+    assert!(long_functions("fn f() { 1 }\nfn g() {\n}\n", 0).len() == 1);
 }

@@ -229,6 +229,10 @@ mod tests {
         assert!(diff(&start, &[snap(base())], &[]).is_empty());
     }
 
+    /// Every kind of change in one run, so that the faults' order and what gives no fault
+    /// are checked together: an XID from before the start's kernel log position, the same
+    /// XID again, a non-critical one and one at another GPU's address. Long because the
+    /// five kernel log reports are spelled out field by field.
     #[test]
     fn each_change_is_its_own_fault() {
         let start = Snapshot {
