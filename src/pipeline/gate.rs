@@ -29,6 +29,11 @@ use std::time::Instant;
 /// The devices a spec assigns, GPUs its selectors name included, with the GPU context
 /// when a GPU is among them (NVML is opened at most once per hook call), and a warning
 /// line for each selector that names no GPU.
+///
+/// Long because the GPU context and the driver's list thread through every step (the GPU
+/// list, the kernel log only for an unknown UUID, the selectors resolved, NVML asked about
+/// what they chose): NVML is opened at most once, so each step sees whether an earlier
+/// one opened it.
 fn assigned(
     config: &Config,
     spec: &Spec,

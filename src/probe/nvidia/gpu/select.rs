@@ -99,6 +99,9 @@ fn show_bus_id(sel: &GpuSelector) -> String {
 /// GPU. When no GPU list could be had, an index is taken at the driver's default numbering
 /// and `all` means the `nvidiaN` nodes on the host (`nodes`), so that every GPU is still
 /// checked.
+///
+/// Long because it is the table of selector kinds, each with and without a GPU list, and
+/// each with its own sentence.
 pub fn resolve_selectors(
     selectors: &[(GpuSelector, Source)],
     known: &KnownGpus,

@@ -124,6 +124,10 @@ pub struct Asked {
 /// quarter of `timeout` (or ended without answering it), that job is the one it is stuck on
 /// or died in; its later jobs are asked again, each in a process of its own, and have the
 /// rest of the time. So one GPU that hangs or crashes NVML still holds only itself.
+///
+/// Long because the pipes, the pids and what was read so far pass together through each
+/// step (start, first collection, asking again, last collection, reaping); the steps
+/// themselves are calls.
 pub fn ask(
     library: &Path,
     timeout: Duration,
