@@ -34,6 +34,9 @@ pub struct DeviceDecision {
     pub warnings: Vec<String>,
 }
 
+/// One device's disposition, from its probes' verdicts and the operator's policy.
+/// Long because it is one if-chain in order of precedence (selected only by `all`,
+/// unhealthy, unknown, healthy); split, the precedence would be spread out.
 pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> DeviceDecision {
     let collect = |pick: fn(&Verdict) -> Option<&String>| -> Vec<String> {
         verdicts

@@ -26,6 +26,9 @@ fn spare_device(path: &Path, class: &Class) -> std::result::Result<Device, Strin
 /// The configured spares of `class` that pass every probe, and a clause for each that
 /// does not. A spare is usable when no probe finds it unhealthy and the policy would let it
 /// start (an unknown verdict under `on_unknown: allow` is usable).
+/// Long because it is one probe pass over every spare, on an NVML context that may be
+/// opened here (`owned` lives in this frame), then each spare sorted into usable or a
+/// clause.
 pub fn healthy_spares(
     config: &Config,
     ledger: &Ledger,

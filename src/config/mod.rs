@@ -156,6 +156,9 @@ impl Config {
             .map_or(true, |(_, v)| v.trim() != "false")
     }
 
+    /// Checks the loaded values; the first bad one is the error, naming its key.
+    /// Long because it is one check per key, each an early return with its own message; they
+    /// read as the list of rules.
     fn validate(&self, path: &Path) -> Result<()> {
         let what = format!("config {}", path.display());
         for (key, p) in [

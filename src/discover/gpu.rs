@@ -293,6 +293,8 @@ mod tests {
             .all(|(g, _)| matches!(g, GpuSelector::Invalid(r) if r.contains("aé€x"))));
     }
 
+    /// Long because most of it is the expected list, one row per token in the order the
+    /// environment and the annotation give them.
     #[test]
     fn gpu_selectors_from_env_and_cdi() {
         let s = spec(

@@ -176,6 +176,8 @@ pub fn uuid_names(token: &str, uuid: &str) -> bool {
 }
 
 /// What one token selects: `None` for nothing (`void`, `none`, empty).
+/// Long because it tries the forms in NVIDIA's order (the module's list), one early
+/// return each; split, that order would be spread over functions.
 pub fn parse(token: &str) -> Option<GpuSelector> {
     if token.is_empty() || token == "void" || token == "none" {
         return None;

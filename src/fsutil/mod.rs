@@ -145,6 +145,9 @@ pub fn check_path(dir: &Path) -> Result<DirState> {
     check_chain(dir, 0)
 }
 
+/// [`check_path`]'s walk, `depth` symlinks deep.
+/// Long because it is one walk from `/` down, carrying the last existing directory
+/// (`parent`) from step to step and recursing into a symlink's target.
 fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
     if depth > 8 {
         return Err(Error::unsafe_path(dir, "too many symlinks on the way"));
@@ -279,6 +282,9 @@ pub fn write_atomic_volatile(path: &Path, data: &[u8], mode: u32) -> Result<()> 
     replace_file(path, data, mode, None, false)
 }
 
+/// The one writer behind the `write_atomic*` functions.
+/// Long because it is create, chown, write, fsync, rename, fsync the directory, in that
+/// order, under one removal of the temp file on any error.
 fn replace_file(
     path: &Path,
     data: &[u8],

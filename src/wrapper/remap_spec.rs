@@ -143,6 +143,8 @@ impl SpecRemap<'_> {
     }
 
     /// Remaps every device whose disposition is Remap, in the spec.
+    /// Long because it is all or nothing: every lease taken, the spec written once, and on
+    /// any failure every lease given back before a record is made.
     pub fn apply(
         &mut self,
         config: &Config,

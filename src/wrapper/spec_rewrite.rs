@@ -118,6 +118,8 @@ fn num_of(entry: &Value) -> Option<DevNum> {
 /// Rewrites `doc` (a whole config.json) for `swaps`. Fails only on a document whose
 /// shape no runtime would accept (a `linux` that is not an object, and the like). Bind
 /// mounts are swapped only when their source is under `dev_root`, as discovery finds them.
+/// Long because it is the three places config.json names a device (bind mounts,
+/// linux.devices, linux.resources.devices), each filling the same `Changed` per swap.
 pub fn rewrite(
     doc: &mut Value,
     swaps: &[Swap],

@@ -307,6 +307,9 @@ pub struct Composed {
 
 /// One attempt; `Ok(None)` when an attached program went away meanwhile (a runtime's
 /// update raced this one), which is worth another attempt.
+/// Long because the three ways to attach (none was, BPF_F_REPLACE in place, attach beside
+/// then detach) work on the one query's programs, opened once above them; side by side,
+/// the retries (`Ok(None)`) and errors of each stay in view.
 fn compose_once(
     cg: &File,
     dir: &Path,

@@ -97,6 +97,9 @@ unsafe fn walk_to_parent(
 /// fd, and renames it over `name`. Nothing here resolves a name another process can
 /// replace: `private` is a fresh root-only directory, reached through its own fd.
 ///
+/// Long because it runs in the forked child: one raw system call after another, each
+/// failure naming its step and undone through `fail`, in the order the node is built.
+///
 /// # Safety
 /// Raw system calls on valid fds and C strings.
 unsafe fn swap_in(

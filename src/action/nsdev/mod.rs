@@ -110,6 +110,9 @@ fn random_name() -> CString {
 }
 
 /// Replaces the node at `edit.container_path` inside the container with one for the spare.
+/// Long because it is one fork: what the child reads is prepared here before fork(2) and
+/// borrowed by `ChildInput`, and the report read under the deadline, the kill and the reap
+/// follow the fork in the same frame.
 pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
     let ctx = format!("container path {}", edit.container_path.display());
     let comps = components(edit.container_path).map_err(|m| Error::invalid(&ctx, m))?;
@@ -423,6 +426,8 @@ mod tests {
 
     /// A process sharing the container's /dev swaps every devgate name it sees for a
     /// symlink to a host file, in a loop, over 1000 edits: no host file changes.
+    /// Long because the attacker thread, the 1000 edits and the host files' snapshots before
+    /// and after are one race: the snapshots must bracket it.
     #[test]
     fn racing_swaps_never_reach_a_host_file() {
         if !root_only() {

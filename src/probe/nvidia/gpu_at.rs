@@ -195,6 +195,8 @@ mod tests {
         assert_eq!(pci_of_uuid(&m, U).unwrap().bus, (599 % 250) as u8);
     }
 
+    /// Long because it places the same selectors against one NVML answer after another
+    /// (down, down without the driver's list, up, the GPU lost); the cases share the setup.
     #[test]
     fn uuid_selectors_nvml_cannot_answer_are_placed_through_the_log() {
         let pci = PciAddr::parse_exact("0000:3b:00").unwrap();

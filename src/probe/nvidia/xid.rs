@@ -169,6 +169,10 @@ impl Probe for XidProbe<'_> {
         "xid"
     }
 
+    /// The GPU's XID verdict: its own reports where its PCI address is known, else unknown
+    /// only when some slot's reports would block.
+    /// Long because it holds both cases, the address known and not, after the shared early
+    /// returns: they are the probe's one decision, read in the order it is taken.
     fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
         if device.class != Class::NvidiaGpu {
             return Verdict::NotApplicable("not an NVIDIA GPU".into());
@@ -296,6 +300,8 @@ mod tests {
         }
     }
 
+    /// Long because it walks every recovery action XID 154 reports and the line that clears
+    /// them, case after case, on one table and one GPU.
     #[test]
     fn xid_154_blocks_warns_or_ends_earlier_reports() {
         let t = XidTable::default();
@@ -449,6 +455,8 @@ mod tests {
         assert_eq!(v.status(), "unhealthy");
     }
 
+    /// Long because each case is the same probe with one input changed (the log, the driver's
+    /// /proc list, the class); they read as a table.
     #[test]
     fn probe_needs_the_gpus_address_only_when_a_report_would_block() {
         let gpu = Device::linux_gpu(1);

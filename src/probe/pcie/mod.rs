@@ -1028,6 +1028,8 @@ mod tests {
     /// past it. The counters must be read after the baseline, never before. The other gate
     /// is a thread that writes its baseline when the counters are opened (a FIFO for
     /// `aer_dev_fatal`), so the order is the test's, not timing's.
+    /// Long because the FIFO, the other gate's thread and the baseline it moves are one
+    /// ordered race, set up, run and checked in one place.
     #[test]
     fn a_baseline_written_by_a_concurrent_gate_never_hides_a_fatal_rise() {
         let t = Tree::new("pcie-race");

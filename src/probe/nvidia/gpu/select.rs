@@ -268,6 +268,8 @@ mod tests {
         assert_eq!(unresolved.len(), 1, "{unresolved:?}");
     }
 
+    /// Long because it resolves several selector lists against one NVML answer, then against
+    /// a failed one; the cases share the setup.
     #[test]
     fn selectors_resolve_through_nvml_or_default_numbering() {
         let mut gpus: Vec<GpuFacts> = (0..3).map(healthy).collect();
