@@ -178,6 +178,56 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
+    /// A root renamed away and made again in its place: the kept fd still holds the old
+    /// directory, nodes and all, so a lookup that succeeds there would answer for a tree
+    /// `root` no longer names, with no failure to trigger the retry.
+    #[test]
+    fn a_root_renamed_away_never_answers_for_the_new_one() {
+        let d = crate::fsutil::tests::tempdir("beneath-renamed");
+        let root = d.join("dev");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::rename(&root, d.join("old")).unwrap();
+        fs::create_dir_all(root.join("a")).unwrap();
+        let now = stat_beneath(&root, &root.join("a")).unwrap();
+        assert!(now.is_dir(), "answered from the renamed-away root");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A root mounted over: the kept fd is the directory underneath, which keeps its nodes.
+    /// A lookup answers for what `root` names now, the mount's tree.
+    #[test]
+    fn a_root_mounted_over_never_answers_from_below_the_mount() {
+        struct Unmount(std::path::PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let d = crate::fsutil::tests::tempdir("beneath-mounted");
+        let root = d.join("dev");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        // devgate and CI run as root; mounting a tmpfs needs nothing else.
+        nix::mount::mount(
+            Some("tmpfs"),
+            &root,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("mode=0755"),
+        )
+        .unwrap();
+        let guard = Unmount(root.clone());
+        assert!(
+            stat_beneath(&root, &root.join("a")).is_err(),
+            "answered from below the mount"
+        );
+        drop(guard);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
     /// Without openat2 (before 5.6) the walk below dev_root goes one component at a time
     /// and follows no symlink: a link planted in /dev/shm leads nowhere.
     #[test]
