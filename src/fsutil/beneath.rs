@@ -69,51 +69,62 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    let (dir, fresh) = root_dir(root)?;
+    let (dir, id, fresh) = root_dir(root)?;
     match openat2(&dir, &c, flags | libc::O_PATH | libc::O_CLOEXEC, resolve) {
         Ok(fd) => {
-            keep_root(root, dir);
+            keep_root(root, dir, id);
             File::from(fd).metadata()
         }
         Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => by_component(File::from(dir), rel),
-        // A kept root may be a directory since removed (or mounted over): once more from a
-        // fresh open of `root`, so a stale fd can cost a retry but never an answer.
+        // A kept root may be a directory since removed and made again with the same inode
+        // number (which `root_dir`'s check cannot tell): once more from a fresh open.
         Err(_) if !fresh => beneath(root, path, flags),
         Err(e) => {
-            keep_root(root, dir);
+            keep_root(root, dir, id);
             Err(e)
         }
     }
 }
 
+/// A directory's identity: (st_dev, st_ino).
+type DirId = (u64, u64);
+
 thread_local! {
     /// The last root [`beneath`] opened, kept for the next lookup below it: a hook looks up
     /// every device of a container below the same dev_root, twice (discovery and the node
     /// probe), and opening and closing the root each time was two of every five system
-    /// calls of a lookup. A lookup that fails with a kept fd is retried with a fresh one.
-    static ROOT: std::cell::RefCell<Option<(std::path::PathBuf, OwnedFd)>> =
+    /// calls of a lookup. Kept with the identity of the directory it holds, so that it is
+    /// used only while `root` still names that directory.
+    static ROOT: std::cell::RefCell<Option<(std::path::PathBuf, OwnedFd, DirId)>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// The kept fd for `root` (taken out while in use), else a fresh O_PATH open of it; and
-/// whether it is fresh.
-fn root_dir(root: &Path) -> io::Result<(OwnedFd, bool)> {
+/// The kept fd for `root` (taken out while in use), else a fresh O_PATH open of it; its
+/// identity; and whether it is fresh. The kept fd is used only if a stat of `root` finds
+/// the directory it holds: a root renamed away or mounted over still has its nodes, and a
+/// lookup there would succeed with an answer for a tree `root` no longer names (a failed
+/// lookup's retry would never come). One stat instead of an open and a close.
+fn root_dir(root: &Path) -> io::Result<(OwnedFd, DirId, bool)> {
+    use std::os::unix::fs::MetadataExt;
     let kept = ROOT.with(|r| match r.borrow_mut().take() {
-        Some((p, fd)) if p == root => Some(fd),
+        Some((p, fd, id)) if p == root => Some((fd, id)),
         _ => None,
     });
-    if let Some(fd) = kept {
-        return Ok((fd, false));
+    if let Some((fd, id)) = kept {
+        if fs::metadata(root).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+            return Ok((fd, id, false));
+        }
     }
     let dir = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(root)?;
-    Ok((dir.into(), true))
+    let m = dir.metadata()?;
+    Ok((dir.into(), (m.dev(), m.ino()), true))
 }
 
-fn keep_root(root: &Path, fd: OwnedFd) {
-    ROOT.with(|r| *r.borrow_mut() = Some((root.to_path_buf(), fd)));
+fn keep_root(root: &Path, fd: OwnedFd, id: DirId) {
+    ROOT.with(|r| *r.borrow_mut() = Some((root.to_path_buf(), fd, id)));
 }
 
 /// [`beneath`] for kernels before 5.6, which have no openat2: one component at a time,
@@ -162,7 +173,7 @@ mod tests {
         fs::create_dir_all(&root).unwrap();
         fs::write(root.join("a"), b"").unwrap();
         assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
-        let kept = ROOT.with(|r| r.borrow().as_ref().map(|(p, _)| p.clone()));
+        let kept = ROOT.with(|r| r.borrow().as_ref().map(|(p, _, _)| p.clone()));
         assert_eq!(kept.as_deref(), Some(root.as_path()));
         // replaced: the old directory (and the kept fd's) is gone
         fs::remove_dir_all(&root).unwrap();
@@ -175,6 +186,56 @@ mod tests {
         fs::create_dir_all(&other).unwrap();
         assert!(stat_beneath(&other, &other.join("b")).is_err());
         assert!(stat_beneath(&root, &root.join("b")).unwrap().is_dir());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A root renamed away and made again in its place: the kept fd still holds the old
+    /// directory, nodes and all, so a lookup that succeeds there would answer for a tree
+    /// `root` no longer names, with no failure to trigger the retry.
+    #[test]
+    fn a_root_renamed_away_never_answers_for_the_new_one() {
+        let d = crate::fsutil::tests::tempdir("beneath-renamed");
+        let root = d.join("dev");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::rename(&root, d.join("old")).unwrap();
+        fs::create_dir_all(root.join("a")).unwrap();
+        let now = stat_beneath(&root, &root.join("a")).unwrap();
+        assert!(now.is_dir(), "answered from the renamed-away root");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A root mounted over: the kept fd is the directory underneath, which keeps its nodes.
+    /// A lookup answers for what `root` names now, the mount's tree.
+    #[test]
+    fn a_root_mounted_over_never_answers_from_below_the_mount() {
+        struct Unmount(std::path::PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let d = crate::fsutil::tests::tempdir("beneath-mounted");
+        let root = d.join("dev");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        // devgate and CI run as root; mounting a tmpfs needs nothing else.
+        nix::mount::mount(
+            Some("tmpfs"),
+            &root,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("mode=0755"),
+        )
+        .unwrap();
+        let guard = Unmount(root.clone());
+        assert!(
+            stat_beneath(&root, &root.join("a")).is_err(),
+            "answered from below the mount"
+        );
+        drop(guard);
         fs::remove_dir_all(&d).unwrap();
     }
 
