@@ -51,7 +51,12 @@ impl SysfsProbe {
         };
         let base = match resolved {
             Ok(base) => base,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Absent, not a link that leads nowhere (a dangling entry is unknown, below):
+            // asked only here, so the usual path has no lstat.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && fs::symlink_metadata(&entry).is_err() =>
+            {
                 let why = format!(
                     "no sysfs entry for {} {}",
                     device.num.typ.letter(),
@@ -312,6 +317,12 @@ pub(crate) mod tests {
             p.check(&dev(DevType::Char, 1, 5), &mut Findings::default()),
             Verdict::NotApplicable("virtual device".into())
         );
+        // an entry that is a link leading nowhere is not an absent one: unknown
+        symlink("../../devices/gone", t.0.join("dev/char/195:1")).unwrap();
+        assert!(matches!(
+            p.check(&dev(DevType::Char, 195, 1), &mut Findings::default()),
+            Verdict::Unknown(_)
+        ));
     }
 
     #[test]
