@@ -8,6 +8,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 mod beneath;
+#[cfg(test)]
+pub(crate) mod test_dirs;
 pub use beneath::{lstat_beneath, openat2, stat_beneath};
 
 /// Reads at most `limit` bytes; one byte more is an error rather than a silent truncation.
@@ -403,6 +405,7 @@ pub(crate) mod tests {
         let _ = fs::remove_dir_all(&p);
         fs::create_dir_all(&p).unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        super::test_dirs::remove_at_exit(&p);
         p
     }
 

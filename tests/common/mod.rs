@@ -19,76 +19,21 @@ pub fn devgate_bin() -> PathBuf {
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
-/// Every directory [`tempdir`] made in this test process, removed when it exits.
-static CREATED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-static AT_EXIT: std::sync::Once = std::sync::Once::new();
+#[path = "../../src/fsutil/test_dirs.rs"]
+mod test_dirs;
+#[allow(unused_imports)] // only tests/test_dirs.rs uses them
+pub use test_dirs::{mount_points, remove_tree, KEEP_ENV};
 
-/// Set to keep the test directories for a look after a failure.
-pub const KEEP_ENV: &str = "DEVGATE_KEEP_TEST_DIRS";
-
-/// A fresh directory for one test, mode 0755 as devgate's directory checks want. It is
-/// removed when the test process exits (not when the test ends: a runtime or a stray
-/// child may still hold it), unless `DEVGATE_KEEP_TEST_DIRS` is set. Left behind, a
-/// thousand of them per `make test` (some with a busybox rootfs) filled the build
-/// machine's disk.
+/// A fresh directory for one test, mode 0755 as devgate's directory checks want; removed
+/// when the test process exits (`src/fsutil/test_dirs.rs`).
 pub fn tempdir(tag: &str) -> PathBuf {
     let n = SEQ.fetch_add(1, Ordering::SeqCst);
     let p = std::env::temp_dir().join(format!("dg-{tag}-{}-{n}", std::process::id()));
     let _ = fs::remove_dir_all(&p);
     fs::create_dir_all(&p).unwrap();
     fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
-    AT_EXIT.call_once(|| {
-        // SAFETY: registers a plain function; libtest ends the process through exit(3).
-        unsafe { libc::atexit(remove_created) };
-    });
-    CREATED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(p.clone());
+    test_dirs::remove_at_exit(&p);
     p
-}
-
-extern "C" fn remove_created() {
-    if std::env::var_os(KEEP_ENV).is_some() {
-        return;
-    }
-    let dirs = std::mem::take(&mut *CREATED.lock().unwrap_or_else(|e| e.into_inner()));
-    let mounts = mount_points();
-    for d in dirs {
-        remove_tree(&d, &mounts);
-    }
-}
-
-/// Every mount point in this process's mount namespace.
-pub fn mount_points() -> Vec<PathBuf> {
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(m.replace("\\040", " ")))
-        .collect()
-}
-
-/// Removes `path` and what is below it, never following a symlink and never entering a
-/// mount point (a test that left a bind mount of a host directory there must not have it
-/// emptied): what is mounted stays, with the directories above it.
-pub fn remove_tree(path: &Path, mounts: &[PathBuf]) {
-    if mounts.iter().any(|m| m == path) {
-        return;
-    }
-    let Ok(meta) = fs::symlink_metadata(path) else {
-        return;
-    };
-    if meta.is_dir() {
-        if let Ok(entries) = fs::read_dir(path) {
-            for e in entries.flatten() {
-                remove_tree(&e.path(), mounts);
-            }
-        }
-        let _ = fs::remove_dir(path);
-    } else {
-        let _ = fs::remove_file(path);
-    }
 }
 
 pub fn is_root() -> bool {
