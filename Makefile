@@ -95,7 +95,7 @@ endif
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime podman --prefix $(PREFIX) --out $(GEN)/hooks.d
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime containerd --prefix $(PREFIX) --out $(GEN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/devgate
-	ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-runtime
+	install -m 0755 $(dir $(BIN))devgate-runtime $(DESTDIR)$(BINDIR)/devgate-runtime
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
 	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))

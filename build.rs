@@ -31,6 +31,48 @@ fn main() {
         return;
     }
     println!("cargo:rustc-link-search=native={}", dir.display());
+    static_runtime_wrapper(&out);
+}
+
+/// Links `devgate-runtime` (src/runtime_main.rs) as a static PIE, and only it: devgate
+/// itself loads NVML, which a static glibc program cannot. Cargo links every binary of a
+/// package alike, so the wrapper's link alone gets `-static-pie` and a search directory
+/// in which `libc.so`, `libm.so` and the rest are linker scripts naming the static
+/// archives; rustc asks for those libraries by name after `-Bdynamic`, and the scripts
+/// answer first. Where an archive is missing, the wrapper stays dynamic, as it was.
+fn static_runtime_wrapper(out: &std::path::Path) {
+    let dir = out.join("static-runtime");
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    for lib in ["c", "m", "pthread", "dl", "rt", "util"] {
+        let Some(archive) = static_archive(&format!("lib{lib}.a")) else {
+            println!("cargo:warning=no static lib{lib}.a: devgate-runtime is linked dynamically");
+            return;
+        };
+        let script = format!("INPUT({})\n", archive.display());
+        if std::fs::write(dir.join(format!("lib{lib}.so")), script).is_err() {
+            return;
+        }
+    }
+    println!("cargo:rustc-link-arg-bin=devgate-runtime=-static-pie");
+    println!(
+        "cargo:rustc-link-arg-bin=devgate-runtime=-L{}",
+        dir.display()
+    );
+}
+
+/// The C compiler's path for a static archive, if it has one.
+fn static_archive(name: &str) -> Option<PathBuf> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    Command::new(cc)
+        .arg(format!("-print-file-name={name}"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|p| PathBuf::from(p.trim()))
+        .filter(|p| p.is_absolute() && p.exists())
 }
 
 /// Whether the C compiler that links devgate has the static unwinder.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Time the runtime wrapper adds to `runc run`: the same busybox container with no devices
-# started N times straight through runc and N times through devgate-runtime (a link to
-# devgate, runtime.path runc), the two interleaved so that both see the same machine.
+# started N times straight through runc and N times through devgate-runtime (the program
+# beside devgate, runtime.path runc), the two interleaved so that both see the same machine.
 # A third row starts a container with one healthy device through the wrapper (the gate
 # runs in the wrapper), for reference.
 # Prints the median and p90 wall time of each, and the median of the paired differences
@@ -23,7 +23,11 @@ W=$(mktemp -d "$BASE/devgate-bench-wrapper.XXXXXX")
 chmod 755 "$W"
 trap 'rm -rf "$W"' EXIT
 
-ln -s "$BIN" "$W/devgate-runtime"
+# The wrapper as the packages install it: the devgate-runtime program beside devgate
+# (statically linked; a create with devices is handed to devgate).
+RT="$(dirname "$BIN")/devgate-runtime"
+[ -x "$RT" ] || { echo "no devgate-runtime beside $BIN (make build)" >&2; exit 2; }
+ln -s "$RT" "$W/devgate-runtime"
 cat >"$W/config.json" <<JSON
 {"state_dir": "$W/state", "quarantine_dir": "$W/quarantine", "runtime": {"path": "runc"}}
 JSON
@@ -66,10 +70,17 @@ stats() { # $1: label -> "median p90" in microseconds
 
 : >"$W/runc.times"; : >"$W/wrapper.times"; : >"$W/gated.times"
 i=0
+# Each round runs the three in a random order: in a fixed order the second and third
+# start while the kernel is still tearing down the first's container, and the difference
+# measured that as much as the wrapper.
 while [ $i -lt "$N" ]; do
-  once runc runc plain $i
-  once wrapper "$W/devgate-runtime" plain $i
-  once gated "$W/devgate-runtime" device $i
+  for c in $(printf 'runc\nwrapper\ngated\n' | shuf); do
+    case $c in
+      runc) once runc runc plain $i ;;
+      wrapper) once wrapper "$W/devgate-runtime" plain $i ;;
+      gated) once gated "$W/devgate-runtime" device $i ;;
+    esac
+  done
   i=$((i + 1))
 done
 [ -e "$W/state/containers/bench-gated-0.json" ] ||

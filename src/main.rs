@@ -11,21 +11,7 @@ use std::time::Instant;
 #[no_mangle]
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     let started = Instant::now();
-    // As Rust's runtime does: a closed stdout or stderr pipe is an EPIPE error to handle, not
-    // a signal that kills the hook before it can answer the runtime.
-    // SAFETY: sets a signal disposition before any thread exists.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    // Also as Rust's runtime does: a runtime may start the hook with fd 0, 1 or 2 closed;
-    // the next file devgate opened would take that number, and a log line would be written
-    // into it. /dev/null takes any free one first.
-    for fd in 0..=2 {
-        // SAFETY: F_GETFD only asks whether the fd is open; open() of a constant path.
-        unsafe {
-            if libc::fcntl(fd, libc::F_GETFD) == -1 {
-                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-            }
-        }
-    }
+    devgate::cli::process_start();
     // The NVML query process (probe::nvidia::nvml::isolate) forks one child per GPU, so it
     // runs before anything could start a thread.
     let mut args = std::env::args_os().skip(1);
@@ -50,9 +36,10 @@ fn run(started: Instant) -> i32 {
         eprintln!("devgate: error: an argument is not valid UTF-8");
         devgate::cli::exit(2)
     };
-    // Installed as `devgate-runtime`: the OCI runtime wrapper, for configs that name one path.
+    // Linked as `devgate-runtime` (the packages install a program of that name instead:
+    // src/runtime_main.rs): the OCI runtime wrapper, gating in this process.
     if devgate::wrapper::invoked_as_runtime(argv0.as_deref()) {
-        devgate::wrapper::main(&argv, None, started)
+        devgate::wrapper::main(&argv, None, started, devgate::wrapper::GateIn::Here)
     } else {
         devgate::cli::main(argv, started)
     }

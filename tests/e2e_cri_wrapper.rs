@@ -14,7 +14,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The wrapper snippet for containerd with this test's paths: the base spec, the wrapper
-/// (a script that records its arguments, then runs `devgate --config ENV runtime`), and
+/// (a script that records its arguments, then runs the devgate-runtime program with the
+/// test's config), and
 /// the runtime's state root under the test's directory instead of /run/containerd/runc.
 fn wrapper_config(work: &Path, env: &Env) -> (String, PathBuf) {
     let base_spec = work.join("devgate-base-spec.json");
@@ -26,10 +27,10 @@ fn wrapper_config(work: &Path, env: &Env) -> (String, PathBuf) {
     fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec '{}' --config '{}' runtime \"$@\"\n",
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nDEVGATE_CONFIG='{}' exec '{}' \"$@\"\n",
             trace.display(),
-            devgate_bin().display(),
-            env.config.display()
+            env.config.display(),
+            devgate_runtime_bin().display()
         ),
     )
     .unwrap();

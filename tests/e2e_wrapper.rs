@@ -569,3 +569,41 @@ fn thirty_two_creates_two_spares() {
     }
     assert_eq!(leases(&env), vec![]);
 }
+
+/// Whether an ELF file asks for a program interpreter (PT_INTERP): a dynamically linked
+/// program does, a static one does not.
+fn has_interpreter(path: &Path) -> bool {
+    let elf = fs::read(path).unwrap();
+    assert_eq!(&elf[..4], b"\x7fELF", "{}", path.display());
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let (size, count) = (u16_at(0x36), u16_at(0x38));
+    (0..count).any(|i| {
+        let o = phoff + i * size;
+        u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) == 3
+    })
+}
+
+/// The wrapper every container starts through is linked statically (build.rs), so no
+/// dynamic loader runs on each start; devgate, which loads NVML, is not. A create with
+/// devices is handed to that devgate: the remap tests above go through it.
+#[test]
+fn the_wrapper_is_linked_statically_and_devgate_is_not() {
+    let libc_a = Command::new("cc")
+        .arg("-print-file-name=libc.a")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    if !Path::new(&libc_a).is_absolute() {
+        eprintln!("skipped: the C toolchain has no static libc.a, so the wrapper is dynamic");
+        return;
+    }
+    assert!(
+        !has_interpreter(&devgate_runtime_bin()),
+        "devgate-runtime is dynamic"
+    );
+    assert!(
+        has_interpreter(&devgate_bin()),
+        "devgate must stay dynamic to load NVML"
+    );
+}

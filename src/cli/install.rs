@@ -56,9 +56,25 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     }
     write_atomic(&bin, &bytes, 0o755)?;
     println!("devgate: installed {}", bin.display());
-    let link = under(&wrapper_config::wrapper_path(&target));
-    wrapper_config::link_wrapper(&link)?;
-    println!("devgate: installed {} -> devgate", link.display());
+    // The runtime wrapper: the devgate-runtime program beside this devgate (statically
+    // linked, src/runtime_main.rs) where there is one, else a link to devgate, which runs
+    // the same wrapper when started by that name.
+    let wrapper = under(&wrapper_config::wrapper_path(&target));
+    let program = std::env::current_exe()
+        .ok()
+        .map(|me| me.with_file_name(crate::wrapper::PROGRAM))
+        .filter(|p| fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
+    match program {
+        Some(src) => {
+            let bytes = fs::read(&src).map_err(|e| Error::io("cannot read", &src, e))?;
+            write_atomic(&wrapper, &bytes, 0o755)?;
+            println!("devgate: installed {}", wrapper.display());
+        }
+        None => {
+            wrapper_config::link_wrapper(&wrapper)?;
+            println!("devgate: installed {} -> devgate", wrapper.display());
+        }
+    }
 
     let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;

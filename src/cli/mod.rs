@@ -122,6 +122,27 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
     }
 }
 
+/// What Rust's runtime start (lang_start) did that devgate relies on, for its C `main`s
+/// (src/main.rs, src/runtime_main.rs): lang_start also finds the main thread's stack by
+/// reading all of /proc/self/maps, a tenth of the hook's instructions.
+pub fn process_start() {
+    // A closed stdout or stderr pipe is an EPIPE error to handle, not a signal that kills
+    // the hook before it can answer the runtime.
+    // SAFETY: sets a signal disposition before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    // A runtime may start devgate with fd 0, 1 or 2 closed; the next file devgate opened
+    // would take that number, and a log line would be written into it. /dev/null takes any
+    // free one first.
+    for fd in 0..=2 {
+        // SAFETY: F_GETFD only asks whether the fd is open; open() of a constant path.
+        unsafe {
+            if libc::fcntl(fd, libc::F_GETFD) == -1 {
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
+}
+
 /// A bug must not turn into a backtrace in kubelet's event: a panic prints one line.
 /// Log lines go to stderr, which runtimes pass on to kubelet's events and the operator's
 /// terminal. They carry outside text (paths, kernel lines, NVML strings), so the whole line

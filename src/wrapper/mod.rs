@@ -63,7 +63,14 @@ pub fn cli(argv: &[String], started: Instant) -> Option<i32> {
                 config = Some(PathBuf::from(&s["--config=".len()..]));
                 i += 1;
             }
-            "runtime" => return Some(main(&argv[i + 1..], config.as_deref(), started)),
+            "runtime" => {
+                return Some(main(
+                    &argv[i + 1..],
+                    config.as_deref(),
+                    started,
+                    GateIn::Here,
+                ))
+            }
             _ => return None,
         }
     }
@@ -75,7 +82,18 @@ pub fn cli(argv: &[String], started: Instant) -> Option<i32> {
 /// early return writes to the shim's log with the arguments' global flags (`fail`,
 /// `log_error`), and the create arm maps each outcome of the gate, a panic included, to
 /// what the shim sees.
-pub fn main(args: &[String], config_path: Option<&Path>, started: Instant) -> i32 {
+/// Where a create's gate runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateIn {
+    /// In this process: devgate itself (`devgate runtime`, or linked as devgate-runtime).
+    Here,
+    /// In `devgate runtime`, exec'd with the same arguments: the statically linked
+    /// devgate-runtime, which cannot load NVML, hands on every create whose spec names
+    /// devices. The rest (no devices, update, delete, the others) it does itself.
+    Devgate,
+}
+
+pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_in: GateIn) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let inv = argv::parse(args, &cwd);
     if std::env::var_os(runtime::WRAPPED_ENV).is_some() {
@@ -97,6 +115,13 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant) -> i3
     };
     match &inv.command {
         Command::Create(c) | Command::Run(c) => {
+            if gate_in == GateIn::Devgate && c.id.is_some() {
+                // What `gate` would find first: a spec with no devices has nothing to decide.
+                if may_have_devices(&c.spec_file) {
+                    return hand_on(&inv.global, args);
+                }
+                return exec(&inv.global, &real, args);
+            }
             let name = inv.name.as_deref().unwrap_or("create");
             let witness = inv
                 .global
@@ -278,6 +303,26 @@ fn delete(config: &Config, global: &Global, id: &str, real: &Path, args: &[Strin
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Whether the spec may name devices; one that cannot be read goes to devgate, which says
+/// why as the gate would.
+fn may_have_devices(spec_file: &Path) -> bool {
+    Spec::read(spec_file).map_or(true, |(spec, _)| discover::may_have_devices(&spec))
+}
+
+/// `devgate runtime ARGS`, the devgate beside this program, in its place.
+fn hand_on(global: &Global, args: &[String]) -> i32 {
+    let devgate = match runtime::gate_program() {
+        Ok(p) => p,
+        Err(e) => return fail(global, &e),
+    };
+    let e = std::process::Command::new(&devgate)
+        .arg0("devgate")
+        .arg("runtime")
+        .args(args)
+        .exec();
+    fail(global, &Error::io("cannot run", &devgate, e))
 }
 
 fn exec(global: &Global, real: &Path, args: &[String]) -> i32 {

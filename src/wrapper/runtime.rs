@@ -55,8 +55,35 @@ pub fn resolve(configured: &Path) -> Result<PathBuf> {
     ))
 }
 
+/// The devgate program beside this one (/usr/bin/devgate beside /usr/bin/devgate-runtime),
+/// held to the same ownership rule as the runtime: root runs it.
+pub fn gate_program() -> Result<PathBuf> {
+    let me = std::env::current_exe()
+        .map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
+    let devgate = me.with_file_name("devgate");
+    let meta = std::fs::metadata(&devgate).map_err(|e| Error::io("cannot find", &devgate, e))?;
+    if !meta.is_file() || meta.mode() & 0o111 == 0 {
+        return Err(Error::invalid(
+            "devgate",
+            format!("{} is not an executable file", devgate.display()),
+        ));
+    }
+    check_owner(&devgate, &meta)?;
+    Ok(devgate)
+}
+
 fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
-    if let Ok(me) = std::fs::metadata("/proc/self/exe") {
+    // This program, or the devgate beside it (devgate-runtime's): either would start the
+    // wrapper again instead of a runtime.
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|me| me.with_file_name("devgate"));
+    let selves = [Some(PathBuf::from("/proc/self/exe")), beside];
+    for me in selves
+        .iter()
+        .flatten()
+        .filter_map(|p| std::fs::metadata(p).ok())
+    {
         if (me.dev(), me.ino()) == (meta.dev(), meta.ino()) {
             return Err(Error::invalid(
                 "runtime.path",
@@ -68,6 +95,11 @@ fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
             ));
         }
     }
+    check_owner(path, meta)
+}
+
+/// Owned by root (or whoever runs devgate) and writable by nobody else.
+fn check_owner(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     let euid = nix::unistd::geteuid().as_raw();
     if meta.uid() != 0 && meta.uid() != euid {
         return Err(Error::unsafe_path(

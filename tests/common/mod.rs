@@ -17,6 +17,12 @@ pub fn devgate_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_devgate"))
 }
 
+/// The runtime wrapper as the packages install it: a program of its own, linked
+/// statically, that hands a create with devices to the devgate beside it.
+pub fn devgate_runtime_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_devgate-runtime"))
+}
+
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 #[path = "../../src/fsutil/test_dirs.rs"]

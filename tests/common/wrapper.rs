@@ -1,5 +1,5 @@
-//! The runtime wrapper under test: devgate linked as `devgate-runtime` (as packages install
-//! it), a remap environment, and a probe that shows which devices the container's device
+//! The runtime wrapper under test: the `devgate-runtime` program (as packages install it,
+//! handing a create with devices to the devgate beside it), a remap environment, and a probe that shows which devices the container's device
 //! cgroup lets it open.
 //!
 //! The devices are /dev/fuse (10:229, "bad") and /dev/loop-control (10:237, the spare):
@@ -7,7 +7,7 @@
 //! alone decides whether the container may open them (with /dev/zero and /dev/full, the
 //! runtime's own default rules would allow both whatever the spec says).
 
-use super::{devgate_bin, tempdir, text, Bundle, Env};
+use super::{devgate_runtime_bin, tempdir, text, Bundle, Env};
 use serde_json::json;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -33,12 +33,12 @@ pub fn have_devices() -> bool {
     ok
 }
 
-/// devgate as `devgate-runtime` in `dir`: what containerd's BinaryName, CRI-O's
+/// `devgate-runtime` linked into `dir`: what containerd's BinaryName, CRI-O's
 /// runtime_path and podman's --runtime name.
 pub fn runtime_link(dir: &Path) -> PathBuf {
     let link = dir.join("devgate-runtime");
     let _ = fs::remove_file(&link);
-    std::os::unix::fs::symlink(devgate_bin(), &link).unwrap();
+    std::os::unix::fs::symlink(devgate_runtime_bin(), &link).unwrap();
     link
 }
 

@@ -1,0 +1,36 @@
+// `devgate-runtime`, the OCI runtime wrapper, as a program of its own: every container of
+// a runtime configured with it starts through it (containerd's BinaryName, CRI-O's
+// runtime_path, podman's --runtime), most of them with no device to gate, so what it costs
+// is what starting it costs. build.rs links it statically (static-pie): no dynamic loader
+// binding a hundred and forty libc symbols and no libc to map, which was most of the
+// wrapper's cost above the floor of any program that execs the runtime
+// (docs/performance.md). A static glibc program cannot load NVML, so a create whose spec
+// names devices is handed to `devgate runtime` (the dynamically linked devgate, beside
+// this program), which gates it with the hooks' code and execs the runtime itself.
+#![no_main]
+
+use std::time::Instant;
+
+#[no_mangle]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    let started = Instant::now();
+    devgate::cli::process_start();
+    devgate::cli::init_logging();
+    devgate::cli::set_panic_hook();
+    // As lang_start does: a panic that reaches main ends the process with 101 after the
+    // panic hook's one line, instead of unwinding out of a C function (an abort).
+    let code = std::panic::catch_unwind(|| run(started)).unwrap_or(101);
+    devgate::cli::exit(code)
+}
+
+fn run(started: Instant) -> i32 {
+    let Some(argv) = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().ok())
+        .collect::<Option<Vec<String>>>()
+    else {
+        eprintln!("devgate: error: an argument is not valid UTF-8");
+        devgate::cli::exit(2)
+    };
+    devgate::wrapper::main(&argv, None, started, devgate::wrapper::GateIn::Devgate)
+}
