@@ -77,11 +77,6 @@ pub fn cli(argv: &[String], started: Instant) -> Option<i32> {
     None
 }
 
-/// Runs the wrapper on the runtime's arguments; returns only when it does not exec.
-/// Long because it is the wrapper's one path from the runtime's arguments to exec: every
-/// early return writes to the shim's log with the arguments' global flags (`fail`,
-/// `log_error`), and the create arm maps each outcome of the gate, a panic included, to
-/// what the shim sees.
 /// Where a create's gate runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateIn {
@@ -93,6 +88,11 @@ pub enum GateIn {
     Devgate,
 }
 
+/// Runs the wrapper on the runtime's arguments; returns only when it does not exec.
+/// Long because it is the wrapper's one path from the runtime's arguments to exec: every
+/// early return writes to the shim's log with the arguments' global flags (`fail`,
+/// `log_error`), and the create arm maps each outcome of the gate, a panic included, to
+/// what the shim sees.
 pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_in: GateIn) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let inv = argv::parse(args, &cwd);
