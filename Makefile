@@ -95,7 +95,11 @@ endif
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime podman --prefix $(PREFIX) --out $(GEN)/hooks.d
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime containerd --prefix $(PREFIX) --out $(GEN)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/devgate
-	install -m 0755 $(dir $(BIN))devgate-runtime $(DESTDIR)$(BINDIR)/devgate-runtime
+	@# the runtime wrapper: the static program beside BIN, else a link (devgate runs the
+	@# same wrapper when started by that name)
+	if [ -f $(dir $(BIN))devgate-runtime ]; then \
+		install -m 0755 $(dir $(BIN))devgate-runtime $(DESTDIR)$(BINDIR)/devgate-runtime; \
+	else ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-runtime; fi
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
 	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
