@@ -607,3 +607,107 @@ fn the_wrapper_is_linked_statically_and_devgate_is_not() {
         "devgate must stay dynamic to load NVML"
     );
 }
+
+/// `devgate-runtime` placed in `dir` as its own file (a link would make /proc/self/exe,
+/// and so the `devgate` it hands on to, the build directory's).
+fn wrapper_in(dir: &Path) -> std::path::PathBuf {
+    let w = dir.join("devgate-runtime");
+    if fs::hard_link(devgate_runtime_bin(), &w).is_err() {
+        fs::copy(devgate_runtime_bin(), &w).unwrap();
+    }
+    w
+}
+
+fn script(path: &Path, body: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The attacks on the handoff of a create with devices: it runs only a `devgate` beside
+/// the wrapper's own file that is root's and writable by nobody else, with `runtime` first
+/// and the runtime's arguments after it untouched (a leading `--config=` of the caller's
+/// stays the runtime's); anything else fails the create and the runtime never runs. A spec
+/// with no device goes straight to the runtime, never to devgate.
+#[test]
+fn the_handoff_runs_only_a_root_owned_devgate_beside_the_wrapper() {
+    require_root!();
+    let dir = tempdir("wr-hand");
+    let wrapper = wrapper_in(&dir);
+    let ran = dir.join("ran");
+    let runtime = dir.join("runtime");
+    script(
+        &runtime,
+        &format!("echo runtime \"$@\" >> '{}'", ran.display()),
+        0o755,
+    );
+    let env = Env::with("wr-hand", serde_json::json!({"runtime": {"path": runtime}}));
+    let mut bundle = Bundle::new("wr-hand-b", &["true"]);
+    bundle.add_device("/dev/fuse", "c", 10, 229);
+    bundle.write();
+    let b = bundle.dir.to_str().unwrap().to_string();
+    let args = ["--config=/nonexistent", "create", "--bundle", &b, "hand-1"];
+    let start = || {
+        let _ = fs::remove_file(&ran);
+        Command::new(&wrapper)
+            .env("DEVGATE_CONFIG", &env.config)
+            .env_remove("DEVGATE_RUNTIME_WRAPPED")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let devgate = dir.join("devgate");
+    let refused = |why: &str| {
+        let out = start();
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{why}: {all}");
+        assert!(all.contains(why), "{why}: {all}");
+        assert!(!ran.exists(), "{why}: something ran: {all}");
+    };
+    // No devgate beside.
+    refused("cannot find");
+    // A devgate others may write.
+    let record = format!("echo devgate \"$@\" >> '{}'", ran.display());
+    script(&devgate, &record, 0o775);
+    refused("writable by group or others");
+    script(&devgate, &record, 0o757);
+    refused("writable by group or others");
+    // A devgate someone else owns, directly or through a link.
+    std::os::unix::fs::chown(&devgate, Some(65534), Some(65534)).unwrap();
+    fs::set_permissions(
+        &devgate,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    refused("owned by uid 65534");
+    let theirs = dir.join("theirs");
+    fs::rename(&devgate, &theirs).unwrap();
+    std::os::unix::fs::symlink(&theirs, &devgate).unwrap();
+    refused("owned by uid 65534");
+    fs::remove_file(&devgate).unwrap();
+    // A directory, or a file nobody may run, by that name.
+    fs::create_dir(&devgate).unwrap();
+    refused("is not an executable file");
+    fs::remove_dir(&devgate).unwrap();
+    script(&devgate, &record, 0o644);
+    refused("is not an executable file");
+
+    // Root's devgate runs, with the arguments as they came.
+    script(&devgate, &record, 0o755);
+    let out = start();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::read_to_string(&ran).unwrap(),
+        format!("devgate runtime --config=/nonexistent create --bundle {b} hand-1\n")
+    );
+    // No device: the runtime itself, devgate untouched.
+    bundle.spec["linux"]["devices"] = serde_json::json!([]);
+    bundle.spec["linux"]["resources"]["devices"] = serde_json::json!([]);
+    bundle.write();
+    let out = start();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::read_to_string(&ran).unwrap(),
+        format!("runtime --config=/nonexistent create --bundle {b} hand-1\n")
+    );
+}
