@@ -28,14 +28,7 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
 
 fn run(started: Instant) -> i32 {
     let argv0 = std::env::args_os().next();
-    let Some(argv) = std::env::args_os()
-        .skip(1)
-        .map(|a| a.into_string().ok())
-        .collect::<Option<Vec<String>>>()
-    else {
-        eprintln!("devgate: error: an argument is not valid UTF-8");
-        devgate::cli::exit(2)
-    };
+    let argv = devgate::cli::utf8_args();
     // Linked as `devgate-runtime` (the packages install a program of that name instead:
     // src/runtime_main.rs): the OCI runtime wrapper, gating in this process.
     if devgate::wrapper::invoked_as_runtime(argv0.as_deref()) {

@@ -24,13 +24,6 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
 }
 
 fn run(started: Instant) -> i32 {
-    let Some(argv) = std::env::args_os()
-        .skip(1)
-        .map(|a| a.into_string().ok())
-        .collect::<Option<Vec<String>>>()
-    else {
-        eprintln!("devgate: error: an argument is not valid UTF-8");
-        devgate::cli::exit(2)
-    };
+    let argv = devgate::cli::utf8_args();
     devgate::wrapper::main(&argv, None, started, devgate::wrapper::GateIn::Devgate)
 }

@@ -143,6 +143,19 @@ pub fn process_start() {
     }
 }
 
+/// The arguments after the program's name; one that is not UTF-8 ends the process with 2.
+pub fn utf8_args() -> Vec<String> {
+    let Some(argv) = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().ok())
+        .collect::<Option<Vec<String>>>()
+    else {
+        eprintln!("devgate: error: an argument is not valid UTF-8");
+        exit(2)
+    };
+    argv
+}
+
 /// A bug must not turn into a backtrace in kubelet's event: a panic prints one line.
 /// Log lines go to stderr, which runtimes pass on to kubelet's events and the operator's
 /// terminal. They carry outside text (paths, kernel lines, NVML strings), so the whole line
