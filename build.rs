@@ -18,7 +18,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let linux_gnu = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
         && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
-    if !linux_gnu || !have_libgcc_eh() {
+    if !linux_gnu || static_archive("libgcc_eh.a").is_none() {
         return;
     }
     let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
@@ -62,7 +62,8 @@ fn static_runtime_wrapper(out: &std::path::Path) {
     );
 }
 
-/// The C compiler's path for a static archive, if it has one.
+/// The C compiler's path for a static archive, if it has one (it prints the bare name
+/// back when it has none).
 fn static_archive(name: &str) -> Option<PathBuf> {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     Command::new(cc)
@@ -73,16 +74,4 @@ fn static_archive(name: &str) -> Option<PathBuf> {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|p| PathBuf::from(p.trim()))
         .filter(|p| p.is_absolute() && p.exists())
-}
-
-/// Whether the C compiler that links devgate has the static unwinder.
-fn have_libgcc_eh() -> bool {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    Command::new(cc)
-        .arg("-print-file-name=libgcc_eh.a")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .is_some_and(|p| PathBuf::from(p.trim()).is_absolute())
 }
