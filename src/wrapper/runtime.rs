@@ -35,7 +35,7 @@ pub fn resolve(configured: &Path) -> Result<PathBuf> {
         let Ok(meta) = std::fs::metadata(c) else {
             continue;
         };
-        if !meta.is_file() || meta.mode() & 0o111 == 0 {
+        if !is_executable_file(&meta) {
             continue;
         }
         check(c, &meta)?;
@@ -58,11 +58,10 @@ pub fn resolve(configured: &Path) -> Result<PathBuf> {
 /// The devgate program beside this one (/usr/bin/devgate beside /usr/bin/devgate-runtime),
 /// held to the same ownership rule as the runtime: root runs it.
 pub fn gate_program() -> Result<PathBuf> {
-    let me = std::env::current_exe()
-        .map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
-    let devgate = me.with_file_name("devgate");
+    let devgate =
+        devgate_beside().map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
     let meta = std::fs::metadata(&devgate).map_err(|e| Error::io("cannot find", &devgate, e))?;
-    if !meta.is_file() || meta.mode() & 0o111 == 0 {
+    if !is_executable_file(&meta) {
         return Err(Error::invalid(
             "devgate",
             format!("{} is not an executable file", devgate.display()),
@@ -72,13 +71,19 @@ pub fn gate_program() -> Result<PathBuf> {
     Ok(devgate)
 }
 
+/// `devgate` in this program's directory.
+fn devgate_beside() -> std::io::Result<PathBuf> {
+    Ok(std::env::current_exe()?.with_file_name("devgate"))
+}
+
+fn is_executable_file(meta: &std::fs::Metadata) -> bool {
+    meta.is_file() && meta.mode() & 0o111 != 0
+}
+
 fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     // This program, or the devgate beside it (devgate-runtime's): either would start the
     // wrapper again instead of a runtime.
-    let beside = std::env::current_exe()
-        .ok()
-        .map(|me| me.with_file_name("devgate"));
-    let selves = [Some(PathBuf::from("/proc/self/exe")), beside];
+    let selves = [Some(PathBuf::from("/proc/self/exe")), devgate_beside().ok()];
     for me in selves
         .iter()
         .flatten()
