@@ -16,6 +16,15 @@ use std::path::Path;
 const INSTALL_HOST_USAGE: &str =
     "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH]";
 
+/// Copies the program at `src` (`what`, for the error) to `dst` (mode 0755, atomically)
+/// and says so.
+fn install_program(what: &str, src: &Path, dst: &Path) -> Result<()> {
+    let bytes = fs::read(src).map_err(|e| Error::io(format!("cannot read {what}"), src, e))?;
+    write_atomic(dst, &bytes, 0o755)?;
+    println!("devgate: installed {}", dst.display());
+    Ok(())
+}
+
 /// Lays devgate onto a host mounted at `--root` (the Kubernetes installer's entrypoint):
 /// the running binary to ROOT/PREFIX/bin/devgate, the oci-hooks files to
 /// ROOT/etc/containers/oci/hooks.d (podman's and older CRI-O's override directory; another
@@ -48,14 +57,11 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         None => None,
     };
 
-    let exe = Path::new("/proc/self/exe");
-    let bytes = fs::read(exe).map_err(|e| Error::io("cannot read own binary", exe, e))?;
     let bin = under(&target.bin);
     if let Some(dir) = bin.parent() {
         ensure_dir(dir)?;
     }
-    write_atomic(&bin, &bytes, 0o755)?;
-    println!("devgate: installed {}", bin.display());
+    install_program("own binary", Path::new("/proc/self/exe"), &bin)?;
     // The runtime wrapper: the devgate-runtime program beside this devgate (statically
     // linked, src/runtime_main.rs) where there is one, else a link to devgate, which runs
     // the same wrapper when started by that name.
@@ -65,11 +71,7 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         .map(|me| me.with_file_name(crate::wrapper::PROGRAM))
         .filter(|p| fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
     match program {
-        Some(src) => {
-            let bytes = fs::read(&src).map_err(|e| Error::io("cannot read", &src, e))?;
-            write_atomic(&wrapper, &bytes, 0o755)?;
-            println!("devgate: installed {}", wrapper.display());
-        }
+        Some(src) => install_program("the wrapper program", &src, &wrapper)?,
         None => {
             wrapper_config::link_wrapper(&wrapper)?;
             println!("devgate: installed {} -> devgate", wrapper.display());
