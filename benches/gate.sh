@@ -14,6 +14,7 @@
 # each ratio are the stable measure.
 # Usage: benches/gate.sh [DEVGATE_BIN] [N]   (root; runc, busybox-static, valgrind)
 set -eu
+. "$(dirname "$0")/median-ci.sh"
 BIN=$(readlink -f "${1:-target/release/devgate}")
 N=${2:-80}
 [ -x "$BIN" ] || { echo "no devgate binary at $BIN (make build)" >&2; exit 2; }
@@ -118,14 +119,12 @@ insns() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" 2>&1 <"$
   sed -n 's/.*Collected : //p'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
 # "RATIO [LO, HI]": 1 + the median paired difference over the median /bin/true time, with
-# the median difference's 95% confidence interval from its order statistics (ranks
-# n/2 -+ 0.98 sqrt(n), distribution-free).
+# the median difference's 95% confidence interval (median_ci).
 pair_ratio() { # $1: pair
   local t; t=$(stats "$1-true" | cut -d' ' -f1)
-  sort -n "$W/$1.diffs" | awk -v t="$t" '{a[NR]=$1} END {
-    n=NR; m=a[int((n+1)/2)]; k=int(0.98*sqrt(n)+0.5);
-    l=int(n/2)-k; if (l < 1) l=1; h=int(n/2)+1+k; if (h > n) h=n;
-    printf "%.3f [%.3f, %.3f] (median difference %d us)", 1+m/t, 1+a[l]/t, 1+a[h]/t, m}'
+  set -- $(median_ci "$W/$1.diffs")
+  awk -v t="$t" -v m="$1" -v l="$2" -v h="$3" 'BEGIN {
+    printf "%.3f [%.3f, %.3f] (median difference %d us)", 1+m/t, 1+l/t, 1+h/t, m}'
 }
 
 POST="$W/post.json"

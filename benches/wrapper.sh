@@ -10,6 +10,7 @@
 # bundle with runtime.path /bin/true against M calls of /bin/true itself, in one loop each.
 # Usage: benches/wrapper.sh [DEVGATE_BIN] [N]   (root; runc and busybox-static installed)
 set -eu
+. "$(dirname "$0")/median-ci.sh"
 BIN=$(readlink -f "${1:-target/release/devgate}")
 N=${2:-100}
 M=${3:-500}
@@ -116,13 +117,9 @@ printf 'runc run, %s starts each, interleaved (microseconds)\n' "$N"
 printf '  %-28s median %8s  p90 %8s\n' "runc, no devices" "$runc_m" "$runc_p" \
   "devgate-runtime, no devices" "$wr_m" "$wr_p" \
   "devgate-runtime, 1 device" "$g_m" "$g_p"
-set -- $(stats diff); d=$1
-# the median difference's 95% confidence interval from its order statistics (ranks
-# n/2 -+ 0.98 sqrt(n), distribution-free)
-ci=$(sort -n "$W/diff.times" | awk '{a[NR]=$1} END {n=NR; k=int(0.98*sqrt(n)+0.5);
-  l=int(n/2)-k; if (l < 1) l=1; h=int(n/2)+1+k; if (h > n) h=n; printf "%d..%d", a[l], a[h]}')
+# the median paired difference and its 95% confidence interval
+set -- $(median_ci "$W/diff.times"); d=$1 lo=$2 hi=$3; ci="$lo..$hi"
 # met only when the whole interval is within the target; over when all of it is above
-lo=${ci%..*}; hi=${ci#*..}
 if [ "$hi" -le 1000 ]; then verdict=ok; elif [ "$lo" -gt 1000 ]; then verdict=OVER
 else verdict="undecided: the interval spans the target, more runs or a quieter machine"; fi
 printf '  the wrapper adds %s us [95%%: %s] (median of the paired differences) to a container with no devices (target <= 1000 us: %s)\n' \
