@@ -168,6 +168,11 @@ fn query_fd(cg: &File, dir: &Path) -> Result<(Vec<u32>, u32)> {
     Ok((ids, a.attach_flags))
 }
 
+/// How often a load the kernel answered with EAGAIN is tried again. The
+/// verifier gives up with EAGAIN when a signal is pending (`do_check`), which
+/// says nothing about the program; libbpf and cilium/ebpf (runc) retry too.
+const LOAD_ATTEMPTS: usize = 5;
+
 /// Loads a device program; the verifier's complaint, if any, is in the error.
 pub fn load(prog: &[bpf::Insn]) -> std::result::Result<OwnedFd, String> {
     let insns = bpf::encode(prog);
@@ -190,24 +195,37 @@ pub fn load(prog: &[bpf::Insn]) -> std::result::Result<OwnedFd, String> {
             a.log_size = log.len() as u32;
             a.log_buf = log.as_mut_ptr() as u64;
         }
-        sys_bpf(BPF_PROG_LOAD, &mut a)
+        retry_interrupted(|| sys_bpf(BPF_PROG_LOAD, &mut a))
     };
-    match attempt(false) {
-        Ok(fd) => Ok(owned(fd)),
-        Err(e) => {
-            let _ = attempt(true);
-            let text = String::from_utf8_lossy(&log);
-            let text = text.trim_end_matches('\0').trim();
-            let tail: Vec<&str> = text.lines().rev().take(3).collect();
-            let mut msg = format!(
-                "BPF_PROG_LOAD of a {}-instruction device program: {e}",
-                insns.len()
-            );
-            if !tail.is_empty() {
-                msg.push_str(": verifier: ");
-                msg.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" / "));
-            }
-            Err(msg)
+    // The first try goes without a log: the verifier is slower writing one.
+    let e = match attempt(false) {
+        Ok(fd) => return Ok(owned(fd)),
+        Err(e) => e,
+    };
+    if let Ok(fd) = attempt(true) {
+        return Ok(owned(fd));
+    }
+    let text = String::from_utf8_lossy(&log);
+    let text = text.trim_end_matches('\0').trim();
+    let tail: Vec<&str> = text.lines().rev().take(3).collect();
+    let mut msg = format!(
+        "BPF_PROG_LOAD of a {}-instruction device program: {e}",
+        insns.len()
+    );
+    if !tail.is_empty() {
+        msg.push_str(": verifier: ");
+        msg.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" / "));
+    }
+    Err(msg)
+}
+
+/// Calls `f` again while it fails with EAGAIN, at most LOAD_ATTEMPTS times.
+fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut left = LOAD_ATTEMPTS;
+    loop {
+        match f() {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && left > 1 => left -= 1,
+            r => return r,
         }
     }
 }
@@ -480,3 +498,37 @@ pub fn attach_new(dir: &Path, rules: &[LinuxDeviceCgroup]) -> Result<()> {
 #[cfg(test)]
 #[path = "v2_kernel_tests.rs"]
 mod kernel_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counting(fails: usize, errno: i32) -> (usize, io::Result<i64>) {
+        let mut calls = 0;
+        let r = retry_interrupted(|| {
+            calls += 1;
+            if calls <= fails {
+                Err(io::Error::from_raw_os_error(errno))
+            } else {
+                Ok(7)
+            }
+        });
+        (calls, r)
+    }
+
+    #[test]
+    fn an_interrupted_load_is_tried_again() {
+        let (calls, r) = counting(LOAD_ATTEMPTS - 1, libc::EAGAIN);
+        assert_eq!((calls, r.unwrap()), (LOAD_ATTEMPTS, 7));
+    }
+
+    #[test]
+    fn retries_are_bounded_and_other_errors_are_not_retried() {
+        let (calls, r) = counting(usize::MAX, libc::EAGAIN);
+        assert_eq!(calls, LOAD_ATTEMPTS);
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        let (calls, r) = counting(usize::MAX, libc::EINVAL);
+        assert_eq!(calls, 1);
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    }
+}
