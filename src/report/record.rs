@@ -36,9 +36,11 @@ pub struct PodInfo {
 
 impl PodInfo {
     pub fn from_annotations(spec: &Spec, state: &BTreeMap<String, String>) -> PodInfo {
+        // A value the two runtimes' keys disagree on is a pod's forgery: no value.
         let get = |containerd: &str, crio: &str| {
-            spec.annotation(state, containerd)
-                .or_else(|| spec.annotation(state, crio))
+            spec.cri_annotation(state, (containerd, crio))
+                .ok()
+                .flatten()
                 .map(|s| s.chars().take(256).collect::<String>())
         };
         PodInfo {
@@ -315,6 +317,33 @@ mod tests {
             (p.name.as_deref(), p.uid.as_deref()),
             (Some("p"), Some("u"))
         );
+    }
+
+    /// CRI-O copies a pod's own annotations into every container's spec (its
+    /// `SpecAddAnnotations`) and sets only its own keys after them, so under CRI-O a pod
+    /// author can write containerd's keys. They must not name the pod in the record, the
+    /// decision log and `devgate explain`: a pair that disagrees names no pod.
+    #[test]
+    fn a_pod_cannot_name_another_pod_through_the_other_runtimes_keys() {
+        let spec = Spec::parse(
+            br#"{"annotations":{
+                "io.kubernetes.cri.sandbox-namespace":"kube-system","io.kubernetes.cri.sandbox-name":"etcd-0",
+                "io.kubernetes.cri.sandbox-uid":"victim-uid","io.kubernetes.cri.container-name":"etcd",
+                "io.kubernetes.pod.namespace":"team-a","io.kubernetes.pod.name":"attacker",
+                "io.kubernetes.pod.uid":"u-a","io.kubernetes.container.name":"main"}}"#,
+            Path::new("/c"),
+        )
+        .unwrap();
+        let p = PodInfo::from_annotations(&spec, &BTreeMap::new());
+        assert_eq!(p, PodInfo::default(), "{p:?}");
+        // the same values under both keys are one pod
+        let spec = Spec::parse(
+            br#"{"annotations":{"io.kubernetes.cri.sandbox-name":"p","io.kubernetes.pod.name":"p"}}"#,
+            Path::new("/c"),
+        )
+        .unwrap();
+        let p = PodInfo::from_annotations(&spec, &BTreeMap::new());
+        assert_eq!(p.name.as_deref(), Some("p"));
     }
 
     #[test]
