@@ -324,23 +324,6 @@ mod tests {
         ];
         let s = spec_with(&crio, &["/k/pods/u1/containers/app/x"]);
         assert!(host_file(&s, &none, pods).is_ok());
-        // CRI-O copies the pod's annotations into the spec: containerd's keys there are
-        // the pod author's, and a pair that disagrees with CRI-O's names no file.
-        let forged = [
-            ("io.kubernetes.cri.sandbox-uid", "victim"),
-            ("io.kubernetes.cri.container-name", "db"),
-            ("io.kubernetes.pod.uid", "u1"),
-            ("io.kubernetes.container.name", "app"),
-        ];
-        let s = spec_with(
-            &forged,
-            &[
-                "/k/pods/victim/containers/db/0badf00d",
-                "/k/pods/u1/containers/app/1a2b3c4d",
-            ],
-        );
-        let e = host_file(&s, &none, pods).unwrap_err();
-        assert!(e.contains("disagree"), "{e}");
         for (ann, src) in [
             (&cd[..], "/k/pods/u1/volume-subpaths/v/app/0"),
             (&cd[..], "/k/pods/u1/containers/other/x"),
@@ -359,5 +342,27 @@ mod tests {
                 "{src}"
             );
         }
+    }
+
+    /// CRI-O copies the pod's annotations into the spec: containerd's keys there are the
+    /// pod author's, and a pair that disagrees with CRI-O's names no file.
+    #[test]
+    fn a_pod_cannot_choose_the_file_through_the_other_runtimes_keys() {
+        let (pods, none) = (Path::new("/k/pods"), BTreeMap::new());
+        let forged = [
+            ("io.kubernetes.cri.sandbox-uid", "victim"),
+            ("io.kubernetes.cri.container-name", "db"),
+            ("io.kubernetes.pod.uid", "u1"),
+            ("io.kubernetes.container.name", "app"),
+        ];
+        let s = spec_with(
+            &forged,
+            &[
+                "/k/pods/victim/containers/db/0badf00d",
+                "/k/pods/u1/containers/app/1a2b3c4d",
+            ],
+        );
+        let e = host_file(&s, &none, pods).unwrap_err();
+        assert!(e.contains("disagree"), "{e}");
     }
 }
