@@ -96,3 +96,47 @@ fn rejected_starts_on_tmpfs_stay_within_exits_keep_and_its_slack() {
         "{records} start records on tmpfs after 100 rejected starts, exits_keep {KEEP}"
     );
 }
+
+/// On a GPU node whose driver did not load (NVIDIA functions in sysfs, no GPU list from the
+/// driver or NVML), each index in `NVIDIA_VISIBLE_DEVICES` was taken as a GPU: a pod listing
+/// 0..1023 made every start a thousand devices, each a walk of dev_root, and an 870 KB
+/// record and decision-log line, on every retry. The record holds the GPU nodes the host
+/// has and one missing index; the rest are counted sentences.
+#[test]
+fn a_thousand_gpu_indexes_without_a_gpu_list_make_one_missing_device() {
+    let dir = tempdir("selector-flood");
+    let dev = dir.join("dev");
+    let proc_root = dir.join("proc");
+    std::fs::create_dir_all(&dev).unwrap();
+    std::fs::create_dir_all(proc_root.join("driver/nvidia")).unwrap();
+    for i in 0..200 {
+        std::fs::write(dev.join(format!("f{i}")), "").unwrap();
+    }
+    let env = Env::with(
+        "selector-flood",
+        json!({
+            "dev_root": dev,
+            "sysfs_root": dir.join("sys"),
+            "proc_root": proc_root,
+            "nvml_library": dir.join("no-libnvidia-ml.so.1"),
+            "kmsg_path": dir.join("no-kmsg"),
+        }),
+    );
+    let mut b = Bundle::new("selector-flood", &["true"]);
+    let all: Vec<String> = (0..1024).map(|i| i.to_string()).collect();
+    b.spec["process"]["env"] = json!([format!("NVIDIA_VISIBLE_DEVICES={}", all.join(","))]);
+    b.write();
+    let out = env.hook_stdin("prestart", b.state_json("flood").as_bytes());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let decisions = env.decisions();
+    let rec = decisions.last().expect("a decision");
+    let devices = rec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1, "{}", text(&out));
+    assert_eq!(devices[0]["device"]["minor"], 0, "{rec}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.lines().count() <= 20, "{stderr}");
+    assert!(
+        stderr.contains("and 1007 more GPU selectors that name no GPU"),
+        "{stderr}"
+    );
+}

@@ -385,3 +385,52 @@ fn termination_file_across_a_mount_point_is_not_written() {
         "{exit}"
     );
 }
+
+/// CRI-O copies a pod's own annotations into the container's spec and sets only its own
+/// keys (`io.kubernetes.pod.*`, `io.kubernetes.container.name`) after them: a pod author
+/// there writes containerd's keys. They named the pod in the records, the decision log and
+/// `devgate explain` (here another team's `kube-system/etcd-0`), and chose whose
+/// termination file was looked for. Two runtimes' keys that disagree name nothing.
+#[test]
+fn a_crio_pod_writing_containerds_keys_names_no_other_pod() {
+    let (env, pods, log) = env_with_pods("crio-forged");
+    let victim = pods.join("victim-uid/containers/etcd/termination-log");
+    fs::create_dir_all(victim.parent().unwrap()).unwrap();
+    fs::write(&victim, b"etcd: ok\n").unwrap();
+    let mut b = Bundle::new("crio-forged", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    bind_termination_log(&mut b, &log);
+    b.spec["annotations"] = json!({
+        // CRI-O's own, set after the pod's
+        "io.kubernetes.pod.namespace": "team-a", "io.kubernetes.pod.name": "attacker",
+        "io.kubernetes.pod.uid": UID, "io.kubernetes.container.name": NAME,
+        // the pod's, copied in by CRI-O
+        "io.kubernetes.cri.sandbox-namespace": "kube-system",
+        "io.kubernetes.cri.sandbox-name": "etcd-0",
+        "io.kubernetes.cri.sandbox-uid": "victim-uid",
+        "io.kubernetes.cri.container-name": "etcd",
+    });
+    b.write();
+    let id = unique_id("crio-forged");
+    let state = b.state_json(&id);
+    let pre = hook(&env, "prestart", &state);
+    assert!(pre.status.success(), "{}", text(&pre));
+    env.ok(&["cordon", "1:5", "--reason", "bad"]);
+    let post = hook(&env, "poststop", &state);
+    env.ok(&["uncordon", "1:5"]);
+    assert!(post.status.success(), "{}", text(&post));
+
+    assert_eq!(fs::read(&victim).unwrap(), b"etcd: ok\n");
+    let exit: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
+            .unwrap();
+    assert!(exit.get("pod").is_none(), "{exit}");
+    assert_eq!(exit["termination_message"]["written"], false);
+    let note = exit["termination_message"]["note"].as_str().unwrap();
+    assert!(note.contains("disagree"), "{note}");
+    for line in env.log_lines() {
+        assert!(line.get("pod").is_none(), "{line}");
+    }
+    let explained = env.ok(&["explain", &id]);
+    assert!(!explained.contains("kube-system"), "{explained}");
+}

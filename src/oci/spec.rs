@@ -136,6 +136,27 @@ impl Spec {
             .map(String::as_str)
     }
 
+    /// A CRI annotation that containerd sets under one key and CRI-O under another
+    /// (`keys`: containerd's, CRI-O's). Each runtime sets its own key after the pod's
+    /// annotations, but not the other's, and CRI-O copies every pod annotation into the
+    /// spec: there containerd's key is the pod author's to write. A value under both keys
+    /// that differs is therefore forged under one of them, and names nothing.
+    pub(crate) fn cri_annotation<'a>(
+        &'a self,
+        state: &'a BTreeMap<String, String>,
+        (containerd, crio): (&str, &str),
+    ) -> std::result::Result<Option<&'a str>, String> {
+        match (
+            self.annotation(state, containerd),
+            self.annotation(state, crio),
+        ) {
+            (Some(a), Some(b)) if a != b => Err(format!(
+                "the annotations {containerd} and {crio} disagree (one is the pod's own)"
+            )),
+            (a, b) => Ok(a.or(b)),
+        }
+    }
+
     pub fn env(&self, key: &str) -> Option<&str> {
         let env = &self.process.as_ref()?.env;
         env.iter().rev().find_map(|kv| {

@@ -156,6 +156,7 @@ fn adopt(state_dir: &Path, keep: usize, id: &str, pid: Option<i32>) {
     match record::read_record(state_dir, id) {
         Ok(Some(mut rec)) if rec.pid.is_none() => {
             rec.pid = Some(pid);
+            rec.pid_start = crate::store::lease::pid_start(pid);
             if let Err(e) = record::write_record(state_dir, &rec, keep) {
                 log::error!("cannot keep container record: {e}");
             }
@@ -302,6 +303,7 @@ fn record_of(
         stage: stage.to_string(),
         container_id: state.id.clone(),
         pid: state.pid(),
+        pid_start: state.pid().and_then(crate::store::lease::pid_start),
         pod: PodInfo::from_annotations(spec, &state.annotations),
         devices: Vec::new(),
         action,

@@ -36,9 +36,11 @@ pub struct PodInfo {
 
 impl PodInfo {
     pub fn from_annotations(spec: &Spec, state: &BTreeMap<String, String>) -> PodInfo {
+        // A value the two runtimes' keys disagree on is a pod's forgery: no value.
         let get = |containerd: &str, crio: &str| {
-            spec.annotation(state, containerd)
-                .or_else(|| spec.annotation(state, crio))
+            spec.cri_annotation(state, (containerd, crio))
+                .ok()
+                .flatten()
                 .map(|s| s.chars().take(256).collect::<String>())
         };
         PodInfo {
@@ -71,6 +73,10 @@ pub struct Decision {
     /// record from a dead one's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
+    /// That process's start time (/proc/PID/stat field 22): a pid the kernel has since
+    /// given to another process is not the container's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_start: Option<u64>,
     #[serde(default, skip_serializing_if = "PodInfo::is_empty")]
     pub pod: PodInfo,
     pub devices: Vec<DeviceDecision>,
@@ -184,10 +190,16 @@ fn prune_starts(state_dir: &Path, keep: usize) {
 }
 
 impl Decision {
-    /// The container's process still exists (as far as a pid can tell).
+    /// The container's process still exists: its pid is alive and, where the record kept
+    /// its start time, is still the same process (a record written before devgate kept the
+    /// start time goes by the pid alone).
     pub fn is_alive(&self) -> bool {
-        self.pid
-            .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+        let Some(pid) = self.pid else { return false };
+        match (crate::store::lease::pid_start(pid), self.pid_start) {
+            (None, _) => false,
+            (Some(now), Some(then)) => now == then,
+            (Some(_), None) => true,
+        }
     }
 }
 
@@ -317,6 +329,33 @@ mod tests {
         );
     }
 
+    /// CRI-O copies a pod's own annotations into every container's spec (its
+    /// `SpecAddAnnotations`) and sets only its own keys after them, so under CRI-O a pod
+    /// author can write containerd's keys. They must not name the pod in the record, the
+    /// decision log and `devgate explain`: a pair that disagrees names no pod.
+    #[test]
+    fn a_pod_cannot_name_another_pod_through_the_other_runtimes_keys() {
+        let spec = Spec::parse(
+            br#"{"annotations":{
+                "io.kubernetes.cri.sandbox-namespace":"kube-system","io.kubernetes.cri.sandbox-name":"etcd-0",
+                "io.kubernetes.cri.sandbox-uid":"victim-uid","io.kubernetes.cri.container-name":"etcd",
+                "io.kubernetes.pod.namespace":"team-a","io.kubernetes.pod.name":"attacker",
+                "io.kubernetes.pod.uid":"u-a","io.kubernetes.container.name":"main"}}"#,
+            Path::new("/c"),
+        )
+        .unwrap();
+        let p = PodInfo::from_annotations(&spec, &BTreeMap::new());
+        assert_eq!(p, PodInfo::default(), "{p:?}");
+        // the same values under both keys are one pod
+        let spec = Spec::parse(
+            br#"{"annotations":{"io.kubernetes.cri.sandbox-name":"p","io.kubernetes.pod.name":"p"}}"#,
+            Path::new("/c"),
+        )
+        .unwrap();
+        let p = PodInfo::from_annotations(&spec, &BTreeMap::new());
+        assert_eq!(p.name.as_deref(), Some("p"));
+    }
+
     #[test]
     fn record_refuses_path_like_ids() {
         let d = crate::fsutil::tests::tempdir("devgate-rec");
@@ -382,6 +421,7 @@ mod tests {
             stage: "prestart".into(),
             container_id: id.into(),
             pid,
+            pid_start: pid.and_then(crate::store::lease::pid_start),
             pod: PodInfo::default(),
             devices: vec![],
             action: Action::Reject,
@@ -424,5 +464,24 @@ mod tests {
         assert_eq!(left, ["dead1.json", "dead2.json", "live.json"]);
         assert!(decision("x", Some(std::process::id() as i32)).is_alive());
         assert!(!decision("x", Some(i32::MAX)).is_alive());
+    }
+
+    /// A container that died without a poststop (its runtime killed) leaves its start
+    /// record; once the kernel gives its pid to another process, a record that went by the
+    /// pid alone was "alive" for good: never pruned, and its devices shown as assigned by
+    /// `status`, `check` and `metrics` (a device gone since then made `check` unhealthy).
+    #[test]
+    fn a_reused_pid_is_not_the_container() {
+        let me = std::process::id() as i32;
+        let mut d = decision("x", Some(me));
+        assert!(d.is_alive());
+        d.pid_start = d.pid_start.map(|t| t + 1);
+        assert!(!d.is_alive(), "another process with the container's pid");
+        d.pid_start = None;
+        assert!(
+            d.is_alive(),
+            "a record from before pid_start goes by the pid"
+        );
+        assert!(!decision("x", None).is_alive());
     }
 }

@@ -21,16 +21,15 @@ use std::path::{Component, Path, PathBuf};
 /// kubelet reads at most this much of the file (MaxContainerTerminationMessageLength).
 pub const KUBELET_LIMIT: usize = 4096;
 
-/// The CRI annotations naming the pod uid and container name, as (uid key, name key):
-/// containerd's and CRI-O's. The runtimes set them after any pass-through annotations,
-/// so a pod cannot choose them.
-const CRI_KEYS: [(&str, &str); 2] = [
-    (
-        "io.kubernetes.cri.sandbox-uid",
-        "io.kubernetes.cri.container-name",
-    ),
-    ("io.kubernetes.pod.uid", "io.kubernetes.container.name"),
-];
+/// The CRI annotations naming the pod uid and the container name, each as (containerd's
+/// key, CRI-O's key). Each runtime sets its own after any pass-through annotations, but a
+/// pod can write the other runtime's (CRI-O copies every pod annotation into the spec), so
+/// both are read and a disagreement names no file (`Spec::cri_annotation`).
+const UID_KEYS: (&str, &str) = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid");
+const NAME_KEYS: (&str, &str) = (
+    "io.kubernetes.cri.container-name",
+    "io.kubernetes.container.name",
+);
 
 /// What happened to the termination message, for the exit record.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -53,15 +52,13 @@ pub fn host_file(
     state_annotations: &BTreeMap<String, String>,
     pods_dir: &Path,
 ) -> std::result::Result<PathBuf, String> {
-    let (uid, name) = CRI_KEYS
-        .iter()
-        .find_map(|(u, n)| {
-            Some((
-                spec.annotation(state_annotations, u)?,
-                spec.annotation(state_annotations, n)?,
-            ))
-        })
-        .ok_or("no CRI pod uid and container name annotations")?;
+    let (uid, name) = match (
+        spec.cri_annotation(state_annotations, UID_KEYS)?,
+        spec.cri_annotation(state_annotations, NAME_KEYS)?,
+    ) {
+        (Some(u), Some(n)) => (u, n),
+        _ => return Err("no CRI pod uid and container name annotations".into()),
+    };
     if !plain_name(uid) || !plain_name(name) {
         return Err("the CRI pod uid or container name is not a plain file name".into());
     }
@@ -345,5 +342,27 @@ mod tests {
                 "{src}"
             );
         }
+    }
+
+    /// CRI-O copies the pod's annotations into the spec: containerd's keys there are the
+    /// pod author's, and a pair that disagrees with CRI-O's names no file.
+    #[test]
+    fn a_pod_cannot_choose_the_file_through_the_other_runtimes_keys() {
+        let (pods, none) = (Path::new("/k/pods"), BTreeMap::new());
+        let forged = [
+            ("io.kubernetes.cri.sandbox-uid", "victim"),
+            ("io.kubernetes.cri.container-name", "db"),
+            ("io.kubernetes.pod.uid", "u1"),
+            ("io.kubernetes.container.name", "app"),
+        ];
+        let s = spec_with(
+            &forged,
+            &[
+                "/k/pods/victim/containers/db/0badf00d",
+                "/k/pods/u1/containers/app/1a2b3c4d",
+            ],
+        );
+        let e = host_file(&s, &none, pods).unwrap_err();
+        assert!(e.contains("disagree"), "{e}");
     }
 }

@@ -109,6 +109,8 @@ pub fn resolve_selectors(
 ) -> (Vec<(u32, Source)>, Vec<String>) {
     let mut chosen: Vec<(u32, Source)> = Vec::new();
     let mut unresolved = Vec::new();
+    // Without a GPU list: the one index taken that has no `nvidiaN` node.
+    let mut missing: Option<u32> = None;
     let mut add = |minor: u32, source: Source| {
         match chosen.iter_mut().find(|(m, _)| *m == minor) {
             // a GPU also named on its own is judged as named
@@ -174,7 +176,19 @@ pub fn resolve_selectors(
                 "{how} value {why}, which NVIDIA's tooling refuses"
             )),
             (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, Source::AllGpus)),
-            (Err(_), GpuSelector::Index(i) | GpuSelector::Mig { gpu: i, .. }) => add(*i, *source),
+            // At the default numbering, one index without its node is checked and found
+            // wanting; more of them would each cost a walk of dev_root and a device in the
+            // record and the reject line (a spec can hold 1024), deciding nothing more.
+            (Err(_), GpuSelector::Index(i) | GpuSelector::Mig { gpu: i, .. }) => {
+                if nodes.contains(i) || *missing.get_or_insert(*i) == *i {
+                    add(*i, *source)
+                } else {
+                    unresolved.push(format!(
+                        "{how} selects GPU {i}, which has no node /dev/nvidia{i} and cannot be \
+                         placed without a GPU list"
+                    ))
+                }
+            }
             (Err(why), GpuSelector::Uuid(u)) => {
                 unresolved.push(format!("{how} selects {u}, which cannot be checked: {why}"))
             }
@@ -337,6 +351,40 @@ mod tests {
         assert_eq!(
             unresolved,
             vec!["NVIDIA_VISIBLE_DEVICES selects GPU-1, which cannot be checked: cannot load x"]
+        );
+    }
+
+    /// Without a GPU list (NVML failing, no driver list: a driver that did not load) each
+    /// index was taken as a GPU at the default numbering: `NVIDIA_VISIBLE_DEVICES=0,…,1023`
+    /// made 1024 devices, each a walk of dev_root (15 s of one hook with a 2000-node
+    /// dev_root, debug build) and a clause of an 870 KB record's reject line. One index
+    /// with no node still decides the start; the others are sentences, counted past 16.
+    #[test]
+    fn without_a_gpu_list_indexes_with_no_node_are_not_each_a_device() {
+        let env = Source::NvidiaVisibleDevices;
+        let failed = KnownGpus {
+            ids: Err("cannot load x".into()),
+            by: "NVML",
+        };
+        let mut sel: Vec<_> = (0..1024).map(|i| (GpuSelector::Index(i), env)).collect();
+        sel.push((
+            GpuSelector::Mig {
+                gpu: 2,
+                instance: 1,
+            },
+            env,
+        ));
+        let (chosen, unresolved) = resolve_selectors(&sel, &failed, &[0, 1]);
+        assert_eq!(chosen, vec![(0, env), (1, env), (2, env)]);
+        assert_eq!(unresolved.len(), MAX_UNRESOLVED + 1, "{unresolved:?}");
+        assert_eq!(
+            unresolved[0],
+            "NVIDIA_VISIBLE_DEVICES selects GPU 3, which has no node /dev/nvidia3 and cannot be \
+             placed without a GPU list"
+        );
+        assert_eq!(
+            unresolved[MAX_UNRESOLVED],
+            "and 1005 more GPU selectors that name no GPU"
         );
     }
 }
