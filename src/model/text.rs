@@ -5,8 +5,9 @@
 
 /// Escapes what could move an operator's cursor, forge a line or reorder what they read:
 /// C0 and C1 control characters and DEL become `\xNN`; the line and paragraph separators
-/// (U+2028, U+2029) and the bidirectional embeddings, overrides and isolates
-/// (U+202A–U+202E, U+2066–U+2069) become `\u{...}`. Everything else is kept as it is, so
+/// (U+2028, U+2029), the bidirectional embeddings, overrides and isolates
+/// (U+202A–U+202E, U+2066–U+2069) and the invisible direction marks (U+200E, U+200F,
+/// U+061C; the set rustc's own lint warns of) become `\u{...}`. Everything else is kept as it is, so
 /// ordinary text and paths read the same.
 pub fn one_line(s: &str) -> String {
     use std::fmt::Write;
@@ -15,7 +16,7 @@ pub fn one_line(s: &str) -> String {
         let n = c as u32;
         if n < 0x20 || (0x7f..=0x9f).contains(&n) {
             let _ = write!(out, "\\x{n:02x}");
-        } else if matches!(n, 0x2028 | 0x2029 | 0x202a..=0x202e | 0x2066..=0x2069) {
+        } else if separates_or_reorders(n) {
             let _ = write!(out, "\\u{{{n:04x}}}");
         } else {
             out.push(c);
@@ -27,7 +28,16 @@ pub fn one_line(s: &str) -> String {
 /// The characters [`one_line`] escapes beyond C0 (which JSON escapes itself).
 fn needs_json_escape(c: char) -> bool {
     let n = c as u32;
-    (0x7f..=0x9f).contains(&n) || matches!(n, 0x2028 | 0x2029 | 0x202a..=0x202e | 0x2066..=0x2069)
+    (0x7f..=0x9f).contains(&n) || separates_or_reorders(n)
+}
+
+/// Line and paragraph separators, and the characters that change the order or direction
+/// text is shown in.
+fn separates_or_reorders(n: u32) -> bool {
+    matches!(
+        n,
+        0x2028 | 0x2029 | 0x202a..=0x202e | 0x2066..=0x2069 | 0x200e | 0x200f | 0x061c
+    )
 }
 
 /// Serialized JSON made safe to show: serde_json escapes C0 controls, quotes and
@@ -92,6 +102,15 @@ mod tests {
         assert_eq!(
             one_line("x\u{2028}\u{2029}\u{202a}\u{202e}\u{2066}\u{2069}y"),
             "x\\u{2028}\\u{2029}\\u{202a}\\u{202e}\\u{2066}\\u{2069}y"
+        );
+        // the invisible direction marks, which reorder what sits beside right-to-left text
+        assert_eq!(
+            one_line("a\u{200e}\u{200f}\u{61c}b"),
+            "a\\u{200e}\\u{200f}\\u{061c}b"
+        );
+        assert_eq!(
+            String::from_utf8(json_safe("\"a\u{200f}\"".as_bytes().to_vec())).unwrap(),
+            "\"a\\u200f\""
         );
         assert_eq!(
             one_line("/dev/nvidia0 GPU-ü 日本"),
