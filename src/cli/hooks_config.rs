@@ -299,11 +299,13 @@ pub(super) fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
 
 fn hooks_config(o: &Opts) -> Result<()> {
     if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() {
-        return Err(Error::Usage(HOOKS_CONFIG_USAGE.into()));
+        return Err(Error::Usage(format!(
+            "--root, --config-file and --hooks-dir are install-host's options; {HOOKS_CONFIG_USAGE}"
+        )));
     }
     let runtime =
         Runtime::parse(o.runtime.as_deref().ok_or_else(|| {
-            Error::Usage(format!("--runtime is required\n{HOOKS_CONFIG_USAGE}"))
+            Error::Usage(format!("--runtime is required; {HOOKS_CONFIG_USAGE}"))
         })?)?;
     let target = target_of(o, "/usr")?;
     let all = if o.wrapper {

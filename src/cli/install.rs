@@ -14,7 +14,7 @@ use std::io;
 use std::path::Path;
 
 const INSTALL_HOST_USAGE: &str =
-    "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH]";
+    "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]";
 
 /// Copies the program at `src` (`what`, for the error) to `dst` (mode 0755, atomically)
 /// and says so.
@@ -37,12 +37,14 @@ fn install_program(what: &str, src: &Path, dst: &Path) -> Result<()> {
 /// split, the order of the steps would be harder to read.
 pub(super) fn install_host(o: &Opts) -> Result<()> {
     if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper {
-        return Err(Error::Usage(INSTALL_HOST_USAGE.into()));
+        return Err(Error::Usage(format!(
+            "--runtime, --bin, --out and --wrapper are hooks-config's options; {INSTALL_HOST_USAGE}"
+        )));
     }
     let root = o
         .root
         .as_deref()
-        .ok_or_else(|| Error::Usage(format!("--root is required\n{INSTALL_HOST_USAGE}")))?;
+        .ok_or_else(|| Error::Usage(format!("--root is required; {INSTALL_HOST_USAGE}")))?;
     absolute("--root", root)?;
     let target = target_of(o, "/usr/local")?;
     let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));

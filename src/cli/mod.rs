@@ -62,11 +62,13 @@ fn parse_args(argv: &[String]) -> Result<Args> {
     let p = args::parse(
         argv,
         &["--config", "--reason", "--textfile"],
-        &["--json", "-h", "--help"],
+        &["--json", "-h", "--help", "-V", "--version"],
     )?;
     let mut positional = p.positional.clone();
     if p.flag("-h") || p.flag("--help") {
         positional.insert(0, "help".into());
+    } else if p.flag("-V") || p.flag("--version") {
+        positional.insert(0, "version".into());
     }
     Ok(Args {
         config: p.value("--config").map(PathBuf::from),
@@ -75,6 +77,30 @@ fn parse_args(argv: &[String]) -> Result<Args> {
         textfile: p.value("--textfile").map(PathBuf::from),
         positional,
     })
+}
+
+/// A command line no command matches, as one line: the command's own synopsis from USAGE
+/// when the word is a command (wrong or missing arguments), else where the list is. The
+/// whole usage text is many lines, and an error is printed escaped onto one.
+fn bad_command_line(pos: &[&str]) -> Error {
+    let Some(word) = pos.first() else {
+        return Error::Usage("no command; `devgate help` lists them".into());
+    };
+    let synopsis = USAGE
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter(|l| !l.starts_with(' ') && l.split_whitespace().next() == Some(word))
+        // the synopsis ends where the two-space gap before the description starts
+        .find_map(|l| l.split("  ").next());
+    match synopsis {
+        Some(s) => Error::Usage(format!(
+            "bad command line: {}; usage: devgate [--config PATH] {s}",
+            pos.join(" ")
+        )),
+        None => Error::Usage(format!(
+            "unknown command {word:?}; `devgate help` lists the commands"
+        )),
+    }
 }
 
 /// Runs the command and returns the exit status.
@@ -111,10 +137,7 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
             println!("{USAGE}");
             return if pos.is_empty() { 2 } else { 0 };
         }
-        _ => Err(Error::Usage(format!(
-            "bad command line: {}\n{USAGE}",
-            argv.join(" ")
-        ))),
+        _ => Err(bad_command_line(&pos)),
     };
     match result {
         Ok(()) => 0,
@@ -251,6 +274,54 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             } else {
                 2
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_command_line_is_one_line_with_the_commands_synopsis() {
+        let e = bad_command_line(&["explain"]).to_string();
+        assert_eq!(
+            e,
+            "bad command line: explain; usage: devgate [--config PATH] explain CONTAINER_ID [--json]"
+        );
+        let e = bad_command_line(&["status", "extra"]).to_string();
+        assert!(
+            e.ends_with("; usage: devgate [--config PATH] status [--json]"),
+            "{e}"
+        );
+        let e = bad_command_line(&["hook"]).to_string();
+        assert!(
+            e.ends_with("usage: devgate [--config PATH] hook STAGE"),
+            "{e}"
+        );
+        let e = bad_command_line(&["statsu"]).to_string();
+        assert_eq!(
+            e,
+            "unknown command \"statsu\"; `devgate help` lists the commands"
+        );
+        // a word of a description's continuation line is no command
+        let e = bad_command_line(&["startContainer,"]).to_string();
+        assert!(e.starts_with("unknown command"), "{e}");
+        for e in [&e, &bad_command_line(&["explain"]).to_string()] {
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn version_and_help_flags_name_their_commands() {
+        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        for (line, first) in [
+            ("--version", "version"),
+            ("-V", "version"),
+            ("--help", "help"),
+            ("-h", "help"),
+        ] {
+            assert_eq!(parse_args(&argv(line)).unwrap().positional, [first]);
         }
     }
 }
