@@ -110,6 +110,14 @@ impl Default for RuntimeConfig {
 
 impl Config {
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Config> {
+        // serde reads a struct from a JSON array too, field by field in declaration order:
+        // `[]` would be the defaults and `["/x"]` a state_dir, with no key named.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return Err(Error::invalid(
+                format!("config {}", path.display()),
+                "the file is a JSON array; devgate's config is an object: {\"key\": value, ...}",
+            ));
+        }
         let mut c: Config =
             serde_json::from_slice(bytes).map_err(|e| Error::json("config", Some(path), &e))?;
         c.source = Some(path.to_path_buf());
@@ -233,6 +241,7 @@ impl Config {
             ));
         }
         xid::XidTable::new(&self.gpu.xid_actions).map_err(|e| Error::invalid(&what, e))?;
+        self.check_class_names(&what)?;
         for r in &self.device_classes {
             if r.major.is_none() && r.path.is_none() {
                 return Err(Error::invalid(
@@ -240,6 +249,37 @@ impl Config {
                     format!(
                         "device_classes: class {:?} needs a major or a path",
                         r.class
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every class `policy.classes` and `spares` name is one a rule gives (built-in or
+    /// `device_classes`), or the `char`/`block` fallback: a misspelt class would otherwise
+    /// be a policy that never applies, as silent as a misspelt key.
+    fn check_class_names(&self, what: &str) -> Result<()> {
+        let rules = self.class_rules();
+        let known =
+            |name: &str| matches!(name, "char" | "block") || rules.iter().any(|r| r.class == name);
+        let named = self
+            .policy
+            .classes
+            .keys()
+            .map(|c| ("policy.classes", c))
+            .chain(self.spares.keys().map(|c| ("spares", c)));
+        for (key, class) in named {
+            if !known(class) {
+                let mut all: Vec<&str> = rules.iter().map(|r| r.class.as_str()).collect();
+                all.extend(["char", "block"]);
+                all.dedup();
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "{key}: {class:?} is not a device class; the classes are {} \
+                         (more with device_classes)",
+                        all.join(", ")
                     ),
                 ));
             }
@@ -298,6 +338,56 @@ mod tests {
             e.contains("dev_root \"dev\" is not an absolute path"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_array_is_no_config() {
+        for text in ["[]", " \n[\"/tmp/elsewhere\"]"] {
+            let e = Config::parse(text.as_bytes(), Path::new("/c.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("config /c.json: the file is a JSON array; "),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn policy_and_spares_name_known_classes_only() {
+        let e = Config::parse(
+            br#"{"policy": {"classes": {"nvidia_gpu": "remap"}}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "config /c.json: policy.classes: \"nvidia_gpu\" is not a device class; \
+                 the classes are nvidia-ctl, nvidia-gpu, nvidia-uvm, nvidia-caps, dri, "
+            ),
+            "{e}"
+        );
+        assert!(
+            e.ends_with(", char, block (more with device_classes)"),
+            "{e}"
+        );
+        let e = Config::parse(
+            br#"{"spares": {"gpu": ["/dev/nvidia7"]}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("spares: \"gpu\" is not a device class"), "{e}");
+        // the built-in classes, the fallbacks and the operator's own classes are known
+        Config::parse(
+            br#"{"policy": {"classes": {"nvidia-gpu": "remap", "block": "warn", "char": "warn",
+                 "fpga": "remap"}},
+                 "spares": {"fpga": ["/dev/fpga1"], "char": ["/dev/x"]},
+                 "device_classes": [{"class": "fpga", "major": 240}]}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap();
     }
 
     #[test]
