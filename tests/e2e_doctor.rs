@@ -483,7 +483,7 @@ fn config_that_does_not_parse_stops_doctor() {
              hook fails until it parses"
                 .to_string(),
             "- other checks: skipped: they read the config".to_string(),
-            "devgate doctor: 1 failed, 0 passed, 1 notes".to_string(),
+            "devgate doctor: 1 failed, 0 passed, 1 note".to_string(),
         ]
     );
     assert_eq!(code, 1);

@@ -119,7 +119,8 @@ pub(crate) fn cli(argv: &[String]) -> Option<i32> {
     let notes = lines.len() - failed - passed;
     let _ = writeln!(
         out,
-        "devgate doctor: {failed} failed, {passed} passed, {notes} notes"
+        "devgate doctor: {failed} failed, {passed} passed, {notes} note{}",
+        if notes == 1 { "" } else { "s" }
     );
     let code = if failed > 0 { 1 } else { 0 };
     if nvml::nvml_abandoned() {
