@@ -476,7 +476,7 @@ fn config_that_does_not_parse_stops_doctor() {
         lines,
         [
             format!(
-                "✗ config: config {}: line 2 column 24: expected value",
+                "✗ config: config {}: line 2 column 24: not valid JSON: expected value",
                 node.env.config.display()
             ),
             "  fix: correct the file (devgate refuses unknown keys and relative paths); every \
