@@ -280,4 +280,10 @@ fn non_utf8_argument_and_closed_stdout() {
         out.status,
         text(&out)
     );
+    // ... and says so in devgate's one error line, not as an internal error to report.
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_one_line_error(
+        &out,
+        "devgate: error: cannot write stdout: broken pipe (os error 32)",
+    );
 }

@@ -316,15 +316,15 @@ fn hooks_config(o: &Opts) -> Result<()> {
     match &o.out {
         Some(dir) => {
             for p in write_files(dir, &all)? {
-                println!("{}", p.display());
+                say!("{}", p.display());
             }
         }
         None => {
             for f in &all {
                 if all.len() > 1 {
-                    println!("# ---- {} ----", f.name);
+                    say!("# ---- {} ----", f.name);
                 }
-                print!("{}", f.content);
+                super::write_stdout(&f.content);
             }
         }
     }

@@ -1,6 +1,13 @@
 //! The command line: `devgate hook STAGE` for runtimes, and a few operator commands.
 //! Thin over the library; every failure is one `devgate: error: ...` line.
 
+/// println! for the operator commands: see [`write_stdout`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod args;
 mod doctor;
 pub(crate) mod hooks_config;
@@ -103,6 +110,28 @@ fn bad_command_line(pos: &[&str]) -> Error {
     }
 }
 
+/// The parser here knows the options of every command at once; one given to a command
+/// that does not take it (`check --json`) is an error, not silently ignored.
+fn options_belong(args: &Args, command: &str) -> Result<()> {
+    let takes: &[&str] = match command {
+        "cordon" => &["--reason"],
+        "status" | "explain" => &["--json"],
+        "metrics" => &["--textfile"],
+        "uncordon" | "check" | "hook" | "version" | "help" => &[],
+        // not a command: the bad command line is the error to report
+        _ => return Ok(()),
+    };
+    let given = [
+        ("--json", args.json),
+        ("--reason", args.reason.is_some()),
+        ("--textfile", args.textfile.is_some()),
+    ];
+    match given.iter().find(|(o, g)| *g && !takes.contains(o)) {
+        Some((o, _)) => Err(Error::Usage(format!("{command} does not take {o}"))),
+        None => Ok(()),
+    }
+}
+
 /// Runs the command and returns the exit status.
 pub fn main(argv: Vec<String>, started: Instant) -> i32 {
     // The runtime wrapper's arguments are the runtime's, never devgate's options.
@@ -121,6 +150,9 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         Err(e) => return fail(&e),
     };
     let pos: Vec<&str> = args.positional.iter().map(String::as_str).collect();
+    if let Err(e) = options_belong(&args, pos.first().copied().unwrap_or("")) {
+        return fail(&e);
+    }
     let result = match pos.as_slice() {
         ["hook", stage] => return run_hook(stage, &args, started),
         ["cordon", dev] => node::cordon(&args, dev),
@@ -130,11 +162,12 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         ["metrics"] => node::metrics(&args),
         ["explain", id] => node::explain(&args, id),
         ["version"] => {
-            println!("devgate {}", crate::VERSION);
+            say!("devgate {}", crate::VERSION);
             Ok(())
         }
-        ["help"] | [] => {
-            println!("{USAGE}");
+        // `devgate help`, and `devgate status --help` (-h/--help put "help" first)
+        ["help", ..] | [] => {
+            say!("{USAGE}");
             return if pos.is_empty() { 2 } else { 0 };
         }
         _ => Err(bad_command_line(&pos)),
@@ -219,6 +252,22 @@ pub fn exit(code: i32) -> ! {
         unsafe { libc::_exit(code) }
     }
     std::process::exit(code);
+}
+
+/// Writes to stdout. When the reader is gone (`devgate status | head`), the command ends
+/// with one error line and status 2, like any other failure: println! would panic, and the
+/// panic hook's "internal error, please report" would blame devgate for the reader.
+pub(crate) fn write_stdout(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        drop(out);
+        fail(&Error::io(
+            "cannot write",
+            std::path::Path::new("stdout"),
+            e,
+        ));
+        exit(2);
+    }
 }
 
 fn fail(e: &Error) -> i32 {
@@ -310,6 +359,40 @@ mod tests {
         for e in [&e, &bad_command_line(&["explain"]).to_string()] {
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn an_option_of_another_command_is_an_error() {
+        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let check = |line: &str| {
+            let a = parse_args(&argv(line)).unwrap();
+            let cmd = a.positional.first().cloned().unwrap_or_default();
+            options_belong(&a, &cmd).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            check("check --json"),
+            Err("check does not take --json".into())
+        );
+        assert_eq!(
+            check("uncordon 195:1 --reason x"),
+            Err("uncordon does not take --reason".into())
+        );
+        assert_eq!(
+            check("status --textfile /x"),
+            Err("status does not take --textfile".into())
+        );
+        for ok in [
+            "cordon 195:1 --reason x",
+            "status --json",
+            "explain abc --json",
+            "metrics --textfile /x",
+            "check",
+            "--config /c.json hook prestart",
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok}");
+        }
+        // an unknown word is reported as such, not as an option out of place
+        assert_eq!(check("statsu --json"), Ok(()));
     }
 
     #[test]

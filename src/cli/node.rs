@@ -18,7 +18,7 @@ use serde::Serialize;
 /// `model::text::one_line`): device paths from specs, reasons, container ids, NVML text.
 macro_rules! outln {
     ($($arg:tt)*) => {
-        println!("{}", one_line(&format!($($arg)*)))
+        say!("{}", one_line(&format!($($arg)*)))
     };
 }
 
@@ -74,7 +74,7 @@ pub(super) fn status(args: &Args) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let rows = inventory::collect(&config)?;
     if args.json {
-        println!(
+        say!(
             "{}",
             json_safe_string(serde_json::to_string_pretty(&rows).expect("status serializes"))
         );
@@ -209,7 +209,7 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
     }
     if args.json {
         let v = serde_json::json!({ "start": rec, "stop": exit });
-        println!(
+        say!(
             "{}",
             json_safe_string(serde_json::to_string_pretty(&v).expect("record serializes"))
         );
