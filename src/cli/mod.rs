@@ -234,9 +234,23 @@ pub fn init_logging() {
 
 pub fn set_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
-        let line = format!("devgate: error: internal error, please report: {info}");
-        eprintln!("{}", one_line(&line));
+        eprintln!("{}", one_line(&panic_line(info.payload(), info.location())));
     }));
+}
+
+/// `internal error, please report: MESSAGE at FILE:LINE`: a panic's own Display puts a
+/// newline between the place and the message, which the escaped line showed as `\x0a`.
+fn panic_line(
+    payload: &(dyn std::any::Any + Send),
+    at: Option<&std::panic::Location<'_>>,
+) -> String {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    let at = at.map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
+    format!("devgate: error: internal error, please report: {msg}{at}")
 }
 
 /// Ends the process with `code`.
@@ -393,6 +407,23 @@ mod tests {
         }
         // an unknown word is reported as such, not as an option out of place
         assert_eq!(check("statsu --json"), Ok(()));
+    }
+
+    #[test]
+    fn a_panic_is_one_readable_line() {
+        let here = std::panic::Location::caller();
+        let line = panic_line(&"index out of bounds", Some(here));
+        assert_eq!(
+            line,
+            format!(
+                "devgate: error: internal error, please report: index out of bounds at {}:{}",
+                here.file(),
+                here.line()
+            )
+        );
+        let owned: Box<dyn std::any::Any + Send> = Box::new(String::from("formatted 7"));
+        assert!(panic_line(owned.as_ref(), None).ends_with("please report: formatted 7"));
+        assert!(panic_line(&42u8, None).ends_with("please report: (no message)"));
     }
 
     #[test]
