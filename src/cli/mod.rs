@@ -50,10 +50,11 @@ commands:
                              check the install: one ✓/✗ line per check, each ✗ with its fix;
                              exit 1 if any failed. The options replace where it looks
                              (default: the node's own files, runtimes found in PATH)
-  version                    print the version
+  version                    print the version (also --version, -V)
 
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
-DEVGATE_LOG sets the log level (error, warn, info, debug, trace).";
+DEVGATE_LOG sets the log level (error, warn, info, debug, trace). help, -h or --help prints
+this text.";
 
 /// What the commands here need from the command line.
 #[derive(Debug, Default)]
