@@ -156,3 +156,14 @@ fn a_bad_command_line_is_one_line() {
         format!("devgate {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+#[test]
+fn a_relative_textfile_is_named_in_the_error() {
+    let env = Env::new("metrics-relative");
+    let out = env.devgate(&["metrics", "--textfile", "devgate.prom"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "devgate: error: --textfile devgate.prom: not an absolute path"
+    );
+}
