@@ -32,6 +32,7 @@ pub struct Config {
     /// NVIDIA container toolkit's config, for the default of `gpu.env_selectors`.
     pub nvidia_toolkit_config: PathBuf,
     pub log_file: Option<PathBuf>,
+    #[serde(deserialize_with = "object")]
     pub policy: Policy,
     /// class → host device paths held back as spares.
     pub spares: BTreeMap<String, Vec<PathBuf>>,
@@ -43,16 +44,42 @@ pub struct Config {
     pub probe_timeout_ms: u64,
     /// The kernel log, read for NVIDIA XID reports.
     pub kmsg_path: PathBuf,
+    #[serde(deserialize_with = "object")]
     pub gpu: GpuConfig,
     /// Only termination-message files under this directory are ever written.
     pub kubelet_pods_dir: PathBuf,
     /// How many exit records state_dir/exits keeps.
     pub exits_keep: usize,
     /// The runtime `devgate runtime` (the OCI runtime wrapper) runs once it has decided.
+    #[serde(deserialize_with = "object")]
     pub runtime: RuntimeConfig,
     /// Where this config came from, for messages; not a key.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+}
+
+/// A section of the config (`policy`, `gpu`, `runtime`) read from a JSON object only. serde
+/// also reads a struct from an array, field by field in declaration order: `"policy":
+/// ["remap"]` would set `policy.default` without naming it.
+fn object<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Object<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            map: A,
+        ) -> std::result::Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Object(std::marker::PhantomData))
 }
 
 impl Default for Config {
@@ -351,6 +378,41 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_section_is_an_object_not_an_array() {
+        for (text, column) in [
+            (r#"{"policy": ["remap"]}"#, 11),
+            (r#"{"gpu": [5]}"#, 8),
+            (r#"{"runtime": ["/bin/x"]}"#, 12),
+        ] {
+            let e = Config::parse(text.as_bytes(), Path::new("/c.json"))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "config /c.json: line 1 column {column}: invalid type: sequence, \
+                     expected an object"
+                ),
+            );
+        }
+        // objects still read as before, errors inside them keep their place and key
+        let c = Config::parse(
+            br#"{"policy": {"default": "warn"}, "runtime": {"path": "crun"}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap();
+        assert_eq!(c.policy.default, policy::Action::Warn);
+        assert_eq!(c.runtime.path, Path::new("crun"));
+        let e = Config::parse(br#"{"gpu": {"env_selector": true}}"#, Path::new("/c.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("config /c.json: line 1 column 23: unknown field `env_selector`"),
+            "{e}"
+        );
     }
 
     #[test]
