@@ -305,6 +305,16 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             Err(e) => return fail(&e),
         },
     };
+    // A runtime always pipes the state in. On a terminal (an operator trying the command)
+    // the read would wait for an end of input nobody knows to type.
+    // SAFETY: isatty only asks about fd 0.
+    if unsafe { libc::isatty(0) } == 1 {
+        print_error(&format!(
+            "devgate: error: {stage}: the container state is read on stdin, which is a \
+             terminal; runtimes pipe it in (echo STATE_JSON | devgate hook {stage})"
+        ));
+        return 2;
+    }
     let state = match State::read(std::io::stdin().lock()) {
         Ok(s) => s,
         Err(e) => {
