@@ -479,7 +479,7 @@ fn config_that_does_not_parse_stops_doctor() {
                 "✗ config: config {}: line 2 column 24: not valid JSON: expected value",
                 node.env.config.display()
             ),
-            "  fix: correct the file (devgate refuses unknown keys and relative paths); every \
+            "  fix: correct the file (devgate refuses unknown keys and classes, and relative paths); every \
              hook fails until it parses"
                 .to_string(),
             "- other checks: skipped: they read the config".to_string(),

@@ -159,7 +159,7 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
             push(Line::fail(
                 "config",
                 e.to_string(),
-                "correct the file (devgate refuses unknown keys and relative paths); every \
+                "correct the file (devgate refuses unknown keys and classes, and relative paths); every \
                  hook fails until it parses",
             ));
             push(Line::note("other checks", "skipped: they read the config"));
