@@ -446,6 +446,39 @@ mod tests {
     }
 
     #[test]
+    fn usage_errors_are_one_line_and_name_the_wrong_option() {
+        let err = |line: &str| {
+            let o = parse(&argv(line)).unwrap();
+            match o.command.as_deref() {
+                Some("install-host") => super::super::install::install_host(&o),
+                _ => hooks_config(&o),
+            }
+            .unwrap_err()
+            .to_string()
+        };
+        let e = err("hooks-config");
+        assert_eq!(e, format!("--runtime is required; {HOOKS_CONFIG_USAGE}"));
+        let e = err("hooks-config --runtime crio --root /host");
+        assert!(
+            e.starts_with("--root, --config-file and --hooks-dir are install-host's options; "),
+            "{e}"
+        );
+        let e = err("install-host");
+        assert!(
+            e.starts_with("--root is required; usage: devgate install-host"),
+            "{e}"
+        );
+        let e = err("install-host --root /host --runtime crio");
+        assert!(
+            e.starts_with("--runtime, --bin, --out and --wrapper are hooks-config's options; "),
+            "{e}"
+        );
+        for e in [e, err("hooks-config"), err("install-host")] {
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
     fn write_files_is_atomic_and_replaces() {
         let dir = std::env::temp_dir().join(format!("dg-hc-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
