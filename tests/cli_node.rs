@@ -167,3 +167,25 @@ fn a_relative_textfile_is_named_in_the_error() {
         "devgate: error: --textfile devgate.prom: not an absolute path"
     );
 }
+
+#[test]
+fn a_missing_spare_is_said_to_be_missing() {
+    let env = Env::with(
+        "spare-missing",
+        serde_json::json!({"spares": {"char": ["/nonexistent/spare0", "/etc/hostname"]}}),
+    );
+    let out = env.devgate(&["status"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "devgate: warn: spare /nonexistent/spare0 (class char): cannot stat \
+             /nonexistent/spare0: no such file or directory (os error 2)\n"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("devgate: warn: spare /etc/hostname (class char) is not a device node\n"),
+        "{err}"
+    );
+}
