@@ -45,9 +45,17 @@ impl Error {
     pub fn json(what: impl Into<String>, path: Option<&Path>, e: &serde_json::Error) -> Self {
         // serde_json's Display appends " at line L column C"; keep only the cause.
         let full = e.to_string();
-        let msg = match full.rfind(" at line ") {
-            Some(i) => full[..i].to_string(),
-            None => full,
+        let cause = match full.rfind(" at line ") {
+            Some(i) => &full[..i],
+            None => &full,
+        };
+        // serde's syntax messages ("expected ident", "EOF while parsing a value") do not say
+        // that the text is not JSON at all, which is the news for whoever reads the line.
+        let msg = match e.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                format!("not valid JSON: {cause}")
+            }
+            _ => cause.to_string(),
         };
         Error::Parse {
             what: what.into(),
@@ -156,6 +164,15 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains(" at line "), "{s}");
+        assert!(s.ends_with(": not valid JSON: expected value"), "{s}");
+        // a well-formed document with a wrong field says only the cause
+        let err = serde_json::from_str::<std::collections::BTreeMap<String, u8>>(r#"{"a": "x"}"#)
+            .unwrap_err();
+        let s = Error::json("config", None, &err).to_string();
+        assert_eq!(
+            s,
+            "config: line 1 column 9: invalid type: string \"x\", expected u8"
+        );
     }
 
     #[test]

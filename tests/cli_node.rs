@@ -100,3 +100,92 @@ fn metrics_refuses_world_writable_directory() {
     );
     assert!(!dir.join("x.prom").exists());
 }
+
+#[test]
+fn a_second_cordon_says_what_it_replaces() {
+    let env = Env::new("cordon-twice");
+    let first = env.ok(&["cordon", "c:1:5", "--reason", "xid 79 seen"]);
+    assert_eq!(
+        first.trim_end(),
+        "devgate: cordoned c 1:5 (c:1:5): \"xid 79 seen\""
+    );
+    let second = env.ok(&["cordon", "1:5", "--reason", "still bad"]);
+    assert!(
+        second.starts_with(
+            "devgate: cordoned c 1:5 (1:5): \"still bad\" (replaces \"xid 79 seen\" by "
+        ),
+        "{second}"
+    );
+    env.ok(&["uncordon", "1:5"]);
+    let again = env.ok(&["cordon", "1:5", "--reason", "new"]);
+    assert_eq!(again.trim_end(), "devgate: cordoned c 1:5 (1:5): \"new\"");
+}
+
+#[test]
+fn a_device_path_that_is_gone_points_at_maj_min() {
+    let env = Env::new("uncordon-gone");
+    let out = env.devgate(&["uncordon", "/nonexistent/nvidia1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "devgate: error: cannot stat device /nonexistent/nvidia1: no such file or directory \
+         (os error 2); name a device without a node by MAJ:MIN (devgate status lists it)"
+    );
+}
+
+#[test]
+fn a_bad_command_line_is_one_line() {
+    let env = Env::new("bad-cli");
+    for (args, want) in [
+        (
+            &["explain"][..],
+            "devgate: error: bad command line: explain; usage: devgate [--config PATH] \
+             explain CONTAINER_ID [--json]",
+        ),
+        (
+            &["statsu"][..],
+            "devgate: error: unknown command \"statsu\"; `devgate help` lists the commands",
+        ),
+    ] {
+        let out = env.devgate(args);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stderr).trim_end(), want);
+    }
+    assert_eq!(
+        env.ok(&["--version"]).trim_end(),
+        format!("devgate {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn a_relative_textfile_is_named_in_the_error() {
+    let env = Env::new("metrics-relative");
+    let out = env.devgate(&["metrics", "--textfile", "devgate.prom"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "devgate: error: --textfile devgate.prom: not an absolute path"
+    );
+}
+
+#[test]
+fn a_missing_spare_is_said_to_be_missing() {
+    let env = Env::with(
+        "spare-missing",
+        serde_json::json!({"spares": {"char": ["/nonexistent/spare0", "/etc/hostname"]}}),
+    );
+    let out = env.devgate(&["status"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "devgate: warn: spare /nonexistent/spare0 (class char): cannot stat \
+             /nonexistent/spare0: no such file or directory (os error 2)\n"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("devgate: warn: spare /etc/hostname (class char) is not a device node\n"),
+        "{err}"
+    );
+}

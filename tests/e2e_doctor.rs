@@ -476,14 +476,14 @@ fn config_that_does_not_parse_stops_doctor() {
         lines,
         [
             format!(
-                "✗ config: config {}: line 2 column 24: expected value",
+                "✗ config: config {}: line 2 column 24: not valid JSON: expected value",
                 node.env.config.display()
             ),
-            "  fix: correct the file (devgate refuses unknown keys and relative paths); every \
+            "  fix: correct the file (devgate refuses unknown keys and classes, and relative paths); every \
              hook fails until it parses"
                 .to_string(),
             "- other checks: skipped: they read the config".to_string(),
-            "devgate doctor: 1 failed, 0 passed, 1 notes".to_string(),
+            "devgate doctor: 1 failed, 0 passed, 1 note".to_string(),
         ]
     );
     assert_eq!(code, 1);

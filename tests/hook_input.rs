@@ -280,4 +280,44 @@ fn non_utf8_argument_and_closed_stdout() {
         out.status,
         text(&out)
     );
+    // ... and says so in devgate's one error line, not as an internal error to report.
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_one_line_error(
+        &out,
+        "devgate: error: cannot write stdout: broken pipe (os error 32)",
+    );
+}
+
+/// `devgate hook prestart` typed at a terminal: one line saying where the state comes from,
+/// instead of waiting for an end of input.
+#[test]
+fn a_terminal_on_stdin_is_refused_at_once() {
+    use std::os::fd::FromRawFd;
+    use std::process::{Command, Stdio};
+    // SAFETY: plain libc calls on a fresh pseudo-terminal; every fd is owned below.
+    let (master, slave) = unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+        assert_eq!(libc::grantpt(m), 0);
+        assert_eq!(libc::unlockpt(m), 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(m)).to_owned();
+        let s = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY);
+        assert!(s >= 0, "open pts: {}", std::io::Error::last_os_error());
+        (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s))
+    };
+    // ^D: a devgate that read the terminal anyway gets an end of input (and a different
+    // error) instead of waiting forever.
+    use std::io::Write;
+    (&master).write_all(b"\x04").unwrap();
+    let out = Command::new(devgate_bin())
+        .args(["hook", "prestart"])
+        .stdin(Stdio::from(slave))
+        .output()
+        .unwrap();
+    drop(master);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_one_line_error(
+        &out,
+        "devgate: error: prestart: the container state is read on stdin, which is a terminal",
+    );
 }

@@ -299,11 +299,13 @@ pub(super) fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
 
 fn hooks_config(o: &Opts) -> Result<()> {
     if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() {
-        return Err(Error::Usage(HOOKS_CONFIG_USAGE.into()));
+        return Err(Error::Usage(format!(
+            "--root, --config-file and --hooks-dir are install-host's options; {HOOKS_CONFIG_USAGE}"
+        )));
     }
     let runtime =
         Runtime::parse(o.runtime.as_deref().ok_or_else(|| {
-            Error::Usage(format!("--runtime is required\n{HOOKS_CONFIG_USAGE}"))
+            Error::Usage(format!("--runtime is required; {HOOKS_CONFIG_USAGE}"))
         })?)?;
     let target = target_of(o, "/usr")?;
     let all = if o.wrapper {
@@ -314,15 +316,15 @@ fn hooks_config(o: &Opts) -> Result<()> {
     match &o.out {
         Some(dir) => {
             for p in write_files(dir, &all)? {
-                println!("{}", p.display());
+                say!("{}", p.display());
             }
         }
         None => {
             for f in &all {
                 if all.len() > 1 {
-                    println!("# ---- {} ----", f.name);
+                    say!("# ---- {} ----", f.name);
                 }
-                print!("{}", f.content);
+                super::write_stdout(&f.content);
             }
         }
     }
@@ -441,6 +443,39 @@ mod tests {
         let o = parse(&argv("hooks-config --prefix /a --bin /b/devgate")).unwrap();
         assert!(target_of(&o, "/usr").is_err());
         assert!(Runtime::parse("docker").is_err());
+    }
+
+    #[test]
+    fn usage_errors_are_one_line_and_name_the_wrong_option() {
+        let err = |line: &str| {
+            let o = parse(&argv(line)).unwrap();
+            match o.command.as_deref() {
+                Some("install-host") => super::super::install::install_host(&o),
+                _ => hooks_config(&o),
+            }
+            .unwrap_err()
+            .to_string()
+        };
+        let e = err("hooks-config");
+        assert_eq!(e, format!("--runtime is required; {HOOKS_CONFIG_USAGE}"));
+        let e = err("hooks-config --runtime crio --root /host");
+        assert!(
+            e.starts_with("--root, --config-file and --hooks-dir are install-host's options; "),
+            "{e}"
+        );
+        let e = err("install-host");
+        assert!(
+            e.starts_with("--root is required; usage: devgate install-host"),
+            "{e}"
+        );
+        let e = err("install-host --root /host --runtime crio");
+        assert!(
+            e.starts_with("--runtime, --bin, --out and --wrapper are hooks-config's options; "),
+            "{e}"
+        );
+        for e in [e, err("hooks-config"), err("install-host")] {
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

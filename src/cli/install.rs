@@ -14,14 +14,14 @@ use std::io;
 use std::path::Path;
 
 const INSTALL_HOST_USAGE: &str =
-    "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH]";
+    "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]";
 
 /// Copies the program at `src` (`what`, for the error) to `dst` (mode 0755, atomically)
 /// and says so.
 fn install_program(what: &str, src: &Path, dst: &Path) -> Result<()> {
     let bytes = fs::read(src).map_err(|e| Error::io(format!("cannot read {what}"), src, e))?;
     write_atomic(dst, &bytes, 0o755)?;
-    println!("devgate: installed {}", dst.display());
+    say!("devgate: installed {}", dst.display());
     Ok(())
 }
 
@@ -37,12 +37,14 @@ fn install_program(what: &str, src: &Path, dst: &Path) -> Result<()> {
 /// split, the order of the steps would be harder to read.
 pub(super) fn install_host(o: &Opts) -> Result<()> {
     if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper {
-        return Err(Error::Usage(INSTALL_HOST_USAGE.into()));
+        return Err(Error::Usage(format!(
+            "--runtime, --bin, --out and --wrapper are hooks-config's options; {INSTALL_HOST_USAGE}"
+        )));
     }
     let root = o
         .root
         .as_deref()
-        .ok_or_else(|| Error::Usage(format!("--root is required\n{INSTALL_HOST_USAGE}")))?;
+        .ok_or_else(|| Error::Usage(format!("--root is required; {INSTALL_HOST_USAGE}")))?;
     absolute("--root", root)?;
     let target = target_of(o, "/usr/local")?;
     let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
@@ -74,20 +76,20 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         Some(src) => install_program("the wrapper program", &src, &wrapper)?,
         None => {
             wrapper_config::link_wrapper(&wrapper)?;
-            println!("devgate: installed {} -> devgate", wrapper.display());
+            say!("devgate: installed {} -> devgate", wrapper.display());
         }
     }
 
     let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;
     for p in write_files(&under(hooks_dir), &files(Runtime::Crio, &target)?)? {
-        println!("devgate: installed {}", p.display());
+        say!("devgate: installed {}", p.display());
     }
     for p in write_files(
         &under(Path::new("/etc/containerd")),
         &files(Runtime::Containerd, &target)?,
     )? {
-        println!("devgate: installed {}", p.display());
+        say!("devgate: installed {}", p.display());
     }
 
     let cfg_path = under(
@@ -103,7 +105,7 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     let config = match given {
         Some((src, text, parsed)) => {
             write_atomic(&cfg_path, &text, 0o644)?;
-            println!(
+            say!(
                 "devgate: installed {} from {}",
                 cfg_path.display(),
                 src.display()
@@ -114,12 +116,12 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
             Ok(_) => {
                 let text = fs::read(&cfg_path)
                     .map_err(|e| Error::io("cannot read config", &cfg_path, e))?;
-                println!("devgate: kept existing {}", cfg_path.display());
+                say!("devgate: kept existing {}", cfg_path.display());
                 Config::parse(&text, &cfg_path)?
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 write_atomic(&cfg_path, DEFAULT_CONFIG.as_bytes(), 0o644)?;
-                println!("devgate: installed default {}", cfg_path.display());
+                say!("devgate: installed default {}", cfg_path.display());
                 Config::parse(DEFAULT_CONFIG.as_bytes(), &cfg_path)?
             }
             Err(e) => return Err(Error::io("cannot stat config", &cfg_path, e)),
@@ -127,6 +129,6 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     };
     let quarantine = under(&config.quarantine_dir);
     ensure_private_dir(&quarantine)?;
-    println!("devgate: quarantine directory {}", quarantine.display());
+    say!("devgate: quarantine directory {}", quarantine.display());
     Ok(())
 }

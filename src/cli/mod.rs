@@ -1,6 +1,13 @@
 //! The command line: `devgate hook STAGE` for runtimes, and a few operator commands.
 //! Thin over the library; every failure is one `devgate: error: ...` line.
 
+/// println! for the operator commands: see [`write_stdout`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod args;
 mod doctor;
 pub(crate) mod hooks_config;
@@ -43,10 +50,11 @@ commands:
                              check the install: one ✓/✗ line per check, each ✗ with its fix;
                              exit 1 if any failed. The options replace where it looks
                              (default: the node's own files, runtimes found in PATH)
-  version                    print the version
+  version                    print the version (also --version, -V)
 
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
-DEVGATE_LOG sets the log level (error, warn, info, debug, trace).";
+DEVGATE_LOG sets the log level (error, warn, info, debug, trace). help, -h or --help prints
+this text.";
 
 /// What the commands here need from the command line.
 #[derive(Debug, Default)]
@@ -62,11 +70,13 @@ fn parse_args(argv: &[String]) -> Result<Args> {
     let p = args::parse(
         argv,
         &["--config", "--reason", "--textfile"],
-        &["--json", "-h", "--help"],
+        &["--json", "-h", "--help", "-V", "--version"],
     )?;
     let mut positional = p.positional.clone();
     if p.flag("-h") || p.flag("--help") {
         positional.insert(0, "help".into());
+    } else if p.flag("-V") || p.flag("--version") {
+        positional.insert(0, "version".into());
     }
     Ok(Args {
         config: p.value("--config").map(PathBuf::from),
@@ -75,6 +85,52 @@ fn parse_args(argv: &[String]) -> Result<Args> {
         textfile: p.value("--textfile").map(PathBuf::from),
         positional,
     })
+}
+
+/// A command line no command matches, as one line: the command's own synopsis from USAGE
+/// when the word is a command (wrong or missing arguments), else where the list is. The
+/// whole usage text is many lines, and an error is printed escaped onto one.
+fn bad_command_line(pos: &[&str]) -> Error {
+    let Some(word) = pos.first() else {
+        return Error::Usage("no command; `devgate help` lists them".into());
+    };
+    let synopsis = USAGE
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter(|l| !l.starts_with(' ') && l.split_whitespace().next() == Some(word))
+        // the synopsis ends where the two-space gap before the description starts
+        .find_map(|l| l.split("  ").next());
+    match synopsis {
+        Some(s) => Error::Usage(format!(
+            "bad command line: {}; usage: devgate [--config PATH] {s}",
+            pos.join(" ")
+        )),
+        None => Error::Usage(format!(
+            "unknown command {word:?}; `devgate help` lists the commands"
+        )),
+    }
+}
+
+/// The parser here knows the options of every command at once; one given to a command
+/// that does not take it (`check --json`) is an error, not silently ignored.
+fn options_belong(args: &Args, command: &str) -> Result<()> {
+    let takes: &[&str] = match command {
+        "cordon" => &["--reason"],
+        "status" | "explain" => &["--json"],
+        "metrics" => &["--textfile"],
+        "uncordon" | "check" | "hook" | "version" | "help" => &[],
+        // not a command: the bad command line is the error to report
+        _ => return Ok(()),
+    };
+    let given = [
+        ("--json", args.json),
+        ("--reason", args.reason.is_some()),
+        ("--textfile", args.textfile.is_some()),
+    ];
+    match given.iter().find(|(o, g)| *g && !takes.contains(o)) {
+        Some((o, _)) => Err(Error::Usage(format!("{command} does not take {o}"))),
+        None => Ok(()),
+    }
 }
 
 /// Runs the command and returns the exit status.
@@ -95,6 +151,9 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         Err(e) => return fail(&e),
     };
     let pos: Vec<&str> = args.positional.iter().map(String::as_str).collect();
+    if let Err(e) = options_belong(&args, pos.first().copied().unwrap_or("")) {
+        return fail(&e);
+    }
     let result = match pos.as_slice() {
         ["hook", stage] => return run_hook(stage, &args, started),
         ["cordon", dev] => node::cordon(&args, dev),
@@ -104,17 +163,15 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         ["metrics"] => node::metrics(&args),
         ["explain", id] => node::explain(&args, id),
         ["version"] => {
-            println!("devgate {}", crate::VERSION);
+            say!("devgate {}", crate::VERSION);
             Ok(())
         }
-        ["help"] | [] => {
-            println!("{USAGE}");
+        // `devgate help`, and `devgate status --help` (-h/--help put "help" first)
+        ["help", ..] | [] => {
+            say!("{USAGE}");
             return if pos.is_empty() { 2 } else { 0 };
         }
-        _ => Err(Error::Usage(format!(
-            "bad command line: {}\n{USAGE}",
-            argv.join(" ")
-        ))),
+        _ => Err(bad_command_line(&pos)),
     };
     match result {
         Ok(()) => 0,
@@ -178,9 +235,23 @@ pub fn init_logging() {
 
 pub fn set_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
-        let line = format!("devgate: error: internal error, please report: {info}");
-        eprintln!("{}", one_line(&line));
+        eprintln!("{}", one_line(&panic_line(info.payload(), info.location())));
     }));
+}
+
+/// `internal error, please report: MESSAGE at FILE:LINE`: a panic's own Display puts a
+/// newline between the place and the message, which the escaped line showed as `\x0a`.
+fn panic_line(
+    payload: &(dyn std::any::Any + Send),
+    at: Option<&std::panic::Location<'_>>,
+) -> String {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    let at = at.map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
+    format!("devgate: error: internal error, please report: {msg}{at}")
 }
 
 /// Ends the process with `code`.
@@ -196,6 +267,22 @@ pub fn exit(code: i32) -> ! {
         unsafe { libc::_exit(code) }
     }
     std::process::exit(code);
+}
+
+/// Writes to stdout. When the reader is gone (`devgate status | head`), the command ends
+/// with one error line and status 2, like any other failure: println! would panic, and the
+/// panic hook's "internal error, please report" would blame devgate for the reader.
+pub(crate) fn write_stdout(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        drop(out);
+        fail(&Error::io(
+            "cannot write",
+            std::path::Path::new("stdout"),
+            e,
+        ));
+        exit(2);
+    }
 }
 
 fn fail(e: &Error) -> i32 {
@@ -218,6 +305,16 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             Err(e) => return fail(&e),
         },
     };
+    // A runtime always pipes the state in. On a terminal (an operator trying the command)
+    // the read would wait for an end of input nobody knows to type.
+    // SAFETY: isatty only asks about fd 0.
+    if unsafe { libc::isatty(0) } == 1 {
+        print_error(&format!(
+            "devgate: error: {stage}: the container state is read on stdin, which is a \
+             terminal; runtimes pipe it in (echo STATE_JSON | devgate hook {stage})"
+        ));
+        return 2;
+    }
     let state = match State::read(std::io::stdin().lock()) {
         Ok(s) => s,
         Err(e) => {
@@ -251,6 +348,105 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
             } else {
                 2
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_command_line_is_one_line_with_the_commands_synopsis() {
+        let e = bad_command_line(&["explain"]).to_string();
+        assert_eq!(
+            e,
+            "bad command line: explain; usage: devgate [--config PATH] explain CONTAINER_ID [--json]"
+        );
+        let e = bad_command_line(&["status", "extra"]).to_string();
+        assert!(
+            e.ends_with("; usage: devgate [--config PATH] status [--json]"),
+            "{e}"
+        );
+        let e = bad_command_line(&["hook"]).to_string();
+        assert!(
+            e.ends_with("usage: devgate [--config PATH] hook STAGE"),
+            "{e}"
+        );
+        let e = bad_command_line(&["statsu"]).to_string();
+        assert_eq!(
+            e,
+            "unknown command \"statsu\"; `devgate help` lists the commands"
+        );
+        // a word of a description's continuation line is no command
+        let e = bad_command_line(&["startContainer,"]).to_string();
+        assert!(e.starts_with("unknown command"), "{e}");
+        for e in [&e, &bad_command_line(&["explain"]).to_string()] {
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_option_of_another_command_is_an_error() {
+        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let check = |line: &str| {
+            let a = parse_args(&argv(line)).unwrap();
+            let cmd = a.positional.first().cloned().unwrap_or_default();
+            options_belong(&a, &cmd).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            check("check --json"),
+            Err("check does not take --json".into())
+        );
+        assert_eq!(
+            check("uncordon 195:1 --reason x"),
+            Err("uncordon does not take --reason".into())
+        );
+        assert_eq!(
+            check("status --textfile /x"),
+            Err("status does not take --textfile".into())
+        );
+        for ok in [
+            "cordon 195:1 --reason x",
+            "status --json",
+            "explain abc --json",
+            "metrics --textfile /x",
+            "check",
+            "--config /c.json hook prestart",
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok}");
+        }
+        // an unknown word is reported as such, not as an option out of place
+        assert_eq!(check("statsu --json"), Ok(()));
+    }
+
+    #[test]
+    fn a_panic_is_one_readable_line() {
+        let here = std::panic::Location::caller();
+        let line = panic_line(&"index out of bounds", Some(here));
+        assert_eq!(
+            line,
+            format!(
+                "devgate: error: internal error, please report: index out of bounds at {}:{}",
+                here.file(),
+                here.line()
+            )
+        );
+        let owned: Box<dyn std::any::Any + Send> = Box::new(String::from("formatted 7"));
+        assert!(panic_line(owned.as_ref(), None).ends_with("please report: formatted 7"));
+        assert!(panic_line(&42u8, None).ends_with("please report: (no message)"));
+    }
+
+    #[test]
+    fn version_and_help_flags_name_their_commands() {
+        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        for (line, first) in [
+            ("--version", "version"),
+            ("-V", "version"),
+            ("--help", "help"),
+            ("-h", "help"),
+        ] {
+            assert_eq!(parse_args(&argv(line)).unwrap().positional, [first]);
         }
     }
 }

@@ -18,7 +18,7 @@ use serde::Serialize;
 /// `model::text::one_line`): device paths from specs, reasons, container ids, NVML text.
 macro_rules! outln {
     ($($arg:tt)*) => {
-        println!("{}", one_line(&format!($($arg)*)))
+        say!("{}", one_line(&format!($($arg)*)))
     };
 }
 
@@ -29,9 +29,22 @@ pub(super) fn cordon(args: &Args, dev: &str) -> Result<()> {
         .as_deref()
         .ok_or_else(|| Error::Usage("cordon needs --reason TEXT".into()))?;
     let (num, path) = parse_device_arg(dev, &config.sysfs_root)?;
-    let e = Ledger::new(&config.quarantine_dir).cordon(num, path, reason, &quarantine::who())?;
+    let ledger = Ledger::new(&config.quarantine_dir);
+    // A second cordon replaces the first entry: say what it replaced, or its reason is lost
+    // without a word.
+    let before = match ledger.lookup(num) {
+        quarantine::Lookup::Cordoned(old) => {
+            format!(
+                " (replaces \"{}\" by {} since {})",
+                old.reason, old.by, old.since
+            )
+        }
+        quarantine::Lookup::Damaged { .. } => " (replaces a damaged entry)".into(),
+        quarantine::Lookup::Clear => String::new(),
+    };
+    let e = ledger.cordon(num, path, reason, &quarantine::who())?;
     outln!(
-        "devgate: cordoned {} {} ({}): \"{}\"",
+        "devgate: cordoned {} {} ({}): \"{}\"{before}",
         num.typ.letter(),
         num,
         dev,
@@ -61,7 +74,7 @@ pub(super) fn status(args: &Args) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let rows = inventory::collect(&config)?;
     if args.json {
-        println!(
+        say!(
             "{}",
             json_safe_string(serde_json::to_string_pretty(&rows).expect("status serializes"))
         );
@@ -71,8 +84,10 @@ pub(super) fn status(args: &Args) -> Result<()> {
         outln!("no accelerators, spares, quarantined or assigned devices");
         return Ok(());
     }
+    let dev_w = column_width(rows.iter().map(|r| r.device.name()));
+    let role_w = column_width(rows.iter().map(|r| r.roles.join(",")));
     outln!(
-        "{:<24} {:<8} {:<12} {:<10} {:<24} QUARANTINE",
+        "{:<dev_w$} {:<8} {:<12} {:<10} {:<role_w$} QUARANTINE",
         "DEVICE",
         "NUMBER",
         "CLASS",
@@ -90,7 +105,7 @@ pub(super) fn status(args: &Args) -> Result<()> {
             })
             .unwrap_or_else(|| "-".into());
         outln!(
-            "{:<24} {:<8} {:<12} {:<10} {:<24} {}",
+            "{:<dev_w$} {:<8} {:<12} {:<10} {:<role_w$} {}",
             r.device.name(),
             r.device.num.to_string(),
             r.device.class,
@@ -127,6 +142,18 @@ pub(super) fn status(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// A column of `status` as wide as its widest cell (24 at least): a long device path
+/// (`/dev/nvidia-caps/nvidia-cap12`, a dev_root elsewhere) or a spare that is also
+/// quarantined would otherwise push the columns after it out of line. Measured as printed,
+/// escaped.
+fn column_width(cells: impl Iterator<Item = String>) -> usize {
+    cells
+        .map(|c| one_line(&c).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(24)
+}
+
 /// node-problem-detector custom plugin: one line, exit 0 / 1 / 2.
 pub(super) fn check(args: &Args) -> i32 {
     let rows = Config::load(args.config.as_deref()).and_then(|c| inventory::collect(&c));
@@ -148,6 +175,14 @@ pub(super) fn metrics(args: &Args) -> Result<()> {
         .textfile
         .as_deref()
         .ok_or_else(|| Error::Usage("metrics needs --textfile PATH".into()))?;
+    // Said here with the option's name: the directory check below would name only the
+    // parent, which for `devgate.prom` is the empty path.
+    if !path.is_absolute() {
+        return Err(Error::Usage(format!(
+            "--textfile {}: not an absolute path",
+            path.display()
+        )));
+    }
     let config = Config::load(args.config.as_deref())?;
     let rows = inventory::collect(&config)?;
     let exits = record::list_exits(&config.state_dir);
@@ -182,7 +217,7 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
     }
     if args.json {
         let v = serde_json::json!({ "start": rec, "stop": exit });
-        println!(
+        say!(
             "{}",
             json_safe_string(serde_json::to_string_pretty(&v).expect("record serializes"))
         );
@@ -295,5 +330,27 @@ fn lease_text(l: &Filed<Lease>) -> String {
                 .map(|p| format!(" at {}", p.display()))
                 .unwrap_or_default()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_columns_widen_to_their_widest_cell() {
+        let cells = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(column_width(cells(&["/dev/nvidia0"]).into_iter()), 24);
+        assert_eq!(column_width(std::iter::empty()), 24);
+        let long = "/dev/nvidia-caps/nvidia-cap12";
+        assert_eq!(
+            column_width(cells(&["/dev/nvidia0", long]).into_iter()),
+            long.len()
+        );
+        // measured escaped, as outln prints it
+        assert_eq!(
+            column_width(cells(&["/dev/a\nb-is-a-long-name-of-23"]).into_iter()),
+            one_line("/dev/a\nb-is-a-long-name-of-23").chars().count()
+        );
     }
 }

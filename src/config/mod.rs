@@ -32,6 +32,7 @@ pub struct Config {
     /// NVIDIA container toolkit's config, for the default of `gpu.env_selectors`.
     pub nvidia_toolkit_config: PathBuf,
     pub log_file: Option<PathBuf>,
+    #[serde(deserialize_with = "object")]
     pub policy: Policy,
     /// class → host device paths held back as spares.
     pub spares: BTreeMap<String, Vec<PathBuf>>,
@@ -43,16 +44,42 @@ pub struct Config {
     pub probe_timeout_ms: u64,
     /// The kernel log, read for NVIDIA XID reports.
     pub kmsg_path: PathBuf,
+    #[serde(deserialize_with = "object")]
     pub gpu: GpuConfig,
     /// Only termination-message files under this directory are ever written.
     pub kubelet_pods_dir: PathBuf,
     /// How many exit records state_dir/exits keeps.
     pub exits_keep: usize,
     /// The runtime `devgate runtime` (the OCI runtime wrapper) runs once it has decided.
+    #[serde(deserialize_with = "object")]
     pub runtime: RuntimeConfig,
     /// Where this config came from, for messages; not a key.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+}
+
+/// A section of the config (`policy`, `gpu`, `runtime`) read from a JSON object only. serde
+/// also reads a struct from an array, field by field in declaration order: `"policy":
+/// ["remap"]` would set `policy.default` without naming it.
+fn object<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Object<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            map: A,
+        ) -> std::result::Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Object(std::marker::PhantomData))
 }
 
 impl Default for Config {
@@ -110,6 +137,14 @@ impl Default for RuntimeConfig {
 
 impl Config {
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Config> {
+        // serde reads a struct from a JSON array too, field by field in declaration order:
+        // `[]` would be the defaults and `["/x"]` a state_dir, with no key named.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return Err(Error::invalid(
+                format!("config {}", path.display()),
+                "the file is a JSON array; devgate's config is an object: {\"key\": value, ...}",
+            ));
+        }
         let mut c: Config =
             serde_json::from_slice(bytes).map_err(|e| Error::json("config", Some(path), &e))?;
         c.source = Some(path.to_path_buf());
@@ -233,6 +268,7 @@ impl Config {
             ));
         }
         xid::XidTable::new(&self.gpu.xid_actions).map_err(|e| Error::invalid(&what, e))?;
+        self.check_class_names(&what)?;
         for r in &self.device_classes {
             if r.major.is_none() && r.path.is_none() {
                 return Err(Error::invalid(
@@ -240,6 +276,37 @@ impl Config {
                     format!(
                         "device_classes: class {:?} needs a major or a path",
                         r.class
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every class `policy.classes` and `spares` name is one a rule gives (built-in or
+    /// `device_classes`), or the `char`/`block` fallback: a misspelt class would otherwise
+    /// be a policy that never applies, as silent as a misspelt key.
+    fn check_class_names(&self, what: &str) -> Result<()> {
+        let rules = self.class_rules();
+        let known =
+            |name: &str| matches!(name, "char" | "block") || rules.iter().any(|r| r.class == name);
+        let named = self
+            .policy
+            .classes
+            .keys()
+            .map(|c| ("policy.classes", c))
+            .chain(self.spares.keys().map(|c| ("spares", c)));
+        for (key, class) in named {
+            if !known(class) {
+                let mut all: Vec<&str> = rules.iter().map(|r| r.class.as_str()).collect();
+                all.extend(["char", "block"]);
+                all.dedup();
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "{key}: {class:?} is not a device class; the classes are {} \
+                         (more with device_classes)",
+                        all.join(", ")
                     ),
                 ));
             }
@@ -298,6 +365,91 @@ mod tests {
             e.contains("dev_root \"dev\" is not an absolute path"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_array_is_no_config() {
+        for text in ["[]", " \n[\"/tmp/elsewhere\"]"] {
+            let e = Config::parse(text.as_bytes(), Path::new("/c.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("config /c.json: the file is a JSON array; "),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_section_is_an_object_not_an_array() {
+        for (text, column) in [
+            (r#"{"policy": ["remap"]}"#, 11),
+            (r#"{"gpu": [5]}"#, 8),
+            (r#"{"runtime": ["/bin/x"]}"#, 12),
+        ] {
+            let e = Config::parse(text.as_bytes(), Path::new("/c.json"))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "config /c.json: line 1 column {column}: invalid type: sequence, \
+                     expected an object"
+                ),
+            );
+        }
+        // objects still read as before, errors inside them keep their place and key
+        let c = Config::parse(
+            br#"{"policy": {"default": "warn"}, "runtime": {"path": "crun"}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap();
+        assert_eq!(c.policy.default, policy::Action::Warn);
+        assert_eq!(c.runtime.path, Path::new("crun"));
+        let e = Config::parse(br#"{"gpu": {"env_selector": true}}"#, Path::new("/c.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("config /c.json: line 1 column 23: unknown field `env_selector`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn policy_and_spares_name_known_classes_only() {
+        let e = Config::parse(
+            br#"{"policy": {"classes": {"nvidia_gpu": "remap"}}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "config /c.json: policy.classes: \"nvidia_gpu\" is not a device class; \
+                 the classes are nvidia-ctl, nvidia-gpu, nvidia-uvm, nvidia-caps, dri, "
+            ),
+            "{e}"
+        );
+        assert!(
+            e.ends_with(", char, block (more with device_classes)"),
+            "{e}"
+        );
+        let e = Config::parse(
+            br#"{"spares": {"gpu": ["/dev/nvidia7"]}}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("spares: \"gpu\" is not a device class"), "{e}");
+        // the built-in classes, the fallbacks and the operator's own classes are known
+        Config::parse(
+            br#"{"policy": {"classes": {"nvidia-gpu": "remap", "block": "warn", "char": "warn",
+                 "fpga": "remap"}},
+                 "spares": {"fpga": ["/dev/fpga1"], "char": ["/dev/x"]},
+                 "device_classes": [{"class": "fpga", "major": 240}]}"#,
+            Path::new("/c.json"),
+        )
+        .unwrap();
     }
 
     #[test]

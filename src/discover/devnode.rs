@@ -127,7 +127,19 @@ pub fn accelerators(dev_root: &Path, rules: &[ClassRule]) -> Vec<Device> {
 /// knows a block device by that number and no char device.
 pub fn parse_device_arg(arg: &str, sysfs_root: &Path) -> Result<(DevNum, Option<PathBuf>)> {
     if arg.starts_with('/') {
-        let meta = fs::metadata(arg).map_err(|e| Error::io("cannot stat device", arg, e))?;
+        let meta = fs::metadata(arg).map_err(|e| {
+            let gone = e.kind() == std::io::ErrorKind::NotFound;
+            let e = Error::io("cannot stat device", arg, e);
+            // A GPU that fell off the bus may lose its node; its quarantine still has to be
+            // lifted, by number.
+            if gone {
+                Error::Usage(format!(
+                    "{e}; name a device without a node by MAJ:MIN (devgate status lists it)"
+                ))
+            } else {
+                e
+            }
+        })?;
         let num = DevNum::from_metadata(&meta)
             .ok_or_else(|| Error::invalid(format!("device {arg}"), "not a device node"))?;
         return Ok((num, Some(PathBuf::from(arg))));
@@ -167,6 +179,14 @@ mod tests {
     #[test]
     fn device_arg_parsing() {
         let sys = Path::new("/nonexistent");
+        let e = parse_device_arg("/nonexistent/nvidia1", sys)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "cannot stat device /nonexistent/nvidia1: no such file or directory (os error 2); \
+             name a device without a node by MAJ:MIN (devgate status lists it)"
+        );
         assert_eq!(
             parse_device_arg("195:1", sys).unwrap().0,
             DevNum {

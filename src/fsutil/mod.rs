@@ -120,10 +120,12 @@ pub fn ensure_private_dir(dir: &Path) -> Result<()> {
 pub fn check_dir(dir: &Path) -> Result<()> {
     match check_path(dir)? {
         DirState::Present => Ok(()),
+        // ENOENT, not ErrorKind::NotFound: that one prints "entity not found", unlike
+        // every other missing file devgate reports
         DirState::Absent => Err(Error::io(
             "cannot stat directory",
             dir,
-            io::Error::from(io::ErrorKind::NotFound),
+            io::Error::from_raw_os_error(libc::ENOENT),
         )),
     }
 }
@@ -536,6 +538,16 @@ pub(crate) mod tests {
 
     /// The whole path, not only the last component: the attacker owns or can write a
     /// directory above devgate's and would swap what is below it.
+    #[test]
+    fn an_absent_directory_reads_like_any_missing_file() {
+        let d = tempdir("absent");
+        let e = check_dir(&d.join("textfile")).unwrap_err().to_string();
+        assert!(
+            e.ends_with("/textfile: no such file or directory (os error 2)"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn whole_path_is_checked() {
         if !nix::unistd::geteuid().is_root() {

@@ -155,15 +155,21 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
     }
     for (class, paths) in &config.spares {
         for p in paths {
-            match std::fs::metadata(p)
-                .ok()
-                .and_then(|m| DevNum::from_metadata(&m))
-            {
-                Some(num) => add(
+            // A missing spare and a spare that is some other file are told apart: the
+            // first is the common case (a node gone with its GPU, a typo in the config).
+            match std::fs::metadata(p).map(|m| DevNum::from_metadata(&m)) {
+                Ok(Some(num)) => add(
                     Device::on_host(num, Class::from(class.as_str()), Some(p.clone())),
                     "spare",
                 ),
-                None => log::warn!("spare {} (class {class}) is not a device node", p.display()),
+                Ok(None) => {
+                    log::warn!("spare {} (class {class}) is not a device node", p.display())
+                }
+                Err(e) => log::warn!(
+                    "spare {} (class {class}): {}",
+                    p.display(),
+                    crate::error::Error::io("cannot stat", p, e)
+                ),
             }
         }
     }

@@ -109,7 +109,7 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_
         Ok(c) => c,
         Err(e) => return fail(&inv.global, &e),
     };
-    let real = match runtime::resolve(&config.runtime.path) {
+    let real = match runtime::resolve_configured(&config) {
         Ok(p) => p,
         Err(e) => return fail(&inv.global, &e),
     };

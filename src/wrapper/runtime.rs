@@ -3,6 +3,7 @@
 //! root for whoever invokes it), and checked so that root never executes a file someone
 //! else could have written, nor devgate itself in a loop.
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,15 @@ pub const SEARCH_DIRS: [&str; 6] = [
 /// Set in the real runtime's environment: a devgate wrapper that finds it was started,
 /// through some chain of wrappers, by itself.
 pub const WRAPPED_ENV: &str = "DEVGATE_RUNTIME_WRAPPED";
+
+/// `runtime.path` of `config`, resolved. An error names the config file the path came
+/// from: that file is where the operator fixes it.
+pub fn resolve_configured(config: &Config) -> Result<PathBuf> {
+    resolve(&config.runtime.path).map_err(|e| match &config.source {
+        Some(file) => Error::invalid(format!("config {}", file.display()), e.to_string()),
+        None => e,
+    })
+}
 
 pub fn resolve(configured: &Path) -> Result<PathBuf> {
     let candidates: Vec<PathBuf> = if configured.is_absolute() {
@@ -141,6 +151,32 @@ mod tests {
             e.contains("no executable devgate-no-such-runtime in /usr/local/sbin:"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_unusable_runtime_path_names_its_config_file() {
+        let c = Config::parse(
+            br#"{"runtime": {"path": "devgate-no-such-runtime"}}"#,
+            Path::new("/etc/devgate/config.json"),
+        )
+        .unwrap();
+        let e = resolve_configured(&c).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "config /etc/devgate/config.json: runtime.path: no executable \
+                 devgate-no-such-runtime in /usr/local/sbin:"
+            ),
+            "{e}"
+        );
+        // the built-in default (no file) says only the key
+        let d = Config {
+            runtime: crate::config::RuntimeConfig {
+                path: "devgate-no-such-runtime".into(),
+            },
+            ..Config::default()
+        };
+        let e = resolve_configured(&d).unwrap_err().to_string();
+        assert!(e.starts_with("runtime.path: no executable"), "{e}");
     }
 
     #[test]

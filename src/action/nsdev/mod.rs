@@ -357,6 +357,7 @@ mod tests {
                 .unwrap()
                 .already
         );
+        fs::remove_dir_all(&r).unwrap();
     }
 
     #[test]
@@ -393,6 +394,8 @@ mod tests {
             "outside untouched"
         );
         assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+        fs::remove_dir_all(&r).unwrap();
+        fs::remove_dir_all(&outside).unwrap();
     }
 
     #[test]
@@ -422,6 +425,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("'..'"), "{e}");
+        fs::remove_dir_all(&r).unwrap();
     }
 
     /// A process sharing the container's /dev swaps every devgate name it sees for a

@@ -119,7 +119,8 @@ pub(crate) fn cli(argv: &[String]) -> Option<i32> {
     let notes = lines.len() - failed - passed;
     let _ = writeln!(
         out,
-        "devgate doctor: {failed} failed, {passed} passed, {notes} notes"
+        "devgate doctor: {failed} failed, {passed} passed, {notes} note{}",
+        if notes == 1 { "" } else { "s" }
     );
     let code = if failed > 0 { 1 } else { 0 };
     if nvml::nvml_abandoned() {
@@ -158,7 +159,7 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
             push(Line::fail(
                 "config",
                 e.to_string(),
-                "correct the file (devgate refuses unknown keys and relative paths); every \
+                "correct the file (devgate refuses unknown keys and classes, and relative paths); every \
                  hook fails until it parses",
             ));
             push(Line::note("other checks", "skipped: they read the config"));

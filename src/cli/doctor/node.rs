@@ -140,7 +140,7 @@ pub fn read_one_kmsg_record(path: &Path) -> Result<String, String> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        .map_err(|e| crate::error::Error::io("cannot open", path, e).to_string())?;
     // Larger than the kernel's largest record, or /dev/kmsg answers EINVAL.
     let mut buf = vec![0u8; 64 << 10];
     loop {

@@ -43,10 +43,10 @@ pub(crate) fn read_small(path: &Path) -> Result<String, String> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        .map_err(|e| crate::error::Error::io("cannot open", path, e).to_string())?;
     let meta = f
         .metadata()
-        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+        .map_err(|e| crate::error::Error::io("cannot stat", path, e).to_string())?;
     if !meta.is_file() {
         return Err(format!("{} is not a regular file", path.display()));
     }
