@@ -4,6 +4,8 @@
 # beside devgate, runtime.path runc), the two interleaved so that both see the same machine.
 # A third row starts a container with one healthy device through the wrapper (the gate
 # runs in the wrapper), for reference.
+# A fourth starts it through a C program that only execs runc: the floor of any wrapper,
+# and the wrapper is set against it pair by pair too.
 # Prints the median and p90 wall time of each, and the median of the paired differences
 # wrapper minus runc (target: <= 1 ms). `runc run` varies by milliseconds on a busy
 # machine, so the script also times the wrapper alone: M `create` calls of the no-device
@@ -55,6 +57,15 @@ bundle plain "" ""
 bundle device '{"path":"/dev/zero","type":"c","major":1,"minor":5,"fileMode":438,"uid":0,"gid":0}' \
   ',{"allow":true,"type":"c","major":1,"minor":5,"access":"rwm"}'
 
+# The floor of any wrapper in front of runc: a C program that only execs it, as a fourth
+# case in the same rounds, so that what the wrapper adds can be set against what any
+# exec-ing wrapper adds on this machine.
+RUNC=$(command -v runc)
+FLOOR_RUNC=
+if printf '#include <unistd.h>\nint main(int c, char **v) { (void)c; execv("%s", v); return 127; }\n' "$RUNC" |
+  cc -O2 -x c -o "$W/exec-runc" - 2>/dev/null; then
+  FLOOR_RUNC="$W/exec-runc"
+fi
 now() { date +%s%N; }
 
 once() { # $1: label, $2: runtime, $3: bundle, $4: run number
@@ -69,17 +80,20 @@ stats() { # $1: label -> "median p90" in microseconds
   sort -n "$W/$1.times" | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; p=a[int(NR*0.9+0.5)]; print m, p}'
 }
 
-: >"$W/runc.times"; : >"$W/wrapper.times"; : >"$W/gated.times"
+: >"$W/runc.times"; : >"$W/wrapper.times"; : >"$W/gated.times"; : >"$W/floor.times"
+cases='runc\nwrapper\ngated\n'
+[ -z "$FLOOR_RUNC" ] || cases="${cases}floor\n"
 i=0
 # Each round runs the three in a random order: in a fixed order the second and third
 # start while the kernel is still tearing down the first's container, and the difference
 # measured that as much as the wrapper.
 while [ $i -lt "$N" ]; do
-  for c in $(printf 'runc\nwrapper\ngated\n' | shuf); do
+  for c in $(printf "$cases" | shuf); do
     case $c in
       runc) once runc runc plain $i ;;
       wrapper) once wrapper "$W/devgate-runtime" plain $i ;;
       gated) once gated "$W/devgate-runtime" device $i ;;
+      floor) once floor "$FLOOR_RUNC" plain $i ;;
     esac
   done
   i=$((i + 1))
@@ -125,6 +139,14 @@ if [ "$hi" -le 1000 ]; then verdict=ok; elif [ "$lo" -gt 1000 ]; then verdict=OV
 else verdict="undecided: the interval spans the target, more runs or a quieter machine"; fi
 printf '  the wrapper adds %s us [95%%: %s] (median of the paired differences) to a container with no devices (target <= 1000 us: %s)\n' \
   "$d" "$ci" "$verdict"
+if [ -n "$FLOOR_RUNC" ]; then
+  paste -d' ' "$W/floor.times" "$W/runc.times" | awk '{print $1 - $2}' >"$W/floor-diff.times"
+  paste -d' ' "$W/wrapper.times" "$W/floor.times" | awk '{print $1 - $2}' >"$W/over-floor.times"
+  set -- $(median_ci "$W/floor-diff.times")
+  printf '  a C program that only execs runc adds %s us [95%%: %s..%s] (the floor of any wrapper)\n' "$1" "$2" "$3"
+  set -- $(median_ci "$W/over-floor.times")
+  printf '  devgate-runtime adds %s us [95%%: %s..%s] over that floor\n' "$1" "$2" "$3"
+fi
 printf 'the wrapper alone, %s create calls each (mean microseconds per call)\n' "$M"
 printf '  %-28s %8s\n' "/bin/true" "$true_us" "devgate-runtime -> /bin/true" "$alone_us"
 printf '  the wrapper itself costs %s us per create of a container with no devices\n' \
