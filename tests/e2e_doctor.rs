@@ -757,6 +757,30 @@ fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
     assert_eq!(code, 1);
 }
 
+/// A --crio-config that names nothing is a mistyped path: doctor says so, instead of
+/// judging CRI-O's defaults as if they were that file's.
+#[test]
+fn crio_config_that_is_not_there_fails() {
+    let node = Node::new("doc-crio-absent", &[], json!({}));
+    let crio = node.dir().join("crio.conf");
+    let (code, lines) = node.doctor(&["--crio-config", crio.to_str().unwrap()]);
+    assert!(
+        lines.contains(&format!(
+            "✗ cri-o: --crio-config {}: no such file, nor {}.d",
+            crio.display(),
+            crio.display()
+        )),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("CRI-O cgroup_manager unset")),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1, "{lines:#?}");
+}
+
 /// The cgroup mode comes from statfs of sysfs_root/fs/cgroup, as runc decides it: a cgroup2
 /// mount is v2; tmpfs with cgroup2 at unified/ is hybrid; tmpfs alone is v1. Each is
 /// mounted in a private mount namespace over a directory the test owns.

@@ -104,7 +104,21 @@ pub(crate) fn runtime_checks(
             .crio_config
             .clone()
             .unwrap_or_else(|| "/etc/crio/crio.conf".into());
-        match crio::read_crio(&main).and_then(|f| crio::parse_crio(&f)) {
+        // CRI-O runs on its defaults without a file, but one named with --crio-config that
+        // is not there is a mistyped path, and its defaults would be judged instead.
+        let named_but_absent = opts.crio_config.is_some()
+            && std::fs::symlink_metadata(&main).is_err()
+            && std::fs::symlink_metadata(main.with_extension("conf.d")).is_err();
+        let read = if named_but_absent {
+            Err(format!(
+                "--crio-config {}: no such file, nor {}",
+                main.display(),
+                main.with_extension("conf.d").display()
+            ))
+        } else {
+            crio::read_crio(&main).and_then(|f| crio::parse_crio(&f))
+        };
+        match read {
             Err(e) => lines.push(Line::fail(
                 "cri-o",
                 e,
