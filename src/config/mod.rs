@@ -37,6 +37,7 @@ pub struct Config {
     /// class → host device paths held back as spares.
     pub spares: BTreeMap<String, Vec<PathBuf>>,
     /// Extra class rules, tried before the built-in table.
+    #[serde(deserialize_with = "objects")]
     pub device_classes: Vec<ClassRule>,
     /// The NVML library devgate opens, only for containers with NVIDIA devices.
     pub nvml_library: PathBuf,
@@ -80,6 +81,24 @@ where
         }
     }
     d.deserialize_map(Object(std::marker::PhantomData))
+}
+
+/// A list of [`object`]s: `device_classes` entries, which serde would also read from arrays.
+fn objects<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Obj<T>(T);
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            object(d).map(Obj)
+        }
+    }
+    Ok(Vec::<Obj<T>>::deserialize(d)?
+        .into_iter()
+        .map(|o| o.0)
+        .collect())
 }
 
 impl Default for Config {
@@ -386,6 +405,7 @@ mod tests {
             (r#"{"policy": ["remap"]}"#, 11),
             (r#"{"gpu": [5]}"#, 8),
             (r#"{"runtime": ["/bin/x"]}"#, 12),
+            (r#"{"device_classes": [["x", 240]]}"#, 20),
         ] {
             let e = Config::parse(text.as_bytes(), Path::new("/c.json"))
                 .unwrap_err()
