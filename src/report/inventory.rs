@@ -241,8 +241,12 @@ fn lease_of(slots: &[(DevNum, Slot)], num: DevNum) -> Option<Filed<Lease>> {
     }
 }
 
+/// How many devices past the first `check`'s line names, for it to stay one short line.
+const MAX_OTHERS: usize = 4;
+
 /// node-problem-detector's custom plugin contract: 0 ok, 1 problem, 2 unknown, and one
-/// short line on stdout.
+/// short line on stdout: the first device at the worst health with its reason, then the
+/// others at that health by name.
 pub fn check_summary(rows: &[Row]) -> (i32, String) {
     let worst = rows
         .iter()
@@ -256,6 +260,17 @@ pub fn check_summary(rows: &[Row]) -> (i32, String) {
             r.device.describe(),
             r.reasons.first().map(String::as_str).unwrap_or("")
         )
+    });
+    // The others by name, so that a page at 3 a.m. says which devices to look at.
+    let others: Vec<String> = bad.iter().skip(1).map(|r| r.device.describe()).collect();
+    let first = first.map(|f| match others.len() {
+        0 => f,
+        n if n <= MAX_OTHERS => format!("{f}; also {}", others.join(", ")),
+        n => format!(
+            "{f}; also {} and {} more",
+            others[..MAX_OTHERS].join(", "),
+            n - MAX_OTHERS
+        ),
     });
     match (worst, first) {
         (Health::Unhealthy, Some(f)) => (
@@ -432,6 +447,26 @@ mod tests {
         assert_eq!(
             line,
             "devgate: 1 of 2 devices unknown: /dev/nvidia1 (195:1): nvml: no library"
+        );
+        let mut more: Vec<Row> = (2..8)
+            .map(|m| {
+                let mut r = row(Health::Unhealthy, "xid: 79");
+                r.device.num.minor = m;
+                r.device.host_path = Some(format!("/dev/nvidia{m}").into());
+                r
+            })
+            .collect();
+        more.insert(0, row(Health::Healthy, ""));
+        assert_eq!(
+            check_summary(&more[..3]).1,
+            "devgate: 2 of 3 devices unhealthy: /dev/nvidia2 (195:2): xid: 79; also \
+             /dev/nvidia3 (195:3)"
+        );
+        assert_eq!(
+            check_summary(&more).1,
+            "devgate: 6 of 7 devices unhealthy: /dev/nvidia2 (195:2): xid: 79; also \
+             /dev/nvidia3 (195:3), /dev/nvidia4 (195:4), /dev/nvidia5 (195:5), \
+             /dev/nvidia6 (195:6) and 1 more"
         );
         let (code, line) = check_summary(&[
             row(Health::Unknown, "u"),
