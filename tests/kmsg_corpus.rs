@@ -9,6 +9,7 @@
 //! report naming a binary called after it, an OOM kill, a /dev/kmsg write), which must
 //! never count.
 
+mod common;
 use devgate::probe::nvidia::gpu_at::parse_gpu_at;
 use devgate::probe::nvidia::kmsg::{
     is_driver_load, parse_record, parse_xid, read_kmsg, ReadLimits,
@@ -296,9 +297,9 @@ fn no_real_line_counts_when_forged() {
 }
 
 fn tempfile(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dg-kmsg-corpus-{}", std::process::id()));
-    fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| common::tempdir("kmsg-corpus"))
+        .join(name)
 }
 
 /// The whole corpus as one kernel log, through the reader devgate runs: every XID in order,

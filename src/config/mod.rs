@@ -552,7 +552,7 @@ mod env_selector_tests {
 
     #[test]
     fn env_selectors_follow_the_key_then_the_toolkit_then_true() {
-        let dir = std::env::temp_dir().join(format!("dg-toolkit-{}", std::process::id()));
+        let dir = crate::fsutil::tests::tempdir("toolkit");
         std::fs::create_dir_all(&dir).unwrap();
         let toolkit = dir.join("config.toml");
         let mut c = Config {

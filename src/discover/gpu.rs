@@ -538,7 +538,7 @@ mod tests {
 
     #[test]
     fn minor_nodes_are_char_195_nodes_only() {
-        let dir = std::env::temp_dir().join(format!("dg-nvnodes-{}", std::process::id()));
+        let dir = crate::fsutil::tests::tempdir("nvnodes");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("nvidia3"), "not a node").unwrap();

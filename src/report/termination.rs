@@ -254,7 +254,7 @@ mod tests {
 
     #[test]
     fn opens_only_regular_files_below_root_without_symlinks() {
-        let d = std::env::temp_dir().join(format!("devgate-term-{}", std::process::id()));
+        let d = crate::fsutil::tests::tempdir("term");
         let _ = fs::remove_dir_all(&d);
         let root = d.join("pods");
         let c = root.join("uid/containers/app");

@@ -163,7 +163,7 @@ mod tests {
     #[test]
     fn safe_dir_notes() {
         // The rules themselves are tested in fsutil; doctor only words the outcome.
-        let d = std::env::temp_dir().join(format!("dg-doctor-unit-{}", std::process::id()));
+        let d = crate::fsutil::tests::tempdir("doctor-unit");
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(d.join("state")).unwrap();
         use std::os::unix::fs::PermissionsExt;

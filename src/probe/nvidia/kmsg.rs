@@ -581,7 +581,7 @@ x,y,z;not numbers\n\
 
     #[test]
     fn reads_a_file_and_reports_open_errors() {
-        let dir = std::env::temp_dir().join(format!("dg-xid-{}", std::process::id()));
+        let dir = crate::fsutil::tests::tempdir("xid");
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("kmsg");
         std::fs::File::create(&p)
