@@ -145,14 +145,18 @@ pub(super) fn status(args: &Args) -> Result<()> {
 /// A column of `status` as wide as its widest cell (24 at least): a long device path
 /// (`/dev/nvidia-caps/nvidia-cap12`, a dev_root elsewhere) or a spare that is also
 /// quarantined would otherwise push the columns after it out of line. Measured as printed,
-/// escaped.
+/// escaped. At most 64: a device's container path is the pod's choice (a bind mount's
+/// destination), and one long cell must not pad every row; a longer cell overflows its own
+/// row only.
 fn column_width(cells: impl Iterator<Item = String>) -> usize {
     cells
         .map(|c| one_line(&c).chars().count())
         .max()
         .unwrap_or(0)
-        .max(24)
+        .clamp(24, MAX_COLUMN)
 }
+
+const MAX_COLUMN: usize = 64;
 
 /// node-problem-detector custom plugin: one line, exit 0 / 1 / 2.
 pub(super) fn check(args: &Args) -> i32 {
@@ -352,5 +356,8 @@ mod tests {
             column_width(cells(&["/dev/a\nb-is-a-long-name-of-23"]).into_iter()),
             one_line("/dev/a\nb-is-a-long-name-of-23").chars().count()
         );
+        // a pod-chosen container path of 5000 characters pads no row past MAX_COLUMN
+        let huge = format!("/{}", "x".repeat(5000));
+        assert_eq!(column_width(cells(&[&huge]).into_iter()), MAX_COLUMN);
     }
 }
