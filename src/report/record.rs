@@ -194,12 +194,8 @@ impl Decision {
     /// its start time, is still the same process (a record written before devgate kept the
     /// start time goes by the pid alone).
     pub fn is_alive(&self) -> bool {
-        let Some(pid) = self.pid else { return false };
-        match (crate::store::lease::pid_start(pid), self.pid_start) {
-            (None, _) => false,
-            (Some(now), Some(then)) => now == then,
-            (Some(_), None) => true,
-        }
+        self.pid
+            .is_some_and(|pid| crate::store::lease::same_process(pid, self.pid_start))
     }
 }
 

@@ -76,15 +76,20 @@ pub(crate) fn pid_start(pid: i32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// Whether the lease's holder still exists: its pid is alive and is the same process, or
-/// the runtime still keeps state for its container.
-pub(crate) fn holder_alive(l: &Lease) -> bool {
-    let pid_alive = match (pid_start(l.pid), l.pid_start) {
+/// Whether `pid` is alive and, where its start time was kept (`start`), still the same
+/// process: the kernel reuses pids. Without a kept start time, the pid alone decides.
+pub(crate) fn same_process(pid: i32, start: Option<u64>) -> bool {
+    match (pid_start(pid), start) {
         (None, _) => false,
         (Some(now), Some(then)) => now == then,
         (Some(_), None) => true,
-    };
-    pid_alive || l.runtime_state.as_deref().is_some_and(Path::exists)
+    }
+}
+
+/// Whether the lease's holder still exists: its pid is alive and is the same process, or
+/// the runtime still keeps state for its container.
+pub(crate) fn holder_alive(l: &Lease) -> bool {
+    same_process(l.pid, l.pid_start) || l.runtime_state.as_deref().is_some_and(Path::exists)
 }
 
 /// Holds the ledger lock until dropped.
