@@ -105,6 +105,13 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_
             ),
         );
     }
+    // Handed on before the config is read: devgate reads it, and resolves the runtime,
+    // itself. What `gate` would find first: a spec with no devices has nothing to decide.
+    if let (GateIn::Devgate, Command::Create(c) | Command::Run(c)) = (gate_in, &inv.command) {
+        if c.id.is_some() && may_have_devices(&c.spec_file) {
+            return hand_on(&inv.global, args);
+        }
+    }
     let config = match Config::load(config_path) {
         Ok(c) => c,
         Err(e) => return fail(&inv.global, &e),
@@ -116,10 +123,7 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_
     match &inv.command {
         Command::Create(c) | Command::Run(c) => {
             if gate_in == GateIn::Devgate && c.id.is_some() {
-                // What `gate` would find first: a spec with no devices has nothing to decide.
-                if may_have_devices(&c.spec_file) {
-                    return hand_on(&inv.global, args);
-                }
+                // no device to gate (a spec that may name one was handed on above)
                 return exec(&inv.global, &real, args);
             }
             let name = inv.name.as_deref().unwrap_or("create");
