@@ -164,7 +164,7 @@ fn a_relative_textfile_is_named_in_the_error() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim_end(),
-        "devgate: error: --textfile devgate.prom: not an absolute path"
+        "devgate: error: --textfile devgate.prom is not an absolute path"
     );
 }
 

@@ -181,12 +181,7 @@ pub(super) fn metrics(args: &Args) -> Result<()> {
         .ok_or_else(|| Error::Usage("metrics needs --textfile PATH".into()))?;
     // Said here with the option's name: the directory check below would name only the
     // parent, which for `devgate.prom` is the empty path.
-    if !path.is_absolute() {
-        return Err(Error::Usage(format!(
-            "--textfile {}: not an absolute path",
-            path.display()
-        )));
-    }
+    super::hooks_config::absolute("--textfile", path)?;
     let config = Config::load(args.config.as_deref())?;
     let rows = inventory::collect(&config)?;
     let exits = record::list_exits(&config.state_dir);
