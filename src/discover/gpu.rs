@@ -539,8 +539,6 @@ mod tests {
     #[test]
     fn minor_nodes_are_char_195_nodes_only() {
         let dir = crate::fsutil::tests::tempdir("nvnodes");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("nvidia3"), "not a node").unwrap();
         std::os::unix::fs::symlink("/dev/null", dir.join("nvidia4")).unwrap();
         let mk = |name: &str, minor: u32| {

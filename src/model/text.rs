@@ -7,8 +7,8 @@
 /// C0 and C1 control characters and DEL become `\xNN`; the line and paragraph separators
 /// (U+2028, U+2029), the bidirectional embeddings, overrides and isolates
 /// (U+202A–U+202E, U+2066–U+2069) and the invisible direction marks (U+200E, U+200F,
-/// U+061C; the set rustc's own lint warns of) become `\u{...}`. Everything else is kept as it is, so
-/// ordinary text and paths read the same.
+/// U+061C; the set rustc's own lint warns of) become `\u{...}`. Everything else is kept as
+/// it is, so ordinary text and paths read the same.
 pub fn one_line(s: &str) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(s.len());

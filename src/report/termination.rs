@@ -255,7 +255,6 @@ mod tests {
     #[test]
     fn opens_only_regular_files_below_root_without_symlinks() {
         let d = crate::fsutil::tests::tempdir("term");
-        let _ = fs::remove_dir_all(&d);
         let root = d.join("pods");
         let c = root.join("uid/containers/app");
         fs::create_dir_all(&c).unwrap();

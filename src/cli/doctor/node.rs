@@ -163,11 +163,10 @@ mod tests {
     #[test]
     fn safe_dir_notes() {
         // The rules themselves are tested in fsutil; doctor only words the outcome.
+        // tempdir is mode 0755, as the directory checks want
         let d = crate::fsutil::tests::tempdir("doctor-unit");
-        let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(d.join("state")).unwrap();
         use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
         fs::set_permissions(d.join("state"), fs::Permissions::from_mode(0o755)).unwrap();
         assert!(check_safe_dir(&d.join("state"))
             .unwrap()

@@ -582,7 +582,6 @@ x,y,z;not numbers\n\
     #[test]
     fn reads_a_file_and_reports_open_errors() {
         let dir = crate::fsutil::tests::tempdir("xid");
-        std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("kmsg");
         std::fs::File::create(&p)
             .unwrap()
