@@ -100,6 +100,10 @@ endif
 	if [ -f $(dir $(BIN))devgate-runtime ]; then \
 		install -m 0755 $(dir $(BIN))devgate-runtime $(DESTDIR)$(BINDIR)/devgate-runtime; \
 	else ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-runtime; fi
+	@# the hook front the hook files run: the static program beside BIN, else a link
+	if [ -f $(dir $(BIN))devgate-hook ]; then \
+		install -m 0755 $(dir $(BIN))devgate-hook $(DESTDIR)$(BINDIR)/devgate-hook; \
+	else ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-hook; fi
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
 	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
@@ -108,7 +112,7 @@ endif
 
 # Leaves the config, the containerd base spec if changed, and the quarantine ledger.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/devgate $(DESTDIR)$(BINDIR)/devgate-runtime
+	rm -f $(DESTDIR)$(BINDIR)/devgate $(DESTDIR)$(BINDIR)/devgate-runtime $(DESTDIR)$(BINDIR)/devgate-hook
 	rm -f $(DESTDIR)$(HOOKSDIR)/devgate.json
 	@if [ -e $(GEN)/devgate-base-spec.json ] && cmp -s $(GEN)/devgate-base-spec.json $(DESTDIR)$(BASESPEC); then \
 		rm -f $(DESTDIR)$(BASESPEC); else [ ! -e $(DESTDIR)$(BASESPEC) ] || echo "kept $(DESTDIR)$(BASESPEC)"; fi

@@ -31,23 +31,30 @@ fn main() {
         return;
     }
     println!("cargo:rustc-link-search=native={}", dir.display());
-    static_runtime_wrapper(&out);
+    static_programs(&out);
 }
 
-/// Links `devgate-runtime` (src/runtime_main.rs) as a static PIE, and only it: devgate
-/// itself loads NVML, which a static glibc program cannot. Cargo links every binary of a
-/// package alike, so the wrapper's link alone gets `-static-pie` and a search directory
-/// in which `libc.so`, `libm.so` and the rest are linker scripts naming the static
-/// archives; rustc asks for those libraries by name after `-Bdynamic`, and the scripts
-/// answer first. Where an archive is missing, the wrapper stays dynamic, as it was.
-fn static_runtime_wrapper(out: &std::path::Path) {
+/// The programs linked statically: the runtime wrapper and the hook front, which every
+/// container start runs and which hand what needs NVML to devgate.
+const STATIC_PROGRAMS: [&str; 2] = ["devgate-runtime", "devgate-hook"];
+
+/// Links `devgate-runtime` (src/runtime_main.rs) and `devgate-hook` (src/hook_main.rs) as
+/// static PIEs, and only them: devgate itself loads NVML, which a static glibc program
+/// cannot. Cargo links every binary of a package alike, so their links alone get
+/// `-static-pie` and a search directory in which `libc.so`, `libm.so` and the rest are
+/// linker scripts naming the static archives; rustc asks for those libraries by name after
+/// `-Bdynamic`, and the scripts answer first. Where an archive is missing, both stay
+/// dynamic: slower, and just as correct.
+fn static_programs(out: &std::path::Path) {
     let dir = out.join("static-runtime");
     if std::fs::create_dir_all(&dir).is_err() {
         return;
     }
     for lib in ["c", "m", "pthread", "dl", "rt", "util"] {
         let Some(archive) = static_archive(&format!("lib{lib}.a")) else {
-            println!("cargo:warning=no static lib{lib}.a: devgate-runtime is linked dynamically");
+            println!(
+                "cargo:warning=no static lib{lib}.a: devgate-runtime and devgate-hook are linked dynamically"
+            );
             return;
         };
         let script = format!("INPUT({})\n", archive.display());
@@ -55,11 +62,10 @@ fn static_runtime_wrapper(out: &std::path::Path) {
             return;
         }
     }
-    println!("cargo:rustc-link-arg-bin=devgate-runtime=-static-pie");
-    println!(
-        "cargo:rustc-link-arg-bin=devgate-runtime=-L{}",
-        dir.display()
-    );
+    for bin in STATIC_PROGRAMS {
+        println!("cargo:rustc-link-arg-bin={bin}=-static-pie");
+        println!("cargo:rustc-link-arg-bin={bin}=-L{}", dir.display());
+    }
 }
 
 /// The C compiler's path for a static archive, if it has one (it prints the bare name

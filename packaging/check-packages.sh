@@ -15,6 +15,7 @@ rpm=$(ls target/generate-rpm/devgate-*.rpm 2>/dev/null | tail -1 || true)
 
 files="/usr/bin/devgate
 /usr/bin/devgate-runtime
+/usr/bin/devgate-hook
 /usr/share/containers/oci/hooks.d/devgate.json
 /etc/devgate/config.json
 /etc/containerd/devgate-base-spec.json
@@ -58,6 +59,11 @@ dpkg -i "$deb"
 [ -f /usr/bin/devgate-runtime ] && [ ! -L /usr/bin/devgate-runtime ] \
     || fail "no program /usr/bin/devgate-runtime"
 /usr/bin/devgate-runtime features >/dev/null || fail "devgate-runtime features failed"
+[ -f /usr/bin/devgate-hook ] && [ ! -L /usr/bin/devgate-hook ] || fail "no program /usr/bin/devgate-hook"
+# The hook files run the front; every command it does not run itself goes to devgate.
+[ "$(/usr/bin/devgate-hook version)" = "$(/usr/bin/devgate version)" ] || fail "devgate-hook version failed"
+grep -q '"path": "/usr/bin/devgate-hook"' /usr/share/containers/oci/hooks.d/devgate.json \
+    || fail "the installed hook file does not run /usr/bin/devgate-hook"
 DEVGATE_TEST_INSTALLED=1 cargo test --locked --test e2e_podman podman_with_installed_package_files \
     -- --exact --nocapture
 
@@ -68,6 +74,7 @@ grep -q '"warn"' /etc/devgate/config.json || fail "reinstall replaced the edited
 dpkg -r devgate
 [ ! -e /usr/bin/devgate ] || fail "remove left /usr/bin/devgate"
 [ ! -e /usr/bin/devgate-runtime ] || fail "remove left /usr/bin/devgate-runtime"
+[ ! -e /usr/bin/devgate-hook ] || fail "remove left /usr/bin/devgate-hook"
 [ ! -e /usr/share/containers/oci/hooks.d/devgate.json ] || fail "remove left the hooks"
 grep -q '"warn"' /etc/devgate/config.json || fail "remove did not keep the config"
 dpkg --purge devgate

@@ -24,7 +24,7 @@ fn spec_from_shipped_base(env: &Env, rootfs: &Path, devices: &[(&str, u32, u32)]
     // Only the hook path and the config argument differ from what ships.
     let mut expect = generated.clone();
     for stage in ["prestart", "poststop"] {
-        expect["hooks"][stage][0]["path"] = json!("/usr/bin/devgate");
+        expect["hooks"][stage][0]["path"] = json!("/usr/bin/devgate-hook");
         expect["hooks"][stage][0]["args"] = json!(["devgate", "hook", stage]);
     }
     assert_eq!(

@@ -186,7 +186,7 @@ fn wired_podman_and_containerd_pass() {
         format!(
             "✓ podman: {}/devgate.json runs {} --config {} hook auto at start and poststop",
             hooks.display(),
-            bin.display(),
+            bin.with_file_name("devgate-hook").display(),
             node.env.config.display()
         ),
         "- cri-o: not installed".to_string(),
@@ -698,7 +698,7 @@ fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
         lines.contains(&format!(
             "✓ cri-o: {}/devgate.json runs {} --config {} hook auto at start and poststop",
             hooks.display(),
-            bin.display(),
+            bin.with_file_name("devgate-hook").display(),
             node.env.config.display()
         )),
         "{lines:#?}"

@@ -62,13 +62,18 @@ fn make_install_lays_out_the_tree_and_keeps_operator_config() {
         fs::read(&wrapper).unwrap(),
         fs::read(devgate_runtime_bin()).unwrap()
     );
+    let front = dest.join("opt/dg/bin/devgate-hook");
+    assert_eq!(
+        fs::read(&front).unwrap(),
+        fs::read(devgate_hook_bin()).unwrap()
+    );
     let hooks = dest.join("opt/dg/share/containers/oci/hooks.d");
     let v = json(&hooks.join("devgate.json"));
     assert_eq!(v["version"], "1.0.0");
     assert_eq!(v["stages"], serde_json::json!(["prestart", "poststop"]));
     assert_hook(
         &v["hook"],
-        "/opt/dg/bin/devgate",
+        "/opt/dg/bin/devgate-hook",
         &["devgate", "hook", "auto"],
     );
     let config = dest.join("etc/devgate/config.json");
@@ -79,7 +84,7 @@ fn make_install_lays_out_the_tree_and_keeps_operator_config() {
     let spec = json(&dest.join("etc/containerd/devgate-base-spec.json"));
     assert_hook(
         &spec["hooks"]["prestart"][0],
-        "/opt/dg/bin/devgate",
+        "/opt/dg/bin/devgate-hook",
         &["devgate", "hook", "prestart"],
     );
     assert!(dest.join("var/lib/devgate/quarantine").is_dir());
@@ -98,6 +103,7 @@ fn make_install_lays_out_the_tree_and_keeps_operator_config() {
     make(&work, &["uninstall", "PREFIX=/opt/dg"]);
     assert!(!bin.exists());
     assert!(fs::symlink_metadata(&wrapper).is_err());
+    assert!(fs::symlink_metadata(&front).is_err());
     assert!(!hooks.join("devgate.json").exists());
     assert!(!dest.join("etc/containerd/devgate-base-spec.json").exists());
     assert!(config.is_file());
@@ -115,7 +121,7 @@ fn make_install_with_another_sysconfdir_names_the_config_in_the_hooks() {
     let v = json(&dest.join("opt/dg/share/containers/oci/hooks.d/devgate.json"));
     assert_hook(
         &v["hook"],
-        "/opt/dg/bin/devgate",
+        "/opt/dg/bin/devgate-hook",
         &[
             "devgate",
             "--config",
@@ -151,19 +157,23 @@ fn install_host_copies_binary_and_configuration_onto_a_host_root() {
         fs::read(devgate_runtime_bin()).unwrap()
     );
     assert_eq!(
+        fs::read(root.join("usr/local/bin/devgate-hook")).unwrap(),
+        fs::read(devgate_hook_bin()).unwrap()
+    );
+    assert_eq!(
         fs::metadata(&bin).unwrap().permissions().mode() & 0o777,
         0o755
     );
     let v = json(&root.join("etc/containers/oci/hooks.d/devgate.json"));
     assert_hook(
         &v["hook"],
-        "/usr/local/bin/devgate",
+        "/usr/local/bin/devgate-hook",
         &["devgate", "hook", "auto"],
     );
     let spec = json(&root.join("etc/containerd/devgate-base-spec.json"));
     assert_hook(
         &spec["hooks"]["poststop"][0],
-        "/usr/local/bin/devgate",
+        "/usr/local/bin/devgate-hook",
         &["devgate", "hook", "poststop"],
     );
     let config = root.join("etc/devgate/config.json");
@@ -272,4 +282,35 @@ fn daemonset_manifest_matches_the_installer() {
     ] {
         assert!(yaml.contains(&format!("mountPath: {p} ")), "{p}");
     }
+}
+
+/// An image with devgate alone (no static programs beside it) still installs a working
+/// node: the hook front and the wrapper become links to devgate, which does their jobs
+/// when started by their names.
+#[test]
+fn install_host_links_the_fronts_to_devgate_where_they_are_missing() {
+    let image = tempdir("lone-image");
+    let lone = image.join("devgate");
+    fs::copy(devgate_bin(), &lone).unwrap();
+    let root = tempdir("lone-host");
+    let out = Command::new(&lone)
+        .arg("install-host")
+        .arg("--root")
+        .arg(&root)
+        .env_remove("DEVGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    for name in ["devgate-hook", "devgate-runtime"] {
+        let p = root.join("usr/local/bin").join(name);
+        assert_eq!(fs::read_link(&p).unwrap(), Path::new("devgate"), "{name}");
+        assert!(
+            text(&out).contains(&format!("devgate: installed {} -> devgate", p.display())),
+            "{}",
+            text(&out)
+        );
+    }
+    // The hook files run the front by its name, which is devgate there.
+    let v = json(&root.join("etc/containers/oci/hooks.d/devgate.json"));
+    assert_eq!(v["hook"]["path"], "/usr/local/bin/devgate-hook");
 }

@@ -23,9 +23,9 @@ fn podman_rejects_cordoned_device_runs_healthy_and_runs_poststop() {
     require_root!();
     let podman = Podman::new("podman");
     let env = Env::new("podman-env");
-    // The hook files, generated for the test build; the path is a wrapper that records
-    // every call and then runs the test build of devgate.
-    let (wrapper, trace) = tracing_wrapper(&env.dir, &devgate_bin());
+    // The hook files, generated for the test build; the hook is a wrapper that records
+    // every call and then runs the test build's hook front (which hands to devgate).
+    let (wrapper, trace) = tracing_wrapper(&env.dir, &devgate_hook_bin());
     let hooks_dir = env.dir.join("hooks.d");
     let config = env.config.to_str().unwrap();
     let said = hooks_config(&[
@@ -131,7 +131,7 @@ fn podman_with_installed_package_files() {
     let bin = Path::new("/usr/bin/devgate");
     let v: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(hooks_dir.join("devgate.json")).unwrap()).unwrap();
-    assert_eq!(v["hook"]["path"], "/usr/bin/devgate");
+    assert_eq!(v["hook"]["path"], "/usr/bin/devgate-hook");
     assert!(Path::new("/etc/devgate/config.json").is_file());
     let podman = Podman::new("podman-installed");
 

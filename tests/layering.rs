@@ -50,8 +50,9 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).unwrap();
     let first = rel.components().next()?.as_os_str().to_str()?;
     let name = first.strip_suffix(".rs").unwrap_or(first);
-    // lib.rs and the two programs' mains (main.rs, runtime_main.rs) stand above the layers.
-    (name != "lib" && name != "main" && name != "runtime_main").then(|| name.to_string())
+    // lib.rs and the three programs' mains (main.rs, hook_main.rs, runtime_main.rs) stand above
+    // the layers.
+    (!["lib", "main", "hook_main", "runtime_main"].contains(&name)).then(|| name.to_string())
 }
 
 /// Every top-level module named by a `crate::` path in `text`, grouped imports

@@ -13,7 +13,7 @@
 //! installer's entrypoint) lays them, the binary and a default config onto a host root.
 
 use crate::error::{Error, Result};
-use crate::fsutil::write_atomic;
+use crate::fsutil::{program, write_atomic};
 use oci_spec::runtime::{Hook, HookBuilder};
 use serde::Serialize;
 use serde_json::Value;
@@ -92,6 +92,12 @@ pub(super) fn absolute(what: &str, p: &Path) -> Result<()> {
     }
 }
 
+/// What the hooks run: the statically linked hook front beside the devgate binary
+/// (`PREFIX/bin/devgate-hook`), which hands containers with NVIDIA devices to devgate.
+pub fn hook_path(target: &Target) -> PathBuf {
+    target.bin.with_file_name(program::HOOK_FRONT)
+}
+
 /// The hook entry for one stage.
 pub fn hook(target: &Target, stage: &str) -> Result<Hook> {
     let mut args = vec!["devgate".to_string()];
@@ -101,7 +107,7 @@ pub fn hook(target: &Target, stage: &str) -> Result<Hook> {
     }
     args.extend(["hook".to_string(), stage.to_string()]);
     HookBuilder::default()
-        .path(target.bin.clone())
+        .path(hook_path(target))
         .args(args)
         .env(vec![HOOK_PATH_ENV.to_string()])
         .timeout(HOOK_TIMEOUT_S)
@@ -346,7 +352,7 @@ mod tests {
         assert_eq!(f.name, "devgate.json");
         let v: Value = serde_json::from_str(&f.content).unwrap();
         assert_eq!(v["version"], "1.0.0");
-        assert_eq!(v["hook"]["path"], "/usr/bin/devgate");
+        assert_eq!(v["hook"]["path"], "/usr/bin/devgate-hook");
         assert_eq!(
             v["hook"]["args"],
             serde_json::json!(["devgate", "hook", "auto"])
@@ -364,7 +370,7 @@ mod tests {
             config: Some("/opt/dg/etc/config.json".into()),
         };
         let h = serde_json::to_value(hook(&t, "poststop").unwrap()).unwrap();
-        assert_eq!(h["path"], "/opt/dg/bin/devgate");
+        assert_eq!(h["path"], "/opt/dg/bin/devgate-hook");
         assert_eq!(
             h["args"],
             serde_json::json!([
@@ -389,7 +395,7 @@ mod tests {
         for stage in STAGES {
             let hooks = v["hooks"][stage].as_array().unwrap();
             assert_eq!(hooks.len(), 1);
-            assert_eq!(hooks[0]["path"], "/usr/bin/devgate");
+            assert_eq!(hooks[0]["path"], "/usr/bin/devgate-hook");
             assert_eq!(hooks[0]["args"][2], stage);
         }
         // oci-spec accepts what containerd will be given.

@@ -2,7 +2,7 @@
 //! mounted at `--root` (the Kubernetes DaemonSet installer).
 
 use super::hooks_config::{
-    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
+    absolute, ensure_dir, files, hook_path, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
     HOST_HOOKS_DIR,
 };
 use super::wrapper_config;
@@ -23,6 +23,23 @@ fn install_program(what: &str, src: &Path, dst: &Path) -> Result<()> {
     write_atomic(dst, &bytes, 0o755)?;
     say!("devgate: installed {}", dst.display());
     Ok(())
+}
+
+/// `dst`'s program from beside this devgate, or a link to devgate where it is not there.
+fn install_companion(what: &str, dst: &Path) -> Result<()> {
+    let name = dst.file_name().unwrap_or_default();
+    let program = std::env::current_exe()
+        .ok()
+        .map(|me| me.with_file_name(name))
+        .filter(|p| fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
+    match program {
+        Some(src) => install_program(what, &src, dst),
+        None => {
+            wrapper_config::link_to_devgate(dst)?;
+            say!("devgate: installed {} -> devgate", dst.display());
+            Ok(())
+        }
+    }
 }
 
 /// Lays devgate onto a host mounted at `--root` (the Kubernetes installer's entrypoint):
@@ -64,21 +81,14 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         ensure_dir(dir)?;
     }
     install_program("own binary", Path::new("/proc/self/exe"), &bin)?;
-    // The runtime wrapper: the devgate-runtime program beside this devgate (statically
-    // linked, src/runtime_main.rs) where there is one, else a link to devgate, which runs
-    // the same wrapper when started by that name.
-    let wrapper = under(&wrapper_config::wrapper_path(&target));
-    let program = std::env::current_exe()
-        .ok()
-        .map(|me| me.with_file_name(crate::wrapper::PROGRAM))
-        .filter(|p| fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
-    match program {
-        Some(src) => install_program("the wrapper program", &src, &wrapper)?,
-        None => {
-            wrapper_config::link_wrapper(&wrapper)?;
-            say!("devgate: installed {} -> devgate", wrapper.display());
-        }
-    }
+    // The runtime wrapper and the hook front: the programs beside this devgate
+    // (statically linked: src/runtime_main.rs, src/hook_main.rs) where they are there,
+    // else links to devgate, which does their jobs when started by their names.
+    install_companion(
+        "the wrapper program",
+        &under(&wrapper_config::wrapper_path(&target)),
+    )?;
+    install_companion("the hook front", &under(&hook_path(&target)))?;
 
     let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;

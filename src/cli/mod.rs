@@ -16,11 +16,13 @@ mod node;
 mod wrapper_config;
 
 use crate::error::{Error, Result};
+use crate::fsutil::program;
 use crate::model::text::one_line;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
-use crate::pipeline;
+use crate::pipeline::{self, Outcome};
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -155,7 +157,7 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         return fail(&e);
     }
     let result = match pos.as_slice() {
-        ["hook", stage] => return run_hook(stage, &args, started),
+        ["hook", stage] => return run_hook(stage, &args, &argv, started),
         ["cordon", dev] => node::cordon(&args, dev),
         ["uncordon", dev] => node::uncordon(&args, dev),
         ["status"] => node::status(&args),
@@ -296,7 +298,7 @@ fn print_error(line: &str) {
     eprintln!("{}", one_line(line));
 }
 
-fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
+fn run_hook(stage: &str, args: &Args, argv: &[String], started: Instant) -> i32 {
     // `auto` takes the stage from the state's status (one oci-hooks file, two stages).
     let named = match stage {
         "auto" => None,
@@ -315,7 +317,7 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
         ));
         return 2;
     }
-    let state = match State::read(std::io::stdin().lock()) {
+    let (bytes, state) = match State::read(std::io::stdin().lock()) {
         Ok(s) => s,
         Err(e) => {
             // Unreadable input is the one error that fails even poststop.
@@ -329,27 +331,80 @@ fn run_hook(stage: &str, args: &Args, started: Instant) -> i32 {
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         pipeline::run(stage, &state, args.config.as_deref(), started)
     }));
+    // poststop must not fail the lifecycle once its own input was readable; an error is
+    // still printed for the runtime's log.
+    let failed = if stage == Stage::Poststop { 0 } else { 2 };
     let Ok(result) = run else {
-        return if stage == Stage::Poststop { 0 } else { 2 };
+        return failed;
     };
     match result {
-        Ok(report) => {
+        Ok(Outcome::Replied(report)) => {
             for line in &report.stderr {
                 eprintln!("{line}");
             }
             report.exit_code
         }
+        Ok(Outcome::HandOff) => {
+            let e = hand_off(argv, &bytes);
+            print_error(&format!("devgate: error: {}: {e}", stage.name()));
+            failed
+        }
         Err(e) => {
             print_error(&format!("devgate: error: {}: {e}", stage.name()));
-            // poststop must not fail the lifecycle once its own input was readable; the
-            // error is still printed for the runtime's log.
-            if stage == Stage::Poststop {
-                0
-            } else {
-                2
+            failed
+        }
+    }
+}
+
+/// Runs the dynamically linked devgate beside this statically linked one in its place, with
+/// the same arguments and the state it read from stdin as its stdin. Returns only on
+/// failure, with the error.
+fn hand_off(argv: &[String], state: &[u8]) -> Error {
+    let devgate = match program::devgate_beside() {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    let input = match program::memfd("devgate-state", state) {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    if let Err(e) = program::set_stdin(&input) {
+        return e;
+    }
+    let e = std::process::Command::new(&devgate)
+        .arg0("devgate")
+        .args(argv)
+        .exec();
+    Error::io("cannot run", &devgate, e)
+}
+
+/// `devgate-hook`, the statically linked hook front (src/hook_main.rs): `hook STAGE` runs
+/// here unless the container may have NVIDIA devices; anything else, and those, go to the
+/// dynamically linked devgate beside it.
+pub fn hook_front(argv: Vec<String>, started: Instant) -> i32 {
+    if let Ok(args) = parse_args(&argv) {
+        if let ["hook", stage] = args
+            .positional
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()[..]
+        {
+            if options_belong(&args, "hook").is_ok() {
+                return run_hook(stage, &args, &argv, started);
             }
         }
     }
+    let e = match program::devgate_beside() {
+        Ok(devgate) => {
+            let e = std::process::Command::new(&devgate)
+                .arg0("devgate")
+                .args(&argv)
+                .exec();
+            Error::io("cannot run", &devgate, e)
+        }
+        Err(e) => e,
+    };
+    fail(&e)
 }
 
 #[cfg(test)]

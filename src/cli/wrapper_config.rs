@@ -120,11 +120,13 @@ fn podman(target: &Target) -> File {
     }
 }
 
-/// `devgate-runtime` as a symlink to `devgate` in the same directory, replacing whatever
-/// was at `link` (an older link, an older copy).
-pub fn link_wrapper(link: &std::path::Path) -> Result<()> {
+/// A symlink to `devgate` in the same directory (the wrapper's or the hook front's name,
+/// where their own programs are not there), replacing whatever was at `link` (an older
+/// link, an older copy). devgate does either's job when started by that name.
+pub fn link_to_devgate(link: &std::path::Path) -> Result<()> {
     let dir = link.parent().unwrap_or(std::path::Path::new("/"));
-    let tmp = dir.join(format!(".{}.tmp.{}", PROGRAM, std::process::id()));
+    let name = link.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink("devgate", &tmp)
         .map_err(|e| crate::error::Error::io("cannot create", &tmp, e))?;

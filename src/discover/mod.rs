@@ -179,6 +179,32 @@ pub fn may_have_devices(spec: &Spec) -> bool {
     !c.is_empty()
 }
 
+/// True when the spec may assign an NVIDIA device by the built-in classes (or name GPUs
+/// through a selector): what sends a hook to the dynamically linked devgate, which can load
+/// NVML, before devgate's config is read. A config that classes other nodes as NVIDIA's
+/// reaches NVML all the same, later and slower (`probe::nvidia::nvml::isolate`). A spec
+/// whose devices cannot be read counts as yes: the devgate it goes to says why.
+pub fn may_name_nvidia(spec: &Spec) -> bool {
+    if !gpu_selectors(spec).is_empty() {
+        return true;
+    }
+    let mut c = Vec::new();
+    if from_linux_devices(spec, &mut c).is_err() {
+        return true;
+    }
+    from_rules(spec, &mut c);
+    from_bind_mounts(spec, Path::new("/dev"), &mut c);
+    let rules = class::builtin();
+    c.iter().any(|c| {
+        let paths: Vec<&Path> = [&c.container_path, &c.host_path]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+            .collect();
+        class::classify(&rules, c.num.typ, c.num.major, c.num.minor, &paths).is_nvidia()
+    })
+}
+
 /// Finds every assigned device, classifies it and finds its host node under `dev_root`.
 pub fn discover(
     spec: &Spec,
@@ -544,6 +570,37 @@ mod tests {
         assert!(may_have_devices(&spec(
             r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":1}]}}}"#
         )));
+    }
+
+    #[test]
+    fn nvidia_is_named_by_number_path_rule_or_selector() {
+        let named = |json: &str| may_name_nvidia(&spec(json));
+        // Plain devices, the default ones and no devices at all: this process gates them.
+        assert!(!named(r#"{}"#));
+        assert!(!named(
+            r#"{"linux":{"devices":[{"path":"/dev/null","type":"c","major":1,"minor":3},
+                {"path":"/dev/sdb","type":"b","major":8,"minor":16}]}}"#
+        ));
+        // A GPU, nvidiactl, or any node of NVIDIA's fixed major, whatever its path.
+        assert!(named(
+            r#"{"linux":{"devices":[{"path":"/dev/gpu0","type":"c","major":195,"minor":1}]}}"#
+        ));
+        assert!(named(
+            r#"{"linux":{"devices":[{"path":"/dev/nvidiactl","type":"c","major":195,"minor":255}]}}"#
+        ));
+        // nvidia-uvm's major is given at load time: its path names it.
+        assert!(named(
+            r#"{"linux":{"devices":[{"path":"/dev/nvidia-uvm","type":"c","major":509,"minor":0}]}}"#
+        ));
+        // A cgroup rule alone, and a selector alone.
+        assert!(named(
+            r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":0}]}}}"#
+        ));
+        assert!(named(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#));
+        // A spec whose devices cannot be read goes to the devgate that says why.
+        assert!(named(
+            r#"{"linux":{"devices":[{"path":"/dev/x","type":"q","major":1,"minor":1}]}}"#
+        ));
     }
 
     #[test]

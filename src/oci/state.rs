@@ -46,9 +46,12 @@ impl State {
         Ok(state)
     }
 
-    pub fn read(r: impl Read) -> Result<State> {
+    /// The state from `r` (the hook's stdin), with the bytes it was read from: a hook
+    /// that hands the call on passes them to the next devgate as its stdin.
+    pub fn read(r: impl Read) -> Result<(Vec<u8>, State)> {
         let bytes = read_bounded(r, MAX_STATE_BYTES, "state on", Path::new("stdin"))?;
-        State::parse(&bytes)
+        let state = State::parse(&bytes)?;
+        Ok((bytes, state))
     }
 
     /// The pid as the kernel knows it; 0, negative and absurd values mean "none".

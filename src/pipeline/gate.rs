@@ -1,7 +1,7 @@
 //! The gate (prestart / createRuntime, and the runtime wrapper through [`gate_with`]):
 //! spec → devices → probes → policy → remap → record.
 
-use super::{Remapper, Reply};
+use super::{Outcome, Remapper, Reply};
 use crate::action::nsdev::ContainerProcess;
 use crate::action::remap;
 use crate::config::policy::Action;
@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::discover::gpu::GpuSelector;
 use crate::discover::{self, gpu};
 use crate::error::Result;
+use crate::fsutil::program;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::model::text::one_line;
@@ -115,20 +116,23 @@ pub(super) fn gate(
     state: &State,
     config_path: Option<&Path>,
     started: Instant,
-) -> Result<Reply> {
+) -> Result<Outcome> {
     // Held before anything slow runs: a pid that dies and is reused while devgate probes
     // can never send a remap into another process.
     let process = state.pid().map(ContainerProcess::open);
     let (spec, bytes) = Spec::read(&state.bundle.join("config.json"))?;
     if !discover::may_have_devices(&spec) {
-        return Ok(Reply::default());
+        return Ok(Outcome::Replied(Reply::default()));
+    }
+    if program::linked_statically() && discover::may_name_nvidia(&spec) {
+        return Ok(Outcome::HandOff);
     }
     let config = Config::load(config_path)?;
     // The runtime wrapper gated this very spec already (and remapped in it if it had to):
     // probing again would double the cost, remapping again would remap the spare.
     if marker::matches(&config.state_dir, &state.id, &bytes) {
         adopt(&config.state_dir, config.exits_keep, &state.id, state.pid());
-        return Ok(Reply::default());
+        return Ok(Outcome::Replied(Reply::default()));
     }
     let mut remap = |config: &Config,
                      ledger: &Ledger,
@@ -144,7 +148,7 @@ pub(super) fn gate(
             decisions,
         )
     };
-    gate_with(stage.name(), state, &spec, &config, started, &mut remap)
+    gate_with(stage.name(), state, &spec, &config, started, &mut remap).map(Outcome::Replied)
 }
 
 /// Once the container has a process, at the hook after the wrapper decided: the wrapper's

@@ -35,6 +35,17 @@ pub struct Reply {
     pub message: Option<String>,
 }
 
+/// How a hook call ends.
+#[derive(Debug)]
+pub enum Outcome {
+    /// devgate answered in this process.
+    Replied(Reply),
+    /// This process was linked statically (the hook front, `devgate-hook`) and the
+    /// container may have NVIDIA devices: the dynamically linked devgate, which can load
+    /// NVML, answers instead. Nothing was written yet.
+    HandOff,
+}
+
 /// How a gate carries out a remap: at hook time in the created container
 /// (`action::remap::apply`), or in the spec before the runtime reads it (the runtime
 /// wrapper).
@@ -49,12 +60,12 @@ pub fn run(
     state: &State,
     config_path: Option<&Path>,
     started: Instant,
-) -> Result<Reply> {
+) -> Result<Outcome> {
     if stage.gates() {
         gate(stage, state, config_path, started)
     } else if stage == Stage::Poststop {
         poststop(state, config_path, started)
     } else {
-        Ok(Reply::default())
+        Ok(Outcome::Replied(Reply::default()))
     }
 }

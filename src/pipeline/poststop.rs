@@ -1,11 +1,12 @@
 //! Poststop: the start record and the devices read again → the fault diff → the
 //! termination message and the exit record.
 
-use super::Reply;
+use super::{Outcome, Reply};
 use crate::action::spare;
 use crate::config::Config;
 use crate::discover;
 use crate::error::Result;
+use crate::fsutil::program;
 use crate::model::clock;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
@@ -22,22 +23,37 @@ use std::time::Instant;
 /// poststop: what went wrong with the container's devices while it ran. It never fails the
 /// lifecycle (the caller exits 0 on any error past reading stdin) and is idempotent: an
 /// exit record already present means an earlier call did the work.
-///
-/// Long because it is the poststop path, stage after stage; each stage is a call into
-/// its layer and the early returns are the cases with nothing to do.
 pub(super) fn poststop(
     state: &State,
     config_path: Option<&Path>,
     started: Instant,
-) -> Result<Reply> {
+) -> Result<Outcome> {
     // The bundle may already be gone; then only devgate's own record can tell.
     let spec = Spec::load(&state.bundle).ok();
     if spec
         .as_ref()
         .is_some_and(|s| !discover::may_have_devices(s))
     {
-        return Ok(Reply::default());
+        return Ok(Outcome::Replied(Reply::default()));
     }
+    // With the bundle gone only the start record tells whether there was a GPU: the
+    // devgate that can load NVML reads it.
+    if program::linked_statically() && spec.as_ref().map_or(true, discover::may_name_nvidia) {
+        return Ok(Outcome::HandOff);
+    }
+    poststop_here(state, spec.as_ref(), config_path, started).map(Outcome::Replied)
+}
+
+/// poststop in this process, once the spec (if the bundle is still there) named devices.
+///
+/// Long because it is the poststop path, stage after stage; each stage is a call into
+/// its layer and the early returns are the cases with nothing to do.
+fn poststop_here(
+    state: &State,
+    spec: Option<&Spec>,
+    config_path: Option<&Path>,
+    started: Instant,
+) -> Result<Reply> {
     let config = Config::load(config_path)?;
     // Spares go back first: whatever else fails below, a lease must not outlive its container.
     spare::release(&config, &state.id);
@@ -70,7 +86,7 @@ pub(super) fn poststop(
     let termination_message = if faults.is_empty() {
         None
     } else {
-        let host = match spec.as_ref() {
+        let host = match spec {
             Some(s) => termination::host_file(s, &state.annotations, &config.kubelet_pods_dir),
             None => Err("no bundle spec".into()),
         };

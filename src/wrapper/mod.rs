@@ -22,6 +22,7 @@ pub mod update;
 use crate::config::Config;
 use crate::discover;
 use crate::error::{Error, Result};
+use crate::fsutil::program;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
 use crate::pipeline::{self, Reply};
@@ -253,7 +254,7 @@ fn run_update(config: &Config, global: &Global, u: &Update, real: &Path, args: &
             .and_then(|f| update::read(f, p)),
     }
     .map(|input| update::rewrite(&input, &swaps))
-    .and_then(|out| update::memfd(&out));
+    .and_then(|out| program::memfd("devgate-resources", &out));
     let fd = match result {
         Ok(f) => f,
         Err(e) => return fail(global, &e),
@@ -261,7 +262,7 @@ fn run_update(config: &Config, global: &Global, u: &Update, real: &Path, args: &
     let mut args = args.to_vec();
     match (res, u.resources_at) {
         (Resources::Stdin, _) => {
-            if let Err(e) = update::set_stdin(&fd) {
+            if let Err(e) = program::set_stdin(&fd) {
                 return fail(global, &e);
             }
         }

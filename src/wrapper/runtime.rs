@@ -5,6 +5,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::fsutil::program::{self, is_executable_file};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -68,32 +69,16 @@ pub fn resolve(configured: &Path) -> Result<PathBuf> {
 /// The devgate program beside this one (/usr/bin/devgate beside /usr/bin/devgate-runtime),
 /// held to the same ownership rule as the runtime: root runs it.
 pub fn gate_program() -> Result<PathBuf> {
-    let devgate =
-        devgate_beside().map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
-    let meta = std::fs::metadata(&devgate).map_err(|e| Error::io("cannot find", &devgate, e))?;
-    if !is_executable_file(&meta) {
-        return Err(Error::invalid(
-            "devgate",
-            format!("{} is not an executable file", devgate.display()),
-        ));
-    }
-    check_owner(&devgate, &meta)?;
-    Ok(devgate)
-}
-
-/// `devgate` in this program's directory.
-fn devgate_beside() -> std::io::Result<PathBuf> {
-    Ok(std::env::current_exe()?.with_file_name("devgate"))
-}
-
-fn is_executable_file(meta: &std::fs::Metadata) -> bool {
-    meta.is_file() && meta.mode() & 0o111 != 0
+    program::devgate_beside()
 }
 
 fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     // This program, or the devgate beside it (devgate-runtime's): either would start the
     // wrapper again instead of a runtime.
-    let selves = [Some(PathBuf::from("/proc/self/exe")), devgate_beside().ok()];
+    let selves = [
+        Some(PathBuf::from("/proc/self/exe")),
+        program::beside(program::DEVGATE).ok(),
+    ];
     for me in selves
         .iter()
         .flatten()
@@ -110,28 +95,7 @@ fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
             ));
         }
     }
-    check_owner(path, meta)
-}
-
-/// Owned by root (or whoever runs devgate) and writable by nobody else.
-fn check_owner(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
-    let euid = nix::unistd::geteuid().as_raw();
-    if meta.uid() != 0 && meta.uid() != euid {
-        return Err(Error::unsafe_path(
-            path,
-            format!("owned by uid {}, not root", meta.uid()),
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(Error::unsafe_path(
-            path,
-            format!(
-                "writable by group or others (mode {:o})",
-                meta.mode() & 0o7777
-            ),
-        ));
-    }
-    Ok(())
+    program::check_trusted(path, meta)
 }
 
 #[cfg(test)]

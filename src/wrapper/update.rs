@@ -7,13 +7,11 @@
 //! them. Resources without device rules are passed on as they are.
 
 use super::spec_rewrite::{remap_rules, Swap};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fsutil::read_bounded;
 use crate::store::lease::Lease;
 use serde_json::Value;
-use std::fs::File;
-use std::io::{Read, Seek, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::Read;
 use std::path::Path;
 
 /// Resources are a few KiB; a bound keeps a hostile or broken writer from filling memory.
@@ -47,39 +45,6 @@ pub fn rewrite(input: &[u8], swaps: &[Swap]) -> Vec<u8> {
 
 pub fn read(r: impl Read, what: &Path) -> Result<Vec<u8>> {
     read_bounded(r, MAX_RESOURCES_BYTES, "update resources", what)
-}
-
-/// An anonymous file holding `bytes`, at offset 0, inherited across exec: the runtime
-/// reads it as its stdin or as `/proc/self/fd/N`.
-pub fn memfd(bytes: &[u8]) -> Result<File> {
-    // SAFETY: memfd_create with a NUL-terminated name; the fd is owned by the File below.
-    let fd = unsafe { libc::memfd_create(c"devgate-resources".as_ptr(), 0) };
-    if fd < 0 {
-        return Err(Error::io(
-            "cannot create",
-            "memfd",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: fd was just created and nothing else owns it.
-    let mut f = unsafe { File::from_raw_fd(fd) };
-    f.write_all(bytes)
-        .and_then(|()| f.rewind())
-        .map_err(|e| Error::io("cannot write", "memfd", e))?;
-    Ok(f)
-}
-
-/// Makes `f` the process's stdin.
-pub fn set_stdin(f: &File) -> Result<()> {
-    // SAFETY: dup2 onto fd 0; `f` stays owned by the caller.
-    if unsafe { libc::dup2(f.as_raw_fd(), 0) } < 0 {
-        return Err(Error::io(
-            "cannot make stdin of",
-            "memfd",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -147,7 +112,7 @@ mod tests {
 
     #[test]
     fn memfd_reads_back_from_the_start() {
-        let mut f = memfd(b"hello").unwrap();
+        let mut f = crate::fsutil::program::memfd("devgate-resources", b"hello").unwrap();
         let mut s = String::new();
         f.read_to_string(&mut s).unwrap();
         assert_eq!(s, "hello");

@@ -23,6 +23,12 @@ pub fn devgate_runtime_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_devgate-runtime"))
 }
 
+/// The hook front the shipped hook files run: linked statically, it gates containers
+/// without NVIDIA devices itself and hands the rest to the devgate beside it.
+pub fn devgate_hook_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_devgate-hook"))
+}
+
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 #[path = "../../src/fsutil/test_dirs.rs"]
@@ -540,11 +546,13 @@ impl Podman {
 }
 
 /// Writes a shell wrapper that records each call (its arguments and the state on stdin)
-/// in `trace`, then runs devgate with the same arguments and input. Hook files generated
-/// with `--bin` pointing at it show which stages a runtime really ran.
+/// in `trace`, then runs `real` with the same arguments and input. It is written under the
+/// hook front's name (`devgate-hook`) in `dir`: hook files generated with `--bin` naming
+/// the returned path (`dir/devgate`, which need not exist) run it, and show which stages a
+/// runtime really ran.
 pub fn tracing_wrapper(dir: &Path, real: &Path) -> (PathBuf, PathBuf) {
     let trace = dir.join("hook-trace.log");
-    let wrapper = dir.join("devgate-traced");
+    let wrapper = dir.join("devgate-hook");
     fs::write(
         &wrapper,
         format!(
@@ -556,7 +564,7 @@ pub fn tracing_wrapper(dir: &Path, real: &Path) -> (PathBuf, PathBuf) {
     )
     .unwrap();
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
-    (wrapper, trace)
+    (dir.join("devgate"), trace)
 }
 
 /// The calls the tracing wrapper saw for a container id, as `ARG/STATUS`: the stage

@@ -36,7 +36,16 @@ impl Identity {
         }
         paths.push("/usr/bin/devgate".into());
         paths.push("/usr/local/bin/devgate".into());
-        let files = paths.iter().filter_map(|p| file_id(p)).collect();
+        // The hook front beside each devgate (what the shipped hook files run) is devgate too.
+        let fronts: Vec<PathBuf> = paths
+            .iter()
+            .map(|p| p.with_file_name(crate::fsutil::program::HOOK_FRONT))
+            .collect();
+        let files = paths
+            .iter()
+            .chain(&fronts)
+            .filter_map(|p| file_id(p))
+            .collect();
         Identity { this, paths, files }
     }
 

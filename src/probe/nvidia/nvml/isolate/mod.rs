@@ -8,7 +8,8 @@
 //! ([`ask`]). A hook with one thread (the usual case) forks them itself; one with other
 //! threads could hand a child a lock another thread held, so it exec's devgate with the
 //! hidden argument [`QUERY_ARG`] instead, a fresh single-threaded process that forks one
-//! child per GPU and ends. The hook reads every pipe until `probe_timeout_ms` and takes
+//! child per GPU and ends (so does a statically linked devgate, which cannot load NVML:
+//! it exec's the dynamically linked devgate beside it). The hook reads every pipe until `probe_timeout_ms` and takes
 //! what came: a GPU whose answer did not come is unknown, the others are judged on their
 //! own answers; GPUs queued behind one that is stuck are asked again in processes of their
 //! own. A child is reaped only once it has answered; one still stuck is left to whoever
@@ -30,7 +31,7 @@
 mod pipes;
 
 use super::GpuFacts;
-use pipes::{exec_query_process, fork_groups, make_pipes, single_threaded, Collected};
+use pipes::{exec_query_process, fork_groups, make_pipes, may_fork_children, Collected};
 use serde::{Deserialize, Serialize};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -144,7 +145,7 @@ pub fn ask(
         }
     };
     let writes: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
-    let started = if single_threaded() {
+    let started = if may_fork_children() {
         let groups = groups(jobs.len(), processes_for(jobs.len()));
         Ok(Started::Forked(fork_groups(
             library, &writes, jobs, &groups,

@@ -3,6 +3,7 @@
 //! wrote, up to the deadline.
 
 use super::{Answer, Job, MAX_ANSWER, QUERY_ARG};
+use crate::fsutil::program;
 use crate::probe::nvidia::nvml::child::{run_child, write_answer};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
@@ -21,8 +22,15 @@ pub(super) fn make_pipes(n: usize) -> Result<Vec<(OwnedFd, OwnedFd)>, String> {
 
 /// Whether this process has one thread, so that a child forked from it cannot inherit a
 /// lock some other thread held. Unknown counts as no.
-pub(super) fn single_threaded() -> bool {
+fn single_threaded() -> bool {
     std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.take(2).count() == 1)
+}
+
+/// Whether the children may be forked from this process: it has one thread, and it can
+/// load NVML at all (a statically linked glibc program cannot dlopen a library linked
+/// against libc; its children could not either).
+pub(super) fn may_fork_children() -> bool {
+    !program::linked_statically() && single_threaded()
 }
 
 /// Forks one child per group of jobs from this (single-threaded) process. A group whose
@@ -60,14 +68,19 @@ pub(super) fn fork_groups(
 }
 
 /// Starts the query process ([`super::super::child::serve`]), which forks the children:
-/// for a hook that may have other threads.
+/// for a hook that may have other threads, or that was linked statically.
 pub(super) fn exec_query_process(
     library: &Path,
     writes: &[RawFd],
     jobs: &[Job],
 ) -> Result<std::process::Child, String> {
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find devgate's own binary: {e}"))?;
+    // A statically linked devgate (the hook front) cannot load NVML, in its children
+    // either: it asks the dynamically linked devgate beside it.
+    let exe = if program::linked_statically() {
+        program::devgate_beside().map_err(|e| e.to_string())?
+    } else {
+        std::env::current_exe().map_err(|e| format!("cannot find devgate's own binary: {e}"))?
+    };
     let mut cmd = Command::new(exe);
     cmd.arg0("devgate").arg(QUERY_ARG).arg(library);
     for (fd, job) in writes.iter().zip(jobs) {

@@ -1,0 +1,119 @@
+//! The programs devgate hands work to: the dynamically linked `devgate` beside the
+//! statically linked fronts (`devgate-runtime`, `devgate-hook`), which cannot load NVML.
+//! Root runs them on every container start, so each is held to the rule every program root
+//! executes for devgate is held to: a regular executable file that only root (or whoever
+//! runs devgate) could have written.
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The dynamically linked devgate's file name.
+pub const DEVGATE: &str = "devgate";
+
+/// The statically linked hook front's (src/hook_main.rs), beside devgate: what the shipped
+/// hook files run.
+pub const HOOK_FRONT: &str = "devgate-hook";
+
+/// `name` in this program's own directory (/usr/bin/devgate beside /usr/bin/devgate-hook).
+pub fn beside(name: &str) -> std::io::Result<PathBuf> {
+    Ok(std::env::current_exe()?.with_file_name(name))
+}
+
+/// The devgate beside this program, checked with [`check_trusted`].
+pub fn devgate_beside() -> Result<PathBuf> {
+    let devgate =
+        beside(DEVGATE).map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
+    let meta = std::fs::metadata(&devgate).map_err(|e| Error::io("cannot find", &devgate, e))?;
+    if !is_executable_file(&meta) {
+        return Err(Error::invalid(
+            "devgate",
+            format!("{} is not an executable file", devgate.display()),
+        ));
+    }
+    check_trusted(&devgate, &meta)?;
+    Ok(devgate)
+}
+
+pub fn is_executable_file(meta: &std::fs::Metadata) -> bool {
+    meta.is_file() && meta.mode() & 0o111 != 0
+}
+
+/// Owned by root (or whoever runs devgate) and writable by nobody else.
+pub fn check_trusted(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(Error::unsafe_path(
+            path,
+            format!("owned by uid {}, not root", meta.uid()),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(Error::unsafe_path(
+            path,
+            format!(
+                "writable by group or others (mode {:o})",
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether this process was linked statically: a static glibc program cannot safely
+/// dlopen a library that links libc itself (NVML), so such a process asks the dynamically
+/// linked devgate instead. The kernel tells: a dynamically linked program's auxiliary
+/// vector names its interpreter's load address (AT_BASE), a static one's is 0.
+pub fn linked_statically() -> bool {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel gave the process.
+    unsafe { libc::getauxval(libc::AT_BASE) == 0 }
+}
+
+/// An anonymous file holding `bytes`, at offset 0, inherited across exec: the runtime
+/// reads it as its stdin or as `/proc/self/fd/N`.
+pub fn memfd(name: &str, bytes: &[u8]) -> Result<File> {
+    let name = std::ffi::CString::new(name).unwrap_or_default();
+    // SAFETY: memfd_create with a NUL-terminated name; the fd is owned by the File below.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
+    if fd < 0 {
+        return Err(Error::io(
+            "cannot create",
+            "memfd",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: fd was just created and nothing else owns it.
+    let mut f = unsafe { File::from_raw_fd(fd) };
+    f.write_all(bytes)
+        .and_then(|()| f.rewind())
+        .map_err(|e| Error::io("cannot write", "memfd", e))?;
+    Ok(f)
+}
+
+/// Makes `f` the process's stdin.
+pub fn set_stdin(f: &File) -> Result<()> {
+    // SAFETY: dup2 onto fd 0; `f` stays owned by the caller.
+    if unsafe { libc::dup2(f.as_raw_fd(), 0) } < 0 {
+        return Err(Error::io(
+            "cannot make stdin of",
+            "memfd",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_test_harness_is_linked_dynamically() {
+        // cargo's test binaries are dynamically linked; the static fronts are tested
+        // end to end (tests/e2e_hook_front.rs).
+        assert!(!linked_statically());
+    }
+}

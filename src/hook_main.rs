@@ -1,0 +1,25 @@
+// `devgate-hook`, the hook front: what the shipped hook files run on every container start
+// (oci-hooks.d, containerd's base spec). build.rs links it statically (static-pie): no
+// dynamic loader binding libc's symbols and no libc to map and relocate, which inside
+// `runc run` was most of what a hook of a container with no devices cost over /bin/true
+// (docs/performance.md). It runs `devgate hook STAGE` itself for every container whose
+// spec names no NVIDIA device. A static glibc program cannot load NVML, so a container
+// that may have one, and every other command, goes to the dynamically linked devgate
+// beside it, with the same arguments (and the state it read, as its stdin).
+#![no_main]
+
+use std::time::Instant;
+
+#[no_mangle]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    let started = Instant::now();
+    devgate::cli::process_start();
+    devgate::cli::init_logging();
+    devgate::cli::set_panic_hook();
+    // As lang_start does: a panic that reaches main ends the process with 101 after the
+    // panic hook's one line, instead of unwinding out of a C function (an abort).
+    let code =
+        std::panic::catch_unwind(|| devgate::cli::hook_front(devgate::cli::utf8_args(), started))
+            .unwrap_or(101);
+    devgate::cli::exit(code)
+}

@@ -1,0 +1,255 @@
+//! `devgate-hook`, the statically linked hook front the shipped hook files run, under the
+//! real runc: it gates a container without NVIDIA devices itself, hands one with a GPU (the
+//! state it read passed on as stdin) and every other command to the devgate beside it, and
+//! runs that devgate only when root alone could have written it.
+
+mod common;
+use common::fake_nvml::*;
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn front_bin() -> PathBuf {
+    devgate_hook_bin()
+}
+
+/// A directory holding a copy of the front and, with `with_devgate`, of devgate: the
+/// layout the packages install (/usr/bin/devgate-hook beside /usr/bin/devgate).
+fn install_dir(tag: &str, with_devgate: bool) -> PathBuf {
+    let dir = tempdir(tag).join("bin");
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::copy(front_bin(), dir.join("devgate-hook")).unwrap();
+    if with_devgate {
+        fs::copy(devgate_bin(), dir.join("devgate")).unwrap();
+    }
+    dir
+}
+
+/// The hook entry the shipped files have, for this test's front and config; `env` is the
+/// hook's whole environment (runc gives a hook only what its entry names).
+fn front_hook(front: &Path, env: &Env, stage: &str, hook_env: &[String]) -> Value {
+    json!({
+        "path": front,
+        "args": ["devgate", "--config", env.config, "hook", stage],
+        "env": hook_env,
+        "timeout": 10
+    })
+}
+
+fn bundle(
+    tag: &str,
+    front: &Path,
+    env: &Env,
+    device: (&str, u32, u32),
+    hook_env: &[String],
+) -> Bundle {
+    let mut b = Bundle::new(tag, &["sh", "-c", "echo ran > /out/ran"]);
+    b.add_device(device.0, "c", device.1, device.2);
+    for stage in ["prestart", "poststop"] {
+        b.spec["hooks"][stage] = json!([front_hook(front, env, stage, hook_env)]);
+    }
+    b
+}
+
+fn is_static(program: &Path) -> bool {
+    // A dynamically linked program names its interpreter; `file` is not on every node, the
+    // ELF program headers are: PT_INTERP is type 3.
+    let elf = fs::read(program).unwrap();
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let phentsize = u16::from_le_bytes(elf[0x36..0x38].try_into().unwrap()) as usize;
+    let phnum = u16::from_le_bytes(elf[0x38..0x3a].try_into().unwrap()) as usize;
+    !(0..phnum).any(|i| {
+        let at = phoff + i * phentsize;
+        u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == 3
+    })
+}
+
+#[test]
+fn the_front_is_linked_statically_and_devgate_is_not() {
+    // What the front is for: no dynamic loader on the path of every container start.
+    // devgate must stay dynamic: it loads NVML.
+    assert!(is_static(&front_bin()), "devgate-hook has an interpreter");
+    assert!(!is_static(&devgate_bin()), "devgate has no interpreter");
+}
+
+#[test]
+fn the_front_gates_a_container_without_gpus_itself() {
+    require_root!();
+    // No devgate beside the front: whatever it decides, it decided in its own process.
+    let bin = install_dir("front-alone", false);
+    let front = bin.join("devgate-hook");
+    let env = Env::new("front-alone");
+    let b = bundle("front-alone", &front, &env, ("/dev/zero", 1, 5), &[]);
+
+    let out = runtime_run("runc", &b, &unique_id("fa"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(b.marker().exists());
+    fs::remove_file(b.marker()).unwrap();
+
+    env.ok(&["cordon", "/dev/zero", "--reason", "xid 79 seen"]);
+    let out = runtime_run("runc", &b, &unique_id("fb"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains(r#"devgate: rejected /dev/zero (1:5): quarantined by operator: \"xid 79 seen\"; policy reject"#)
+            || all.contains(r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "xid 79 seen"; policy reject"#),
+        "{all}"
+    );
+    assert!(!b.marker().exists(), "the container ran although rejected");
+    // Both starts were recorded, and the allowed one's poststop wrote its exit record.
+    let starts: Vec<_> = env
+        .decisions()
+        .iter()
+        .map(|l| l["action"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(starts, ["allow", "reject"]);
+    assert!(env.log_lines().iter().any(|l| l["stage"] == "poststop"));
+}
+
+#[test]
+fn the_front_hands_a_gpu_container_to_devgate_with_its_state() {
+    require_root!();
+    let node = GpuNode::new("front-gpu");
+    let env = Env::with("front-gpu", node.config());
+    let broken = write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    let fake_env = vec![format!("FAKE_NVML_CONFIG={}", broken.display())];
+
+    // Alone, the front cannot load NVML: the start fails with why, naming the devgate it
+    // looked for, rather than pass the GPU unchecked.
+    let alone = install_dir("front-gpu-alone", false);
+    let b = bundle(
+        "front-gpu-alone",
+        &alone.join("devgate-hook"),
+        &env,
+        ("/dev/nvidia1", 195, 1),
+        &fake_env,
+    );
+    let out = runtime_run("runc", &b, &unique_id("ga"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains(&format!(
+            "devgate: error: prestart: cannot find {}",
+            alone.join("devgate").display()
+        )),
+        "{all}"
+    );
+    assert!(!b.marker().exists());
+
+    // With devgate beside it, devgate judges the GPU on NVML's answer, for this container.
+    let bin = install_dir("front-gpu", true);
+    let b = bundle(
+        "front-gpu",
+        &bin.join("devgate-hook"),
+        &env,
+        ("/dev/nvidia1", 195, 1),
+        &fake_env,
+    );
+    let id = unique_id("gb");
+    let out = runtime_run("runc", &b, &id);
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("nvml: GPU GPU-00000001-1111-2222-3333-444444444444 (0000:3b:00.0): row remapping failed"),
+        "{all}"
+    );
+    let last = env.decisions().pop().unwrap();
+    assert_eq!(
+        (last["action"].as_str(), last["container_id"].as_str()),
+        (Some("reject"), Some(id.as_str()))
+    );
+
+    // Healthy: it starts, and poststop (handed on too) writes the exit record.
+    let healthy = write_scenario(&node.dir, "healthy", &healthy_node());
+    let b = bundle(
+        "front-gpu-ok",
+        &bin.join("devgate-hook"),
+        &env,
+        ("/dev/nvidia1", 195, 1),
+        &[format!("FAKE_NVML_CONFIG={}", healthy.display())],
+    );
+    let id = unique_id("gc");
+    let out = runtime_run("runc", &b, &id);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(b.marker().exists());
+    let explained = env.ok(&["explain", &id, "--json"]);
+    let v: Value = serde_json::from_str(&explained).unwrap();
+    assert!(!v["stop"].is_null(), "no exit record: {explained}");
+}
+
+#[test]
+fn the_front_runs_only_a_devgate_that_root_alone_could_have_written() {
+    require_root!();
+    let node = GpuNode::new("front-trust");
+    let env = Env::with("front-trust", node.config());
+    let bin = install_dir("front-trust", true);
+    // Anyone could replace a group- or world-writable devgate with their own program.
+    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o777)).unwrap();
+    let b = bundle(
+        "front-trust",
+        &bin.join("devgate-hook"),
+        &env,
+        ("/dev/nvidia1", 195, 1),
+        &[],
+    );
+    let out = runtime_run("runc", &b, &unique_id("t"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("writable by group or others (mode 777)"),
+        "{all}"
+    );
+    assert!(!b.marker().exists());
+    // Nothing was decided or recorded by a program the front refused to run.
+    assert!(env.decisions().is_empty());
+}
+
+#[test]
+fn every_other_command_goes_to_devgate() {
+    let bin = install_dir("front-cmds", true);
+    let env = Env::new("front-cmds");
+    let run = |program: &Path, args: &[&str]| {
+        Command::new(program)
+            .arg("--config")
+            .arg(&env.config)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    for args in [&["version"][..], &["status"], &["hook"], &["nonsense"]] {
+        let front = run(&bin.join("devgate-hook"), args);
+        let devgate = run(&bin.join("devgate"), args);
+        assert_eq!(
+            (front.status.code(), &front.stdout, &front.stderr),
+            (devgate.status.code(), &devgate.stdout, &devgate.stderr),
+            "{args:?}"
+        );
+    }
+    // Its own hook path reads the state as devgate does: a terminal or bad input is one
+    // line and exit 2, before anything is handed on.
+    let out = Command::new(bin.join("devgate-hook"))
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["hook", "prestart"])
+        .stdin(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("devgate: error: prestart: state on stdin"),
+        "{}",
+        text(&out)
+    );
+}
