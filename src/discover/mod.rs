@@ -179,30 +179,28 @@ pub fn may_have_devices(spec: &Spec) -> bool {
     !c.is_empty()
 }
 
-/// True when the spec may assign an NVIDIA device by the built-in classes (or name GPUs
-/// through a selector): what sends a hook to the dynamically linked devgate, which can load
-/// NVML, before devgate's config is read. A config that classes other nodes as NVIDIA's
-/// reaches NVML all the same, later and slower (`probe::nvidia::nvml::isolate`). A spec
-/// whose devices cannot be read counts as yes: the devgate it goes to says why.
+/// True when the spec may assign an NVIDIA device, or name GPUs through a selector: what
+/// sends a hook to the dynamically linked devgate, which can load NVML, before devgate's
+/// config is read. Read from the text alone, as a superset of the built-in NVIDIA classes:
+/// a node of NVIDIA's fixed major, or a path under `/dev/nvidia` (nvidia-uvm's and
+/// nvidia-caps' majors are given at load time), in `linux.devices`, an allow rule or a bind
+/// mount. A config that classes other nodes as NVIDIA's reaches NVML all the same, later and
+/// slower (`probe::nvidia::nvml::isolate`).
 pub fn may_name_nvidia(spec: &Spec) -> bool {
-    if !gpu_selectors(spec).is_empty() {
-        return true;
-    }
-    let mut c = Vec::new();
-    if from_linux_devices(spec, &mut c).is_err() {
-        return true;
-    }
-    from_rules(spec, &mut c);
-    from_bind_mounts(spec, Path::new("/dev"), &mut c);
-    let rules = class::builtin();
-    c.iter().any(|c| {
-        let paths: Vec<&Path> = [&c.container_path, &c.host_path]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path)
-            .collect();
-        class::classify(&rules, c.num.typ, c.num.major, c.num.minor, &paths).is_nvidia()
-    })
+    let nvidia_path = |p: &Path| p.as_os_str().as_encoded_bytes().starts_with(b"/dev/nvidia");
+    spec.devices()
+        .iter()
+        .any(|d| d.major == i64::from(class::NVIDIA_MAJOR) || nvidia_path(&d.path))
+        || spec
+            .device_rules()
+            .iter()
+            .any(|r| r.allow() && r.major() == Some(i64::from(class::NVIDIA_MAJOR)))
+        || spec
+            .mounts
+            .iter()
+            .filter(|m| m.is_bind())
+            .any(|m| nvidia_path(&m.destination) || m.source.as_deref().is_some_and(nvidia_path))
+        || !gpu_selectors(spec).is_empty()
 }
 
 /// Finds every assigned device, classifies it and finds its host node under `dev_root`.
@@ -597,9 +595,9 @@ mod tests {
             r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":0}]}}}"#
         ));
         assert!(named(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#));
-        // A spec whose devices cannot be read goes to the devgate that says why.
+        // A bind mount of the device plugin's kind, by its path.
         assert!(named(
-            r#"{"linux":{"devices":[{"path":"/dev/x","type":"q","major":1,"minor":1}]}}"#
+            r#"{"mounts":[{"destination":"/dev/nvidia0","source":"/dev/nvidia0","options":["rbind"]}]}"#
         ));
     }
 
