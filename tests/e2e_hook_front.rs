@@ -253,3 +253,69 @@ fn every_other_command_goes_to_devgate() {
         text(&out)
     );
 }
+
+/// A config that classes a node the spec's text does not show as NVIDIA's (another major,
+/// another path) as `nvidia-gpu`: the front gates it itself, and its NVML queries run in
+/// the devgate beside it (`__nvml-query`, exec'd), never in the static process.
+#[test]
+fn a_gpu_only_the_config_names_is_asked_about_through_the_devgate_beside_the_front() {
+    require_root!();
+    let node = GpuNode::new("front-classed");
+    let mut cfg = node.config();
+    cfg["device_classes"] =
+        json!([{"class": "nvidia-gpu", "type": "c", "major": 240, "minors": [0, 253]}]);
+    let env = Env::with("front-classed", cfg);
+    nix::sys::stat::mknod(
+        &node.dev_root.join("gpu1"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(240, 1),
+    )
+    .unwrap();
+    let broken = write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    // devgate beside the front is a root-owned script that notes each call, then runs
+    // devgate: it shows whether the front handed the hook on or asked NVML through it.
+    let bin = install_dir("front-classed", false);
+    let calls = bin.join("calls.log");
+    let real = bin.join("devgate.real");
+    fs::copy(devgate_bin(), &real).unwrap();
+    fs::write(
+        bin.join("devgate"),
+        format!(
+            "#!/bin/sh\necho \"$1 $2\" >> '{}'\nexec '{}' \"$@\"\n",
+            calls.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+
+    let b = bundle(
+        "front-classed",
+        &bin.join("devgate-hook"),
+        &env,
+        ("/dev/gpu1", 240, 1),
+        &[format!("FAKE_NVML_CONFIG={}", broken.display())],
+    );
+    let out = runtime_run("runc", &b, &unique_id("cl"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("row remapping failed"), "{all}");
+    assert!(!b.marker().exists());
+    let calls = fs::read_to_string(&calls).unwrap_or_default();
+    assert!(
+        calls.lines().any(|l| l.starts_with("__nvml-query ")),
+        "{calls}"
+    );
+    assert!(
+        !calls.contains("hook"),
+        "the front handed the hook on: {calls}"
+    );
+}
