@@ -13,13 +13,15 @@
 # Wall clock on a shared machine is noisy; the instruction counts (callgrind) printed beside
 # each ratio are the stable measure.
 # Hook lifetimes: while the interleaved runs go, `perf record` takes the kernel's sched
-# fork/exec/exit events; each `runc run`'s hooks are the processes its runc forks that
-# exec the hook program, and a hook's lifetime (fork by runc -> exit) is what it adds to
-# `runc run` (runc waits for each hook). Per runc case: the medians of the runs' hook time,
-# prestart and poststop, and 1 + the median paired difference of hook time (devgate minus
-# /bin/true, same pair) over the median `runc run` of the /bin/true case, with a 95%
-# interval; far narrower than the whole-run ratio, which runc's own jitter swamps. Skipped,
-# with a line saying why, where perf is missing or cannot record sched tracepoints.
+# fork/exec/exit and signal events; each `runc run`'s hooks are the processes its runc
+# forks that exec the hook program, and a hook's lifetime (its fork by runc -> the SIGCHLD
+# its exit sends runc) is what it adds to `runc run`, as runc waits for each hook
+# (benches/hook-trace.awk). Per runc case: the medians of the runs' hook time (both hooks),
+# prestart, poststop and the hooks' teardown (exit -> SIGCHLD); per pair of cases, 1 + the
+# median paired difference of hook time (devgate minus /bin/true, same pair) over the
+# median traced `runc run` of the /bin/true case, with a 95% interval: far narrower than
+# the whole-run ratio, which runc's own jitter swamps. Skipped, with a line saying why,
+# where perf is missing or cannot record the tracepoints.
 # HOOK_BIN=PATH (default: DEVGATE_BIN): the program the devgate cases run as their hook
 # (bundles' prestart/poststop, the standalone and concurrent prestarts, the instruction
 # counts), called as `PATH --config CFG hook prestart|poststop`, e.g. a devgate-hook front.
@@ -128,11 +130,13 @@ timed() { # $1: case; appends its time, prints it
   echo $(( ${t1/./} - ${t0/./} )) | tee -a "$W/$1.times"
 }
 
-# The kernel's sched events over the same runs, for the hook lifetimes (hook-trace.awk).
-# perf starts with its events off and answers "ack" on its control FIFO once they are on,
-# so the first run is recorded; it runs until stop_trace. Prints why where it cannot (run
-# in this shell, not in $(...), which would wait for perf to close its output).
-EVENTS=sched:sched_process_fork,sched:sched_process_exec,sched:sched_process_exit
+# The kernel's sched and signal events over the same runs, for the hook lifetimes
+# (hook-trace.awk). perf starts with its events off and answers "ack" on its control FIFO
+# once they are on, so the first run is recorded; it runs until stop_trace's SIGINT (perf
+# sets its own handler, so the SIGINT bash ignores in background jobs does not stop it).
+# Prints why where it cannot. Run in this shell, not in $(...), which would wait for perf
+# to close its output.
+EVENTS=sched:sched_process_fork,sched:sched_process_exec,sched:sched_process_exit,signal:signal_generate
 start_trace() {
   local ack="" i why
   command -v perf >/dev/null || { echo "perf is not installed"; return 1; }
@@ -152,7 +156,7 @@ start_trace() {
   # perf's reason is on its "Error:" line where it has one (e.g. no permission on tracefs)
   why=$(sed -n 's/^Error:[[:space:]]*//p' "$W/perf.err" | grep -m1 .) ||
     why=$(grep -m1 . "$W/perf.err") || why="no answer from perf in 30 s"
-  echo "perf cannot record sched tracepoints: $why"
+  echo "perf cannot record the sched and signal tracepoints: $why"
   return 1
 }
 start_trace >"$W/trace.skip" || true
@@ -192,6 +196,7 @@ i_true=$(insns "$TRUE")
 
 echo "devgate gate bench: $N runs of each case, interleaved in random order; times in us"
 echo "state_dir, quarantine and log on tmpfs ($W); machine: $(nproc) cores"
+[ "$HOOK" = "$BIN" ] || echo "hooks of the devgate cases run $HOOK (HOOK_BIN)"
 printf '%-11s %8s %8s %8s\n' case median p10 p90
 for c in $CASES; do set -- $(stats "$c"); printf '%-11s %8s %8s %8s\n' "$c" "$1" "$2" "$3"; done
 med() { stats "$1" | cut -d' ' -f1; }
@@ -217,21 +222,22 @@ hook_ratio() { # $1: pair
     printf "%.4f [%.4f, %.4f] (median hook-time difference %d us [%d, %d])", 1+m/t, 1+l/t, 1+h/t, m, l, h}'
 }
 hook_lifetimes() {
-  local c p t
+  local c p f
   [ -s "$W/trace.skip" ] && { echo "hook lifetimes: skipped, $(cat "$W/trace.skip")"; return; }
   perf script -i "$W/perf.data" -F comm,pid,tid,time,event,trace 2>/dev/null |
     awk -v root=$$ -v runc="$(command -v runc)" -v hook="$HOOK" -v truebin="$TRUE" \
       -f "$(dirname "$0")/hook-trace.awk" "$W/runc.seq" - >"$W/hooks.runs"
   if grep -q '^error:' "$W/hooks.runs"; then
-    echo "hook lifetimes: skipped, the trace does not match the runs: $(sed 's/^error: //' "$W/hooks.runs")"
+    echo "hook lifetimes: skipped, the trace does not match the runs: $(sed -n 's/^error: //p' "$W/hooks.runs")"
     return
   fi
-  echo "hook lifetimes inside runc, from sched events of the same runs (fork by runc -> exit); medians in us"
-  printf '%-11s %5s %8s %8s %8s %8s\n' case runs "runc run" hooks prestart poststop
+  echo "hook lifetimes inside runc, from a trace of the same runs (fork by runc -> SIGCHLD to runc); medians in us"
+  echo "(hooks: both per run; teardown: both hooks' exit -> SIGCHLD, inside their lifetimes)"
+  printf '%-11s %5s %8s %8s %8s %8s %8s\n' case runs "runc run" hooks prestart poststop teardown
   for c in runc8-gate runc8-true runc0-gate runc0-true; do
-    awk -v c="$c" '$2 == c {print $3, $4 + $5, $4, $5}' "$W/hooks.runs" >"$W/$c.hooks"
+    awk -v c="$c" '$2 == c {print $3, $4 + $5, $4, $5, $6}' "$W/hooks.runs" >"$W/$c.hooks"
     printf '%-11s %5s' "$c" "$(wc -l <"$W/$c.hooks")"
-    for f in 1 2 3 4; do printf ' %8s' "$(col_median "$W/$c.hooks" $f)"; done
+    for f in 1 2 3 4 5; do printf ' %8s' "$(col_median "$W/$c.hooks" $f)"; done
     echo
   done
   for p in runc8 runc0; do # devgate minus /bin/true hook time within each pair
