@@ -61,7 +61,9 @@ bench-remap: build
 bench-wrapper: build
 	./benches/wrapper.sh $(BIN)
 # The issue-9 gate: runc run and the standalone prestart, devgate vs /bin/true hooks,
-# interleaved in random order, with callgrind instruction counts (benches/gate.sh).
+# interleaved in random order, with callgrind instruction counts and the hooks' lifetimes
+# inside runc from a perf sched trace (benches/gate.sh); HOOK_BIN=path runs that program
+# as the devgate cases' hook instead of $(BIN).
 bench-gate: build
 	./benches/gate.sh $(BIN)
 
