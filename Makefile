@@ -62,10 +62,10 @@ bench-wrapper: build
 	./benches/wrapper.sh $(BIN)
 # The issue-9 gate: runc run and the standalone prestart, devgate vs /bin/true hooks,
 # interleaved in random order, with callgrind instruction counts and the hooks' lifetimes
-# inside runc from a perf sched trace (benches/gate.sh); HOOK_BIN=path runs that program
-# as the devgate cases' hook instead of $(BIN).
+# inside runc from a perf sched trace (benches/gate.sh). The hooks are what the hook files
+# run, the static front devgate-hook beside $(BIN); HOOK_BIN=path runs another program.
 bench-gate: build
-	./benches/gate.sh $(BIN)
+	HOOK_BIN=$(or $(HOOK_BIN),$(dir $(BIN))devgate-hook) ./benches/gate.sh $(BIN)
 
 # 8 GPUs on the fake NVML, with and without the NVML/XID step (root).
 bench-nvml: build
