@@ -264,14 +264,16 @@ fn non_utf8_argument_and_closed_stdout() {
     // `devgate help | true`: the reader is gone before devgate writes. Rust's runtime would
     // have ignored SIGPIPE; devgate's own main must too, so the write is an error it
     // handles, not a signal.
-    let mut child = Command::new(devgate_bin())
+    // The read end is closed before devgate starts: closing it after the spawn raced with
+    // devgate's write, which a loaded machine let win (the help fit in the pipe).
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(devgate_bin())
         .arg("help")
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(write))
         .stderr(Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
     // Not killed by any signal: no SIGPIPE, and no abort from a panic unwinding out of a
     // C main (the write's error ends it as Rust's own runtime would, with a code).
     assert!(
