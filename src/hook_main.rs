@@ -14,12 +14,5 @@ use std::time::Instant;
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     let started = Instant::now();
     devgate::cli::process_start();
-    devgate::cli::init_logging();
-    devgate::cli::set_panic_hook();
-    // As lang_start does: a panic that reaches main ends the process with 101 after the
-    // panic hook's one line, instead of unwinding out of a C function (an abort).
-    let code =
-        std::panic::catch_unwind(|| devgate::cli::hook_front(devgate::cli::utf8_args(), started))
-            .unwrap_or(101);
-    devgate::cli::exit(code)
+    devgate::cli::run_program(|| devgate::cli::hook_front(devgate::cli::utf8_args(), started))
 }

@@ -18,12 +18,7 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
     if args.next().as_deref() == Some(std::ffi::OsStr::new(devgate::NVML_QUERY_ARG)) {
         devgate::serve_nvml_query(&args.collect::<Vec<_>>());
     }
-    devgate::cli::init_logging();
-    devgate::cli::set_panic_hook();
-    // As lang_start does: a panic that reaches main ends the process with 101 after the
-    // panic hook's one line, instead of unwinding out of a C function (an abort).
-    let code = std::panic::catch_unwind(|| run(started)).unwrap_or(101);
-    devgate::cli::exit(code)
+    devgate::cli::run_program(|| run(started))
 }
 
 fn run(started: Instant) -> i32 {

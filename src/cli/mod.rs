@@ -181,6 +181,17 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
     }
 }
 
+/// The rest of a C `main` (src/main.rs, src/hook_main.rs, src/runtime_main.rs), once
+/// [`process_start`] ran: logging and the panic hook, then `run`; as lang_start does, a
+/// panic that reaches here ends the process with 101 after the panic hook's one line,
+/// instead of unwinding out of a C function (an abort).
+pub fn run_program(run: impl FnOnce() -> i32 + std::panic::UnwindSafe) -> ! {
+    init_logging();
+    set_panic_hook();
+    let code = std::panic::catch_unwind(run).unwrap_or(101);
+    exit(code)
+}
+
 /// What Rust's runtime start (lang_start) did that devgate relies on, for its C `main`s
 /// (src/main.rs, src/runtime_main.rs): lang_start also finds the main thread's stack by
 /// reading all of /proc/self/maps, a tenth of the hook's instructions.
@@ -219,7 +230,7 @@ pub fn utf8_args() -> Vec<String> {
 /// Log lines go to stderr, which runtimes pass on to kubelet's events and the operator's
 /// terminal. They carry outside text (paths, kernel lines, NVML strings), so the whole line
 /// goes through the one escaping function, whatever the call site did.
-pub fn init_logging() {
+fn init_logging() {
     use std::io::Write;
     env_logger::Builder::new()
         .filter_level(log::LevelFilter::Warn)
@@ -235,7 +246,7 @@ pub fn init_logging() {
         .init();
 }
 
-pub fn set_panic_hook() {
+fn set_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("{}", one_line(&panic_line(info.payload(), info.location())));
     }));
