@@ -63,21 +63,45 @@ impl Runtime {
     }
 }
 
-/// What the runtime runs: the binary, and the config it names (none: devgate's default).
+/// What the runtime runs: the devgate binary, the program the hooks run, and the config
+/// they name (none: devgate's default).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub bin: PathBuf,
+    /// The hook front beside `bin` ([`program::HOOK_FRONT`]); `bin` itself where `--bin`
+    /// names a devgate with no front beside it on this machine.
+    pub hook: PathBuf,
     pub config: Option<PathBuf>,
 }
 
 impl Target {
-    /// `PREFIX/bin/devgate`.
+    /// `PREFIX/bin/devgate`, its hooks `PREFIX/bin/devgate-hook`: what the packages,
+    /// `make install` and `install-host` lay out.
     pub fn for_prefix(prefix: &Path) -> Result<Target> {
         absolute("--prefix", prefix)?;
+        let bin = prefix.join("bin/devgate");
         Ok(Target {
-            bin: prefix.join("bin/devgate"),
+            hook: bin.with_file_name(program::HOOK_FRONT),
+            bin,
             config: None,
         })
+    }
+
+    /// `--bin PATH`: a devgate on this machine. Its hooks run the front beside it where there
+    /// is one, else PATH itself (a hook file naming a program that is not there would fail
+    /// every container start).
+    pub fn for_bin(bin: &Path) -> Target {
+        let front = bin.with_file_name(program::HOOK_FRONT);
+        let hook = if fs::symlink_metadata(&front).is_ok() {
+            front
+        } else {
+            bin.to_path_buf()
+        };
+        Target {
+            bin: bin.to_path_buf(),
+            hook,
+            config: None,
+        }
     }
 }
 
@@ -92,12 +116,6 @@ pub(super) fn absolute(what: &str, p: &Path) -> Result<()> {
     }
 }
 
-/// What the hooks run: the statically linked hook front beside the devgate binary
-/// (`PREFIX/bin/devgate-hook`), which hands containers with NVIDIA devices to devgate.
-pub fn hook_path(target: &Target) -> PathBuf {
-    target.bin.with_file_name(program::HOOK_FRONT)
-}
-
 /// The hook entry for one stage.
 pub fn hook(target: &Target, stage: &str) -> Result<Hook> {
     let mut args = vec!["devgate".to_string()];
@@ -107,7 +125,7 @@ pub fn hook(target: &Target, stage: &str) -> Result<Hook> {
     }
     args.extend(["hook".to_string(), stage.to_string()]);
     HookBuilder::default()
-        .path(hook_path(target))
+        .path(target.hook.clone())
         .args(args)
         .env(vec![HOOK_PATH_ENV.to_string()])
         .timeout(HOOK_TIMEOUT_S)
@@ -288,10 +306,7 @@ pub(super) fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
         }
         (Some(b), None) => {
             absolute("--bin", b)?;
-            Target {
-                bin: b.clone(),
-                config: None,
-            }
+            Target::for_bin(b)
         }
         (None, Some(p)) => Target::for_prefix(p)?,
         (None, None) => Target::for_prefix(Path::new(default_prefix))?,
@@ -366,8 +381,8 @@ mod tests {
     #[test]
     fn config_and_prefix_reach_the_hook() {
         let t = Target {
-            bin: "/opt/dg/bin/devgate".into(),
             config: Some("/opt/dg/etc/config.json".into()),
+            ..Target::for_prefix(Path::new("/opt/dg")).unwrap()
         };
         let h = serde_json::to_value(hook(&t, "poststop").unwrap()).unwrap();
         assert_eq!(h["path"], "/opt/dg/bin/devgate-hook");
@@ -449,6 +464,20 @@ mod tests {
         let o = parse(&argv("hooks-config --prefix /a --bin /b/devgate")).unwrap();
         assert!(target_of(&o, "/usr").is_err());
         assert!(Runtime::parse("docker").is_err());
+    }
+
+    #[test]
+    fn a_bin_without_a_front_beside_it_is_what_the_hooks_run() {
+        let dir = crate::fsutil::tests::tempdir("hc-front");
+        let bin = dir.join("devgate");
+        fs::write(&bin, "").unwrap();
+        // A devgate copied alone: hooks naming a front that is not there would fail every
+        // container start.
+        assert_eq!(Target::for_bin(&bin).hook, bin);
+        fs::write(dir.join("devgate-hook"), "").unwrap();
+        assert_eq!(Target::for_bin(&bin).hook, dir.join("devgate-hook"));
+        // An install prefix is laid out by the packages and installers: always the front.
+        assert_eq!(usr().hook, Path::new("/usr/bin/devgate-hook"));
     }
 
     #[test]

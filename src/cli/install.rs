@@ -2,7 +2,7 @@
 //! mounted at `--root` (the Kubernetes DaemonSet installer).
 
 use super::hooks_config::{
-    absolute, ensure_dir, files, hook_path, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
+    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
     HOST_HOOKS_DIR,
 };
 use super::wrapper_config;
@@ -88,7 +88,7 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         "the wrapper program",
         &under(&wrapper_config::wrapper_path(&target)),
     )?;
-    install_companion("the hook front", &under(&hook_path(&target)))?;
+    install_companion("the hook front", &under(&target.hook))?;
 
     let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;

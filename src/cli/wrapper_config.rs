@@ -176,8 +176,8 @@ mod tests {
     #[test]
     fn crio_and_podman_name_the_wrapper() {
         let t = Target {
-            bin: "/opt/dg/bin/devgate".into(),
             config: Some("/opt/dg/config.json".into()),
+            ..Target::for_prefix(Path::new("/opt/dg")).unwrap()
         };
         let c = &files(Runtime::Crio, &t).unwrap()[0];
         assert!(c
