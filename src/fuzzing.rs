@@ -49,6 +49,14 @@ pub fn oci_spec(data: &[u8]) {
             devices.is_empty() || may,
             "discover found devices may_have_devices missed"
         );
+        // An NVIDIA device or a GPU selector the hook front's test missed would be gated
+        // in a process that cannot load NVML (slower, through the query process).
+        if devices.iter().any(|d| d.class.is_nvidia()) || !selectors.is_empty() {
+            assert!(
+                crate::discover::may_name_nvidia(&spec),
+                "discover found an NVIDIA device may_name_nvidia missed"
+            );
+        }
     }
 }
 
