@@ -204,7 +204,9 @@ fn go_clean(p: &str) -> String {
     }
 }
 
-/// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
+/// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`. Its
+/// `host_path`, when found, is a node of that number as stat'ed below dev_root by this call
+/// (as [`crate::discover::discover`]'s are).
 pub fn selected_gpu(
     minor: u32,
     source: Source,

@@ -204,6 +204,8 @@ pub fn may_name_nvidia(spec: &Spec) -> bool {
 }
 
 /// Finds every assigned device, classifies it and finds its host node under `dev_root`.
+/// A `host_path` it returns is a node of the device's type and number, as stat'ed below
+/// dev_root by this call (the node probe takes that stat: `probe::node::HostNodes`).
 pub fn discover(
     spec: &Spec,
     rules: &[ClassRule],
