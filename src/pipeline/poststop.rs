@@ -112,24 +112,28 @@ fn poststop_here(
         termination_message,
         version: crate::VERSION.to_string(),
     };
-    if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
-        log::error!("cannot keep exit record: {e}");
-    }
-    if let Some(log_file) = &config.log_file {
-        let line = StopLine {
-            time: &stopped,
-            time_unix: stopped_unix,
-            stage: "poststop",
-            container_id: &state.id,
-            pod: &rec.pod,
-            faults: &exit.faults,
-            elapsed_us: started.elapsed().as_micros() as u64,
-            version: crate::VERSION,
-        };
-        if let Err(e) = record::append_log(log_file, &line) {
-            log::error!("cannot append decision log: {e}");
+    // The exit record's directory and the log's share most of their path: each directory
+    // on the way is stat'ed once for both.
+    crate::fsutil::dirs_checked_once(|| {
+        if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
+            log::error!("cannot keep exit record: {e}");
         }
-    }
+        if let Some(log_file) = &config.log_file {
+            let line = StopLine {
+                time: &stopped,
+                time_unix: stopped_unix,
+                stage: "poststop",
+                container_id: &state.id,
+                pod: &rec.pod,
+                faults: &exit.faults,
+                elapsed_us: started.elapsed().as_micros() as u64,
+                version: crate::VERSION,
+            };
+            if let Err(e) = record::append_log(log_file, &line) {
+                log::error!("cannot append decision log: {e}");
+            }
+        }
+    });
     Ok(Reply {
         exit_code: 0,
         stderr: lines,
