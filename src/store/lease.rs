@@ -66,12 +66,20 @@ pub enum Outcome {
     NoneFree(Vec<String>),
 }
 
-/// The start time of a process, or None when it does not exist.
+/// /proc/PID/stat is one line of some 50 numbers after a command name of at most 64
+/// bytes: well under 1 KiB. A longer one is not the kernel's.
+const MAX_PROC_STAT_BYTES: u64 = 4096;
+
+/// The start time of a process, or None when it does not exist. Read through the bounded
+/// reader, which gives procfs's size-0 file room for its whole text in the first read(2).
 pub(crate) fn pid_start(pid: i32) -> Option<u64> {
     if pid <= 0 {
         return None;
     }
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let f = File::open(&path).ok()?;
+    let bytes = crate::fsutil::read_bounded(f, MAX_PROC_STAT_BYTES, "process stat", &path).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
     let after = &text[text.rfind(')')? + 1..];
     after.split_whitespace().nth(19)?.parse().ok()
 }
