@@ -41,7 +41,7 @@ fn assigned(
 ) -> Result<(Vec<Device>, Option<GpuContext>, Vec<String>)> {
     let rules = config.class_rules();
     let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
-    let mut selectors = gpu::gpu_selectors_with(spec, config.env_selectors());
+    let mut selectors = gpu::gpu_selectors_with(spec, || config.env_selectors());
     let mut ctx = None;
     let mut warnings = Vec::new();
     if !selectors.is_empty() || nvidia::has_gpu(&devices) {
