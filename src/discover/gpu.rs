@@ -35,11 +35,13 @@ pub(crate) const MAX_SELECTORS: usize = 1024;
 /// The selectors read so far, without repeats: `1`, `01` and `+1` are one selector, and of
 /// the tokens NVIDIA refuses only the first is kept (its tooling stops at it; one unknown
 /// says so). Bounded by [`MAX_SELECTORS`] however long the spec's values are, and each
-/// token costs one set lookup, so that millions of tokens cost only their parse.
+/// token costs one set lookup, so that millions of tokens cost only their parse. The set
+/// is made at the first selector: a std hash set draws its keys from getrandom(2), one
+/// system call every container without a GPU selector would pay for nothing.
 #[derive(Default)]
 struct Selectors {
     out: Vec<(GpuSelector, Source)>,
-    seen: HashSet<(GpuSelector, Source)>,
+    seen: Option<HashSet<(GpuSelector, Source)>>,
     full: bool,
 }
 
@@ -55,7 +57,8 @@ impl Selectors {
             GpuSelector::Invalid(_) => GpuSelector::Invalid(String::new()),
             other => other.clone(),
         };
-        if self.seen.contains(&(key.clone(), source)) {
+        let seen = self.seen.get_or_insert_with(HashSet::new);
+        if seen.contains(&(key.clone(), source)) {
             return true;
         }
         if self.out.len() >= MAX_SELECTORS {
@@ -68,7 +71,7 @@ impl Selectors {
             ));
             return false;
         }
-        self.seen.insert((key, source));
+        seen.insert((key, source));
         self.out.push((sel, source));
         true
     }
