@@ -75,10 +75,13 @@ fn poststop_here(
     let devices = record::in_use(rec.devices.iter().map(|d| &d.device), &rec.remaps);
     // NVML and the kernel log are read again only for a container that had a GPU.
     let gpu = GpuContext::for_devices(&config, &devices);
-    let now: Vec<DeviceSnapshot> = devices
-        .iter()
-        .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
-        .collect();
+    // The devices' nodes are looked up below dev_root as one batch: the root checked once.
+    let now: Vec<DeviceSnapshot> = crate::fsutil::one_look_at_root(|| {
+        devices
+            .iter()
+            .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
+            .collect()
+    });
     let xids = gpu.as_ref().map(fault::xid_reports).unwrap_or_default();
     let faults = fault::diff(start, &now, &xids);
     let lines: Vec<String> = faults.iter().map(Fault::line).collect();
