@@ -20,7 +20,8 @@ struct OpenHow {
 /// relative one climbing out and /proc's magic links on the way, so a link any user can
 /// leave in a world-writable directory under /dev (/dev/shm) cannot send the stat to a
 /// filesystem a pod controls. Links that stay inside (`/dev/char/195:0 -> ../nvidia0`)
-/// still resolve. O_PATH opens nothing: a FIFO or a device cannot block it.
+/// still resolve. O_PATH opens nothing: a FIFO or a device cannot block it. A single name
+/// (`/dev/nvidia0`: most device nodes) is one lstat instead, the same lookup.
 pub fn stat_beneath(root: &Path, path: &Path) -> io::Result<fs::Metadata> {
     beneath(root, path, 0)
 }
@@ -66,6 +67,16 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
     let rel = path
         .strip_prefix(root)
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if let Some(name) = one_name(rel) {
+        // One name in root's directory, its final link not followed: an lstat of it
+        // through root's own path is the same lookup in one system call instead of three
+        // (and no kept root to check), and answers for what root's path names now.
+        let meta = fs::symlink_metadata(root.join(name))?;
+        if flags & libc::O_NOFOLLOW != 0 || !meta.file_type().is_symlink() {
+            return Ok(meta);
+        }
+        // A link to follow: through openat2 below, which keeps it inside root.
+    }
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
@@ -86,14 +97,22 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
     }
 }
 
+/// `rel` when it is one plain name (`null`, `nvidia0`): no `/` anywhere (not even a
+/// trailing one, which would make the kernel follow a final link), not `.` or `..`.
+fn one_name(rel: &Path) -> Option<&std::ffi::OsStr> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = rel.as_os_str().as_bytes();
+    (!b.is_empty() && !b.contains(&b'/') && b != b"." && b != b"..").then_some(rel.as_os_str())
+}
+
 /// A directory's identity: (st_dev, st_ino).
 type DirId = (u64, u64);
 
 thread_local! {
     /// The last root [`beneath`] opened, kept for the next lookup below it: a hook looks up
-    /// every device of a container below the same dev_root, twice (discovery and the node
-    /// probe), and opening and closing the root each time was two of every five system
-    /// calls of a lookup. Kept with the identity of the directory it holds, so that it is
+    /// every device of a container below the same dev_root (those deeper than one name,
+    /// `/dev/nvidia-caps/nvidia-cap1`, through here), and opening and closing the root each
+    /// time was two of every five system calls of a lookup. Kept with the identity of the directory it holds, so that it is
     /// used only while `root` still names that directory.
     static ROOT: std::cell::RefCell<Option<(std::path::PathBuf, OwnedFd, DirId)>> =
         const { std::cell::RefCell::new(None) };
@@ -203,21 +222,22 @@ mod tests {
         let d = crate::fsutil::tests::tempdir("beneath-kept");
         let root = d.join("dev");
         fs::create_dir_all(&root).unwrap();
-        fs::write(root.join("a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         let kept = ROOT.with(|r| r.borrow().as_ref().map(|(p, _, _)| p.clone()));
         assert_eq!(kept.as_deref(), Some(root.as_path()));
         // replaced: the old directory (and the kept fd's) is gone
         fs::remove_dir_all(&root).unwrap();
         fs::create_dir_all(&root).unwrap();
-        fs::create_dir(root.join("b")).unwrap();
-        assert!(stat_beneath(&root, &root.join("b")).unwrap().is_dir());
-        assert!(stat_beneath(&root, &root.join("a")).is_err());
+        fs::create_dir_all(root.join("s/b")).unwrap();
+        assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_dir());
+        assert!(stat_beneath(&root, &root.join("s/a")).is_err());
         // another root takes the slot, and the first is opened again when asked
         let other = d.join("other");
         fs::create_dir_all(&other).unwrap();
-        assert!(stat_beneath(&other, &other.join("b")).is_err());
-        assert!(stat_beneath(&root, &root.join("b")).unwrap().is_dir());
+        assert!(stat_beneath(&other, &other.join("s/b")).is_err());
+        assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_dir());
         fs::remove_dir_all(&d).unwrap();
     }
 
@@ -229,11 +249,12 @@ mod tests {
         let d = crate::fsutil::tests::tempdir("beneath-renamed");
         let root = d.join("dev");
         fs::create_dir_all(&root).unwrap();
-        fs::write(root.join("a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         fs::rename(&root, d.join("old")).unwrap();
-        fs::create_dir_all(root.join("a")).unwrap();
-        let now = stat_beneath(&root, &root.join("a")).unwrap();
+        fs::create_dir_all(root.join("s/a")).unwrap();
+        let now = stat_beneath(&root, &root.join("s/a")).unwrap();
         assert!(now.is_dir(), "answered from the renamed-away root");
         fs::remove_dir_all(&d).unwrap();
     }
@@ -246,25 +267,27 @@ mod tests {
         let d = crate::fsutil::tests::tempdir("beneath-batch");
         let root = d.join("dev");
         fs::create_dir_all(&root).unwrap();
-        fs::write(root.join("a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         // renamed away between calls: the batch's first lookup sees the new root
         fs::rename(&root, d.join("old")).unwrap();
-        fs::create_dir_all(root.join("a")).unwrap();
+        fs::create_dir_all(root.join("s/a")).unwrap();
         one_look_at_root(|| {
-            assert!(stat_beneath(&root, &root.join("a")).unwrap().is_dir());
+            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
             assert_eq!(BATCH.with(|b| b.get()), Some(true));
             // within the batch the next lookup goes by the checked fd
             fs::rename(&root, d.join("older")).unwrap();
             fs::create_dir_all(&root).unwrap();
-            fs::write(root.join("a"), b"").unwrap();
-            assert!(stat_beneath(&root, &root.join("a")).unwrap().is_dir());
+            fs::create_dir_all(root.join("s")).unwrap();
+            fs::write(root.join("s/a"), b"").unwrap();
+            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
             // a lookup that fails there is made again from a fresh open
-            fs::write(root.join("b"), b"").unwrap();
-            assert!(stat_beneath(&root, &root.join("b")).unwrap().is_file());
+            fs::write(root.join("s/b"), b"").unwrap();
+            assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_file());
         });
         assert_eq!(BATCH.with(|b| b.get()), None);
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         fs::remove_dir_all(&d).unwrap();
     }
 
@@ -281,8 +304,9 @@ mod tests {
         let d = crate::fsutil::tests::tempdir("beneath-mounted");
         let root = d.join("dev");
         fs::create_dir_all(&root).unwrap();
-        fs::write(root.join("a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         // devgate and CI run as root; mounting a tmpfs needs nothing else.
         nix::mount::mount(
             Some("tmpfs"),
@@ -294,10 +318,53 @@ mod tests {
         .unwrap();
         let guard = Unmount(root.clone());
         assert!(
-            stat_beneath(&root, &root.join("a")).is_err(),
+            stat_beneath(&root, &root.join("s/a")).is_err(),
             "answered from below the mount"
         );
         drop(guard);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A single name is looked up by an lstat through root's path: the same lookup
+    /// (one name in root's directory, its link not followed) in one system call, which
+    /// answers for what root names now; a link there that is to be followed goes through
+    /// openat2 and stays inside root.
+    #[test]
+    fn a_single_name_is_one_lstat_and_its_link_stays_inside() {
+        let d = crate::fsutil::tests::tempdir("beneath-one-name");
+        let root = d.join("dev");
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        fs::write(d.join("outside"), b"").unwrap();
+        std::os::unix::fs::symlink("s/a", root.join("in")).unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../outside", root.join("up")).unwrap();
+        ROOT.with(|r| *r.borrow_mut() = None);
+        assert!(stat_beneath(&root, &root.join("s")).unwrap().is_dir());
+        assert!(
+            ROOT.with(|r| r.borrow().is_none()),
+            "root opened for one name"
+        );
+        assert!(stat_beneath(&root, &root.join("in")).unwrap().is_file());
+        for link in ["abs", "up"] {
+            assert!(stat_beneath(&root, &root.join(link)).is_err(), "{link}");
+            let own = lstat_beneath(&root, &root.join(link)).unwrap();
+            assert!(own.file_type().is_symlink(), "{link}");
+        }
+        // renamed away: a name answers for the new root
+        fs::rename(&root, d.join("old")).unwrap();
+        fs::create_dir_all(root.join("s/a")).unwrap();
+        assert!(stat_beneath(&root, &root.join("s")).unwrap().is_dir());
+        assert!(stat_beneath(&root, &root.join("in")).is_err());
+        for (rel, one) in [
+            ("a", true),
+            ("a/", false),
+            (".", false),
+            ("..", false),
+            ("a/b", false),
+        ] {
+            assert_eq!(one_name(Path::new(rel)).is_some(), one, "{rel}");
+        }
         fs::remove_dir_all(&d).unwrap();
     }
 
