@@ -88,7 +88,7 @@ pub(crate) fn pid_start(pid: i32) -> Option<u64> {
 /// the last `)`, and only what follows it, the kernel's numbers, has to be text: a name
 /// that is not UTF-8 made a live process look gone (its record pruned as a dead
 /// container's, its spare's lease free for another).
-fn start_time(stat: &[u8]) -> Option<u64> {
+pub(crate) fn start_time(stat: &[u8]) -> Option<u64> {
     let close = stat.iter().rposition(|&b| b == b')')?;
     std::str::from_utf8(&stat[close + 1..])
         .ok()?
