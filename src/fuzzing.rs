@@ -185,6 +185,19 @@ pub fn proc_cgroup(data: &[u8]) {
     }
 }
 
+/// /proc/PID/stat, whose command name a process chooses: the start time found is one of
+/// the kernel's numbers after the name.
+pub fn proc_stat(data: &[u8]) {
+    if let Some(t) = crate::store::lease::start_time(data) {
+        let close = data
+            .iter()
+            .rposition(|&b| b == b')')
+            .expect("found after a ')'");
+        let rest = String::from_utf8_lossy(&data[close + 1..]);
+        assert!(rest.split_ascii_whitespace().any(|w| w.parse() == Ok(t)));
+    }
+}
+
 /// /proc/self/mountinfo.
 pub fn mountinfo(data: &[u8]) {
     let text = String::from_utf8_lossy(data);

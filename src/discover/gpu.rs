@@ -35,11 +35,13 @@ pub(crate) const MAX_SELECTORS: usize = 1024;
 /// The selectors read so far, without repeats: `1`, `01` and `+1` are one selector, and of
 /// the tokens NVIDIA refuses only the first is kept (its tooling stops at it; one unknown
 /// says so). Bounded by [`MAX_SELECTORS`] however long the spec's values are, and each
-/// token costs one set lookup, so that millions of tokens cost only their parse.
+/// token costs one set lookup, so that millions of tokens cost only their parse. The set
+/// is made at the first selector: a std hash set draws its keys from getrandom(2), one
+/// system call every container without a GPU selector would pay for nothing.
 #[derive(Default)]
 struct Selectors {
     out: Vec<(GpuSelector, Source)>,
-    seen: HashSet<(GpuSelector, Source)>,
+    seen: Option<HashSet<(GpuSelector, Source)>>,
     full: bool,
 }
 
@@ -55,7 +57,8 @@ impl Selectors {
             GpuSelector::Invalid(_) => GpuSelector::Invalid(String::new()),
             other => other.clone(),
         };
-        if self.seen.contains(&(key.clone(), source)) {
+        let seen = self.seen.get_or_insert_with(HashSet::new);
+        if seen.contains(&(key.clone(), source)) {
             return true;
         }
         if self.out.len() >= MAX_SELECTORS {
@@ -68,7 +71,7 @@ impl Selectors {
             ));
             return false;
         }
-        self.seen.insert((key, source));
+        seen.insert((key, source));
         self.out.push((sel, source));
         true
     }
@@ -80,15 +83,18 @@ impl Selectors {
 /// (`selector`): tokens are not trimmed (NVIDIA's tooling refuses ` 1, GPU-…`), `all` ends
 /// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
-    gpu_selectors_with(spec, true)
+    gpu_selectors_with(spec, || true)
 }
 
-/// [`gpu_selectors`], with the variable itself read only when `env` (`gpu.env_selectors`).
+/// [`gpu_selectors`], with the variable itself read only when `env` (`gpu.env_selectors`)
+/// says so. `env` is asked only when the spec has the variable or a legacy CUDA image's
+/// `CUDA_VERSION` (it may read the NVIDIA toolkit's config, a file most containers, with no
+/// GPU, have no use for).
 /// The device plugin's volume mounts are read either way: they are how it names GPUs in
 /// the toolkit's setup that turns the variable off for unprivileged containers
 /// (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, which is also
 /// `gpu.env_selectors`'s default), and the toolkit reads them whatever that key says.
-pub fn gpu_selectors_with(spec: &Spec, env: bool) -> Vec<(GpuSelector, Source)> {
+pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSelector, Source)> {
     let mut out = Selectors::default();
     for name in volume_mount_devices(spec) {
         if let Some(s) = parse_selector(&name) {
@@ -97,14 +103,16 @@ pub fn gpu_selectors_with(spec: &Spec, env: bool) -> Vec<(GpuSelector, Source)> 
             }
         }
     }
-    if !env {
+    // Without the variable or CUDA_VERSION nothing below selects a GPU, whatever `env`.
+    let cuda = spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty());
+    if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda) || !env() {
         return cdi_selectors(spec, out);
     }
     // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
     // every GPU from the toolkit, unless the mounts named some.
     let legacy_all = out.out.is_empty()
         && spec.env(NVIDIA_VISIBLE_DEVICES).is_none()
-        && spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty())
+        && cuda
         && spec.env("NVIDIA_REQUIRE_CUDA").map_or(true, str::is_empty);
     // The device plugin's volume-mounts strategy sets the variable to the mounts' root:
     // the list is the mounts above, not this value.
@@ -204,7 +212,9 @@ fn go_clean(p: &str) -> String {
     }
 }
 
-/// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`.
+/// A GPU a selector chose, once NVML has said which minor it has: `/dev/nvidiaN`. Its
+/// `host_path`, when found, is a node of that number as stat'ed below dev_root by this call
+/// (as [`crate::discover::discover`]'s are).
 pub fn selected_gpu(
     minor: u32,
     source: Source,
@@ -445,13 +455,35 @@ mod tests {
                 "mounts":[{"destination":"/var/run/nvidia-container-devices/3","source":"/dev/null"}]}"#,
         );
         assert_eq!(
-            gpu_selectors_with(&s, false),
+            gpu_selectors_with(&s, || false),
             vec![
                 (GpuSelector::Index(3), Source::NvidiaVisibleDevices),
                 (GpuSelector::Index(2), Source::CdiAnnotation),
             ]
         );
-        assert_eq!(gpu_selectors_with(&s, true).len(), 3);
+        assert_eq!(gpu_selectors_with(&s, || true).len(), 3);
+    }
+
+    /// Whether the variable counts (which may take a read of the NVIDIA toolkit's config)
+    /// is asked only of a spec that has the variable or `CUDA_VERSION`: without either it
+    /// could select nothing.
+    #[test]
+    fn env_selectors_is_asked_only_when_the_spec_could_use_it() {
+        let s = spec(
+            r#"{"process":{"env":["PATH=/bin","CUDA_VERSION="]},
+                "annotations":{"cdi.k8s.io/x":"nvidia.com/gpu=2"}}"#,
+        );
+        let got = gpu_selectors_with(&s, || panic!("asked without the variable"));
+        assert_eq!(got, vec![(GpuSelector::Index(2), Source::CdiAnnotation)]);
+        for env in ["NVIDIA_VISIBLE_DEVICES=void", "CUDA_VERSION=12.2"] {
+            let s = spec(&format!(r#"{{"process":{{"env":["{env}"]}}}}"#));
+            let mut asked = false;
+            gpu_selectors_with(&s, || {
+                asked = true;
+                false
+            });
+            assert!(asked, "{env}");
+        }
     }
 
     /// NVIDIA's tooling reads every token; so must devgate, however many come before the

@@ -204,7 +204,19 @@ pub fn may_name_nvidia(spec: &Spec) -> bool {
 }
 
 /// Finds every assigned device, classifies it and finds its host node under `dev_root`.
+/// A `host_path` it returns is a node of the device's type and number, as stat'ed below
+/// dev_root by this call (the node probe takes that stat: `probe::node::HostNodes`).
 pub fn discover(
+    spec: &Spec,
+    rules: &[ClassRule],
+    dev_root: &Path,
+    sysfs_root: &Path,
+) -> Result<Vec<Device>> {
+    // Every lookup below dev_root here is one batch: the root is checked once.
+    crate::fsutil::one_look_at_root(|| discover_below(spec, rules, dev_root, sysfs_root))
+}
+
+fn discover_below(
     spec: &Spec,
     rules: &[ClassRule],
     dev_root: &Path,

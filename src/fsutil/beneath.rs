@@ -20,7 +20,8 @@ struct OpenHow {
 /// relative one climbing out and /proc's magic links on the way, so a link any user can
 /// leave in a world-writable directory under /dev (/dev/shm) cannot send the stat to a
 /// filesystem a pod controls. Links that stay inside (`/dev/char/195:0 -> ../nvidia0`)
-/// still resolve. O_PATH opens nothing: a FIFO or a device cannot block it.
+/// still resolve. O_PATH opens nothing: a FIFO or a device cannot block it. A single name
+/// (`/dev/nvidia0`: most device nodes) is one lstat instead, the same lookup.
 pub fn stat_beneath(root: &Path, path: &Path) -> io::Result<fs::Metadata> {
     beneath(root, path, 0)
 }
@@ -66,6 +67,16 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
     let rel = path
         .strip_prefix(root)
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if let Some(name) = one_name(rel) {
+        // One name in root's directory, its final link not followed: an lstat of it
+        // through root's own path is the same lookup in one system call instead of three
+        // (and no kept root to check), and answers for what root's path names now.
+        let meta = fs::symlink_metadata(root.join(name))?;
+        if flags & libc::O_NOFOLLOW != 0 || !meta.file_type().is_symlink() {
+            return Ok(meta);
+        }
+        // A link to follow: through openat2 below, which keeps it inside root.
+    }
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
@@ -86,17 +97,52 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
     }
 }
 
+/// `rel` when it is one plain name (`null`, `nvidia0`): no `/` anywhere (not even a
+/// trailing one, which would make the kernel follow a final link), not `.` or `..`.
+fn one_name(rel: &Path) -> Option<&std::ffi::OsStr> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = rel.as_os_str().as_bytes();
+    (!b.is_empty() && !b.contains(&b'/') && b != b"." && b != b"..").then_some(rel.as_os_str())
+}
+
 /// A directory's identity: (st_dev, st_ino).
 type DirId = (u64, u64);
 
 thread_local! {
     /// The last root [`beneath`] opened, kept for the next lookup below it: a hook looks up
-    /// every device of a container below the same dev_root, twice (discovery and the node
-    /// probe), and opening and closing the root each time was two of every five system
-    /// calls of a lookup. Kept with the identity of the directory it holds, so that it is
+    /// every device of a container below the same dev_root (those deeper than one name,
+    /// `/dev/nvidia-caps/nvidia-cap1`, through here), and opening and closing the root each
+    /// time was two of every five system calls of a lookup. Kept with the identity of the directory it holds, so that it is
     /// used only while `root` still names that directory.
     static ROOT: std::cell::RefCell<Option<(std::path::PathBuf, OwnedFd, DirId)>> =
         const { std::cell::RefCell::new(None) };
+    /// Inside [`one_look_at_root`]: whether the kept root was checked (or opened) in it.
+    static BATCH: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f`, a batch of lookups below one root made together (a container's devices, one
+/// after the other), with the kept root checked against what its path names once, at the
+/// first lookup, instead of at every one: what any code does that opens a directory and
+/// looks up names relative to it. The check exists because the fd is kept beyond one
+/// batch (for the next call in the same process), where a root renamed away or mounted
+/// over since would answer for a tree its path no longer names; inside one batch every
+/// answer is for the tree the path named at its start, microseconds before, and a stat
+/// before each lookup would narrow no window (the rename can come just after it). Only
+/// root can rename dev_root or mount over it. A failed lookup is still made again from a
+/// fresh open. Nested calls are one batch.
+pub fn one_look_at_root<T>(f: impl FnOnce() -> T) -> T {
+    struct End;
+    impl Drop for End {
+        fn drop(&mut self) {
+            BATCH.with(|b| b.set(None));
+        }
+    }
+    if BATCH.with(|b| b.get().is_some()) {
+        return f();
+    }
+    BATCH.with(|b| b.set(Some(false)));
+    let _end = End;
+    f()
 }
 
 /// The kept fd for `root` (taken out while in use), else a fresh O_PATH open of it; its
@@ -110,8 +156,12 @@ fn root_dir(root: &Path) -> io::Result<(OwnedFd, DirId, bool)> {
         Some((p, fd, id)) if p == root => Some((fd, id)),
         _ => None,
     });
+    // Checked already in this batch ([`one_look_at_root`]): the kept fd is the one the
+    // batch's first lookup checked or opened (any other root would have taken the slot).
+    let checked = BATCH.with(|b| b.get() == Some(true));
     if let Some((fd, id)) = kept {
-        if fs::metadata(root).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+        if checked || fs::metadata(root).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+            BATCH.with(|b| b.get().is_some().then(|| b.set(Some(true))));
             return Ok((fd, id, false));
         }
     }
@@ -120,6 +170,7 @@ fn root_dir(root: &Path) -> io::Result<(OwnedFd, DirId, bool)> {
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(root)?;
     let m = dir.metadata()?;
+    BATCH.with(|b| b.get().is_some().then(|| b.set(Some(true))));
     Ok((dir.into(), (m.dev(), m.ino()), true))
 }
 
@@ -171,21 +222,22 @@ mod tests {
         let d = crate::fsutil::tests::tempdir("beneath-kept");
         let root = d.join("dev");
         fs::create_dir_all(&root).unwrap();
-        fs::write(root.join("a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         let kept = ROOT.with(|r| r.borrow().as_ref().map(|(p, _, _)| p.clone()));
         assert_eq!(kept.as_deref(), Some(root.as_path()));
         // replaced: the old directory (and the kept fd's) is gone
         fs::remove_dir_all(&root).unwrap();
         fs::create_dir_all(&root).unwrap();
-        fs::create_dir(root.join("b")).unwrap();
-        assert!(stat_beneath(&root, &root.join("b")).unwrap().is_dir());
-        assert!(stat_beneath(&root, &root.join("a")).is_err());
+        fs::create_dir_all(root.join("s/b")).unwrap();
+        assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_dir());
+        assert!(stat_beneath(&root, &root.join("s/a")).is_err());
         // another root takes the slot, and the first is opened again when asked
         let other = d.join("other");
         fs::create_dir_all(&other).unwrap();
-        assert!(stat_beneath(&other, &other.join("b")).is_err());
-        assert!(stat_beneath(&root, &root.join("b")).unwrap().is_dir());
+        assert!(stat_beneath(&other, &other.join("s/b")).is_err());
+        assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_dir());
         fs::remove_dir_all(&d).unwrap();
     }
 
@@ -197,12 +249,45 @@ mod tests {
         let d = crate::fsutil::tests::tempdir("beneath-renamed");
         let root = d.join("dev");
         fs::create_dir_all(&root).unwrap();
-        fs::write(root.join("a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         fs::rename(&root, d.join("old")).unwrap();
-        fs::create_dir_all(root.join("a")).unwrap();
-        let now = stat_beneath(&root, &root.join("a")).unwrap();
+        fs::create_dir_all(root.join("s/a")).unwrap();
+        let now = stat_beneath(&root, &root.join("s/a")).unwrap();
         assert!(now.is_dir(), "answered from the renamed-away root");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Inside one batch of lookups the root is checked at the first only; the fd kept from
+    /// before the batch is checked all the same, and after the batch every lookup checks
+    /// again: a root renamed away between two calls never answers for the new one.
+    #[test]
+    fn a_batch_checks_the_root_once_and_a_kept_root_at_its_start() {
+        let d = crate::fsutil::tests::tempdir("beneath-batch");
+        let root = d.join("dev");
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
+        // renamed away between calls: the batch's first lookup sees the new root
+        fs::rename(&root, d.join("old")).unwrap();
+        fs::create_dir_all(root.join("s/a")).unwrap();
+        one_look_at_root(|| {
+            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
+            assert_eq!(BATCH.with(|b| b.get()), Some(true));
+            // within the batch the next lookup goes by the checked fd
+            fs::rename(&root, d.join("older")).unwrap();
+            fs::create_dir_all(&root).unwrap();
+            fs::create_dir_all(root.join("s")).unwrap();
+            fs::write(root.join("s/a"), b"").unwrap();
+            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
+            // a lookup that fails there is made again from a fresh open
+            fs::write(root.join("s/b"), b"").unwrap();
+            assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_file());
+        });
+        assert_eq!(BATCH.with(|b| b.get()), None);
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         fs::remove_dir_all(&d).unwrap();
     }
 
@@ -219,8 +304,9 @@ mod tests {
         let d = crate::fsutil::tests::tempdir("beneath-mounted");
         let root = d.join("dev");
         fs::create_dir_all(&root).unwrap();
-        fs::write(root.join("a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("a")).unwrap().is_file());
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         // devgate and CI run as root; mounting a tmpfs needs nothing else.
         nix::mount::mount(
             Some("tmpfs"),
@@ -232,10 +318,53 @@ mod tests {
         .unwrap();
         let guard = Unmount(root.clone());
         assert!(
-            stat_beneath(&root, &root.join("a")).is_err(),
+            stat_beneath(&root, &root.join("s/a")).is_err(),
             "answered from below the mount"
         );
         drop(guard);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A single name is looked up by an lstat through root's path: the same lookup
+    /// (one name in root's directory, its link not followed) in one system call, which
+    /// answers for what root names now; a link there that is to be followed goes through
+    /// openat2 and stays inside root.
+    #[test]
+    fn a_single_name_is_one_lstat_and_its_link_stays_inside() {
+        let d = crate::fsutil::tests::tempdir("beneath-one-name");
+        let root = d.join("dev");
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        fs::write(d.join("outside"), b"").unwrap();
+        std::os::unix::fs::symlink("s/a", root.join("in")).unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../outside", root.join("up")).unwrap();
+        ROOT.with(|r| *r.borrow_mut() = None);
+        assert!(stat_beneath(&root, &root.join("s")).unwrap().is_dir());
+        assert!(
+            ROOT.with(|r| r.borrow().is_none()),
+            "root opened for one name"
+        );
+        assert!(stat_beneath(&root, &root.join("in")).unwrap().is_file());
+        for link in ["abs", "up"] {
+            assert!(stat_beneath(&root, &root.join(link)).is_err(), "{link}");
+            let own = lstat_beneath(&root, &root.join(link)).unwrap();
+            assert!(own.file_type().is_symlink(), "{link}");
+        }
+        // renamed away: a name answers for the new root
+        fs::rename(&root, d.join("old")).unwrap();
+        fs::create_dir_all(root.join("s/a")).unwrap();
+        assert!(stat_beneath(&root, &root.join("s")).unwrap().is_dir());
+        assert!(stat_beneath(&root, &root.join("in")).is_err());
+        for (rel, one) in [
+            ("a", true),
+            ("a/", false),
+            (".", false),
+            ("..", false),
+            ("a/b", false),
+        ] {
+            assert_eq!(one_name(Path::new(rel)).is_some(), one, "{rel}");
+        }
         fs::remove_dir_all(&d).unwrap();
     }
 

@@ -8,18 +8,28 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 mod beneath;
+mod dir_memo;
 pub mod program;
 #[cfg(test)]
 pub(crate) mod test_dirs;
-pub use beneath::{lstat_beneath, openat2, stat_beneath};
+pub use beneath::{lstat_beneath, one_look_at_root, openat2, stat_beneath};
+pub use dir_memo::dirs_checked_once;
+use dir_memo::{checked_before, remember_checked};
 
 /// Reads at most `limit` bytes; one byte more is an error rather than a silent truncation.
 pub fn read_bounded(r: impl Read, limit: u64, what: &str, path: &Path) -> Result<Vec<u8>> {
     read_bounded_sized(r, limit, 0, what, path)
 }
 
-/// [`read_bounded`] into a buffer sized for `expect` bytes up front: std's read_to_end
-/// starts at 32 bytes and doubles, which for a config.json of a few KB is a dozen reads.
+/// Room for the first read of a file whose size is not known up front: procfs and sysfs
+/// files stat as 0 bytes (and a pipe has no size). procfs makes a file's whole text again
+/// on every read(2), so std's start at 32 bytes, doubling, was five reads of
+/// /proc/PID/stat (about 300 bytes) where one does.
+const UNKNOWN_SIZE_START: u64 = 1024;
+
+/// [`read_bounded`] into a buffer sized for `expect` bytes up front (0: not known, then
+/// [`UNKNOWN_SIZE_START`]): std's read_to_end starts at 32 bytes and doubles, which for a
+/// config.json of a few KB is a dozen reads.
 fn read_bounded_sized(
     mut r: impl Read,
     limit: u64,
@@ -27,6 +37,11 @@ fn read_bounded_sized(
     what: &str,
     path: &Path,
 ) -> Result<Vec<u8>> {
+    let expect = if expect == 0 {
+        UNKNOWN_SIZE_START
+    } else {
+        expect
+    };
     // One byte more than expected, so that the read which sees the end needs no growth.
     let mut buf = Vec::with_capacity(expect.min(limit).saturating_add(1) as usize);
     r.by_ref()
@@ -171,6 +186,11 @@ fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
     let mut parent: (PathBuf, u32) = ("/".into(), 0o755);
     for (i, p) in chain.iter().enumerate() {
         let last = i + 1 == chain.len();
+        if let Some((uid, mode)) = checked_before(p) {
+            judge_dir(p, uid, euid, mode, !last)?;
+            parent = (p.to_path_buf(), mode);
+            continue;
+        }
         let meta = match fs::symlink_metadata(p) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -213,6 +233,7 @@ fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
             return Err(Error::unsafe_path(p, "is not a directory"));
         }
         judge_dir(p, meta.uid(), euid, meta.mode(), !last)?;
+        remember_checked(p, meta.uid(), meta.mode());
         parent = (p.to_path_buf(), meta.mode());
     }
     Ok(DirState::Present)
@@ -461,6 +482,27 @@ pub(crate) mod tests {
             read_bounded(&data[..10], 10, "state", Path::new("stdin")).unwrap(),
             vec![b'x'; 10]
         );
+    }
+
+    /// A source of unknown size (procfs, where every read(2) makes the whole text again)
+    /// is read in one read and the one that sees its end, not from 32 bytes up; the bound
+    /// holds all the same.
+    #[test]
+    fn a_small_text_of_unknown_size_takes_one_read() {
+        struct Counted<'a>(&'a [u8], usize);
+        impl Read for Counted<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                self.1 += 1;
+                self.0.read(buf)
+            }
+        }
+        let text = [b'1'; 300];
+        let mut r = Counted(&text, 0);
+        let got = read_bounded(&mut r, 4096, "stat", Path::new("/proc/1/stat")).unwrap();
+        assert_eq!(got.len(), 300);
+        assert_eq!(r.1, 2, "reads");
+        let e = read_bounded(Counted(&text, 0), 299, "stat", Path::new("/proc/1/stat"));
+        assert!(e.unwrap_err().to_string().contains("exceeds 299 bytes"));
     }
 
     #[test]

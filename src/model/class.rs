@@ -189,6 +189,9 @@ pub(crate) fn classify(
     minor: u32,
     paths: &[&Path],
 ) -> Class {
+    // The paths as text, made once at the first rule that matches by path rather than
+    // for every rule (a UTF-8 check per path per rule was a third of this function).
+    let mut texts: Option<Vec<&str>> = None;
     for r in rules {
         if r.typ != typ {
             continue;
@@ -198,9 +201,12 @@ pub(crate) fn classify(
                 .map(|[lo, hi]| (lo..=hi).contains(&minor))
                 .unwrap_or(true);
         let by_path = r.major.is_none()
-            && r.path
-                .as_deref()
-                .is_some_and(|pat| paths.iter().any(|p| path_matches(pat, p)));
+            && r.path.as_deref().is_some_and(|pat| {
+                texts
+                    .get_or_insert_with(|| paths.iter().filter_map(|p| p.to_str()).collect())
+                    .iter()
+                    .any(|p| text_matches(pat, p))
+            });
         if by_number || by_path {
             return r.class.clone();
         }
@@ -218,9 +224,11 @@ pub fn rule_for<'a>(rules: &'a [ClassRule], class: &str) -> Option<&'a ClassRule
 
 /// `/dev/nvidia{N}` matches `/dev/nvidia12` but not `/dev/nvidiactl`.
 pub fn path_matches(pattern: &str, path: &Path) -> bool {
-    let Some(path) = path.to_str() else {
-        return false;
-    };
+    path.to_str().is_some_and(|p| text_matches(pattern, p))
+}
+
+/// [`path_matches`] on a path already checked to be text.
+fn text_matches(pattern: &str, path: &str) -> bool {
     // Every device is tried against every rule: a plain scan of these short patterns
     // costs less than setting up str's substring searcher.
     let split = pattern

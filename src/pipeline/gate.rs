@@ -19,7 +19,7 @@ use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, Snapshot};
 use crate::probe::nvidia::{self, GpuContext};
-use crate::probe::{pcie, probe_all, Findings, Probed};
+use crate::probe::{pcie, probe_all, Findings, HostNodes, Probed};
 use crate::report::record::{self, Decision, PodInfo};
 use crate::store::lease::Leases;
 use crate::store::marker;
@@ -41,7 +41,7 @@ fn assigned(
 ) -> Result<(Vec<Device>, Option<GpuContext>, Vec<String>)> {
     let rules = config.class_rules();
     let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
-    let mut selectors = gpu::gpu_selectors_with(spec, config.env_selectors());
+    let mut selectors = gpu::gpu_selectors_with(spec, || config.env_selectors());
     let mut ctx = None;
     let mut warnings = Vec::new();
     if !selectors.is_empty() || nvidia::has_gpu(&devices) {
@@ -221,7 +221,14 @@ pub(crate) fn gate_with(
         });
     }
     let ledger = Ledger::new(&config.quarantine_dir);
-    let Probed { verdicts, findings } = probe_all(config, &ledger, &devices, gpu.as_ref());
+    // Every device here came from `assigned`, whose discovery found its host node just now.
+    let Probed { verdicts, findings } = probe_all(
+        config,
+        &ledger,
+        &devices,
+        gpu.as_ref(),
+        HostNodes::JustFound,
+    );
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
     let (action, message, mut warnings) = policy::summarize(&decisions);

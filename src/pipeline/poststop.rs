@@ -75,10 +75,13 @@ fn poststop_here(
     let devices = record::in_use(rec.devices.iter().map(|d| &d.device), &rec.remaps);
     // NVML and the kernel log are read again only for a container that had a GPU.
     let gpu = GpuContext::for_devices(&config, &devices);
-    let now: Vec<DeviceSnapshot> = devices
-        .iter()
-        .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
-        .collect();
+    // The devices' nodes are looked up below dev_root as one batch: the root checked once.
+    let now: Vec<DeviceSnapshot> = crate::fsutil::one_look_at_root(|| {
+        devices
+            .iter()
+            .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
+            .collect()
+    });
     let xids = gpu.as_ref().map(fault::xid_reports).unwrap_or_default();
     let faults = fault::diff(start, &now, &xids);
     let lines: Vec<String> = faults.iter().map(Fault::line).collect();
@@ -112,24 +115,28 @@ fn poststop_here(
         termination_message,
         version: crate::VERSION.to_string(),
     };
-    if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
-        log::error!("cannot keep exit record: {e}");
-    }
-    if let Some(log_file) = &config.log_file {
-        let line = StopLine {
-            time: &stopped,
-            time_unix: stopped_unix,
-            stage: "poststop",
-            container_id: &state.id,
-            pod: &rec.pod,
-            faults: &exit.faults,
-            elapsed_us: started.elapsed().as_micros() as u64,
-            version: crate::VERSION,
-        };
-        if let Err(e) = record::append_log(log_file, &line) {
-            log::error!("cannot append decision log: {e}");
+    // The exit record's directory and the log's share most of their path: each directory
+    // on the way is stat'ed once for both.
+    crate::fsutil::dirs_checked_once(|| {
+        if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
+            log::error!("cannot keep exit record: {e}");
         }
-    }
+        if let Some(log_file) = &config.log_file {
+            let line = StopLine {
+                time: &stopped,
+                time_unix: stopped_unix,
+                stage: "poststop",
+                container_id: &state.id,
+                pod: &rec.pod,
+                faults: &exit.faults,
+                elapsed_us: started.elapsed().as_micros() as u64,
+                version: crate::VERSION,
+            };
+            if let Err(e) = record::append_log(log_file, &line) {
+                log::error!("cannot append decision log: {e}");
+            }
+        }
+    });
     Ok(Reply {
         exit_code: 0,
         stderr: lines,

@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::model::device::Device;
 use crate::model::verdict::{ProbeResult, Verdict};
 use crate::store::quarantine::Ledger;
+pub use node::HostNodes;
 use node::NodeProbe;
 use nvidia::gpu::NvmlProbe;
 use nvidia::xid::XidProbe;
@@ -71,15 +72,17 @@ pub fn run_all(probes: &[&dyn Probe], device: &Device) -> (Vec<ProbeResult>, Fin
 
 /// Runs every probe on every device. The probe list is built once per call; the NVML and
 /// XID probes join it only when a device has an NVIDIA class and the caller gathered their
-/// context.
+/// context. `nodes` says whether discovery just found the devices' host nodes.
 pub fn probe_all(
     config: &Config,
     ledger: &Ledger,
     devices: &[Device],
     gpu: Option<&GpuContext>,
+    nodes: HostNodes,
 ) -> Probed {
     let node = NodeProbe {
         dev_root: config.dev_root.clone(),
+        nodes,
     };
     let sysfs = SysfsProbe::new(&config.sysfs_root);
     let quarantine = QuarantineProbe { ledger };

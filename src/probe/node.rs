@@ -9,6 +9,22 @@ use std::path::PathBuf;
 
 pub struct NodeProbe {
     pub dev_root: PathBuf,
+    /// Where the devices' host nodes come from ([`HostNodes`]).
+    pub nodes: HostNodes,
+}
+
+/// Whether the devices the probes are given had their host nodes found just now by
+/// discovery, in this same call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostNodes {
+    /// Found by [`crate::discover::discover`] or [`crate::discover::gpu::selected_gpu`] in
+    /// this call: a `host_path` there is a node of the device's type and number below
+    /// dev_root, as discovery stat'ed it (never through a link out of dev_root) moments ago,
+    /// so the probe takes that stat instead of making it again.
+    JustFound,
+    /// From anywhere else (the config's spares, a walk of the node's accelerators): each
+    /// node is stat'ed here.
+    Unchecked,
 }
 
 impl Probe for NodeProbe {
@@ -34,8 +50,16 @@ impl NodeProbe {
                 self.dev_root.display()
             ));
         };
-        // Stat'ed again, not trusted from discovery: a link under dev_root may have been
-        // repointed since.
+        // Discovery's stat is this probe's: it found the node below dev_root with this
+        // type and number (`node_is`, or a bind source's own stat giving the number) in this
+        // same process, microseconds before. A second stat would only narrow a window that
+        // stays open anyway: whatever a link under dev_root points at after the probe,
+        // the device judged is the number discovery read, and every later probe and the
+        // record are about that number; a node removed after either stat is a later
+        // start's to find. A node from elsewhere (a spare) is stat'ed here.
+        if self.nodes == HostNodes::JustFound {
+            return Verdict::Healthy;
+        }
         match crate::discover::node_metadata(&self.dev_root, host) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 Verdict::Unhealthy(format!("device node {} is gone", host.display()))
@@ -87,6 +111,7 @@ mod tests {
     fn checks_existence_type_and_number() {
         let p = NodeProbe {
             dev_root: "/dev".into(),
+            nodes: HostNodes::Unchecked,
         };
         assert_eq!(
             p.check(&dev(Some("/dev/null"), 1, 3), &mut Findings::default()),
@@ -113,8 +138,32 @@ mod tests {
         );
     }
 
-    /// The node found at discovery is stat'ed again here: a symlink under dev_root that
-    /// someone repointed out of it in between (in /dev/shm, writable by all) is not followed.
+    /// After discovery in the same call the node probe takes discovery's stat (it found a
+    /// node of this number below dev_root, or none): it stats nothing itself, and a device
+    /// discovery found no node for is still unhealthy.
+    #[test]
+    fn after_discovery_the_probe_takes_its_stat() {
+        let p = NodeProbe {
+            dev_root: "/nonexistent".into(),
+            nodes: HostNodes::JustFound,
+        };
+        let mut found = Findings::default();
+        assert_eq!(
+            p.check(&dev(Some("/nonexistent/nvidia9"), 195, 9), &mut found),
+            Verdict::Healthy,
+            "stat'ed the node discovery had just found"
+        );
+        assert_eq!(found.node_present, Some(true));
+        assert_eq!(
+            p.check(&dev(None, 195, 9), &mut found),
+            Verdict::Unhealthy("no device node c 195:9 under /nonexistent".into())
+        );
+        assert_eq!(found.node_present, Some(false));
+    }
+
+    /// A node not found by discovery in the same call (a spare, poststop's) is stat'ed here,
+    /// and a symlink under dev_root pointing out of it (in /dev/shm, writable by all) is not
+    /// followed.
     #[test]
     fn a_symlink_under_dev_root_is_not_followed_out_of_it() {
         let d = std::env::temp_dir().join(format!("devgate-nodeprobe-{}", std::process::id()));
@@ -123,6 +172,7 @@ mod tests {
         std::os::unix::fs::symlink("/dev/null", d.join("shm/null")).unwrap();
         let p = NodeProbe {
             dev_root: d.clone(),
+            nodes: HostNodes::Unchecked,
         };
         let host = d.join("shm/null");
         let v = p.check(&dev(host.to_str(), 1, 3), &mut Findings::default());

@@ -10,7 +10,7 @@ use crate::model::device::{DevNum, Device};
 use crate::model::text::one_line;
 use crate::model::verdict::{ProbeResult, Verdict};
 use crate::probe::nvidia::{gpu, nvml, GpuContext};
-use crate::probe::probe_all;
+use crate::probe::{probe_all, HostNodes};
 use crate::report::record;
 use crate::store::lease::{Lease, Leases, Slot};
 use crate::store::quarantine::{Entry, Ledger, Lookup};
@@ -198,7 +198,14 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
 
     let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
     let gpu = GpuContext::for_devices(config, &devices);
-    let verdicts = probe_all(config, &ledger, &devices, gpu.as_ref()).verdicts;
+    let verdicts = probe_all(
+        config,
+        &ledger,
+        &devices,
+        gpu.as_ref(),
+        HostNodes::Unchecked,
+    )
+    .verdicts;
     Ok(rows
         .into_iter()
         .zip(verdicts)

@@ -66,14 +66,36 @@ pub enum Outcome {
     NoneFree(Vec<String>),
 }
 
-/// The start time of a process, or None when it does not exist.
+/// /proc/PID/stat is one line of some 50 numbers after a command name of at most 64
+/// bytes: well under 1 KiB. A longer one is not the kernel's.
+const MAX_PROC_STAT_BYTES: u64 = 4096;
+
+/// The start time of a process, or None when it does not exist. Read through the bounded
+/// reader, which gives procfs's size-0 file room for its whole text in the first read(2).
 pub(crate) fn pid_start(pid: i32) -> Option<u64> {
     if pid <= 0 {
         return None;
     }
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &text[text.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let f = File::open(&path).ok()?;
+    let bytes = crate::fsutil::read_bounded(f, MAX_PROC_STAT_BYTES, "process stat", &path).ok()?;
+    start_time(&bytes)
+}
+
+/// The start time (field 22) in the text of /proc/PID/stat. The command name (field 2,
+/// in parentheses) is the process's own to choose (prctl PR_SET_NAME, the name it was
+/// exec'd by): any bytes, `)` and invalid UTF-8 included. So the fields are counted from
+/// the last `)`, and only what follows it, the kernel's numbers, has to be text: a name
+/// that is not UTF-8 made a live process look gone (its record pruned as a dead
+/// container's, its spare's lease free for another).
+pub(crate) fn start_time(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    std::str::from_utf8(&stat[close + 1..])
+        .ok()?
+        .split_ascii_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
 }
 
 /// Whether `pid` is alive and, where its start time was kept (`start`), still the same
@@ -494,6 +516,22 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// The command name is the process's to choose: `)`, spaces and bytes that are not
+    /// UTF-8 in it do not move or hide the start time.
+    #[test]
+    fn the_start_time_is_found_whatever_the_command_name() {
+        let rest = b" S 1 2 3 4 -1 4194560 10 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100";
+        for comm in [&b"sh"[..], b"a) S 1 2 3", b"\xff\xfe)(", b"", b"x y  z"] {
+            let mut line = b"42 (".to_vec();
+            line.extend_from_slice(comm);
+            line.push(b')');
+            line.extend_from_slice(rest);
+            assert_eq!(start_time(&line), Some(987654), "{line:?}");
+        }
+        assert_eq!(start_time(b"42 (sh) S 1 2"), None);
+        assert_eq!(start_time(b"42 sh S"), None);
     }
 
     #[test]
