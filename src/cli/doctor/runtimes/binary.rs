@@ -270,6 +270,37 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The hook front beside devgate counts as devgate only when root alone could have
+    /// written it, as the devgate the front runs must be: a hook file naming another user's
+    /// (or a world-writable) `devgate-hook` runs that user's program as root on every
+    /// container start, and doctor must not pass it as devgate's hook.
+    #[test]
+    fn a_hook_front_another_user_could_write_is_not_devgate() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::fsutil::tests::tempdir("doctor-front-trust");
+        let bin = dir.join("devgate");
+        fs::write(&bin, b"\x7fELF").unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        let front = dir.join(crate::fsutil::program::HOOK_FRONT);
+        fs::write(&front, b"\x7fELF").unwrap();
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Identity::new(Some(&bin)).is_devgate(&front));
+
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(
+            !Identity::new(Some(&bin)).is_devgate(&front),
+            "a world-writable devgate-hook counted as devgate"
+        );
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o755)).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&front, Some(65534), Some(65534)).unwrap();
+            assert!(
+                !Identity::new(Some(&bin)).is_devgate(&front),
+                "another user's devgate-hook counted as devgate"
+            );
+        }
+    }
+
     #[test]
     fn nvidia_candidates() {
         assert_eq!(
