@@ -4,6 +4,7 @@
 //! which files are devgate.
 
 use super::{one_line_toml, read_small, which};
+use crate::fsutil::program;
 use crate::wrapper::PROGRAM;
 use serde::Deserialize;
 use std::fs;
@@ -36,10 +37,13 @@ impl Identity {
         }
         paths.push("/usr/bin/devgate".into());
         paths.push("/usr/local/bin/devgate".into());
-        // The hook front beside each devgate (what the shipped hook files run) is devgate too.
+        // The hook front beside each devgate (what the shipped hook files run) is devgate too,
+        // where root alone could have written it: one another user could replace runs their
+        // program as root on every container start, which is no devgate hook.
         let fronts: Vec<PathBuf> = paths
             .iter()
-            .map(|p| p.with_file_name(crate::fsutil::program::HOOK_FRONT))
+            .map(|p| p.with_file_name(program::HOOK_FRONT))
+            .filter(|p| trusted_program(p))
             .collect();
         let files = paths
             .iter()
@@ -82,6 +86,13 @@ impl Identity {
                     || (self.is_devgate(&link) && text.contains(&*link.to_string_lossy()))
             })
     }
+}
+
+/// A regular executable file owned by root (or whoever runs doctor) and writable by no one
+/// else: what the hook front must be to count as devgate ([`program::check_trusted`]).
+fn trusted_program(p: &Path) -> bool {
+    fs::metadata(p)
+        .is_ok_and(|m| program::is_executable_file(&m) && program::check_trusted(p, &m).is_ok())
 }
 
 fn file_id(p: &Path) -> Option<(u64, u64)> {
