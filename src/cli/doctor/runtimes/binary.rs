@@ -312,6 +312,42 @@ mod tests {
         }
     }
 
+    /// The hook front is devgate for the hooks only: it runs `hook STAGE` and hands any
+    /// other command line to devgate as devgate's own (argv[0] `devgate`), so a runtime
+    /// binary that is the front, even named `devgate-runtime`, fails every container with
+    /// "unknown option" and is no runtime wrapper.
+    #[test]
+    fn the_hook_front_is_no_runtime_wrapper() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let dir = crate::fsutil::tests::tempdir("doctor-front-wrapper");
+        let bin = dir.join("devgate");
+        let front = dir.join(crate::fsutil::program::HOOK_FRONT);
+        for p in [&bin, &front] {
+            fs::write(p, b"\x7fELF").unwrap();
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let link = dir.join(PROGRAM);
+        symlink(crate::fsutil::program::HOOK_FRONT, &link).unwrap();
+        let script = dir.join("devgate-runc");
+        fs::write(
+            &script,
+            format!("#!/bin/sh\nexec {} \"$@\"\n", link.display()),
+        )
+        .unwrap();
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        let id = Identity::new(Some(&bin));
+        // It is devgate's hook program all the same.
+        assert!(id.is_devgate(&front));
+        let nv = dir.join("nvidia.toml");
+        for p in [&link, &front, &script] {
+            assert!(!id.is_wrapper(p), "{}", p.display());
+            assert_eq!(
+                classify_binary(p.to_str().unwrap(), &id, &nv),
+                Binary::Other(p.clone())
+            );
+        }
+    }
+
     #[test]
     fn nvidia_candidates() {
         assert_eq!(
