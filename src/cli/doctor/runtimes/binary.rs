@@ -20,12 +20,15 @@ pub(crate) const NVIDIA_RUNTIME_CONFIG: &str = "/etc/nvidia-container-runtime/co
 
 /// The files that are devgate: this binary and the usual install paths (the packages' and
 /// install-host's), and any the operator names. Compared by device and inode, so a symlink
-/// or a hard link to devgate counts and a different file with the same name does not.
+/// or a hard link to devgate counts and a different file with the same name does not. The
+/// hook front beside each of them counts for the hooks only.
 #[derive(Debug, Clone)]
 pub(crate) struct Identity {
     pub(crate) this: PathBuf,
     paths: Vec<PathBuf>,
     files: Vec<(u64, u64)>,
+    /// The hook fronts beside them: devgate for the hooks, never a runtime wrapper.
+    fronts: Vec<(u64, u64)>,
 }
 
 impl Identity {
@@ -40,21 +43,30 @@ impl Identity {
         // The hook front beside each devgate (what the shipped hook files run) is devgate too,
         // where root alone could have written it: one another user could replace runs their
         // program as root on every container start, which is no devgate hook.
-        let fronts: Vec<PathBuf> = paths
+        let fronts = paths
             .iter()
             .map(|p| p.with_file_name(program::HOOK_FRONT))
             .filter(|p| trusted_program(p))
+            .filter_map(|p| file_id(&p))
             .collect();
-        let files = paths
-            .iter()
-            .chain(&fronts)
-            .filter_map(|p| file_id(p))
-            .collect();
-        Identity { this, paths, files }
+        let files = paths.iter().filter_map(|p| file_id(p)).collect();
+        Identity {
+            this,
+            paths,
+            files,
+            fronts,
+        }
     }
 
-    /// The hook or runtime at `path` is devgate itself.
+    /// The hook at `path` is devgate: devgate itself or its hook front.
     pub(crate) fn is_devgate(&self, path: &Path) -> bool {
+        file_id(path).is_some_and(|id| self.files.contains(&id) || self.fronts.contains(&id))
+    }
+
+    /// The runtime at `path` is devgate itself, not its hook front: the front hands any
+    /// command line but `hook STAGE` to devgate as devgate's own (argv[0] `devgate`), so it
+    /// is never the wrapper, whatever its name.
+    fn is_devgate_binary(&self, path: &Path) -> bool {
         file_id(path).is_some_and(|id| self.files.contains(&id))
     }
 
@@ -63,7 +75,7 @@ impl Identity {
     /// argv[0] has that name), or a small script that runs devgate as `devgate runtime` or
     /// through a `devgate-runtime` link to it.
     pub(crate) fn is_wrapper(&self, path: &Path) -> bool {
-        if self.is_devgate(path) {
+        if self.is_devgate_binary(path) {
             return path.file_name().is_some_and(|n| n == PROGRAM);
         }
         let Ok(meta) = fs::metadata(path) else {
@@ -77,14 +89,19 @@ impl Identity {
         };
         let text = String::from_utf8_lossy(&text);
         text.starts_with("#!")
-            && self.paths.iter().filter(|p| self.is_devgate(p)).any(|p| {
-                let bin = p.to_string_lossy();
-                let link = p.with_file_name(PROGRAM);
-                ["", "\"", "'"]
-                    .iter()
-                    .any(|q| text.contains(&format!("{bin}{q} runtime")))
-                    || (self.is_devgate(&link) && text.contains(&*link.to_string_lossy()))
-            })
+            && self
+                .paths
+                .iter()
+                .filter(|p| self.is_devgate_binary(p))
+                .any(|p| {
+                    let bin = p.to_string_lossy();
+                    let link = p.with_file_name(PROGRAM);
+                    ["", "\"", "'"]
+                        .iter()
+                        .any(|q| text.contains(&format!("{bin}{q} runtime")))
+                        || (self.is_devgate_binary(&link)
+                            && text.contains(&*link.to_string_lossy()))
+                })
     }
 }
 
@@ -163,7 +180,7 @@ pub(crate) fn classify_binary(name: &str, id: &Identity, nvidia_config: &Path) -
     if id.is_wrapper(&path) {
         return Binary::DevgateWrapper(path);
     }
-    if id.is_devgate(&path) {
+    if id.is_devgate_binary(&path) {
         return Binary::DevgateMisnamed(path);
     }
     if is_nvidia_runtime(&path) {
