@@ -319,3 +319,81 @@ fn a_gpu_only_the_config_names_is_asked_about_through_the_devgate_beside_the_fro
         "the front handed the hook on: {calls}"
     );
 }
+
+/// The front run with its state on stdin as a runtime runs it, each stream piped. Bounded
+/// by 64 file descriptors and 20 s of CPU time, so a front that hands the call on to itself
+/// ends (each hand-on keeps one descriptor) instead of looping for the whole test run.
+fn run_front(front: &Path, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(front);
+    cmd.args(args)
+        .env_remove("DEVGATE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for (what, n) in [(libc::RLIMIT_NOFILE, 64), (libc::RLIMIT_CPU, 20)] {
+                let lim = libc::rlimit {
+                    rlim_cur: n,
+                    rlim_max: n,
+                };
+                if libc::setrlimit(what, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// A devgate beside the front that is the front again (a link to it, or a copy: statically
+/// linked, it cannot load NVML either) is refused with one line saying so: the front would
+/// otherwise hand the call to itself over and over, until the runtime's hook timeout or the
+/// file descriptor limit ended it, and a query process (`__nvml-query`) or any other
+/// command for ever. A prestart fails; a poststop still exits 0.
+#[test]
+fn a_devgate_that_is_the_front_again_is_refused_not_run_in_a_loop() {
+    let env = Env::new("front-loop");
+    let mut b = Bundle::new("front-loop-bundle", &["true"]);
+    b.add_device("/dev/nvidia1", "c", 195, 1);
+    b.write();
+    let state = b.state_json(&unique_id("lp"));
+    let stopped = state.replace("\"creating\"", "\"stopped\"");
+    for kind in ["link", "copy"] {
+        let bin = install_dir(&format!("front-loop-{kind}"), false);
+        let front = bin.join("devgate-hook");
+        match kind {
+            "link" => std::os::unix::fs::symlink("devgate-hook", bin.join("devgate")).unwrap(),
+            _ => {
+                fs::copy(&front, bin.join("devgate")).unwrap();
+            }
+        }
+        let config = env.config.to_str().unwrap();
+        for (stage, input, code) in [
+            ("prestart", state.as_bytes(), 2),
+            ("poststop", stopped.as_bytes(), 0),
+        ] {
+            let out = run_front(&front, &["--config", config, "hook", stage], input);
+            let all = text(&out);
+            assert_eq!(out.status.code(), Some(code), "{kind} {stage}: {all}");
+            assert!(
+                all.contains("is linked statically, as the hook front is"),
+                "{kind} {stage}: {all}"
+            );
+        }
+        let out = run_front(&front, &["version"], b"");
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{kind} version: {all}");
+        assert!(
+            all.contains("is linked statically, as the hook front is"),
+            "{kind} version: {all}"
+        );
+    }
+    assert!(env.decisions().is_empty());
+}
