@@ -397,3 +397,51 @@ fn a_devgate_that_is_the_front_again_is_refused_not_run_in_a_loop() {
     }
     assert!(env.decisions().is_empty());
 }
+
+/// The live processes whose program is a file in `dir`.
+fn running_from(dir: &Path) -> Vec<String> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let exe = fs::read_link(e.path().join("exe")).ok()?;
+            exe.starts_with(dir)
+                .then(|| format!("{} {}", e.file_name().to_string_lossy(), exe.display()))
+        })
+        .collect()
+}
+
+/// The front's NVML query process for a GPU only the config names is the devgate beside
+/// it: where that is the front again, the query process it starts is refused there too,
+/// and ends, rather than handing `__nvml-query` on to itself for ever after the hook has
+/// given up on its answer. The GPU is unknown, as for any query process that died.
+#[test]
+fn a_query_process_that_is_the_front_again_ends() {
+    require_root!();
+    let node = GpuNode::new("front-loop-query");
+    let mut cfg = node.config();
+    cfg["device_classes"] =
+        json!([{"class": "nvidia-gpu", "type": "c", "major": 240, "minors": [0, 253]}]);
+    let env = Env::with("front-loop-query", cfg);
+    nix::sys::stat::mknod(
+        &node.dev_root.join("gpu1"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(240, 1),
+    )
+    .unwrap();
+    let mut b = Bundle::new("front-loop-query-bundle", &["true"]);
+    b.add_device("/dev/gpu1", "c", 240, 1);
+    b.write();
+    let bin = install_dir("front-loop-query", false);
+    std::os::unix::fs::symlink("devgate-hook", bin.join("devgate")).unwrap();
+    let out = run_front(
+        &bin.join("devgate-hook"),
+        &["--config", env.config.to_str().unwrap(), "hook", "prestart"],
+        b.state_json(&unique_id("lq")).as_bytes(),
+    );
+    let all = text(&out);
+    assert!(all.contains("nvml unknown: "), "{all}");
+    let left = running_from(&bin);
+    assert!(left.is_empty(), "still running: {left:?}\n{all}");
+}
