@@ -385,6 +385,7 @@ fn hand_off(argv: &[String], state: &[u8]) -> Error {
     let e = std::process::Command::new(&devgate)
         .arg0("devgate")
         .args(argv)
+        .env(program::HANDED_ON_ENV, "1")
         .exec();
     Error::io("cannot run", &devgate, e)
 }
@@ -410,6 +411,7 @@ pub fn hook_front(argv: Vec<String>, started: Instant) -> i32 {
             let e = std::process::Command::new(&devgate)
                 .arg0("devgate")
                 .args(&argv)
+                .env(program::HANDED_ON_ENV, "1")
                 .exec();
             Error::io("cannot run", &devgate, e)
         }

@@ -18,15 +18,32 @@ pub const DEVGATE: &str = "devgate";
 /// hook files run.
 pub const HOOK_FRONT: &str = "devgate-hook";
 
+/// Set in the environment of the devgate a statically linked program hands work to. A
+/// statically linked program that finds it was started that way as devgate: the devgate
+/// beside the front is statically linked too (a link to or a copy of the front), cannot
+/// load NVML either, and would hand the work on to itself without end.
+pub const HANDED_ON_ENV: &str = "DEVGATE_HANDED_ON";
+
 /// `name` in this program's own directory (/usr/bin/devgate beside /usr/bin/devgate-hook).
 pub fn beside(name: &str) -> std::io::Result<PathBuf> {
     Ok(std::env::current_exe()?.with_file_name(name))
 }
 
-/// The devgate beside this program, checked with [`check_trusted`].
+/// The devgate beside this program, checked with [`check_trusted`]. A statically linked
+/// program started by another as devgate ([`HANDED_ON_ENV`]) is refused one.
 pub fn devgate_beside() -> Result<PathBuf> {
     let devgate =
         beside(DEVGATE).map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
+    if linked_statically() && std::env::var_os(HANDED_ON_ENV).is_some() {
+        return Err(Error::invalid(
+            "devgate",
+            format!(
+                "{} is linked statically, as the hook front is (a link to or a copy of \
+                 {HOOK_FRONT}?): it cannot load NVML and would hand the call on to itself",
+                devgate.display()
+            ),
+        ));
+    }
     let meta = std::fs::metadata(&devgate).map_err(|e| Error::io("cannot find", &devgate, e))?;
     if !is_executable_file(&meta) {
         return Err(Error::invalid(
