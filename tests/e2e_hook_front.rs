@@ -445,3 +445,36 @@ fn a_query_process_that_is_the_front_again_ends() {
     let left = running_from(&bin);
     assert!(left.is_empty(), "still running: {left:?}\n{all}");
 }
+
+/// The state the front hands on is devgate's stdin and nothing else: the anonymous file
+/// holding it is open once, as fd 0, in the devgate it runs (and in what that devgate
+/// starts: NVML query processes a hung GPU can keep for minutes), not also under a second
+/// descriptor, writable, that nothing reads.
+#[test]
+fn the_handed_state_is_open_only_as_devgates_stdin() {
+    let env = Env::new("front-fds");
+    let mut b = Bundle::new("front-fds-bundle", &["true"]);
+    b.add_device("/dev/nvidia1", "c", 195, 1);
+    b.write();
+    let bin = install_dir("front-fds", false);
+    let fds = bin.join("fds.txt");
+    fs::write(
+        bin.join("devgate"),
+        format!("#!/bin/sh\nls -l /proc/$$/fd > '{}'\n", fds.display()),
+    )
+    .unwrap();
+    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run_front(
+        &bin.join("devgate-hook"),
+        &["--config", env.config.to_str().unwrap(), "hook", "prestart"],
+        b.state_json(&unique_id("fd")).as_bytes(),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let listed = fs::read_to_string(&fds).unwrap();
+    let state: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.contains("memfd:devgate-state"))
+        .collect();
+    assert_eq!(state.len(), 1, "{listed}");
+    assert!(state[0].contains(" 0 -> "), "{listed}");
+}
