@@ -382,6 +382,9 @@ fn hand_off(argv: &[String], state: &[u8]) -> Error {
     if let Err(e) = program::set_stdin(&input) {
         return e;
     }
+    // fd 0 is the state now; the memfd's own descriptor (not close-on-exec) would cross the
+    // exec as a second, writable copy nothing reads.
+    drop(input);
     let e = std::process::Command::new(&devgate)
         .arg0("devgate")
         .args(argv)
