@@ -478,3 +478,91 @@ fn the_handed_state_is_open_only_as_devgates_stdin() {
     assert_eq!(state.len(), 1, "{listed}");
     assert!(state[0].contains(" 0 -> "), "{listed}");
 }
+
+/// A GPU the spec's text does not show as NVIDIA's though the built-in classes make it one:
+/// a bind mount of `/dev/char/195:1`, udev's link to `nvidia1`, is stat'ed by discovery
+/// (links inside dev_root resolve) and is the GPU, while `may_name_nvidia` reads only the
+/// text. The front gates it itself, and asks NVML through the devgate beside it: the GPU is
+/// judged on NVML's answer, not passed unchecked or unknown.
+#[test]
+fn a_gpu_bound_through_dev_char_is_judged_on_nvml_through_the_devgate_beside_the_front() {
+    require_root!();
+    let node = GpuNode::new("front-devchar");
+    let env = Env::with("front-devchar", node.config());
+    fs::create_dir_all(node.dev_root.join("char")).unwrap();
+    std::os::unix::fs::symlink("../nvidia1", node.dev_root.join("char/195:1")).unwrap();
+    nix::sys::stat::mknod(
+        &node.dev_root.join("zero"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 5),
+    )
+    .unwrap();
+    let broken = write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    let bin = install_dir("front-devchar", false);
+    let calls = bin.join("calls.log");
+    let real = bin.join("devgate.real");
+    fs::copy(devgate_bin(), &real).unwrap();
+    fs::write(
+        bin.join("devgate"),
+        format!(
+            "#!/bin/sh\necho \"$1 $2\" >> '{}'\nexec '{}' \"$@\"\n",
+            calls.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut b = Bundle::new("front-devchar-bundle", &["true"]);
+    // /dev/zero makes the spec one with devices before the config is read (binds count
+    // there only below the host's /dev; this test's dev_root is elsewhere).
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/dev/gpu",
+        "type": "bind",
+        "source": node.dev_root.join("char/195:1"),
+        "options": ["bind"]
+    }));
+    b.write();
+    let out = {
+        use std::io::Write;
+        let mut child = Command::new(bin.join("devgate-hook"))
+            .args(["--config", env.config.to_str().unwrap(), "hook", "prestart"])
+            .env_remove("DEVGATE_CONFIG")
+            .env("FAKE_NVML_CONFIG", &broken)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let state = b.state_json(&unique_id("dc"));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(state.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(!all.contains("/dev/zero"), "{all}");
+    assert!(all.contains("devgate: rejected /dev/gpu"), "{all}");
+    assert!(all.contains("row remapping failed"), "{all}");
+    let calls = fs::read_to_string(&calls).unwrap_or_default();
+    assert!(
+        calls.lines().any(|l| l.starts_with("__nvml-query ")),
+        "{calls}"
+    );
+    assert!(
+        !calls.contains("hook"),
+        "the front handed the hook on: {calls}"
+    );
+}
