@@ -329,6 +329,32 @@ mod tests {
         }
     }
 
+    /// The front hands every GPU container to the devgate beside it and refuses one that is
+    /// not there or that another user could have written: the start then fails. A front
+    /// without such a devgate beside it is no working devgate hook, and doctor must not
+    /// pass it as one.
+    #[test]
+    fn a_hook_front_without_a_usable_devgate_beside_it_is_not_devgate() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::fsutil::tests::tempdir("doctor-front-alone");
+        let bin = dir.join("devgate");
+        let front = dir.join(crate::fsutil::program::HOOK_FRONT);
+        fs::write(&front, b"\x7fELF").unwrap();
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(
+            !Identity::new(Some(&bin)).is_devgate(&front),
+            "a devgate-hook with no devgate beside it counted as devgate"
+        );
+        fs::write(&bin, b"\x7fELF").unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(
+            !Identity::new(Some(&bin)).is_devgate(&front),
+            "a devgate-hook beside a world-writable devgate counted as devgate"
+        );
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Identity::new(Some(&bin)).is_devgate(&front));
+    }
+
     /// The hook front is devgate for the hooks only: it runs `hook STAGE` and hands any
     /// other command line to devgate as devgate's own (argv[0] `devgate`), so a runtime
     /// binary that is the front, even named `devgate-runtime`, fails every container with
