@@ -41,10 +41,12 @@ impl Identity {
         paths.push("/usr/bin/devgate".into());
         paths.push("/usr/local/bin/devgate".into());
         // The hook front beside each devgate (what the shipped hook files run) is devgate too,
-        // where root alone could have written it: one another user could replace runs their
-        // program as root on every container start, which is no devgate hook.
+        // where root alone could have written it and the devgate it hands GPU containers to:
+        // one another user could replace runs their program as root on every container
+        // start, and one whose devgate is missing or unsafe fails every GPU container.
         let fronts = paths
             .iter()
+            .filter(|p| trusted_program(p))
             .map(|p| p.with_file_name(program::HOOK_FRONT))
             .filter(|p| trusted_program(p))
             .filter_map(|p| file_id(&p))
@@ -106,7 +108,8 @@ impl Identity {
 }
 
 /// A regular executable file owned by root (or whoever runs doctor) and writable by no one
-/// else: what the hook front must be to count as devgate ([`program::check_trusted`]).
+/// else: what the hook front and the devgate beside it must be for the front to count as
+/// devgate ([`program::check_trusted`], the rule the front holds that devgate to).
 fn trusted_program(p: &Path) -> bool {
     fs::metadata(p)
         .is_ok_and(|m| program::is_executable_file(&m) && program::check_trusted(p, &m).is_ok())
