@@ -385,20 +385,12 @@ fn hand_off(argv: &[String], state: &[u8]) -> Error {
     // fd 0 is the state now; the memfd's own descriptor (not close-on-exec) would cross the
     // exec as a second, writable copy nothing reads.
     drop(input);
-    mark_handed_on();
+    program::mark_handed_on();
     let e = std::process::Command::new(&devgate)
         .arg0("devgate")
         .args(argv)
         .exec();
     Error::io("cannot run", &devgate, e)
-}
-
-/// Marks the devgate this process is about to become ([`program::HANDED_ON_ENV`]). Set in
-/// this process's own environment, which exec passes on, rather than through
-/// `Command::env`, which copies the whole environment into a map and back (some 70k
-/// instructions, as the runtime wrapper found); the front has no other thread to read it.
-fn mark_handed_on() {
-    std::env::set_var(program::HANDED_ON_ENV, "1");
 }
 
 /// `devgate-hook`, the statically linked hook front (src/hook_main.rs): `hook STAGE` runs
@@ -419,7 +411,7 @@ pub fn hook_front(argv: Vec<String>, started: Instant) -> i32 {
     }
     let e = match program::devgate_beside() {
         Ok(devgate) => {
-            mark_handed_on();
+            program::mark_handed_on();
             let e = std::process::Command::new(&devgate)
                 .arg0("devgate")
                 .args(&argv)

@@ -24,6 +24,14 @@ pub const HOOK_FRONT: &str = "devgate-hook";
 /// load NVML either, and would hand the work on to itself without end.
 pub const HANDED_ON_ENV: &str = "DEVGATE_HANDED_ON";
 
+/// Marks the devgate this process is about to exec into place ([`HANDED_ON_ENV`]). Set in
+/// this process's own environment, which exec passes on, rather than through
+/// `Command::env`, which copies the whole environment into a map and back (some 70k
+/// instructions, as the runtime wrapper found); the front has no other thread to read it.
+pub fn mark_handed_on() {
+    std::env::set_var(HANDED_ON_ENV, "1");
+}
+
 /// `name` in this program's own directory (/usr/bin/devgate beside /usr/bin/devgate-hook).
 pub fn beside(name: &str) -> std::io::Result<PathBuf> {
     Ok(std::env::current_exe()?.with_file_name(name))
