@@ -9,6 +9,7 @@ use std::fs::File;
 use std::io::{Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 /// The dynamically linked devgate's file name.
@@ -24,12 +25,22 @@ pub const HOOK_FRONT: &str = "devgate-hook";
 /// load NVML either, and would hand the work on to itself without end.
 pub const HANDED_ON_ENV: &str = "DEVGATE_HANDED_ON";
 
-/// Marks the devgate this process is about to exec into place ([`HANDED_ON_ENV`]). Set in
-/// this process's own environment, which exec passes on, rather than through
-/// `Command::env`, which copies the whole environment into a map and back (some 70k
-/// instructions, as the runtime wrapper found); the front has no other thread to read it.
-pub fn mark_handed_on() {
+/// Execs the devgate beside this program ([`devgate_beside`]) in its place, as `devgate
+/// ARGS`, marked as handed on ([`HANDED_ON_ENV`]). Returns only on failure, with the error.
+pub fn exec_devgate(args: &[String]) -> Error {
+    let devgate = match devgate_beside() {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    // The mark goes into this process's own environment, which exec passes on, rather than
+    // through `Command::env`, which copies the whole environment into a map and back (some
+    // 70k instructions, as the runtime wrapper found); the front has no other thread.
     std::env::set_var(HANDED_ON_ENV, "1");
+    let e = std::process::Command::new(&devgate)
+        .arg0(DEVGATE)
+        .args(args)
+        .exec();
+    Error::io("cannot run", &devgate, e)
 }
 
 /// `name` in this program's own directory (/usr/bin/devgate beside /usr/bin/devgate-hook).
