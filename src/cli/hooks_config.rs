@@ -480,6 +480,19 @@ mod tests {
         assert_eq!(usr().hook, Path::new("/usr/bin/devgate-hook"));
     }
 
+    /// A `devgate-hook` link whose target is gone is no front either: podman (4.3.1 here)
+    /// and CRI-O stat a hook's program when they read hooks.d and skip a hook whose
+    /// program is missing, running the container without it (where runc would fail it),
+    /// so hooks naming the dangling link would gate nothing, without a word.
+    #[test]
+    fn a_dangling_front_link_is_no_front() {
+        let dir = crate::fsutil::tests::tempdir("hc-dangling-front");
+        let bin = dir.join("devgate");
+        fs::write(&bin, "").unwrap();
+        std::os::unix::fs::symlink("/nonexistent/devgate-hook", dir.join("devgate-hook")).unwrap();
+        assert_eq!(Target::for_bin(&bin).hook, bin);
+    }
+
     #[test]
     fn usage_errors_are_one_line_and_name_the_wrong_option() {
         let err = |line: &str| {
