@@ -88,11 +88,12 @@ impl Target {
     }
 
     /// `--bin PATH`: a devgate on this machine. Its hooks run the front beside it where there
-    /// is one, else PATH itself (a hook file naming a program that is not there would fail
-    /// every container start).
+    /// is one, else PATH itself: a hook file naming a program that is not there (a dangling
+    /// link included) fails every start under runc, and podman and CRI-O skip it and start
+    /// the container ungated.
     pub fn for_bin(bin: &Path) -> Target {
         let front = bin.with_file_name(program::HOOK_FRONT);
-        let hook = if fs::symlink_metadata(&front).is_ok() {
+        let hook = if fs::metadata(&front).is_ok() {
             front
         } else {
             bin.to_path_buf()
@@ -472,7 +473,7 @@ mod tests {
         let bin = dir.join("devgate");
         fs::write(&bin, "").unwrap();
         // A devgate copied alone: hooks naming a front that is not there would fail every
-        // container start.
+        // start under runc, and be skipped (the container ungated) by podman and CRI-O.
         assert_eq!(Target::for_bin(&bin).hook, bin);
         fs::write(dir.join("devgate-hook"), "").unwrap();
         assert_eq!(Target::for_bin(&bin).hook, dir.join("devgate-hook"));
