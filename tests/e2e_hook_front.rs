@@ -319,3 +319,250 @@ fn a_gpu_only_the_config_names_is_asked_about_through_the_devgate_beside_the_fro
         "the front handed the hook on: {calls}"
     );
 }
+
+/// The front run with its state on stdin as a runtime runs it, each stream piped. Bounded
+/// by 64 file descriptors and 20 s of CPU time, so a front that hands the call on to itself
+/// ends (each hand-on keeps one descriptor) instead of looping for the whole test run.
+fn run_front(front: &Path, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(front);
+    cmd.args(args)
+        .env_remove("DEVGATE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for (what, n) in [(libc::RLIMIT_NOFILE, 64), (libc::RLIMIT_CPU, 20)] {
+                let lim = libc::rlimit {
+                    rlim_cur: n,
+                    rlim_max: n,
+                };
+                if libc::setrlimit(what, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// A devgate beside the front that is the front again (a link to it, or a copy: statically
+/// linked, it cannot load NVML either) is refused with one line saying so: the front would
+/// otherwise hand the call to itself over and over, until the runtime's hook timeout or the
+/// file descriptor limit ended it, and a query process (`__nvml-query`) or any other
+/// command for ever. A prestart fails; a poststop still exits 0.
+#[test]
+fn a_devgate_that_is_the_front_again_is_refused_not_run_in_a_loop() {
+    let env = Env::new("front-loop");
+    let mut b = Bundle::new("front-loop-bundle", &["true"]);
+    b.add_device("/dev/nvidia1", "c", 195, 1);
+    b.write();
+    let state = b.state_json(&unique_id("lp"));
+    let stopped = state.replace("\"creating\"", "\"stopped\"");
+    for kind in ["link", "copy"] {
+        let bin = install_dir(&format!("front-loop-{kind}"), false);
+        let front = bin.join("devgate-hook");
+        match kind {
+            "link" => std::os::unix::fs::symlink("devgate-hook", bin.join("devgate")).unwrap(),
+            _ => {
+                fs::copy(&front, bin.join("devgate")).unwrap();
+            }
+        }
+        let config = env.config.to_str().unwrap();
+        for (stage, input, code) in [
+            ("prestart", state.as_bytes(), 2),
+            ("poststop", stopped.as_bytes(), 0),
+        ] {
+            let out = run_front(&front, &["--config", config, "hook", stage], input);
+            let all = text(&out);
+            assert_eq!(out.status.code(), Some(code), "{kind} {stage}: {all}");
+            assert!(
+                all.contains("is linked statically, as the hook front is"),
+                "{kind} {stage}: {all}"
+            );
+        }
+        let out = run_front(&front, &["version"], b"");
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{kind} version: {all}");
+        assert!(
+            all.contains("is linked statically, as the hook front is"),
+            "{kind} version: {all}"
+        );
+    }
+    assert!(env.decisions().is_empty());
+}
+
+/// The live processes whose program is a file in `dir`.
+fn running_from(dir: &Path) -> Vec<String> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let exe = fs::read_link(e.path().join("exe")).ok()?;
+            exe.starts_with(dir)
+                .then(|| format!("{} {}", e.file_name().to_string_lossy(), exe.display()))
+        })
+        .collect()
+}
+
+/// The front's NVML query process for a GPU only the config names is the devgate beside
+/// it: where that is the front again, the query process it starts is refused there too,
+/// and ends, rather than handing `__nvml-query` on to itself for ever after the hook has
+/// given up on its answer. The GPU is unknown, as for any query process that died.
+#[test]
+fn a_query_process_that_is_the_front_again_ends() {
+    require_root!();
+    let node = GpuNode::new("front-loop-query");
+    let mut cfg = node.config();
+    cfg["device_classes"] =
+        json!([{"class": "nvidia-gpu", "type": "c", "major": 240, "minors": [0, 253]}]);
+    let env = Env::with("front-loop-query", cfg);
+    nix::sys::stat::mknod(
+        &node.dev_root.join("gpu1"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(240, 1),
+    )
+    .unwrap();
+    let mut b = Bundle::new("front-loop-query-bundle", &["true"]);
+    b.add_device("/dev/gpu1", "c", 240, 1);
+    b.write();
+    let bin = install_dir("front-loop-query", false);
+    std::os::unix::fs::symlink("devgate-hook", bin.join("devgate")).unwrap();
+    let out = run_front(
+        &bin.join("devgate-hook"),
+        &["--config", env.config.to_str().unwrap(), "hook", "prestart"],
+        b.state_json(&unique_id("lq")).as_bytes(),
+    );
+    let all = text(&out);
+    assert!(all.contains("nvml unknown: "), "{all}");
+    let left = running_from(&bin);
+    assert!(left.is_empty(), "still running: {left:?}\n{all}");
+}
+
+/// The state the front hands on is devgate's stdin and nothing else: the anonymous file
+/// holding it is open once, as fd 0, in the devgate it runs (and in what that devgate
+/// starts: NVML query processes a hung GPU can keep for minutes), not also under a second
+/// descriptor, writable, that nothing reads.
+#[test]
+fn the_handed_state_is_open_only_as_devgates_stdin() {
+    let env = Env::new("front-fds");
+    let mut b = Bundle::new("front-fds-bundle", &["true"]);
+    b.add_device("/dev/nvidia1", "c", 195, 1);
+    b.write();
+    let bin = install_dir("front-fds", false);
+    let fds = bin.join("fds.txt");
+    fs::write(
+        bin.join("devgate"),
+        format!("#!/bin/sh\nls -l /proc/$$/fd > '{}'\n", fds.display()),
+    )
+    .unwrap();
+    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run_front(
+        &bin.join("devgate-hook"),
+        &["--config", env.config.to_str().unwrap(), "hook", "prestart"],
+        b.state_json(&unique_id("fd")).as_bytes(),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let listed = fs::read_to_string(&fds).unwrap();
+    let state: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.contains("memfd:devgate-state"))
+        .collect();
+    assert_eq!(state.len(), 1, "{listed}");
+    assert!(state[0].contains(" 0 -> "), "{listed}");
+}
+
+/// A GPU the spec's text does not show as NVIDIA's though the built-in classes make it one:
+/// a bind mount of `/dev/char/195:1`, udev's link to `nvidia1`, is stat'ed by discovery
+/// (links inside dev_root resolve) and is the GPU, while `may_name_nvidia` reads only the
+/// text. The front gates it itself, and asks NVML through the devgate beside it: the GPU is
+/// judged on NVML's answer, not passed unchecked or unknown.
+#[test]
+fn a_gpu_bound_through_dev_char_is_judged_on_nvml_through_the_devgate_beside_the_front() {
+    require_root!();
+    let node = GpuNode::new("front-devchar");
+    let env = Env::with("front-devchar", node.config());
+    fs::create_dir_all(node.dev_root.join("char")).unwrap();
+    std::os::unix::fs::symlink("../nvidia1", node.dev_root.join("char/195:1")).unwrap();
+    nix::sys::stat::mknod(
+        &node.dev_root.join("zero"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 5),
+    )
+    .unwrap();
+    let broken = write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    );
+    let bin = install_dir("front-devchar", false);
+    let calls = bin.join("calls.log");
+    let real = bin.join("devgate.real");
+    fs::copy(devgate_bin(), &real).unwrap();
+    fs::write(
+        bin.join("devgate"),
+        format!(
+            "#!/bin/sh\necho \"$1 $2\" >> '{}'\nexec '{}' \"$@\"\n",
+            calls.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut b = Bundle::new("front-devchar-bundle", &["true"]);
+    // /dev/zero makes the spec one with devices before the config is read (binds count
+    // there only below the host's /dev; this test's dev_root is elsewhere).
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/dev/gpu",
+        "type": "bind",
+        "source": node.dev_root.join("char/195:1"),
+        "options": ["bind"]
+    }));
+    b.write();
+    let out = {
+        use std::io::Write;
+        let mut child = Command::new(bin.join("devgate-hook"))
+            .args(["--config", env.config.to_str().unwrap(), "hook", "prestart"])
+            .env_remove("DEVGATE_CONFIG")
+            .env("FAKE_NVML_CONFIG", &broken)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let state = b.state_json(&unique_id("dc"));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(state.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(!all.contains("/dev/zero"), "{all}");
+    assert!(all.contains("devgate: rejected /dev/gpu"), "{all}");
+    assert!(all.contains("row remapping failed"), "{all}");
+    let calls = fs::read_to_string(&calls).unwrap_or_default();
+    assert!(
+        calls.lines().any(|l| l.starts_with("__nvml-query ")),
+        "{calls}"
+    );
+    assert!(
+        !calls.contains("hook"),
+        "the front handed the hook on: {calls}"
+    );
+}

@@ -88,11 +88,12 @@ impl Target {
     }
 
     /// `--bin PATH`: a devgate on this machine. Its hooks run the front beside it where there
-    /// is one, else PATH itself (a hook file naming a program that is not there would fail
-    /// every container start).
+    /// is one, else PATH itself: a hook file naming a program that is not there (a dangling
+    /// link included) fails every start under runc, and podman and CRI-O skip it and start
+    /// the container ungated.
     pub fn for_bin(bin: &Path) -> Target {
         let front = bin.with_file_name(program::HOOK_FRONT);
-        let hook = if fs::symlink_metadata(&front).is_ok() {
+        let hook = if fs::metadata(&front).is_ok() {
             front
         } else {
             bin.to_path_buf()
@@ -472,12 +473,25 @@ mod tests {
         let bin = dir.join("devgate");
         fs::write(&bin, "").unwrap();
         // A devgate copied alone: hooks naming a front that is not there would fail every
-        // container start.
+        // start under runc, and be skipped (the container ungated) by podman and CRI-O.
         assert_eq!(Target::for_bin(&bin).hook, bin);
         fs::write(dir.join("devgate-hook"), "").unwrap();
         assert_eq!(Target::for_bin(&bin).hook, dir.join("devgate-hook"));
         // An install prefix is laid out by the packages and installers: always the front.
         assert_eq!(usr().hook, Path::new("/usr/bin/devgate-hook"));
+    }
+
+    /// A `devgate-hook` link whose target is gone is no front either: podman (4.3.1 here)
+    /// and CRI-O stat a hook's program when they read hooks.d and skip a hook whose
+    /// program is missing, running the container without it (where runc would fail it),
+    /// so hooks naming the dangling link would gate nothing, without a word.
+    #[test]
+    fn a_dangling_front_link_is_no_front() {
+        let dir = crate::fsutil::tests::tempdir("hc-dangling-front");
+        let bin = dir.join("devgate");
+        fs::write(&bin, "").unwrap();
+        std::os::unix::fs::symlink("/nonexistent/devgate-hook", dir.join("devgate-hook")).unwrap();
+        assert_eq!(Target::for_bin(&bin).hook, bin);
     }
 
     #[test]

@@ -22,7 +22,6 @@ use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::pipeline::{self, Outcome};
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -371,10 +370,6 @@ fn run_hook(stage: &str, args: &Args, argv: &[String], started: Instant) -> i32 
 /// the same arguments and the state it read from stdin as its stdin. Returns only on
 /// failure, with the error.
 fn hand_off(argv: &[String], state: &[u8]) -> Error {
-    let devgate = match program::devgate_beside() {
-        Ok(p) => p,
-        Err(e) => return e,
-    };
     let input = match program::memfd("devgate-state", state) {
         Ok(f) => f,
         Err(e) => return e,
@@ -382,11 +377,10 @@ fn hand_off(argv: &[String], state: &[u8]) -> Error {
     if let Err(e) = program::set_stdin(&input) {
         return e;
     }
-    let e = std::process::Command::new(&devgate)
-        .arg0("devgate")
-        .args(argv)
-        .exec();
-    Error::io("cannot run", &devgate, e)
+    // fd 0 is the state now; the memfd's own descriptor (not close-on-exec) would cross the
+    // exec as a second, writable copy nothing reads.
+    drop(input);
+    program::exec_devgate(argv)
 }
 
 /// `devgate-hook`, the statically linked hook front (src/hook_main.rs): `hook STAGE` runs
@@ -405,17 +399,7 @@ pub fn hook_front(argv: Vec<String>, started: Instant) -> i32 {
             }
         }
     }
-    let e = match program::devgate_beside() {
-        Ok(devgate) => {
-            let e = std::process::Command::new(&devgate)
-                .arg0("devgate")
-                .args(&argv)
-                .exec();
-            Error::io("cannot run", &devgate, e)
-        }
-        Err(e) => e,
-    };
-    fail(&e)
+    fail(&program::exec_devgate(&argv))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::fs::File;
 use std::io::{Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 /// The dynamically linked devgate's file name.
@@ -18,15 +19,50 @@ pub const DEVGATE: &str = "devgate";
 /// hook files run.
 pub const HOOK_FRONT: &str = "devgate-hook";
 
+/// Set in the environment of the devgate a statically linked program hands work to. A
+/// statically linked program that finds it was started that way as devgate: the devgate
+/// beside the front is statically linked too (a link to or a copy of the front), cannot
+/// load NVML either, and would hand the work on to itself without end.
+pub const HANDED_ON_ENV: &str = "DEVGATE_HANDED_ON";
+
+/// Execs the devgate beside this program ([`devgate_beside`]) in its place, as `devgate
+/// ARGS`, marked as handed on ([`HANDED_ON_ENV`]). Returns only on failure, with the error.
+pub fn exec_devgate(args: &[String]) -> Error {
+    let devgate = match devgate_beside() {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    // The mark goes into this process's own environment, which exec passes on, rather than
+    // through `Command::env`, which copies the whole environment into a map and back (some
+    // 70k instructions, as the runtime wrapper found); the front has no other thread.
+    std::env::set_var(HANDED_ON_ENV, "1");
+    let e = std::process::Command::new(&devgate)
+        .arg0(DEVGATE)
+        .args(args)
+        .exec();
+    Error::io("cannot run", &devgate, e)
+}
+
 /// `name` in this program's own directory (/usr/bin/devgate beside /usr/bin/devgate-hook).
 pub fn beside(name: &str) -> std::io::Result<PathBuf> {
     Ok(std::env::current_exe()?.with_file_name(name))
 }
 
-/// The devgate beside this program, checked with [`check_trusted`].
+/// The devgate beside this program, checked with [`check_trusted`]. A statically linked
+/// program started by another as devgate ([`HANDED_ON_ENV`]) is refused one.
 pub fn devgate_beside() -> Result<PathBuf> {
     let devgate =
         beside(DEVGATE).map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
+    if linked_statically() && std::env::var_os(HANDED_ON_ENV).is_some() {
+        return Err(Error::invalid(
+            "devgate",
+            format!(
+                "{} is linked statically, as the hook front is (a link to or a copy of \
+                 {HOOK_FRONT}?): it cannot load NVML and would hand the call on to itself",
+                devgate.display()
+            ),
+        ));
+    }
     let meta = std::fs::metadata(&devgate).map_err(|e| Error::io("cannot find", &devgate, e))?;
     if !is_executable_file(&meta) {
         return Err(Error::invalid(

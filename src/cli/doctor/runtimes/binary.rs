@@ -4,6 +4,7 @@
 //! which files are devgate.
 
 use super::{one_line_toml, read_small, which};
+use crate::fsutil::program;
 use crate::wrapper::PROGRAM;
 use serde::Deserialize;
 use std::fs;
@@ -19,12 +20,15 @@ pub(crate) const NVIDIA_RUNTIME_CONFIG: &str = "/etc/nvidia-container-runtime/co
 
 /// The files that are devgate: this binary and the usual install paths (the packages' and
 /// install-host's), and any the operator names. Compared by device and inode, so a symlink
-/// or a hard link to devgate counts and a different file with the same name does not.
+/// or a hard link to devgate counts and a different file with the same name does not. The
+/// hook front beside each of them counts for the hooks only.
 #[derive(Debug, Clone)]
 pub(crate) struct Identity {
     pub(crate) this: PathBuf,
     paths: Vec<PathBuf>,
     files: Vec<(u64, u64)>,
+    /// The hook fronts beside them: devgate for the hooks, never a runtime wrapper.
+    fronts: Vec<(u64, u64)>,
 }
 
 impl Identity {
@@ -36,21 +40,35 @@ impl Identity {
         }
         paths.push("/usr/bin/devgate".into());
         paths.push("/usr/local/bin/devgate".into());
-        // The hook front beside each devgate (what the shipped hook files run) is devgate too.
-        let fronts: Vec<PathBuf> = paths
+        // The hook front beside each devgate (what the shipped hook files run) is devgate too,
+        // where root alone could have written it and the devgate it hands GPU containers to:
+        // one another user could replace runs their program as root on every container
+        // start, and one whose devgate is missing or unsafe fails every GPU container.
+        let fronts = paths
             .iter()
-            .map(|p| p.with_file_name(crate::fsutil::program::HOOK_FRONT))
+            .filter(|p| trusted_program(p))
+            .map(|p| p.with_file_name(program::HOOK_FRONT))
+            .filter(|p| trusted_program(p))
+            .filter_map(|p| file_id(&p))
             .collect();
-        let files = paths
-            .iter()
-            .chain(&fronts)
-            .filter_map(|p| file_id(p))
-            .collect();
-        Identity { this, paths, files }
+        let files = paths.iter().filter_map(|p| file_id(p)).collect();
+        Identity {
+            this,
+            paths,
+            files,
+            fronts,
+        }
     }
 
-    /// The hook or runtime at `path` is devgate itself.
+    /// The hook at `path` is devgate: devgate itself or its hook front.
     pub(crate) fn is_devgate(&self, path: &Path) -> bool {
+        file_id(path).is_some_and(|id| self.files.contains(&id) || self.fronts.contains(&id))
+    }
+
+    /// The runtime at `path` is devgate itself, not its hook front: the front hands any
+    /// command line but `hook STAGE` to devgate as devgate's own (argv[0] `devgate`), so it
+    /// is never the wrapper, whatever its name.
+    fn is_devgate_binary(&self, path: &Path) -> bool {
         file_id(path).is_some_and(|id| self.files.contains(&id))
     }
 
@@ -59,7 +77,7 @@ impl Identity {
     /// argv[0] has that name), or a small script that runs devgate as `devgate runtime` or
     /// through a `devgate-runtime` link to it.
     pub(crate) fn is_wrapper(&self, path: &Path) -> bool {
-        if self.is_devgate(path) {
+        if self.is_devgate_binary(path) {
             return path.file_name().is_some_and(|n| n == PROGRAM);
         }
         let Ok(meta) = fs::metadata(path) else {
@@ -73,15 +91,28 @@ impl Identity {
         };
         let text = String::from_utf8_lossy(&text);
         text.starts_with("#!")
-            && self.paths.iter().filter(|p| self.is_devgate(p)).any(|p| {
-                let bin = p.to_string_lossy();
-                let link = p.with_file_name(PROGRAM);
-                ["", "\"", "'"]
-                    .iter()
-                    .any(|q| text.contains(&format!("{bin}{q} runtime")))
-                    || (self.is_devgate(&link) && text.contains(&*link.to_string_lossy()))
-            })
+            && self
+                .paths
+                .iter()
+                .filter(|p| self.is_devgate_binary(p))
+                .any(|p| {
+                    let bin = p.to_string_lossy();
+                    let link = p.with_file_name(PROGRAM);
+                    ["", "\"", "'"]
+                        .iter()
+                        .any(|q| text.contains(&format!("{bin}{q} runtime")))
+                        || (self.is_devgate_binary(&link)
+                            && text.contains(&*link.to_string_lossy()))
+                })
     }
+}
+
+/// A regular executable file owned by root (or whoever runs doctor) and writable by no one
+/// else: what the hook front and the devgate beside it must be for the front to count as
+/// devgate ([`program::check_trusted`], the rule the front holds that devgate to).
+fn trusted_program(p: &Path) -> bool {
+    fs::metadata(p)
+        .is_ok_and(|m| program::is_executable_file(&m) && program::check_trusted(p, &m).is_ok())
 }
 
 fn file_id(p: &Path) -> Option<(u64, u64)> {
@@ -152,7 +183,7 @@ pub(crate) fn classify_binary(name: &str, id: &Identity, nvidia_config: &Path) -
     if id.is_wrapper(&path) {
         return Binary::DevgateWrapper(path);
     }
-    if id.is_devgate(&path) {
+    if id.is_devgate_binary(&path) {
         return Binary::DevgateMisnamed(path);
     }
     if is_nvidia_runtime(&path) {
@@ -268,6 +299,99 @@ mod tests {
             );
         }
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The hook front beside devgate counts as devgate only when root alone could have
+    /// written it, as the devgate the front runs must be: a hook file naming another user's
+    /// (or a world-writable) `devgate-hook` runs that user's program as root on every
+    /// container start, and doctor must not pass it as devgate's hook.
+    #[test]
+    fn a_hook_front_another_user_could_write_is_not_devgate() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::fsutil::tests::tempdir("doctor-front-trust");
+        let bin = dir.join("devgate");
+        fs::write(&bin, b"\x7fELF").unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        let front = dir.join(crate::fsutil::program::HOOK_FRONT);
+        fs::write(&front, b"\x7fELF").unwrap();
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Identity::new(Some(&bin)).is_devgate(&front));
+
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(
+            !Identity::new(Some(&bin)).is_devgate(&front),
+            "a world-writable devgate-hook counted as devgate"
+        );
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o755)).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&front, Some(65534), Some(65534)).unwrap();
+            assert!(
+                !Identity::new(Some(&bin)).is_devgate(&front),
+                "another user's devgate-hook counted as devgate"
+            );
+        }
+    }
+
+    /// The front hands every GPU container to the devgate beside it and refuses one that is
+    /// not there or that another user could have written: the start then fails. A front
+    /// without such a devgate beside it is no working devgate hook, and doctor must not
+    /// pass it as one.
+    #[test]
+    fn a_hook_front_without_a_usable_devgate_beside_it_is_not_devgate() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::fsutil::tests::tempdir("doctor-front-alone");
+        let bin = dir.join("devgate");
+        let front = dir.join(crate::fsutil::program::HOOK_FRONT);
+        fs::write(&front, b"\x7fELF").unwrap();
+        fs::set_permissions(&front, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(
+            !Identity::new(Some(&bin)).is_devgate(&front),
+            "a devgate-hook with no devgate beside it counted as devgate"
+        );
+        fs::write(&bin, b"\x7fELF").unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(
+            !Identity::new(Some(&bin)).is_devgate(&front),
+            "a devgate-hook beside a world-writable devgate counted as devgate"
+        );
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Identity::new(Some(&bin)).is_devgate(&front));
+    }
+
+    /// The hook front is devgate for the hooks only: it runs `hook STAGE` and hands any
+    /// other command line to devgate as devgate's own (argv[0] `devgate`), so a runtime
+    /// binary that is the front, even named `devgate-runtime`, fails every container with
+    /// "unknown option" and is no runtime wrapper.
+    #[test]
+    fn the_hook_front_is_no_runtime_wrapper() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let dir = crate::fsutil::tests::tempdir("doctor-front-wrapper");
+        let bin = dir.join("devgate");
+        let front = dir.join(crate::fsutil::program::HOOK_FRONT);
+        for p in [&bin, &front] {
+            fs::write(p, b"\x7fELF").unwrap();
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let link = dir.join(PROGRAM);
+        symlink(crate::fsutil::program::HOOK_FRONT, &link).unwrap();
+        let script = dir.join("devgate-runc");
+        fs::write(
+            &script,
+            format!("#!/bin/sh\nexec {} \"$@\"\n", link.display()),
+        )
+        .unwrap();
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        let id = Identity::new(Some(&bin));
+        // It is devgate's hook program all the same.
+        assert!(id.is_devgate(&front));
+        let nv = dir.join("nvidia.toml");
+        for p in [&link, &front, &script] {
+            assert!(!id.is_wrapper(p), "{}", p.display());
+            assert_eq!(
+                classify_binary(p.to_str().unwrap(), &id, &nv),
+                Binary::Other(p.clone())
+            );
+        }
     }
 
     #[test]

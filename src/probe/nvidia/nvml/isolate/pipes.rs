@@ -76,12 +76,16 @@ pub(super) fn exec_query_process(
 ) -> Result<std::process::Child, String> {
     // A statically linked devgate (the hook front) cannot load NVML, in its children
     // either: it asks the dynamically linked devgate beside it.
-    let exe = if program::linked_statically() {
-        program::devgate_beside().map_err(|e| e.to_string())?
+    let mut cmd = if program::linked_statically() {
+        let mut c = Command::new(program::devgate_beside().map_err(|e| e.to_string())?);
+        c.env(program::HANDED_ON_ENV, "1");
+        c
     } else {
-        std::env::current_exe().map_err(|e| format!("cannot find devgate's own binary: {e}"))?
+        Command::new(
+            std::env::current_exe()
+                .map_err(|e| format!("cannot find devgate's own binary: {e}"))?,
+        )
     };
-    let mut cmd = Command::new(exe);
     cmd.arg0("devgate").arg(QUERY_ARG).arg(library);
     for (fd, job) in writes.iter().zip(jobs) {
         cmd.arg(format!("{fd}={}", job.arg()));
