@@ -55,6 +55,38 @@ fn bundle(
     b
 }
 
+/// devgate beside the front as a root-owned script that notes each call's first two
+/// arguments in the returned log, then runs devgate: it shows whether the front handed the
+/// hook on or asked NVML through it.
+fn traced_devgate(bin: &Path) -> PathBuf {
+    let calls = bin.join("calls.log");
+    let real = bin.join("devgate.real");
+    fs::copy(devgate_bin(), &real).unwrap();
+    fs::write(
+        bin.join("devgate"),
+        format!(
+            "#!/bin/sh\necho \"$1 $2\" >> '{}'\nexec '{}' \"$@\"\n",
+            calls.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    calls
+}
+
+/// The fake NVML's scenario in which GPU 1 (minor 1, bus 3b) has a failed row remap.
+fn broken_gpu1(node: &GpuNode) -> PathBuf {
+    write_scenario(
+        &node.dir,
+        "broken",
+        &node_with(
+            1,
+            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
+        ),
+    )
+}
+
 fn is_static(program: &Path) -> bool {
     // A dynamically linked program names its interpreter; `file` is not on every node, the
     // ELF program headers are: PT_INTERP is type 3.
@@ -115,14 +147,7 @@ fn the_front_hands_a_gpu_container_to_devgate_with_its_state() {
     require_root!();
     let node = GpuNode::new("front-gpu");
     let env = Env::with("front-gpu", node.config());
-    let broken = write_scenario(
-        &node.dir,
-        "broken",
-        &node_with(
-            1,
-            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
-        ),
-    );
+    let broken = broken_gpu1(&node);
     let fake_env = vec![format!("FAKE_NVML_CONFIG={}", broken.display())];
 
     // Alone, the front cannot load NVML: the start fails with why, naming the devgate it
@@ -272,30 +297,9 @@ fn a_gpu_only_the_config_names_is_asked_about_through_the_devgate_beside_the_fro
         nix::sys::stat::makedev(240, 1),
     )
     .unwrap();
-    let broken = write_scenario(
-        &node.dir,
-        "broken",
-        &node_with(
-            1,
-            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
-        ),
-    );
-    // devgate beside the front is a root-owned script that notes each call, then runs
-    // devgate: it shows whether the front handed the hook on or asked NVML through it.
+    let broken = broken_gpu1(&node);
     let bin = install_dir("front-classed", false);
-    let calls = bin.join("calls.log");
-    let real = bin.join("devgate.real");
-    fs::copy(devgate_bin(), &real).unwrap();
-    fs::write(
-        bin.join("devgate"),
-        format!(
-            "#!/bin/sh\necho \"$1 $2\" >> '{}'\nexec '{}' \"$@\"\n",
-            calls.display(),
-            real.display()
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    let calls = traced_devgate(&bin);
 
     let b = bundle(
         "front-classed",
@@ -498,28 +502,9 @@ fn a_gpu_bound_through_dev_char_is_judged_on_nvml_through_the_devgate_beside_the
         nix::sys::stat::makedev(1, 5),
     )
     .unwrap();
-    let broken = write_scenario(
-        &node.dir,
-        "broken",
-        &node_with(
-            1,
-            json!({"remapped_rows": {"correctable": 0, "uncorrectable": 3, "pending": false, "failure": true}}),
-        ),
-    );
+    let broken = broken_gpu1(&node);
     let bin = install_dir("front-devchar", false);
-    let calls = bin.join("calls.log");
-    let real = bin.join("devgate.real");
-    fs::copy(devgate_bin(), &real).unwrap();
-    fs::write(
-        bin.join("devgate"),
-        format!(
-            "#!/bin/sh\necho \"$1 $2\" >> '{}'\nexec '{}' \"$@\"\n",
-            calls.display(),
-            real.display()
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    let calls = traced_devgate(&bin);
     let mut b = Bundle::new("front-devchar-bundle", &["true"]);
     // /dev/zero makes the spec one with devices before the config is read (binds count
     // there only below the host's /dev; this test's dev_root is elsewhere).
