@@ -181,12 +181,13 @@ pub fn may_have_devices(spec: &Spec) -> bool {
 
 /// True when the spec may assign an NVIDIA device, or name GPUs through a selector: what
 /// sends a hook to the dynamically linked devgate, which can load NVML, before devgate's
-/// config is read. Read from the text alone, a superset of the built-in NVIDIA classes as far
-/// as the text shows them: a node of NVIDIA's fixed major, or a path under `/dev/nvidia`
-/// (nvidia-uvm's and nvidia-caps' majors are given at load time), in `linux.devices`, an
-/// allow rule or a bind mount. A config that classes other nodes as NVIDIA's reaches NVML all the same, later and
-/// slower (`probe::nvidia::nvml::isolate`), as do nodes only a stat shows to be NVIDIA's (a
-/// bind of `/dev/char/195:N`, a link to `nvidia1`; an `nvidia-uvm` node under another path).
+/// config is read. Read from the text alone, a superset of the built-in NVIDIA classes as
+/// far as the text shows them: a node of NVIDIA's fixed major, or a path under
+/// `/dev/nvidia` (nvidia-uvm's and nvidia-caps' majors are given at load time), in
+/// `linux.devices`, an allow rule or a bind mount. A config that classes other nodes as
+/// NVIDIA's reaches NVML all the same, later and slower (`probe::nvidia::nvml::isolate`),
+/// as do nodes only a stat shows to be NVIDIA's (a bind of `/dev/char/195:N`, a link to
+/// `nvidia1`; an `nvidia-uvm` node under another path).
 pub fn may_name_nvidia(spec: &Spec) -> bool {
     let nvidia_path = |p: &Path| p.as_os_str().as_encoded_bytes().starts_with(b"/dev/nvidia");
     spec.devices()

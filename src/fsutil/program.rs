@@ -63,15 +63,21 @@ pub fn devgate_beside() -> Result<PathBuf> {
             ),
         ));
     }
-    let meta = std::fs::metadata(&devgate).map_err(|e| Error::io("cannot find", &devgate, e))?;
+    check_program(&devgate)?;
+    Ok(devgate)
+}
+
+/// `path` (its links followed) is a program root may run for devgate: a regular executable
+/// file, [`check_trusted`].
+pub fn check_program(path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot find", path, e))?;
     if !is_executable_file(&meta) {
         return Err(Error::invalid(
             "devgate",
-            format!("{} is not an executable file", devgate.display()),
+            format!("{} is not an executable file", path.display()),
         ));
     }
-    check_trusted(&devgate, &meta)?;
-    Ok(devgate)
+    check_trusted(path, &meta)
 }
 
 pub fn is_executable_file(meta: &std::fs::Metadata) -> bool {

@@ -318,16 +318,9 @@ fn may_have_devices(spec_file: &Path) -> bool {
 
 /// `devgate runtime ARGS`, the devgate beside this program, in its place.
 fn hand_on(global: &Global, args: &[String]) -> i32 {
-    let devgate = match runtime::gate_program() {
-        Ok(p) => p,
-        Err(e) => return fail(global, &e),
-    };
-    let e = std::process::Command::new(&devgate)
-        .arg0("devgate")
-        .arg("runtime")
-        .args(args)
-        .exec();
-    fail(global, &Error::io("cannot run", &devgate, e))
+    let mut argv = vec!["runtime".to_string()];
+    argv.extend_from_slice(args);
+    fail(global, &program::exec_devgate(&argv))
 }
 
 fn exec(global: &Global, real: &Path, args: &[String]) -> i32 {

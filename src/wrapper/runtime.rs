@@ -66,12 +66,6 @@ pub fn resolve(configured: &Path) -> Result<PathBuf> {
     ))
 }
 
-/// The devgate program beside this one (/usr/bin/devgate beside /usr/bin/devgate-runtime),
-/// held to the same ownership rule as the runtime: root runs it.
-pub fn gate_program() -> Result<PathBuf> {
-    program::devgate_beside()
-}
-
 fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     // This program, or the devgate beside it (devgate-runtime's): either would start the
     // wrapper again instead of a runtime.

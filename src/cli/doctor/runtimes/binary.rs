@@ -107,12 +107,10 @@ impl Identity {
     }
 }
 
-/// A regular executable file owned by root (or whoever runs doctor) and writable by no one
-/// else: what the hook front and the devgate beside it must be for the front to count as
-/// devgate ([`program::check_trusted`], the rule the front holds that devgate to).
+/// What the hook front and the devgate beside it must be for the front to count as
+/// devgate: the rule the front holds that devgate to ([`program::check_program`]).
 fn trusted_program(p: &Path) -> bool {
-    fs::metadata(p)
-        .is_ok_and(|m| program::is_executable_file(&m) && program::check_trusted(p, &m).is_ok())
+    program::check_program(p).is_ok()
 }
 
 fn file_id(p: &Path) -> Option<(u64, u64)> {
