@@ -87,6 +87,29 @@ fn broken_gpu1(node: &GpuNode) -> PathBuf {
     )
 }
 
+/// A char node `major:minor` at `path`, mode 0666 (needs root).
+fn mknod_char(path: &Path, major: u64, minor: u64) {
+    nix::sys::stat::mknod(
+        path,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(major, minor),
+    )
+    .unwrap();
+}
+
+/// A GPU node whose config classes char major 240 as `nvidia-gpu`, with `/dev/gpu1` (240:1)
+/// under its dev_root: a GPU the spec's text does not show as NVIDIA's.
+fn classed_gpu_node(tag: &str) -> (GpuNode, Env) {
+    let node = GpuNode::new(tag);
+    let mut cfg = node.config();
+    cfg["device_classes"] =
+        json!([{"class": "nvidia-gpu", "type": "c", "major": 240, "minors": [0, 253]}]);
+    let env = Env::with(tag, cfg);
+    mknod_char(&node.dev_root.join("gpu1"), 240, 1);
+    (node, env)
+}
+
 fn is_static(program: &Path) -> bool {
     // A dynamically linked program names its interpreter; `file` is not on every node, the
     // ELF program headers are: PT_INTERP is type 3.
@@ -285,18 +308,7 @@ fn every_other_command_goes_to_devgate() {
 #[test]
 fn a_gpu_only_the_config_names_is_asked_about_through_the_devgate_beside_the_front() {
     require_root!();
-    let node = GpuNode::new("front-classed");
-    let mut cfg = node.config();
-    cfg["device_classes"] =
-        json!([{"class": "nvidia-gpu", "type": "c", "major": 240, "minors": [0, 253]}]);
-    let env = Env::with("front-classed", cfg);
-    nix::sys::stat::mknod(
-        &node.dev_root.join("gpu1"),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(240, 1),
-    )
-    .unwrap();
+    let (node, env) = classed_gpu_node("front-classed");
     let broken = broken_gpu1(&node);
     let bin = install_dir("front-classed", false);
     let calls = traced_devgate(&bin);
@@ -422,18 +434,7 @@ fn running_from(dir: &Path) -> Vec<String> {
 #[test]
 fn a_query_process_that_is_the_front_again_ends() {
     require_root!();
-    let node = GpuNode::new("front-loop-query");
-    let mut cfg = node.config();
-    cfg["device_classes"] =
-        json!([{"class": "nvidia-gpu", "type": "c", "major": 240, "minors": [0, 253]}]);
-    let env = Env::with("front-loop-query", cfg);
-    nix::sys::stat::mknod(
-        &node.dev_root.join("gpu1"),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(240, 1),
-    )
-    .unwrap();
+    let (_node, env) = classed_gpu_node("front-loop-query");
     let mut b = Bundle::new("front-loop-query-bundle", &["true"]);
     b.add_device("/dev/gpu1", "c", 240, 1);
     b.write();
@@ -495,13 +496,7 @@ fn a_gpu_bound_through_dev_char_is_judged_on_nvml_through_the_devgate_beside_the
     let env = Env::with("front-devchar", node.config());
     fs::create_dir_all(node.dev_root.join("char")).unwrap();
     std::os::unix::fs::symlink("../nvidia1", node.dev_root.join("char/195:1")).unwrap();
-    nix::sys::stat::mknod(
-        &node.dev_root.join("zero"),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(1, 5),
-    )
-    .unwrap();
+    mknod_char(&node.dev_root.join("zero"), 1, 5);
     let broken = broken_gpu1(&node);
     let bin = install_dir("front-devchar", false);
     let calls = traced_devgate(&bin);
