@@ -214,17 +214,23 @@ fn by_component(dir: File, rel: &Path) -> io::Result<fs::Metadata> {
 mod tests {
     use super::*;
 
+    /// A temp dir `d` with a root `d/dev` holding the file `s/a` (two names deep, so that
+    /// the lookup goes through the kept root fd), looked up once: the root is kept.
+    fn root_with_a_kept(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let d = crate::fsutil::tests::tempdir(tag);
+        let root = d.join("dev");
+        fs::create_dir_all(root.join("s")).unwrap();
+        fs::write(root.join("s/a"), b"").unwrap();
+        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
+        (d, root)
+    }
+
     /// The root's fd is kept between lookups, and a kept fd never gives a stale answer:
     /// after the root is removed and made again with other nodes, a lookup sees the new
     /// one; one that stays fails as it would have.
     #[test]
     fn a_kept_root_is_reused_and_a_replaced_root_is_opened_again() {
-        let d = crate::fsutil::tests::tempdir("beneath-kept");
-        let root = d.join("dev");
-        fs::create_dir_all(&root).unwrap();
-        fs::create_dir_all(root.join("s")).unwrap();
-        fs::write(root.join("s/a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
+        let (d, root) = root_with_a_kept("beneath-kept");
         let kept = ROOT.with(|r| r.borrow().as_ref().map(|(p, _, _)| p.clone()));
         assert_eq!(kept.as_deref(), Some(root.as_path()));
         // replaced: the old directory (and the kept fd's) is gone
@@ -246,12 +252,7 @@ mod tests {
     /// `root` no longer names, with no failure to trigger the retry.
     #[test]
     fn a_root_renamed_away_never_answers_for_the_new_one() {
-        let d = crate::fsutil::tests::tempdir("beneath-renamed");
-        let root = d.join("dev");
-        fs::create_dir_all(&root).unwrap();
-        fs::create_dir_all(root.join("s")).unwrap();
-        fs::write(root.join("s/a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
+        let (d, root) = root_with_a_kept("beneath-renamed");
         fs::rename(&root, d.join("old")).unwrap();
         fs::create_dir_all(root.join("s/a")).unwrap();
         let now = stat_beneath(&root, &root.join("s/a")).unwrap();
@@ -264,12 +265,7 @@ mod tests {
     /// again: a root renamed away between two calls never answers for the new one.
     #[test]
     fn a_batch_checks_the_root_once_and_a_kept_root_at_its_start() {
-        let d = crate::fsutil::tests::tempdir("beneath-batch");
-        let root = d.join("dev");
-        fs::create_dir_all(&root).unwrap();
-        fs::create_dir_all(root.join("s")).unwrap();
-        fs::write(root.join("s/a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
+        let (d, root) = root_with_a_kept("beneath-batch");
         // renamed away between calls: the batch's first lookup sees the new root
         fs::rename(&root, d.join("old")).unwrap();
         fs::create_dir_all(root.join("s/a")).unwrap();
@@ -301,12 +297,7 @@ mod tests {
                 let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
             }
         }
-        let d = crate::fsutil::tests::tempdir("beneath-mounted");
-        let root = d.join("dev");
-        fs::create_dir_all(&root).unwrap();
-        fs::create_dir_all(root.join("s")).unwrap();
-        fs::write(root.join("s/a"), b"").unwrap();
-        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
+        let (d, root) = root_with_a_kept("beneath-mounted");
         // devgate and CI run as root; mounting a tmpfs needs nothing else.
         nix::mount::mount(
             Some("tmpfs"),
