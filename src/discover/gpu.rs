@@ -464,6 +464,42 @@ mod tests {
         assert_eq!(gpu_selectors_with(&s, || true).len(), 3);
     }
 
+    /// The toolkit honours the variable in a container whose bounding set holds
+    /// CAP_SYS_ADMIN (its `IsPrivileged`) whatever
+    /// `accept-nvidia-visible-devices-envvar-when-unprivileged` says: a pod that adds
+    /// SYS_ADMIN (not `privileged: true`, so no host device is listed) and names a GPU, a
+    /// quarantined one say, in the variable gets it from the toolkit, and devgate must check
+    /// it. Pre-1.0 specs give the capabilities as one list; the toolkit reads both.
+    #[test]
+    fn a_container_with_cap_sys_admin_selects_by_the_variable_whatever_env_selectors() {
+        for caps in [
+            r#"{"bounding":["CAP_CHOWN","CAP_SYS_ADMIN"],"effective":[]}"#,
+            r#"["CAP_SYS_ADMIN"]"#,
+        ] {
+            let s = spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES=1"],"capabilities":{caps}}}}}"#
+            ));
+            assert_eq!(
+                gpu_selectors_with(&s, || false),
+                vec![(GpuSelector::Index(1), Source::NvidiaVisibleDevices)],
+                "{caps}"
+            );
+        }
+        // CAP_SYS_ADMIN elsewhere than the bounding set, or none: unprivileged to the toolkit
+        for caps in [
+            r#"{"bounding":["CAP_CHOWN"],"effective":["CAP_SYS_ADMIN"]}"#,
+            r#"{"bounding":["cap_sys_admin"]}"#,
+            r#"[]"#,
+            r#"{}"#,
+            r#"null"#,
+        ] {
+            let s = spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES=1"],"capabilities":{caps}}}}}"#
+            ));
+            assert_eq!(gpu_selectors_with(&s, || false), vec![], "{caps}");
+        }
+    }
+
     /// Whether the variable counts (which may take a read of the NVIDIA toolkit's config)
     /// is asked only of a spec that has the variable or `CUDA_VERSION`: without either it
     /// could select nothing.
