@@ -104,8 +104,12 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
         }
     }
     // Without the variable or CUDA_VERSION nothing below selects a GPU, whatever `env`.
+    // A container the toolkit takes for privileged gets the variable's GPUs whatever its
+    // config says (`env` follows the unprivileged case's key), so they are checked too.
     let cuda = spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty());
-    if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda) || !env() {
+    if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda)
+        || !(spec.privileged_to_nvidia() || env())
+    {
         return cdi_selectors(spec, out);
     }
     // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
@@ -485,13 +489,16 @@ mod tests {
                 "{caps}"
             );
         }
-        // CAP_SYS_ADMIN elsewhere than the bounding set, or none: unprivileged to the toolkit
+        // CAP_SYS_ADMIN elsewhere than the bounding set, or none, or a shape no runtime
+        // takes (which still parses): unprivileged to the toolkit
         for caps in [
             r#"{"bounding":["CAP_CHOWN"],"effective":["CAP_SYS_ADMIN"]}"#,
             r#"{"bounding":["cap_sys_admin"]}"#,
             r#"[]"#,
             r#"{}"#,
             r#"null"#,
+            r#"5"#,
+            r#"{"bounding":["CAP_SYS_ADMIN",1]}"#,
         ] {
             let s = spec(&format!(
                 r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES=1"],"capabilities":{caps}}}}}"#
