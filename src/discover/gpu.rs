@@ -104,8 +104,12 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
         }
     }
     // Without the variable or CUDA_VERSION nothing below selects a GPU, whatever `env`.
+    // A container the toolkit takes for privileged gets the variable's GPUs whatever its
+    // config says (`env` follows the unprivileged case's key), so they are checked too.
     let cuda = spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty());
-    if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda) || !env() {
+    if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda)
+        || !(spec.privileged_to_nvidia() || env())
+    {
         return cdi_selectors(spec, out);
     }
     // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
@@ -462,6 +466,45 @@ mod tests {
             ]
         );
         assert_eq!(gpu_selectors_with(&s, || true).len(), 3);
+    }
+
+    /// The toolkit honours the variable in a container whose bounding set holds
+    /// CAP_SYS_ADMIN (its `IsPrivileged`) whatever
+    /// `accept-nvidia-visible-devices-envvar-when-unprivileged` says: a pod that adds
+    /// SYS_ADMIN (not `privileged: true`, so no host device is listed) and names a GPU, a
+    /// quarantined one say, in the variable gets it from the toolkit, and devgate must check
+    /// it. Pre-1.0 specs give the capabilities as one list; the toolkit reads both.
+    #[test]
+    fn a_container_with_cap_sys_admin_selects_by_the_variable_whatever_env_selectors() {
+        for caps in [
+            r#"{"bounding":["CAP_CHOWN","CAP_SYS_ADMIN"],"effective":[]}"#,
+            r#"["CAP_SYS_ADMIN"]"#,
+        ] {
+            let s = spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES=1"],"capabilities":{caps}}}}}"#
+            ));
+            assert_eq!(
+                gpu_selectors_with(&s, || false),
+                vec![(GpuSelector::Index(1), Source::NvidiaVisibleDevices)],
+                "{caps}"
+            );
+        }
+        // CAP_SYS_ADMIN elsewhere than the bounding set, or none, or a shape no runtime
+        // takes (which still parses): unprivileged to the toolkit
+        for caps in [
+            r#"{"bounding":["CAP_CHOWN"],"effective":["CAP_SYS_ADMIN"]}"#,
+            r#"{"bounding":["cap_sys_admin"]}"#,
+            r#"[]"#,
+            r#"{}"#,
+            r#"null"#,
+            r#"5"#,
+            r#"{"bounding":["CAP_SYS_ADMIN",1]}"#,
+        ] {
+            let s = spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES=1"],"capabilities":{caps}}}}}"#
+            ));
+            assert_eq!(gpu_selectors_with(&s, || false), vec![], "{caps}");
+        }
     }
 
     /// Whether the variable counts (which may take a read of the NVIDIA toolkit's config)

@@ -32,6 +32,30 @@ pub struct Spec {
 pub struct Process {
     #[serde(default)]
     pub env: Vec<String>,
+    /// Read only for the NVIDIA toolkit's test of a privileged container
+    /// ([`Spec::privileged_to_nvidia`]); a shape devgate does not know is no capability.
+    #[serde(default)]
+    capabilities: Capabilities,
+}
+
+/// `process.capabilities`: the sets (1.0 and later), or one list (pre-1.0 specs, which the
+/// toolkit reads too). Anything else parses as no capability rather than failing the spec.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Capabilities {
+    List(Vec<String>),
+    Sets {
+        #[serde(default)]
+        bounding: Vec<String>,
+    },
+    #[allow(dead_code)] // what no other shape took: null, a number, damaged sets
+    Other(serde::de::IgnoredAny),
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities::List(Vec::new())
+    }
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -155,6 +179,19 @@ impl Spec {
             )),
             (a, b) => Ok(a.or(b)),
         }
+    }
+
+    /// Whether NVIDIA's container toolkit takes this container for a privileged one (its
+    /// `image.IsPrivileged`): CAP_SYS_ADMIN, spelled so, in the bounding set (or the one
+    /// list of a pre-1.0 spec). Then the toolkit honours `NVIDIA_VISIBLE_DEVICES` whatever
+    /// its `accept-nvidia-visible-devices-envvar-when-unprivileged` says.
+    pub(crate) fn privileged_to_nvidia(&self) -> bool {
+        let caps = match self.process.as_ref().map(|p| &p.capabilities) {
+            Some(Capabilities::List(l)) => l,
+            Some(Capabilities::Sets { bounding }) => bounding,
+            _ => return false,
+        };
+        caps.iter().any(|c| c == "CAP_SYS_ADMIN")
     }
 
     pub fn env(&self, key: &str) -> Option<&str> {
