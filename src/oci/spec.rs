@@ -33,13 +33,14 @@ pub struct Process {
     #[serde(default)]
     pub env: Vec<String>,
     /// Read only for the NVIDIA toolkit's test of a privileged container
-    /// ([`Spec::privileged_to_nvidia`]); a shape devgate does not know is no capability.
+    /// ([`Spec::privileged_to_nvidia`]), which only a GPU variable asks for: kept as its
+    /// text, since parsing the sets on every container start cost some 20k instructions.
     #[serde(default)]
-    capabilities: Capabilities,
+    capabilities: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// `process.capabilities`: the sets (1.0 and later), or one list (pre-1.0 specs, which the
-/// toolkit reads too). Anything else parses as no capability rather than failing the spec.
+/// toolkit reads too). A shape that is neither is no capability, never a spec that fails.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum Capabilities {
@@ -48,14 +49,6 @@ enum Capabilities {
         #[serde(default)]
         bounding: Vec<String>,
     },
-    #[allow(dead_code)] // what no other shape took: null, a number, damaged sets
-    Other(serde::de::IgnoredAny),
-}
-
-impl Default for Capabilities {
-    fn default() -> Self {
-        Capabilities::List(Vec::new())
-    }
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -186,10 +179,17 @@ impl Spec {
     /// list of a pre-1.0 spec). Then the toolkit honours `NVIDIA_VISIBLE_DEVICES` whatever
     /// its `accept-nvidia-visible-devices-envvar-when-unprivileged` says.
     pub(crate) fn privileged_to_nvidia(&self) -> bool {
-        let caps = match self.process.as_ref().map(|p| &p.capabilities) {
-            Some(Capabilities::List(l)) => l,
-            Some(Capabilities::Sets { bounding }) => bounding,
-            _ => return false,
+        let Some(raw) = self
+            .process
+            .as_ref()
+            .and_then(|p| p.capabilities.as_deref())
+        else {
+            return false;
+        };
+        let caps = match serde_json::from_str(raw.get()) {
+            Ok(Capabilities::List(l)) => l,
+            Ok(Capabilities::Sets { bounding }) => bounding,
+            Err(_) => return false,
         };
         caps.iter().any(|c| c == "CAP_SYS_ADMIN")
     }
