@@ -97,7 +97,7 @@ pub enum GateIn {
 pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_in: GateIn) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let inv = argv::parse(args, &cwd);
-    if std::env::var_os(runtime::WRAPPED_ENV).is_some() {
+    if program::started_with(program::Mark::Wrapped) {
         return fail(
             &inv.global,
             &Error::invalid(
