@@ -70,10 +70,9 @@ fn a_gpu_container_starts_through_the_wrapper_and_hooks_without_env() {
     for stage in ["prestart", "poststop"] {
         b.spec["hooks"][stage] = json!([hook_without_env(&bin, &env, stage)]);
     }
-    b.spec["hooks"]["prestart"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"path": "/bin/sh", "args": ["sh", "-c", format!("env > '{}'", dump.display())]}));
+    b.spec["hooks"]["prestart"].as_array_mut().unwrap().push(
+        json!({"path": "/bin/sh", "args": ["sh", "-c", format!("env > '{}'", dump.display())]}),
+    );
     b.write();
     let id = unique_id("wrh");
     let root = b.dir.join("runtime-root");
