@@ -136,7 +136,10 @@ fn creates_through_the_wrapper_without_deletes_leave_a_bounded_number_of_markers
         decided.join(format!("{live}.json")).exists(),
         "the marker of a container the runtime still has was pruned"
     );
-    assert!(decided.join("gone-399.json").exists(), "the newest marker went");
+    assert!(
+        decided.join("gone-399.json").exists(),
+        "the newest marker went"
+    );
 }
 
 /// On a GPU node whose driver did not load (NVIDIA functions in sysfs, no GPU list from the
