@@ -1,6 +1,7 @@
 //! Bounded state: a crash-looping pod's rejected starts do not pile up under state_dir.
 
 mod common;
+use common::wrapper::Wrapper;
 use common::*;
 use serde_json::json;
 use std::path::Path;
@@ -94,6 +95,50 @@ fn rejected_starts_on_tmpfs_stay_within_exits_keep_and_its_slack() {
     assert!(
         (KEEP..=KEEP + 2).contains(&records),
         "{records} start records on tmpfs after 100 rejected starts, exits_keep {KEEP}"
+    );
+}
+
+/// The runtime wrapper's "decided" markers (`state_dir/decided/<id>.json`) are bounded as
+/// records are: a create through the wrapper whose container is never deleted through it
+/// (a crash-looping pod, `runc delete` run by hand, a killed shim) left one for good. The
+/// marker of a container the runtime still has (its state directory, `<root>/<id>`) is
+/// never pruned: its prestart hook still needs it.
+#[test]
+fn creates_through_the_wrapper_without_deletes_leave_a_bounded_number_of_markers() {
+    require_root!();
+    const KEEP: usize = 20;
+    let env = Env::with(
+        "bounded-markers",
+        json!({ "exits_keep": KEEP, "runtime": {"path": "/bin/true"} }),
+    );
+    let mut b = Bundle::new("bounded-markers", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.write();
+    let w = Wrapper::new(&env);
+    let live = "live-0";
+    std::fs::create_dir_all(w.root.join(live)).unwrap();
+    let bundle = b.dir.to_str().unwrap();
+    for i in 0..400 {
+        let id = if i == 0 {
+            live.to_string()
+        } else {
+            format!("gone-{i}")
+        };
+        w.ok(&["create", "--bundle", bundle, &id]);
+    }
+    let decided = env.dir.join("state/decided");
+    let markers = count_files(&decided);
+    assert!(
+        markers <= 2 * KEEP,
+        "{markers} decided markers after 400 creates without a delete, exits_keep {KEEP}"
+    );
+    assert!(
+        decided.join(format!("{live}.json")).exists(),
+        "the marker of a container the runtime still has was pruned"
+    );
+    assert!(
+        decided.join("gone-399.json").exists(),
+        "the newest marker went"
     );
 }
 

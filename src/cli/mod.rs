@@ -195,6 +195,8 @@ pub fn run_program(run: impl FnOnce() -> i32 + std::panic::UnwindSafe) -> ! {
 /// (src/main.rs, src/runtime_main.rs): lang_start also finds the main thread's stack by
 /// reading all of /proc/self/maps, a tenth of the hook's instructions.
 pub fn process_start() {
+    // Before anything reads the environment or execs: see take_marks.
+    crate::fsutil::program::take_marks();
     // A closed stdout or stderr pipe is an EPIPE error to handle, not a signal that kills
     // the hook before it can answer the runtime.
     // SAFETY: sets a signal disposition before any thread exists.

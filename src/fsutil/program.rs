@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The dynamically linked devgate's file name.
 pub const DEVGATE: &str = "devgate";
@@ -25,8 +26,63 @@ pub const HOOK_FRONT: &str = "devgate-hook";
 /// load NVML either, and would hand the work on to itself without end.
 pub const HANDED_ON_ENV: &str = "DEVGATE_HANDED_ON";
 
+/// Set in the real runtime's environment by the runtime wrapper: a devgate wrapper that
+/// finds it was started, through some chain of wrappers, by itself. The one mark that
+/// leaves devgate on purpose: the loop it guards against runs through programs that are
+/// not devgate (another wrapper, a link, a script) and keep only the environment.
+pub const WRAPPED_ENV: &str = "DEVGATE_RUNTIME_WRAPPED";
+
+/// A mark one devgate process leaves in the environment of the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// [`HANDED_ON_ENV`].
+    HandedOn,
+    /// [`WRAPPED_ENV`].
+    Wrapped,
+}
+
+impl Mark {
+    const ALL: [Mark; 2] = [Mark::HandedOn, Mark::Wrapped];
+
+    pub fn var(self) -> &'static str {
+        match self {
+            Mark::HandedOn => HANDED_ON_ENV,
+            Mark::Wrapped => WRAPPED_ENV,
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// The marks this process found at its start ([`take_marks`]).
+static FOUND: AtomicU8 = AtomicU8::new(0);
+
+/// Notes which marks this process was started with, and removes them from its
+/// environment: runc gives its own environment to every hook entry that sets no `env`, so
+/// a mark still there when devgate execs the runtime reached the hook front, which then
+/// took itself for a devgate handed on again and refused every GPU container. Run first
+/// in every devgate program, before any thread exists (the environment is not locked
+/// against C code).
+pub fn take_marks() {
+    for m in Mark::ALL {
+        if std::env::var_os(m.var()).is_some() {
+            FOUND.fetch_or(m.bit(), Ordering::Relaxed);
+            std::env::remove_var(m.var());
+        }
+    }
+}
+
+/// Whether this process was started with `mark` ([`take_marks`]).
+pub fn started_with(mark: Mark) -> bool {
+    FOUND.load(Ordering::Relaxed) & mark.bit() != 0
+}
+
 /// Execs the devgate beside this program ([`devgate_beside`]) in its place, as `devgate
-/// ARGS`, marked as handed on ([`HANDED_ON_ENV`]). Returns only on failure, with the error.
+/// ARGS`, marked as handed on ([`HANDED_ON_ENV`]): devgate itself, which takes the mark out
+/// of its environment at its start ([`take_marks`]). Returns only on failure, with the
+/// error.
 pub fn exec_devgate(args: &[String]) -> Error {
     let devgate = match devgate_beside() {
         Ok(p) => p,
@@ -53,7 +109,7 @@ pub fn beside(name: &str) -> std::io::Result<PathBuf> {
 pub fn devgate_beside() -> Result<PathBuf> {
     let devgate =
         beside(DEVGATE).map_err(|e| Error::io("cannot find", Path::new("/proc/self/exe"), e))?;
-    if linked_statically() && std::env::var_os(HANDED_ON_ENV).is_some() {
+    if linked_statically() && started_with(Mark::HandedOn) {
         return Err(Error::invalid(
             "devgate",
             format!(

@@ -97,7 +97,7 @@ pub enum GateIn {
 pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_in: GateIn) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let inv = argv::parse(args, &cwd);
-    if std::env::var_os(runtime::WRAPPED_ENV).is_some() {
+    if program::started_with(program::Mark::Wrapped) {
         return fail(
             &inv.global,
             &Error::invalid(
@@ -226,7 +226,13 @@ fn gate(
         if let Some(action) = reply.action {
             // Without the marker the hook only decides again, on the spec as rewritten:
             // slower, never wrong.
-            if let Err(e) = marker::write(&config.state_dir, id, &remap.bytes, action) {
+            let decided = marker::Decided {
+                id,
+                spec: &remap.bytes,
+                action,
+                runtime_state: remap.runtime_state.as_deref(),
+            };
+            if let Err(e) = marker::write(&config.state_dir, &decided, config.exits_keep) {
                 log::error!("cannot keep the decided marker for {id}: {e}");
             }
         }

@@ -19,9 +19,7 @@ pub const SEARCH_DIRS: [&str; 6] = [
     "/bin",
 ];
 
-/// Set in the real runtime's environment: a devgate wrapper that finds it was started,
-/// through some chain of wrappers, by itself.
-pub const WRAPPED_ENV: &str = "DEVGATE_RUNTIME_WRAPPED";
+pub use crate::fsutil::program::WRAPPED_ENV;
 
 /// `runtime.path` of `config`, resolved. An error names the config file the path came
 /// from: that file is where the operator fixes it.
