@@ -575,3 +575,29 @@ mod env_selector_tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+#[cfg(test)]
+mod toolkit_toml_tests {
+    use super::*;
+
+    /// The toolkit reads its file as TOML: a key under `[nvidia-container-cli]` is that
+    /// table's, not the top-level switch, which stays at its default (true) for the toolkit.
+    #[test]
+    fn a_key_under_a_table_does_not_turn_env_selectors_off() {
+        let dir = crate::fsutil::tests::tempdir("toolkit-table");
+        let toolkit = dir.join("config.toml");
+        std::fs::write(
+            &toolkit,
+            "disable-require = false\n[nvidia-container-cli]\n\
+             accept-nvidia-visible-devices-envvar-when-unprivileged = false\n",
+        )
+        .unwrap();
+        let mut c = Config::default();
+        c.nvidia_toolkit_config = toolkit.clone();
+        assert!(
+            c.env_selectors(),
+            "the table's key is not the top-level one"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
