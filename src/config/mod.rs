@@ -602,8 +602,10 @@ mod toolkit_toml_tests {
              accept-nvidia-visible-devices-envvar-when-unprivileged = false\n",
         )
         .unwrap();
-        let mut c = Config::default();
-        c.nvidia_toolkit_config = Some(toolkit.clone());
+        let c = Config {
+            nvidia_toolkit_config: Some(toolkit.clone()),
+            ..Config::default()
+        };
         assert!(
             c.env_selectors(),
             "the table's key is not the top-level one"

@@ -36,10 +36,7 @@ use std::time::Instant;
 /// list, the kernel log only for an unknown UUID, the selectors resolved, NVML asked about
 /// what they chose): NVML is opened at most once, so each step sees whether an earlier
 /// one opened it.
-fn assigned(
-    config: &Config,
-    spec: &Spec,
-) -> Result<(Vec<Device>, Option<GpuContext>, Vec<String>, Option<String>)> {
+fn assigned(config: &Config, spec: &Spec) -> Result<Assigned> {
     let rules = config.class_rules();
     let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
     let mut toolkit_warning = None;
@@ -113,7 +110,21 @@ fn assigned(
             ctx = Some(GpuContext::for_minors(config, &driver, &minors));
         }
     }
-    Ok((devices, ctx, warnings, toolkit_warning))
+    Ok(Assigned {
+        devices,
+        gpu: ctx,
+        unknowns: warnings,
+        toolkit_warning,
+    })
+}
+
+/// What [`assigned`] found: the devices, the GPU context, a warning per selector naming no
+/// GPU (an unknown to the policy), and the toolkit config's warning (no unknown).
+struct Assigned {
+    devices: Vec<Device>,
+    gpu: Option<GpuContext>,
+    unknowns: Vec<String>,
+    toolkit_warning: Option<String>,
 }
 
 /// prestart / createRuntime: decide whether the container may start.
@@ -196,7 +207,12 @@ pub(crate) fn gate_with(
     started: Instant,
     remap: &mut Remapper,
 ) -> Result<Reply> {
-    let (devices, gpu, mut selector_warnings, toolkit_warning) = assigned(config, spec)?;
+    let Assigned {
+        devices,
+        gpu,
+        unknowns: mut selector_warnings,
+        toolkit_warning,
+    } = assigned(config, spec)?;
     // A selector naming no GPU devgate can find is an unknown, like a probe that cannot
     // tell: under `on_unknown: reject` it refuses the start rather than check nothing.
     if let Some(line) = policy::unknown_selectors(&selector_warnings, &config.policy) {
