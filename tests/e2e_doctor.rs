@@ -828,3 +828,69 @@ fn cgroup_mode_from_statfs() {
         format!("✓ cgroup mode: v1 ({c} is not cgroup2)")
     );
 }
+
+/// The NVIDIA toolkit's config: where devgate cannot tell which file the toolkit reads
+/// (two it may read disagree), doctor says so in one line; a file named by
+/// `nvidia_toolkit_config` is read as TOML; one the toolkit cannot load fails.
+#[test]
+fn toolkit_config_ambiguity_and_reading() {
+    let key = "accept-nvidia-visible-devices-envvar-when-unprivileged";
+    let node = Node::new("doc-toolkit", &[], json!({}));
+    let named = node.dir().join("named.toml");
+    fs::write(&named, format!("{key} = false\n")).unwrap();
+    let xdg = node.dir().join("xdg");
+    fs::create_dir_all(xdg.join("nvidia-container-runtime")).unwrap();
+    fs::write(xdg.join("nvidia-container-runtime/config.toml"), "").unwrap();
+    let (_, lines) = node.doctor_with(
+        &[],
+        &[
+            ("NVIDIA_CTK_CONFIG_FILE_PATH", named.as_path()),
+            ("XDG_CONFIG_HOME", xdg.as_path()),
+        ],
+    );
+    let line = lines
+        .iter()
+        .find(|l| l.contains("NVIDIA toolkit config"))
+        .unwrap_or_else(|| panic!("no toolkit line: {lines:#?}"));
+    assert!(
+        line.starts_with(
+            "- NVIDIA toolkit config: devgate cannot tell which file NVIDIA's toolkit reads"
+        ),
+        "{line}"
+    );
+    assert!(line.contains(&named.display().to_string()), "{line}");
+    assert!(line.contains("checks more GPUs"), "{line}");
+
+    let explicit = node.dir().join("explicit.toml");
+    let node = Node::new(
+        "doc-toolkit2",
+        &[],
+        json!({"nvidia_toolkit_config": explicit}),
+    );
+    fs::write(
+        &explicit,
+        format!("[nvidia-container-cli]\n{key} = false\n"),
+    )
+    .unwrap();
+    let (_, lines) = node.doctor(&[]);
+    assert!(
+        lines.contains(&format!(
+            "✓ NVIDIA toolkit config: {} (nvidia_toolkit_config): NVIDIA_VISIBLE_DEVICES selects GPUs",
+            explicit.display()
+        )),
+        "{lines:#?}"
+    );
+    fs::write(&explicit, "[broken\n").unwrap();
+    let (code, lines) = node.doctor(&[]);
+    assert_eq!(code, 1, "{lines:#?}");
+    let i = lines
+        .iter()
+        .position(|l| l.starts_with("✗ NVIDIA toolkit config: "))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(lines[i].contains("is not TOML"), "{}", lines[i]);
+    assert!(
+        lines[i + 1].starts_with("  fix: correct the file"),
+        "{}",
+        lines[i + 1]
+    );
+}

@@ -1726,3 +1726,83 @@ fn env_selectors_false_ignores_nvidia_visible_devices() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(n.said(&out).contains("remapping failed"), "{}", text(&out));
 }
+
+/// The NVIDIA toolkit's config.toml is read as the toolkit reads it (TOML, top-level key
+/// only), and in doubt NVIDIA_VISIBLE_DEVICES selects: devgate checks more GPUs, never fewer.
+#[test]
+fn toolkit_config_is_read_as_toml_and_doubt_checks_the_gpu() {
+    require_root!();
+    let dir = tempdir("toolkit-toml");
+    let toolkit = dir.join("config.toml");
+    let key = "accept-nvidia-visible-devices-envvar-when-unprivileged";
+    let n = node(
+        "toolkit-toml",
+        fake_nvml::lib(),
+        json!({"nvidia_toolkit_config": toolkit}),
+    );
+    let bad = node_with(
+        3,
+        json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
+    );
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=3"]);
+    // A key under a table is that table's: the toolkit's top-level switch stays true.
+    fs::write(&toolkit, format!("[nvidia-container-cli]\n{key} = false\n")).unwrap();
+    let out = n.prestart(&spec, &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // The toolkit cannot load a file that is not TOML; devgate checks the GPU and says why.
+    fs::write(&toolkit, format!("{key} = false\n[broken\n")).unwrap();
+    let out = n.prestart(&spec, &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        n.said(&out).contains("warning: NVIDIA toolkit config"),
+        "{}",
+        text(&out)
+    );
+    fs::write(&toolkit, format!("{key} = false\n")).unwrap();
+    let out = n.prestart(&spec, &bad);
+    assert!(out.status.success(), "the file says false: {}", text(&out));
+}
+
+/// Unset `nvidia_toolkit_config`: the file NVIDIA_CTK_CONFIG_FILE_PATH names (as the GPU
+/// operator's wrappers set it) is one the toolkit reads, so its `false` counts.
+#[test]
+fn toolkit_config_named_by_the_toolkits_variable_counts() {
+    require_root!();
+    for p in [
+        "/etc/nvidia-container-runtime/config.toml",
+        "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",
+    ] {
+        if Path::new(p).exists() {
+            eprintln!("skipped: this host has {p}, which devgate reads too");
+            return;
+        }
+    }
+    let dir = tempdir("toolkit-env");
+    let toolkit = dir.join("config.toml");
+    fs::write(
+        &toolkit,
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n",
+    )
+    .unwrap();
+    let n = node("toolkit-env", fake_nvml::lib(), json!({}));
+    let bad = node_with(
+        3,
+        json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
+    );
+    let mut spec = base_spec(&["true"]);
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=3"]);
+    let out = n.prestart(&spec, &bad);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "no toolkit file: {}",
+        text(&out)
+    );
+    let out = n.prestart_env(
+        &spec,
+        &bad,
+        &[("NVIDIA_CTK_CONFIG_FILE_PATH", toolkit.as_path())],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+}

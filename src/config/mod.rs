@@ -3,6 +3,7 @@
 //! because a misspelt policy key silently ignored is the worst surprise on a node.
 
 pub mod policy;
+pub mod toolkit;
 pub mod xid;
 
 use crate::error::{Error, Result};
@@ -29,8 +30,9 @@ pub struct Config {
     pub dev_root: PathBuf,
     /// procfs, for the NVIDIA driver's list of GPUs (`driver/nvidia/gpus`).
     pub proc_root: PathBuf,
-    /// NVIDIA container toolkit's config, for the default of `gpu.env_selectors`.
-    pub nvidia_toolkit_config: PathBuf,
+    /// NVIDIA container toolkit's config, for the default of `gpu.env_selectors`; unset,
+    /// every file the toolkit may read ([`toolkit::candidates`]).
+    pub nvidia_toolkit_config: Option<PathBuf>,
     pub log_file: Option<PathBuf>,
     #[serde(deserialize_with = "object")]
     pub policy: Policy,
@@ -109,7 +111,7 @@ impl Default for Config {
             sysfs_root: "/sys".into(),
             dev_root: "/dev".into(),
             proc_root: "/proc".into(),
-            nvidia_toolkit_config: "/etc/nvidia-container-runtime/config.toml".into(),
+            nvidia_toolkit_config: None,
             log_file: None,
             policy: Policy::default(),
             spares: BTreeMap::new(),
@@ -190,24 +192,30 @@ impl Config {
         }
     }
 
-    /// Long because it is a list of independent checks, one per key, in the config's order.
-    /// `gpu.env_selectors`, else NVIDIA toolkit's
-    /// `accept-nvidia-visible-devices-envvar-when-unprivileged` where its config is present
-    /// (so the two cannot disagree), else true.
+    /// `gpu.env_selectors`, else what the NVIDIA toolkit's config says
+    /// ([`Config::toolkit_reading`]).
     pub fn env_selectors(&self) -> bool {
-        if let Some(b) = self.gpu.env_selectors {
-            return b;
+        self.env_selectors_warned().0
+    }
+
+    /// [`Config::env_selectors`] with the warning line for a toolkit config devgate could
+    /// not read as the toolkit does (which it then takes as selecting).
+    pub fn env_selectors_warned(&self) -> (bool, Option<String>) {
+        match self.gpu.env_selectors {
+            Some(b) => (b, None),
+            None => {
+                let r = self.toolkit_reading();
+                (r.env_selectors(), r.warning())
+            }
         }
-        const KEY: &str = "accept-nvidia-visible-devices-envvar-when-unprivileged";
-        let Ok(bytes) = read_regular_file(&self.nvidia_toolkit_config, 64 * 1024, "toolkit config")
-        else {
-            return true;
-        };
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .find(|(k, _)| k.trim() == KEY)
-            .map_or(true, |(_, v)| v.trim() != "false")
+    }
+
+    /// The NVIDIA toolkit's `accept-nvidia-visible-devices-envvar-when-unprivileged`, from
+    /// `nvidia_toolkit_config`, else from every file the toolkit may read (this process's
+    /// environment names some: runc's, the toolkit's own when NVIDIA's runtime ran it).
+    pub fn toolkit_reading(&self) -> toolkit::Reading {
+        let candidates = toolkit::candidates(&|k| std::env::var_os(k));
+        toolkit::reading(self.nvidia_toolkit_config.as_deref(), &candidates)
     }
 
     /// Checks the loaded values; the first bad one is the error, naming its key.
@@ -221,7 +229,6 @@ impl Config {
             ("sysfs_root", &self.sysfs_root),
             ("dev_root", &self.dev_root),
             ("proc_root", &self.proc_root),
-            ("nvidia_toolkit_config", &self.nvidia_toolkit_config),
             ("kmsg_path", &self.kmsg_path),
             ("kubelet_pods_dir", &self.kubelet_pods_dir),
         ] {
@@ -232,11 +239,14 @@ impl Config {
                 ));
             }
         }
-        if let Some(p) = &self.log_file {
-            if !p.is_absolute() {
+        for (key, p) in [
+            ("log_file", &self.log_file),
+            ("nvidia_toolkit_config", &self.nvidia_toolkit_config),
+        ] {
+            if let Some(p) = p.as_ref().filter(|p| !p.is_absolute()) {
                 return Err(Error::invalid(
                     &what,
-                    format!("log_file {p:?} is not an absolute path"),
+                    format!("{key} {p:?} is not an absolute path"),
                 ));
             }
         }
@@ -560,7 +570,7 @@ mod env_selector_tests {
         let dir = crate::fsutil::tests::tempdir("toolkit");
         let toolkit = dir.join("config.toml");
         let mut c = Config {
-            nvidia_toolkit_config: toolkit.clone(),
+            nvidia_toolkit_config: Some(toolkit.clone()),
             ..Config::default()
         };
         assert!(c.env_selectors(), "no toolkit config: true");
@@ -572,6 +582,34 @@ mod env_selector_tests {
         assert!(!c.env_selectors(), "the toolkit says false");
         c.gpu.env_selectors = Some(true);
         assert!(c.env_selectors(), "the key wins");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod toolkit_toml_tests {
+    use super::*;
+
+    /// The toolkit reads its file as TOML: a key under `[nvidia-container-cli]` is that
+    /// table's, not the top-level switch, which stays at its default (true) for the toolkit.
+    #[test]
+    fn a_key_under_a_table_does_not_turn_env_selectors_off() {
+        let dir = crate::fsutil::tests::tempdir("toolkit-table");
+        let toolkit = dir.join("config.toml");
+        std::fs::write(
+            &toolkit,
+            "disable-require = false\n[nvidia-container-cli]\n\
+             accept-nvidia-visible-devices-envvar-when-unprivileged = false\n",
+        )
+        .unwrap();
+        let c = Config {
+            nvidia_toolkit_config: Some(toolkit.clone()),
+            ..Config::default()
+        };
+        assert!(
+            c.env_selectors(),
+            "the table's key is not the top-level one"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -28,20 +28,23 @@ use std::path::Path;
 use std::time::Instant;
 
 /// The devices a spec assigns, GPUs its selectors name included, with the GPU context
-/// when a GPU is among them (NVML is opened at most once per hook call), and a warning
-/// line for each selector that names no GPU.
+/// when a GPU is among them (NVML is opened at most once per hook call), a warning
+/// line for each selector that names no GPU, and one when the NVIDIA toolkit's config
+/// could not be read as the toolkit reads it (not an unknown: it only widens the check).
 ///
 /// Long because the GPU context and the driver's list thread through every step (the GPU
 /// list, the kernel log only for an unknown UUID, the selectors resolved, NVML asked about
 /// what they chose): NVML is opened at most once, so each step sees whether an earlier
 /// one opened it.
-fn assigned(
-    config: &Config,
-    spec: &Spec,
-) -> Result<(Vec<Device>, Option<GpuContext>, Vec<String>)> {
+fn assigned(config: &Config, spec: &Spec) -> Result<Assigned> {
     let rules = config.class_rules();
     let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
-    let mut selectors = gpu::gpu_selectors_with(spec, || config.env_selectors());
+    let mut toolkit_warning = None;
+    let mut selectors = gpu::gpu_selectors_with(spec, || {
+        let (on, warning) = config.env_selectors_warned();
+        toolkit_warning = warning.map(|w| one_line(&w));
+        on
+    });
     let mut ctx = None;
     let mut warnings = Vec::new();
     if !selectors.is_empty() || nvidia::has_gpu(&devices) {
@@ -107,7 +110,21 @@ fn assigned(
             ctx = Some(GpuContext::for_minors(config, &driver, &minors));
         }
     }
-    Ok((devices, ctx, warnings))
+    Ok(Assigned {
+        devices,
+        gpu: ctx,
+        unknowns: warnings,
+        toolkit_warning,
+    })
+}
+
+/// What [`assigned`] found: the devices, the GPU context, a warning per selector naming no
+/// GPU (an unknown to the policy), and the toolkit config's warning (no unknown).
+struct Assigned {
+    devices: Vec<Device>,
+    gpu: Option<GpuContext>,
+    unknowns: Vec<String>,
+    toolkit_warning: Option<String>,
 }
 
 /// prestart / createRuntime: decide whether the container may start.
@@ -190,7 +207,12 @@ pub(crate) fn gate_with(
     started: Instant,
     remap: &mut Remapper,
 ) -> Result<Reply> {
-    let (devices, gpu, selector_warnings) = assigned(config, spec)?;
+    let Assigned {
+        devices,
+        gpu,
+        unknowns: mut selector_warnings,
+        toolkit_warning,
+    } = assigned(config, spec)?;
     // A selector naming no GPU devgate can find is an unknown, like a probe that cannot
     // tell: under `on_unknown: reject` it refuses the start rather than check nothing.
     if let Some(line) = policy::unknown_selectors(&selector_warnings, &config.policy) {
@@ -213,6 +235,8 @@ pub(crate) fn gate_with(
             message: Some(line),
         });
     }
+    // After the unknowns' check: a toolkit config devgate cannot read is no unknown.
+    selector_warnings.extend(toolkit_warning);
     if devices.is_empty() {
         return Ok(Reply {
             exit_code: 0,

@@ -5,8 +5,9 @@
 //! The checks: the config parses; devgate's directories are safe along their whole path;
 //! each runtime on the node runs devgate (oci-hooks files for CRI-O and podman, containerd's
 //! merged `config dump` for its base runtime spec or runtime wrapper); the cgroup mode and
-//! driver; NVML and the GPUs it sees, with persistence mode; each spare and its
-//! /dev/char link; spares hidden from the device plugin; the kernel log.
+//! driver; NVML and the GPUs it sees, with persistence mode; the NVIDIA toolkit's config
+//! devgate reads for `gpu.env_selectors`; each spare and its /dev/char link; spares hidden
+//! from the device plugin; the kernel log.
 //!
 //! Every outside string (paths, GPU names, parse errors) is printed escaped: a control
 //! character becomes `\xNN`, so nothing read from the node can rewrite the terminal.
@@ -22,6 +23,7 @@ mod node_checks;
 pub(crate) mod nvml;
 pub(crate) mod runtime_checks;
 pub(crate) mod runtimes;
+mod toolkit;
 
 use crate::config::{self, Config};
 use crate::model::text::one_line;
@@ -201,6 +203,9 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     let timeout = Duration::from_millis(config.probe_timeout_ms);
     let nvml = nvml::nvml_inventory(&config.nvml_library, timeout);
     for l in node_checks::nvml_checks(&config, &nvml) {
+        push(l);
+    }
+    if let Some(l) = toolkit::toolkit_check(&config) {
         push(l);
     }
     for l in node_checks::spare_checks(&config, &config_path, &nvml) {

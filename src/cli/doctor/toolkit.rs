@@ -1,0 +1,166 @@
+//! doctor's line on the NVIDIA toolkit's config.toml: which file devgate read for the
+//! default of `gpu.env_selectors`, and where it cannot know the file the toolkit reads.
+
+use super::line::Line;
+use crate::config::toolkit::{Reading, Says, KEY, OPERATOR_ROOT};
+use crate::config::Config;
+use std::path::Path;
+
+const CHECK: &str = "NVIDIA toolkit config";
+
+/// The line for this node; none where `gpu.env_selectors` is set (the file is not read)
+/// or no file the toolkit may read is there (nothing to tell).
+pub(crate) fn toolkit_check(config: &Config) -> Option<Line> {
+    if config.gpu.env_selectors.is_some() {
+        return None;
+    }
+    toolkit_line(&config.toolkit_reading())
+}
+
+/// What a reading tells the operator: a file the toolkit cannot load fails; several that
+/// disagree, or the GPU operator's file (its wrappers pick the toolkit's file where devgate
+/// cannot see), are a note; else what the file says.
+pub(crate) fn toolkit_line(r: &Reading) -> Option<Line> {
+    let present: Vec<&(std::path::PathBuf, Says)> =
+        r.files.iter().filter(|(_, s)| *s != Says::Absent).collect();
+    if present.is_empty() && !r.explicit {
+        return None;
+    }
+    if let Some((p, Says::Bad(why))) = present.iter().find(|(_, s)| matches!(s, Says::Bad(_))) {
+        return Some(Line::fail(
+            CHECK,
+            format!(
+                "{} {why}: NVIDIA's toolkit cannot load it; devgate takes NVIDIA_VISIBLE_DEVICES \
+                 as selecting GPUs",
+                p.display()
+            ),
+            "correct the file (TOML, the key a boolean) or remove it; the toolkit fails every \
+             GPU start while it does not load",
+        ));
+    }
+    let verdict = selects(r.env_selectors());
+    if r.explicit {
+        let (p, _) = &r.files[0];
+        return Some(Line::pass(
+            CHECK,
+            format!("{} (nvidia_toolkit_config): {verdict}", p.display()),
+        ));
+    }
+    let listed = list(&present);
+    if r.disagreeing() {
+        return Some(Line::note(
+            CHECK,
+            format!(
+                "devgate cannot tell which file NVIDIA's toolkit reads: {listed}; devgate takes \
+                 NVIDIA_VISIBLE_DEVICES as selecting GPUs (checks more GPUs); set \
+                 nvidia_toolkit_config to the toolkit's file"
+            ),
+        ));
+    }
+    if present.iter().any(|(p, _)| is_operator(p)) {
+        return Some(Line::note(
+            CHECK,
+            format!(
+                "GPU operator install: its runtime wrappers choose the toolkit's file, which \
+                 devgate cannot see; devgate reads {listed}: {verdict}; set \
+                 nvidia_toolkit_config if the operator's toolkit root is not {OPERATOR_ROOT}"
+            ),
+        ));
+    }
+    Some(Line::pass(CHECK, format!("{listed}: {verdict}")))
+}
+
+fn selects(on: bool) -> &'static str {
+    if on {
+        "NVIDIA_VISIBLE_DEVICES selects GPUs"
+    } else {
+        "NVIDIA_VISIBLE_DEVICES selects GPUs for privileged containers only (the toolkit's \
+         accept-nvidia-visible-devices-envvar-when-unprivileged = false)"
+    }
+}
+
+/// `path says false, path sets nothing`, for the files present.
+fn list(present: &[&(std::path::PathBuf, Says)]) -> String {
+    present
+        .iter()
+        .map(|(p, s)| format!("{} {}", p.display(), says(s)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn says(s: &Says) -> String {
+    match s {
+        Says::Key(b) => format!("says {KEY} = {b}"),
+        Says::Unset => format!("sets no {KEY} (true)"),
+        Says::Absent => "is absent".into(),
+        Says::Bad(why) => why.clone(),
+    }
+}
+
+/// Whether `p` is the toolkit's file under the GPU operator's default root.
+fn is_operator(p: &Path) -> bool {
+    p.starts_with(OPERATOR_ROOT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::doctor::line::Mark;
+    use std::path::PathBuf;
+
+    fn reading(explicit: bool, files: &[(&str, Says)]) -> Reading {
+        Reading {
+            explicit,
+            files: files
+                .iter()
+                .map(|(p, s)| (PathBuf::from(p), s.clone()))
+                .collect(),
+        }
+    }
+
+    const OP: &str = "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml";
+    const ETC: &str = "/etc/nvidia-container-runtime/config.toml";
+
+    #[test]
+    fn nothing_present_says_nothing() {
+        assert_eq!(toolkit_line(&reading(false, &[(ETC, Says::Absent)])), None);
+    }
+
+    #[test]
+    fn an_operator_install_is_a_note_naming_the_file_read() {
+        assert!(is_operator(Path::new(OP)));
+        let l = toolkit_line(&reading(
+            false,
+            &[(OP, Says::Key(false)), (ETC, Says::Absent)],
+        ))
+        .unwrap();
+        assert_eq!(l.mark, Mark::Note);
+        assert!(l.text.starts_with("GPU operator install"), "{}", l.text);
+        assert!(l.text.contains(OP), "{}", l.text);
+        assert!(l.text.contains("privileged containers only"), "{}", l.text);
+    }
+
+    #[test]
+    fn disagreeing_files_are_one_note_agreeing_ones_pass() {
+        let l = toolkit_line(&reading(
+            false,
+            &[(OP, Says::Key(false)), (ETC, Says::Unset)],
+        ))
+        .unwrap();
+        assert_eq!(l.mark, Mark::Note);
+        assert!(l.text.starts_with("devgate cannot tell"), "{}", l.text);
+        let l = toolkit_line(&reading(false, &[(ETC, Says::Key(false))])).unwrap();
+        assert_eq!(l.mark, Mark::Pass);
+        assert!(!l.render().contains('\n'));
+    }
+
+    #[test]
+    fn an_explicit_absent_file_passes_as_selecting() {
+        let l = toolkit_line(&reading(true, &[("/x.toml", Says::Absent)])).unwrap();
+        assert_eq!(l.mark, Mark::Pass);
+        assert_eq!(
+            l.text,
+            "/x.toml (nvidia_toolkit_config): NVIDIA_VISIBLE_DEVICES selects GPUs"
+        );
+    }
+}
