@@ -86,22 +86,8 @@ fn poststop_here(
     let faults = fault::diff(start, &now, &xids);
     let lines: Vec<String> = faults.iter().map(Fault::line).collect();
 
-    let termination_message = if faults.is_empty() {
-        None
-    } else {
-        let host = match spec {
-            Some(s) => termination::host_file(s, &state.annotations, &config.kubelet_pods_dir),
-            None => Err("no bundle spec".into()),
-        };
-        Some(match host {
-            Ok(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
-            Err(why) => termination::Delivery {
-                host_path: None,
-                written: false,
-                note: format!("not written: {why}"),
-            },
-        })
-    };
+    let termination_message = (!faults.is_empty())
+        .then(|| termination::deliver(spec, &state.annotations, &config.kubelet_pods_dir, &lines));
     let (stopped_unix, stopped) = clock::now();
     let exit = ExitRecord {
         container_id: state.id.clone(),
