@@ -13,6 +13,7 @@ use crate::oci::state::State;
 use crate::probe::counters::{self, DeviceSnapshot};
 use crate::probe::nvidia::GpuContext;
 use crate::report::fault::{self, Fault};
+use crate::report::prior;
 use crate::report::record::{self, ExitRecord, StopLine};
 use crate::report::termination;
 use crate::store::marker;
@@ -107,6 +108,8 @@ fn poststop_here(
         if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
             log::error!("cannot keep exit record: {e}");
         }
+        // What the reject line of this container's next start tells (a restart).
+        prior::keep(&config.state_dir, &exit, config.exits_keep);
         if let Some(log_file) = &config.log_file {
             let line = StopLine {
                 time: &stopped,
