@@ -434,6 +434,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn only_kubelets_fallback_value_reads_as_fallback() {
+        let none = BTreeMap::new();
+        for (v, want) in [
+            (
+                "FallbackToLogsOnError",
+                MessagePolicy::FallbackToLogsOnError,
+            ),
+            ("File", MessagePolicy::File),
+            ("fallbacktologsonerror", MessagePolicy::File),
+        ] {
+            assert_eq!(
+                policy(&spec_with(&[(POLICY_KEY, v)], &[]), &none),
+                want,
+                "{v}"
+            );
+        }
+        assert_eq!(policy(&spec_with(&[], &[]), &none), MessagePolicy::File);
+    }
+
     /// CRI-O copies the pod's annotations into the spec: containerd's keys there are the
     /// pod author's, and a pair that disagrees with CRI-O's names no file.
     #[test]
