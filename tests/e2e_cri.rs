@@ -180,7 +180,7 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
 
     // A device fault during the run: the app writes its own message and waits; the
     // operator cordons its device; the app exits. What kubelet reads as the termination
-    // message (the host file of the termination-message mount) ends with devgate's line.
+    // message (the host file of the termination-message mount) starts with devgate's line.
     let go = work.join("go");
     let mut req = pod.container(
         "trainer-3",
@@ -210,8 +210,8 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     let st = wait_exited(&mut c, &cid);
     assert_eq!(st.exit_code, 1, "{st:?}");
     // poststop runs when containerd deletes the task, just after the exit is reported.
-    let want = "app: CUDA error\ndevgate: DeviceFault/Cordoned on /dev/zero (1:5): \
-                cordoned by operator during the run: \"xid 79 during run\"\n";
+    let want = "devgate: DeviceFault/Cordoned on /dev/zero (1:5): \
+                cordoned by operator during the run: \"xid 79 during run\"\napp: CUDA error\n";
     let deadline = Instant::now() + Duration::from_secs(20);
     while termination_message(&st) != want && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));

@@ -65,8 +65,8 @@ fn fault_during_run_reaches_termination_message_exit_record_and_explain() {
     let msg = fs::read_to_string(&log).unwrap();
     assert_eq!(
         msg,
-        "app: CUDA error: unspecified launch failure\n\
-         devgate: DeviceFault/Cordoned on /dev/zero (1:5): cordoned by operator during the run: \"xid 79 seen on this GPU\"\n"
+        "devgate: DeviceFault/Cordoned on /dev/zero (1:5): cordoned by operator during the run: \"xid 79 seen on this GPU\"\n\
+         app: CUDA error: unspecified launch failure\n"
     );
     let exit: serde_json::Value =
         serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
@@ -190,32 +190,28 @@ fn termination_log_symlink_and_fifo_are_not_written() {
     );
 }
 
+/// kubelet keeps the file's last 4096 bytes, then a pod's container its share of 12 KiB
+/// from the front: devgate's line goes first and whole, the app's last bytes after it.
 #[test]
-fn full_app_message_is_kept_whole() {
+fn a_full_app_message_follows_devgates_whole_line() {
     let (env, _pods, log) = env_with_pods("full");
-    let app = vec![b'a'; 4096];
-    fs::write(&log, &app).unwrap();
-    let (post, _) = run_with_fault(&env, &log);
-    assert!(post.status.success(), "{}", text(&post));
-    assert_eq!(
-        fs::read(&log).unwrap(),
-        app,
-        "the app's 4096 bytes must stay as they are"
-    );
-
-    // nearly full: devgate's line is trimmed to fit within 4096 bytes
-    let app = vec![b'a'; 4050];
-    fs::write(&log, &app).unwrap();
-    let (_, _) = run_with_fault(&env, &log);
-    let got = fs::read(&log).unwrap();
-    assert_eq!(got.len(), 4096);
-    assert_eq!(&got[..4050], &app[..]);
-    let ours = String::from_utf8_lossy(&got[4050..]).into_owned();
-    assert!(
-        ours.starts_with("\ndevgate: DeviceFault/Cordoned on /dev/zero"),
-        "{ours:?}"
-    );
-    assert!(ours.ends_with('\n'), "{ours:?}");
+    for size in [4096, 4050, 9000] {
+        let mut app = vec![b'a'; size - 4];
+        app.extend_from_slice(b"end\n");
+        fs::write(&log, &app).unwrap();
+        let (post, _) = run_with_fault(&env, &log);
+        assert!(post.status.success(), "{}", text(&post));
+        let got = fs::read(&log).unwrap();
+        assert_eq!(got.len(), 4096, "{size}");
+        let text = String::from_utf8(got).unwrap();
+        let (ours, rest) = text.split_once('\n').unwrap();
+        assert!(
+            ours.starts_with("devgate: DeviceFault/Cordoned on /dev/zero (1:5): ")
+                && ours.ends_with("during the run: \"bad\""),
+            "{ours:?}"
+        );
+        assert!(rest.ends_with("aaend\n"), "{size}");
+    }
 }
 
 #[test]

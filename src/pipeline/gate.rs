@@ -20,6 +20,7 @@ use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, Snapshot};
 use crate::probe::nvidia::{self, GpuContext};
 use crate::probe::{pcie, probe_all, Findings, HostNodes, Probed};
+use crate::report::prior;
 use crate::report::record::{self, Decision, PodInfo};
 use crate::store::lease::Leases;
 use crate::store::marker;
@@ -255,7 +256,10 @@ pub(crate) fn gate_with(
     );
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
-    let (action, message, mut warnings) = policy::summarize(&decisions);
+    let (action, mut message, mut warnings) = policy::summarize(&decisions);
+    if action == Action::Reject {
+        message = message.map(|m| with_prior_fault(config, spec, state, m));
+    }
     warnings.extend(selector_warnings);
     let in_use = record::in_use(decisions.iter().map(|d| &d.device), &applied.remaps);
     let used = with_findings(&decisions, &in_use, &findings);
@@ -305,6 +309,17 @@ pub(crate) fn gate_with(
         reply.stderr.extend(message);
     }
     Ok(reply)
+}
+
+/// A rejected start of a container whose previous run in the same pod ended with a
+/// device fault (kubelet's restart): the reject line says which fault and when, since
+/// from now on the pod shows only this reason.
+fn with_prior_fault(config: &Config, spec: &Spec, state: &State, reject: String) -> String {
+    let pod = PodInfo::from_annotations(spec, &state.annotations);
+    match prior::read(&config.state_dir, &pod) {
+        Some(p) => prior::with_prior(&reject, &p),
+        None => reject,
+    }
 }
 
 /// The devices in use, each with what the probes found of it: none for a spare the remap

@@ -13,6 +13,7 @@ use crate::oci::state::State;
 use crate::probe::counters::{self, DeviceSnapshot};
 use crate::probe::nvidia::GpuContext;
 use crate::report::fault::{self, Fault};
+use crate::report::prior;
 use crate::report::record::{self, ExitRecord, StopLine};
 use crate::report::termination;
 use crate::store::marker;
@@ -86,22 +87,8 @@ fn poststop_here(
     let faults = fault::diff(start, &now, &xids);
     let lines: Vec<String> = faults.iter().map(Fault::line).collect();
 
-    let termination_message = if faults.is_empty() {
-        None
-    } else {
-        let host = match spec {
-            Some(s) => termination::host_file(s, &state.annotations, &config.kubelet_pods_dir),
-            None => Err("no bundle spec".into()),
-        };
-        Some(match host {
-            Ok(h) => termination::append(&config.kubelet_pods_dir, &h, &lines),
-            Err(why) => termination::Delivery {
-                host_path: None,
-                written: false,
-                note: format!("not written: {why}"),
-            },
-        })
-    };
+    let termination_message = (!faults.is_empty())
+        .then(|| termination::deliver(spec, &state.annotations, &config.kubelet_pods_dir, &lines));
     let (stopped_unix, stopped) = clock::now();
     let exit = ExitRecord {
         container_id: state.id.clone(),
@@ -121,6 +108,8 @@ fn poststop_here(
         if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
             log::error!("cannot keep exit record: {e}");
         }
+        // What the reject line of this container's next start tells (a restart).
+        prior::keep(&config.state_dir, &exit, config.exits_keep);
         if let Some(log_file) = &config.log_file {
             let line = StopLine {
                 time: &stopped,

@@ -4,5 +4,6 @@
 
 pub(crate) mod fault;
 pub(crate) mod inventory;
+pub(crate) mod prior;
 pub(crate) mod record;
 pub(crate) mod termination;

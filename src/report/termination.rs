@@ -1,5 +1,5 @@
 //! The container's termination-message file, where kubelet looks for why a container
-//! ended. devgate appends its fault line after what the application wrote, and only to
+//! ended. devgate writes its fault line first, then what the application wrote, and only to
 //! kubelet's own file for this container: `<kubelet_pods_dir>/<pod uid>/containers/<name>/<file>`,
 //! with the pod uid and container name from the runtime's CRI annotations. Which mount
 //! the pod's terminationMessagePath names does not matter: a pod can point it at a
@@ -14,7 +14,7 @@ use crate::oci::spec::Spec;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -83,32 +83,52 @@ pub fn host_file(
         })
 }
 
-/// The text to append: `lines` after the app's `existing` bytes (`ends_in_newline` says
-/// whether the app ended its last line), trimmed so the whole stays within the limit. None
-/// when not even a short line fits.
-pub fn text_to_append(existing: usize, ends_in_newline: bool, lines: &[String]) -> Option<String> {
-    const MIN_USEFUL: usize = 24;
-    let mut room = KUBELET_LIMIT.checked_sub(existing)?;
-    let mut text = String::new();
-    if existing > 0 && !ends_in_newline {
-        text.push('\n');
-        room = room.checked_sub(1)?;
+/// kubelet's terminationMessagePolicy, from the container annotation it sets (labels.go's
+/// `io.kubernetes.container.terminationMessagePolicy`). containerd copies it into the spec
+/// only where the runtime's `container_annotations` lets it through; without it the
+/// policy reads as kubelet's default, `File`. A pod can forge it only to its own loss:
+/// under FallbackToLogsOnError devgate writes less, never log text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessagePolicy {
+    File,
+    FallbackToLogsOnError,
+}
+
+pub const POLICY_KEY: &str = "io.kubernetes.container.terminationMessagePolicy";
+
+pub fn policy(spec: &Spec, state_annotations: &BTreeMap<String, String>) -> MessagePolicy {
+    match spec.annotation(state_annotations, POLICY_KEY) {
+        Some("FallbackToLogsOnError") => MessagePolicy::FallbackToLogsOnError,
+        _ => MessagePolicy::File,
     }
+}
+
+/// The file's new content: devgate's lines first, then the end of what the application
+/// wrote (`app_tail`, the last bytes kubelet would have read) as far as it fits in
+/// KUBELET_LIMIT. First, because kubelet keeps the file's last 4096 bytes and its status
+/// manager then the message's first 12288 / (number of containers): only the front of a
+/// file of at most 4096 bytes survives both. The app's end, not its start, because the
+/// end is what kubelet itself shows of a file too long (`tail.ReadAtMost`).
+pub fn compose(lines: &[String], app_tail: &[u8]) -> Vec<u8> {
     let mut body = lines.join("\n");
     body.push('\n');
-    if body.len() > room {
-        if room < MIN_USEFUL {
-            return None;
-        }
-        let mut cut = room - 1;
+    if body.len() > KUBELET_LIMIT {
+        let mut cut = KUBELET_LIMIT - 1;
         while !body.is_char_boundary(cut) {
             cut -= 1;
         }
         body.truncate(cut);
         body.push('\n');
     }
-    text.push_str(&body);
-    Some(text)
+    let room = KUBELET_LIMIT - body.len();
+    let mut from = app_tail.len().saturating_sub(room);
+    // Not from the middle of a UTF-8 character: its continuation bytes are skipped.
+    while from < app_tail.len() && from > 0 && (app_tail[from] & 0xC0) == 0x80 {
+        from += 1;
+    }
+    let mut out = body.into_bytes();
+    out.extend_from_slice(&app_tail[from..]);
+    out
 }
 
 fn open_error(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -169,8 +189,42 @@ pub fn open_below(root: &Path, path: &Path) -> Result<File> {
     Ok(f)
 }
 
-/// Appends the fault lines to the termination-message file; the outcome says what was done.
-pub fn append(root: &Path, host: &Path, lines: &[String]) -> Delivery {
+/// The termination message of a container whose run ended with `lines`: kubelet's file
+/// for it (from the spec, when the bundle is still there) written as `write` does.
+pub fn deliver(
+    spec: Option<&Spec>,
+    state_annotations: &BTreeMap<String, String>,
+    pods_dir: &Path,
+    lines: &[String],
+) -> Delivery {
+    let not_written = |why: String| Delivery {
+        host_path: None,
+        written: false,
+        note: format!("not written: {why}"),
+    };
+    let Some(spec) = spec else {
+        return not_written("no bundle spec".into());
+    };
+    match host_file(spec, state_annotations, pods_dir) {
+        Ok(h) => write(pods_dir, &h, lines, policy(spec, state_annotations)),
+        Err(why) => not_written(why),
+    }
+}
+
+/// The last KUBELET_LIMIT bytes of the file, what kubelet reads, and the file's size.
+fn read_tail(f: &mut File) -> std::io::Result<(Vec<u8>, u64)> {
+    let size = f.metadata()?.len();
+    f.seek(SeekFrom::Start(size.saturating_sub(KUBELET_LIMIT as u64)))?;
+    let mut tail = Vec::new();
+    f.take(KUBELET_LIMIT as u64).read_to_end(&mut tail)?;
+    Ok((tail, size))
+}
+
+/// Rewrites the termination-message file as devgate's lines, then the application's
+/// text ([`compose`]); the outcome says what was done. Under FallbackToLogsOnError a file
+/// the application left empty stays empty: kubelet then shows the log's last lines (the
+/// app's own error), which any text in the file would hide.
+pub fn write(root: &Path, host: &Path, lines: &[String], policy: MessagePolicy) -> Delivery {
     let mut outcome = Delivery {
         host_path: Some(host.to_path_buf()),
         written: false,
@@ -183,39 +237,39 @@ pub fn append(root: &Path, host: &Path, lines: &[String]) -> Delivery {
             return outcome;
         }
     };
-    let mut existing = Vec::new();
-    if let Err(e) = (&mut f)
-        .take(KUBELET_LIMIT as u64 + 1)
-        .read_to_end(&mut existing)
-    {
-        outcome.note = format!("not written: cannot read {}: {e}", host.display());
-        return outcome;
-    }
-    // A second poststop (runtimes may call it twice) must not append the same line again.
+    let (tail, size) = match read_tail(&mut f) {
+        Ok(t) => t,
+        Err(e) => {
+            outcome.note = format!("not written: cannot read {}: {e}", host.display());
+            return outcome;
+        }
+    };
+    // A second poststop (runtimes may call it twice) must not write the same line again.
     if let Some(first) = lines.first() {
-        if String::from_utf8_lossy(&existing).contains(first.as_str()) {
+        if tail.starts_with(first.as_bytes()) {
             outcome.written = true;
             outcome.note = "already written".into();
             return outcome;
         }
     }
-    let size = f
-        .metadata()
-        .map(|m| m.len() as usize)
-        .unwrap_or(existing.len());
-    let ends_in_newline = existing.last() == Some(&b'\n');
-    let Some(text) = text_to_append(size, ends_in_newline, lines) else {
-        outcome.note = format!(
-            "not written: the application's message already fills kubelet's {KUBELET_LIMIT} bytes"
-        );
+    if size == 0 && policy == MessagePolicy::FallbackToLogsOnError {
+        outcome.note = "not written: FallbackToLogsOnError and the application wrote no \
+                        message: kubelet shows the log's last lines"
+            .into();
         return outcome;
-    };
-    match f.write_all(text.as_bytes()).and_then(|_| f.sync_all()) {
+    }
+    let text = compose(lines, &tail);
+    // O_APPEND: after the truncation the write lands at offset 0.
+    match f
+        .set_len(0)
+        .and_then(|_| f.write_all(&text))
+        .and_then(|_| f.sync_all())
+    {
         Ok(()) => {
             outcome.written = true;
-            outcome.note = format!("appended {} bytes", text.len());
+            outcome.note = format!("wrote {} bytes, devgate's first", text.len());
         }
-        Err(e) => outcome.note = format!("not written: cannot append to {}: {e}", host.display()),
+        Err(e) => outcome.note = format!("not written: cannot write {}: {e}", host.display()),
     }
     outcome
 }
@@ -226,30 +280,67 @@ mod tests {
     use std::fs;
     use std::os::unix::fs::symlink;
 
+    const LINE: &str =
+        "devgate: DeviceFault/XID79 on /dev/nvidia1 (GPU-1): GPU has fallen off the bus";
+
     #[test]
-    fn trims_our_text_never_the_apps() {
-        let line = vec![
-            "devgate: DeviceFault/XID79 on /dev/nvidia1 (GPU-1): GPU has fallen off the bus"
-                .to_string(),
-        ];
+    fn devgate_first_then_the_apps_end_within_kubelets_limit() {
+        let line = vec![LINE.to_string()];
+        assert_eq!(compose(&line, b""), format!("{LINE}\n").into_bytes());
         assert_eq!(
-            text_to_append(0, false, &line).unwrap(),
-            format!("{}\n", line[0])
+            compose(&line, b"app: oops"),
+            format!("{LINE}\napp: oops").into_bytes()
         );
+        // An app that filled the file: its last bytes follow devgate's whole line.
+        let mut app = vec![b'x'; KUBELET_LIMIT - 10];
+        app.extend_from_slice(b"app: CUDA error\n");
+        let t = compose(&line, &app);
+        assert_eq!(t.len(), KUBELET_LIMIT);
+        assert!(t.starts_with(format!("{LINE}\nxxx").as_bytes()));
+        assert!(t.ends_with(b"xapp: CUDA error\n"));
+        // Never from the middle of a character.
+        let app = "é".repeat(KUBELET_LIMIT);
+        let t = compose(&line, app.as_bytes());
+        assert!(std::str::from_utf8(&t).is_ok());
+        assert!(t.len() <= KUBELET_LIMIT);
+        // devgate's own lines past the limit are cut to it.
+        let many: Vec<String> = (0..100).map(|_| LINE.to_string()).collect();
+        assert_eq!(compose(&many, b"app").len(), KUBELET_LIMIT);
+    }
+
+    #[test]
+    fn the_file_is_rewritten_devgate_first_once_and_left_empty_for_the_logs() {
+        let d = crate::fsutil::tests::tempdir("term-write");
+        let c = d.join("pods/uid/containers/app");
+        fs::create_dir_all(&c).unwrap();
+        let f = c.join("log");
+        let line = vec![LINE.to_string()];
+        fs::write(&f, "app said\n").unwrap();
+        let root = d.join("pods");
+        let o = write(&root, &f, &line, MessagePolicy::File);
+        assert!(o.written, "{o:?}");
         assert_eq!(
-            text_to_append(5, false, &line).unwrap(),
-            format!("\n{}\n", line[0])
+            fs::read_to_string(&f).unwrap(),
+            format!("{LINE}\napp said\n")
         );
+        let o = write(&root, &f, &line, MessagePolicy::File);
+        assert_eq!(o.note, "already written");
         assert_eq!(
-            text_to_append(5, true, &line).unwrap(),
-            format!("{}\n", line[0])
+            fs::read_to_string(&f).unwrap(),
+            format!("{LINE}\napp said\n")
         );
-        let t = text_to_append(KUBELET_LIMIT - 40, false, &line).unwrap();
-        assert_eq!(t.len(), 40);
-        assert!(t.starts_with("\ndevgate: DeviceFault/XID79"));
-        assert!(text_to_append(KUBELET_LIMIT - 10, false, &line).is_none());
-        assert!(text_to_append(KUBELET_LIMIT, true, &line).is_none());
-        assert!(text_to_append(KUBELET_LIMIT + 100, true, &line).is_none());
+        // FallbackToLogsOnError: an empty file stays empty, a written one gets the line.
+        fs::write(&f, "").unwrap();
+        let o = write(&root, &f, &line, MessagePolicy::FallbackToLogsOnError);
+        assert!(
+            !o.written && o.note.contains("FallbackToLogsOnError"),
+            "{o:?}"
+        );
+        assert_eq!(fs::read(&f).unwrap(), b"");
+        fs::write(&f, "app said\n").unwrap();
+        assert!(write(&root, &f, &line, MessagePolicy::FallbackToLogsOnError).written);
+        assert!(fs::read_to_string(&f).unwrap().starts_with(LINE));
+        let _ = fs::remove_dir_all(&d);
     }
 
     #[test]
@@ -279,7 +370,7 @@ mod tests {
             let e = open_below(&root, &p).unwrap_err().to_string();
             assert!(e.contains(want), "{}: {e}", p.display());
         }
-        let o = append(&root, &c.join("link"), &["x".into()]);
+        let o = write(&root, &c.join("link"), &["x".into()], MessagePolicy::File);
         assert!(!o.written);
         assert_eq!(fs::read(d.join("outside")).unwrap(), b"host file\n");
     }
@@ -341,6 +432,26 @@ mod tests {
                 "{src}"
             );
         }
+    }
+
+    #[test]
+    fn only_kubelets_fallback_value_reads_as_fallback() {
+        let none = BTreeMap::new();
+        for (v, want) in [
+            (
+                "FallbackToLogsOnError",
+                MessagePolicy::FallbackToLogsOnError,
+            ),
+            ("File", MessagePolicy::File),
+            ("fallbacktologsonerror", MessagePolicy::File),
+        ] {
+            assert_eq!(
+                policy(&spec_with(&[(POLICY_KEY, v)], &[]), &none),
+                want,
+                "{v}"
+            );
+        }
+        assert_eq!(policy(&spec_with(&[], &[]), &none), MessagePolicy::File);
     }
 
     /// CRI-O copies the pod's annotations into the spec: containerd's keys there are the

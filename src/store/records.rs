@@ -22,6 +22,9 @@ pub(crate) enum Kind {
     Exit,
     /// The runtime wrapper's "already decided" marker: `decided/<id>.json`.
     Decided,
+    /// The last faulted run of a pod's container: `last-faults/<pod uid>_<name>.json`,
+    /// keyed by pod, not by container id (report::prior).
+    LastFault,
 }
 
 impl Kind {
@@ -30,6 +33,7 @@ impl Kind {
             Kind::Start => state_dir.join("containers"),
             Kind::Exit => state_dir.join("exits"),
             Kind::Decided => state_dir.join("decided"),
+            Kind::LastFault => state_dir.join("last-faults"),
         }
     }
 
@@ -38,6 +42,7 @@ impl Kind {
             Kind::Start => "container record",
             Kind::Exit => "exit record",
             Kind::Decided => "decided marker",
+            Kind::LastFault => "last-fault record",
         }
     }
 }

@@ -733,4 +733,5 @@ pub fn unmount_under(dir: &Path) {
 }
 pub mod cri;
 pub mod fake;
+pub mod kubelet;
 pub mod wrapper;
