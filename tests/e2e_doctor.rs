@@ -270,6 +270,55 @@ fn unwired_podman_and_containerd_fail_with_the_fix() {
     assert_eq!(code, 1);
 }
 
+/// doctor reads the hooks_dir podman reads (containers.conf, here through CONTAINERS_CONF,
+/// which podman and doctor both honour) and its ✓ means podman runs the hook: a container
+/// on a cordoned device is rejected. Where hooks_dir leaves devgate's directory out, doctor
+/// says ✗ and podman indeed starts the container.
+#[test]
+fn podman_line_agrees_with_what_podman_runs() {
+    require_root!();
+    let podman = Podman::new("doc-podman");
+    let node = Node::new("doc-podman-node", &["podman"], json!({}));
+    let hooks = node.hooks_dir(&devgate_bin());
+    let empty = node.dir().join("empty.d");
+    fs::create_dir(&empty).unwrap();
+    let conf = podman.dir.join("containers.conf");
+    let base = fs::read_to_string(&conf).unwrap();
+    let set_hooks_dir = |dir: &Path| {
+        let line = format!("[engine]\nhooks_dir = [\"{}\"]\n", dir.display());
+        fs::write(&conf, base.replacen("[engine]\n", &line, 1)).unwrap();
+    };
+    let run = || {
+        podman
+            .cmd()
+            .args(["run", "--rm", "--network", "none", "--device", "/dev/zero"])
+            .arg(TEST_IMAGE)
+            .args(["echo", "ran"])
+            .output()
+            .unwrap()
+    };
+    node.env.ok(&["cordon", "/dev/zero", "--reason", "doctor test"]);
+
+    set_hooks_dir(&hooks);
+    let (_, lines) = node.doctor_with(&[], &[("CONTAINERS_CONF", &conf)]);
+    let pass = format!("✓ podman: {}/devgate.json runs ", hooks.display());
+    assert!(lines.iter().any(|l| l.starts_with(&pass)), "{lines:#?}");
+    let out = run();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("devgate: rejected /dev/zero (1:5)"), "{}", text(&out));
+
+    set_hooks_dir(&empty);
+    let (code, lines) = node.doctor_with(&[], &[("CONTAINERS_CONF", &conf)]);
+    assert!(
+        lines.contains(&format!("✗ podman: no hook in {} runs devgate", empty.display())),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+    let out = run();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
+
 /// containerd reads `imports` drop-ins; doctor sees them because it reads the dump. And a
 /// base spec holding only hooks is refused: containerd uses it whole.
 #[test]

@@ -405,9 +405,12 @@ mod tests {
         let f = containerd_base_spec(&usr()).unwrap();
         let v: Value = serde_json::from_str(&f.content).unwrap();
         let default: Value = serde_json::from_str(CONTAINERD_DEFAULT_SPEC).unwrap();
-        for key in ["process", "root", "mounts", "linux"] {
+        for key in ["root", "mounts", "linux"] {
             assert_eq!(v[key], default[key], "{key}");
         }
+        let mut process = default["process"].clone();
+        process.as_object_mut().unwrap().remove("rlimits");
+        assert_eq!(v["process"], process);
         for stage in STAGES {
             let hooks = v["hooks"][stage].as_array().unwrap();
             assert_eq!(hooks.len(), 1);
@@ -416,6 +419,19 @@ mod tests {
         }
         // oci-spec accepts what containerd will be given.
         let _: oci_spec::runtime::Spec = serde_json::from_str(&f.content).unwrap();
+    }
+
+    /// With a base spec, containerd's CRI skips its own defaults for these (it clears them on
+    /// a generated spec): any left in the file reach every container on the node, such as
+    /// containerd 1.6's RLIMIT_NOFILE 1024:1024.
+    #[test]
+    fn containerd_base_spec_sets_nothing_node_wide() {
+        let f = containerd_base_spec(&usr()).unwrap();
+        let v: Value = serde_json::from_str(&f.content).unwrap();
+        assert_eq!(v["process"].get("rlimits"), None, "{}", f.content);
+        assert_eq!(v["process"].get("apparmorProfile"), None);
+        assert_eq!(v["linux"].get("seccomp"), None);
+        assert!(!f.content.contains("RLIMIT_"), "{}", f.content);
     }
 
     /// The files shipped under hooks/ are exactly what `hooks-config --prefix /usr` prints:

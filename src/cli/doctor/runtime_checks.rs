@@ -6,37 +6,10 @@ use super::cgroup::DriverVote;
 use super::line::Line;
 use super::runtimes::binary::{self, Identity};
 use super::runtimes::containerd::{self, BaseSpec};
-use super::runtimes::{self, crio, hooks};
+use super::runtimes::{self, crio, hooks, podman};
 use super::Options;
-use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
+use crate::cli::hooks_config::HOST_HOOKS_DIR;
 use std::path::{Path, PathBuf};
-
-/// podman's hook directories: containers.conf's [engine] hooks_dir, else both defaults.
-fn podman_hook_dirs() -> Vec<PathBuf> {
-    #[derive(serde::Deserialize, Default)]
-    struct ContainersConf {
-        #[serde(default)]
-        engine: Engine,
-    }
-    #[derive(serde::Deserialize, Default)]
-    struct Engine {
-        hooks_dir: Option<Vec<PathBuf>>,
-    }
-    let mut dirs = None;
-    for f in [
-        "/usr/share/containers/containers.conf",
-        "/etc/containers/containers.conf",
-    ] {
-        let set = runtimes::read_small(Path::new(f))
-            .ok()
-            .and_then(|t| toml::from_str::<ContainersConf>(&t).ok())
-            .and_then(|c| c.engine.hooks_dir);
-        if set.is_some() {
-            dirs = set;
-        }
-    }
-    dirs.unwrap_or_else(|| vec![PACKAGE_HOOKS_DIR.into(), HOST_HOOKS_DIR.into()])
-}
 
 /// How the fix lines spell `devgate hooks-config` for this node.
 pub(crate) struct FixCmd {
@@ -76,7 +49,7 @@ pub(crate) fn runtime_checks(
     // podman
     if runtimes::which("podman").is_some() {
         let dirs = if opts.hooks_dirs.is_empty() {
-            podman_hook_dirs()
+            podman::podman_hook_dirs(&podman::read_containers_confs()).unwrap_or_default()
         } else {
             opts.hooks_dirs.clone()
         };

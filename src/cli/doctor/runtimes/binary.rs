@@ -392,6 +392,41 @@ mod tests {
         }
     }
 
+    /// install-host lays the static `devgate-runtime` (src/runtime_main.rs) beside devgate:
+    /// a program of its own, not a link, that hands device creates to the devgate beside it.
+    /// It is the wrapper where root alone could have written it and that devgate; the
+    /// front under the wrapper's name stays no wrapper.
+    #[test]
+    fn the_static_wrapper_beside_devgate_is_the_wrapper() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::fsutil::tests::tempdir("doctor-static-wrapper");
+        let bin = dir.join("devgate");
+        let wrapper = dir.join(PROGRAM);
+        for p in [&bin, &wrapper] {
+            fs::write(p, format!("\x7fELF {}", p.display())).unwrap();
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let nv = dir.join("nvidia.toml");
+        let id = Identity::new(Some(&bin));
+        assert!(id.is_wrapper(&wrapper));
+        assert_eq!(
+            classify_binary(wrapper.to_str().unwrap(), &id, &nv),
+            Binary::DevgateWrapper(wrapper.clone())
+        );
+        // Another user could replace it: not devgate's.
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!Identity::new(Some(&bin)).is_wrapper(&wrapper));
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+        // The devgate it hands to is not usable: no wrapper either.
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!Identity::new(Some(&bin)).is_wrapper(&wrapper));
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        // Under another name it is no program devgate ships.
+        let elsewhere = dir.join("devgate-runc");
+        fs::copy(&wrapper, &elsewhere).unwrap();
+        assert!(!Identity::new(Some(&bin)).is_wrapper(&elsewhere));
+    }
+
     #[test]
     fn nvidia_candidates() {
         assert_eq!(

@@ -224,6 +224,9 @@ pub(crate) enum BaseSpec {
     Unreadable(String),
     /// Keys a complete spec has and this one lacks.
     Incomplete(Vec<&'static str>),
+    /// Settings the CRI clears on the spec it generates, which a base spec gives every
+    /// container on the node instead (process.rlimits, seccomp, AppArmor).
+    NodeWide(Vec<&'static str>),
     Complete {
         start: bool,
         stop: bool,
@@ -456,6 +459,51 @@ disabled_plugins = ["cri"]
             examine_base_spec("[]", &dg),
             BaseSpec::Unreadable(_)
         ));
+    }
+
+    /// containerd 1.6's own default spec (hooks/containerd/default-spec-containerd-1.6.json,
+    /// what `ctr oci spec` prints) as a base spec caps every container at 1024 open files.
+    #[test]
+    fn base_spec_with_node_wide_settings_is_flagged() {
+        let dg = devgate_at("/usr/bin/devgate");
+        let ctr = include_str!("../../../../hooks/containerd/default-spec-containerd-1.6.json");
+        assert_eq!(
+            examine_base_spec(ctr, &dg),
+            BaseSpec::NodeWide(vec!["process.rlimits"])
+        );
+        let mut v: serde_json::Value = serde_json::from_str(ctr).unwrap();
+        v["process"]["apparmorProfile"] = "cri-containerd.apparmor.d".into();
+        v["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO"});
+        assert_eq!(
+            examine_base_spec(&v.to_string(), &dg),
+            BaseSpec::NodeWide(vec!["process.rlimits", "process.apparmorProfile", "linux.seccomp"])
+        );
+        v["process"].as_object_mut().unwrap().remove("rlimits");
+        v["process"].as_object_mut().unwrap().remove("apparmorProfile");
+        v["linux"].as_object_mut().unwrap().remove("seccomp");
+        assert!(matches!(
+            examine_base_spec(&v.to_string(), &dg),
+            BaseSpec::Complete { .. }
+        ));
+        let rt = CriRuntime {
+            runtime_type: "io.containerd.runc.v2".into(),
+            base_runtime_spec: "/s.json".into(),
+            ..Default::default()
+        };
+        let wrapper = Binary::DevgateWrapper("/usr/bin/devgate-runtime".into());
+        let e = judge_containerd_runtime(
+            "runc",
+            &rt,
+            &BaseSpec::NodeWide(vec!["process.rlimits"]),
+            &wrapper,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "runtime runc: base_runtime_spec /s.json sets process.rlimits, which every container \
+             on the node then gets (containerd's CRI applies its own defaults only without a base \
+             spec); remove them from the file and restart containerd"
+        );
     }
 
     #[test]
