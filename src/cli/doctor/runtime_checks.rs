@@ -8,8 +8,60 @@ use super::runtimes::binary::{self, Identity};
 use super::runtimes::containerd::{self, BaseSpec};
 use super::runtimes::{self, crio, hooks, podman};
 use super::Options;
-use crate::cli::hooks_config::HOST_HOOKS_DIR;
+use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
 use std::path::{Path, PathBuf};
+
+/// podman's line: a hook in the directories its containers.conf names (or `--hooks-dir`)
+/// runs devgate. A devgate hook in a directory podman does not read is named in the failure:
+/// older installs wrote /etc/containers/oci/hooks.d, which podman reads only where
+/// hooks_dir lists it.
+fn podman_line(opts: &Options, fix: &FixCmd, is_devgate: &dyn Fn(&Path) -> bool) -> Line {
+    let dirs = if opts.hooks_dirs.is_empty() {
+        match podman::podman_hook_dirs(&podman::read_containers_confs()) {
+            Ok(d) => d,
+            Err(e) => {
+                return Line::fail(
+                    "podman",
+                    e,
+                    "correct containers.conf (podman fails on it too)",
+                )
+            }
+        }
+    } else {
+        opts.hooks_dirs.clone()
+    };
+    let files = hooks::read_hook_dirs(&dirs);
+    match hooks::judge_hook_files(&files, &dirs, is_devgate) {
+        Ok(t) => Line::pass("podman", t),
+        Err(e) => {
+            let unread: Vec<String> = [PACKAGE_HOOKS_DIR, HOST_HOOKS_DIR]
+                .iter()
+                .map(PathBuf::from)
+                .filter(|d| !dirs.contains(d))
+                .filter(|d| {
+                    let d = std::slice::from_ref(d);
+                    hooks::judge_hook_files(&hooks::read_hook_dirs(d), d, is_devgate).is_ok()
+                })
+                .map(|d| {
+                    format!(
+                        "; {} has devgate's hook, but podman's hooks_dir leaves it out",
+                        d.display()
+                    )
+                })
+                .collect();
+            Line::fail(
+                "podman",
+                format!("{e}{}", unread.concat()),
+                fix.hooks_config(
+                    "podman",
+                    dirs.last()
+                        .map(PathBuf::as_path)
+                        .unwrap_or(Path::new(PACKAGE_HOOKS_DIR)),
+                ),
+            )
+        }
+    }
+}
 
 /// How the fix lines spell `devgate hooks-config` for this node.
 pub(crate) struct FixCmd {
@@ -48,25 +100,7 @@ pub(crate) fn runtime_checks(
 
     // podman
     if runtimes::which("podman").is_some() {
-        let dirs = if opts.hooks_dirs.is_empty() {
-            podman::podman_hook_dirs(&podman::read_containers_confs()).unwrap_or_default()
-        } else {
-            opts.hooks_dirs.clone()
-        };
-        let files = hooks::read_hook_dirs(&dirs);
-        lines.push(match hooks::judge_hook_files(&files, &dirs, &is_devgate) {
-            Ok(t) => Line::pass("podman", t),
-            Err(e) => Line::fail(
-                "podman",
-                e,
-                fix.hooks_config(
-                    "podman",
-                    dirs.last()
-                        .map(PathBuf::as_path)
-                        .unwrap_or(Path::new(HOST_HOOKS_DIR)),
-                ),
-            ),
-        });
+        lines.push(podman_line(opts, fix, &is_devgate));
     } else {
         lines.push(Line::note("podman", "not installed"));
     }

@@ -1,51 +1,92 @@
-//! podman's containers.conf: the hooks directories podman reads.
+//! podman's containers.conf: the hooks directories podman reads. containers/common reads
+//! /usr/share/containers/containers.conf, then /etc/containers/containers.conf, each
+//! followed by its `.d` drop-ins sorted by name; CONTAINERS_CONF replaces them all. Without
+//! `[engine] hooks_dir` podman (4 and 5) reads /usr/share/containers/oci/hooks.d alone.
 
-use super::read_small;
+use super::{one_line_toml, read_small, MAX_HOOK_FILES};
+use crate::cli::hooks_config::PACKAGE_HOOKS_DIR;
+use std::fs;
 use std::path::{Path, PathBuf};
 
-/// podman's hooks directories from containers.conf's `[engine] hooks_dir`, else its defaults.
+/// The files podman reads, relative to the root, each followed by its drop-in directory.
+const CONTAINERS_CONFS: [&str; 2] = [
+    "usr/share/containers/containers.conf",
+    "etc/containers/containers.conf",
+];
+
+/// podman's hooks directories: containers.conf's `[engine] hooks_dir` over the files in
+/// order, a later file's list replacing an earlier one's unless it ends in podman 5's
+/// `{append=true}`; containers/common's DefaultHooksDirs where none sets it.
 pub(crate) fn podman_hook_dirs(files: &[(PathBuf, String)]) -> Result<Vec<PathBuf>, String> {
-    #[derive(serde::Deserialize, Default)]
-    struct ContainersConf {
-        #[serde(default)]
-        engine: Engine,
-    }
-    #[derive(serde::Deserialize, Default)]
-    struct Engine {
-        hooks_dir: Option<Vec<PathBuf>>,
-    }
-    let mut dirs = None;
-    for (_, t) in files {
-        let set = toml::from_str::<ContainersConf>(t)
-            .ok()
-            .and_then(|c| c.engine.hooks_dir);
-        if set.is_some() {
-            dirs = set;
+    let mut dirs: Vec<PathBuf> = vec![PACKAGE_HOOKS_DIR.into()];
+    for (path, text) in files {
+        let v: toml::Value = toml::from_str(text)
+            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let Some(list) = v.get("engine").and_then(|e| e.get("hooks_dir")) else {
+            continue;
+        };
+        let bad = || format!("{}: [engine] hooks_dir is not a list of paths", path.display());
+        let items = list.as_array().ok_or_else(bad)?;
+        let (append, paths) = match items.split_last() {
+            Some((toml::Value::Table(t), rest)) => {
+                (t.get("append").and_then(toml::Value::as_bool) == Some(true), rest)
+            }
+            _ => (false, &items[..]),
+        };
+        let new = paths
+            .iter()
+            .map(|p| p.as_str().map(PathBuf::from).ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        if append {
+            dirs.extend(new);
+        } else {
+            dirs = new;
         }
     }
-    Ok(dirs.unwrap_or_else(|| {
-        vec![
-            "/usr/share/containers/oci/hooks.d".into(),
-            "/etc/containers/oci/hooks.d".into(),
-        ]
-    }))
+    Ok(dirs)
 }
 
-/// The containers.conf files podman reads, in its order.
+/// The containers.conf files podman reads on this node, honouring CONTAINERS_CONF as
+/// podman does.
 pub(crate) fn read_containers_confs() -> Vec<(PathBuf, String)> {
-    containers_confs_under(Path::new("/"), None)
+    let only = std::env::var_os("CONTAINERS_CONF").map(PathBuf::from);
+    containers_confs_under(Path::new("/"), only.as_deref())
 }
 
-/// The containers.conf files under `root` podman reads.
-fn containers_confs_under(root: &Path, _only: Option<&Path>) -> Vec<(PathBuf, String)> {
-    [
-        "usr/share/containers/containers.conf",
-        "etc/containers/containers.conf",
-    ]
-    .iter()
-    .map(|f| root.join(f))
-    .filter_map(|f| read_small(&f).ok().map(|t| (f, t)))
-    .collect()
+/// The containers.conf files under `root` podman reads, in its order; `only` is
+/// CONTAINERS_CONF. A file that is not there is skipped, as podman skips it.
+fn containers_confs_under(root: &Path, only: Option<&Path>) -> Vec<(PathBuf, String)> {
+    let paths: Vec<PathBuf> = match only {
+        Some(p) => vec![p.to_path_buf()],
+        None => CONTAINERS_CONFS
+            .iter()
+            .flat_map(|f| {
+                let main = root.join(f);
+                let mut v = vec![main.clone()];
+                v.extend(drop_ins(&main.with_extension("conf.d")));
+                v
+            })
+            .collect(),
+    };
+    paths
+        .into_iter()
+        .filter_map(|f| read_small(&f).ok().map(|t| (f, t)))
+        .collect()
+}
+
+/// The `*.conf` files in `dir`, sorted by name, bounded.
+fn drop_ins(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+        .take(MAX_HOOK_FILES)
+        .collect();
+    v.sort();
+    v
 }
 
 #[cfg(test)]
