@@ -170,10 +170,24 @@ pub fn oci_hooks_file(target: &Target) -> Result<File> {
     })
 }
 
-/// containerd's default spec with devgate's prestart and poststop hooks.
+/// Settings containerd's CRI clears on the spec it generates and keeps from a base spec,
+/// so that every container on the node would get them: (object, key).
+pub const NODE_WIDE_SETTINGS: [(&str, &str); 3] = [
+    ("process", "rlimits"),
+    ("process", "apparmorProfile"),
+    ("linux", "seccomp"),
+];
+
+/// containerd's default spec without [`NODE_WIDE_SETTINGS`] (its RLIMIT_NOFILE 1024:1024
+/// would cap every container), with devgate's prestart and poststop hooks.
 pub fn containerd_base_spec(target: &Target) -> Result<File> {
     let mut spec: Value = serde_json::from_str(CONTAINERD_DEFAULT_SPEC)
         .map_err(|e| Error::json("built-in containerd default spec", None, &e))?;
+    for (object, key) in NODE_WIDE_SETTINGS {
+        if let Some(o) = spec.get_mut(object).and_then(Value::as_object_mut) {
+            o.remove(key);
+        }
+    }
     let mut hooks = serde_json::Map::new();
     for stage in STAGES {
         let h = serde_json::to_value(hook(target, stage)?)

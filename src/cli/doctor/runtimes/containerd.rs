@@ -6,6 +6,7 @@ use super::binary::Binary;
 use super::hooks::runs_devgate_hook;
 use super::one_line_toml;
 use crate::cli::doctor::runtime_checks::FixCmd;
+use crate::cli::hooks_config::NODE_WIDE_SETTINGS;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -264,6 +265,10 @@ pub(crate) fn examine_base_spec(text: &str, is_devgate: &dyn Fn(&Path) -> bool) 
     if !missing.is_empty() {
         return BaseSpec::Incomplete(missing);
     }
+    let node_wide = node_wide_settings(text);
+    if !node_wide.is_empty() {
+        return BaseSpec::NodeWide(node_wide);
+    }
     let runs = |hooks: Option<&Vec<oci_spec::runtime::Hook>>| {
         hooks.is_some_and(|hs| {
             hs.iter().any(|h| {
@@ -287,6 +292,19 @@ pub(crate) fn examine_base_spec(text: &str, is_devgate: &dyn Fn(&Path) -> bool) 
     }
 }
 
+/// The [`NODE_WIDE_SETTINGS`] a spec sets, as `object.key`.
+fn node_wide_settings(text: &str) -> Vec<&'static str> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    NODE_WIDE_SETTINGS
+        .iter()
+        .zip(["process.rlimits", "process.apparmorProfile", "linux.seccomp"])
+        .filter(|((object, key), _)| v.get(object).and_then(|o| o.get(key)).is_some())
+        .map(|(_, name)| name)
+        .collect()
+}
+
 /// The judgement on one containerd runtime: Ok(detail) or Err(why not wired).
 pub(crate) fn judge_containerd_runtime(
     name: &str,
@@ -300,6 +318,14 @@ pub(crate) fn judge_containerd_runtime(
             return Err(format!(
                 "runtime {name}: base_runtime_spec {spec_path}: {e} (the CRI plugin fails to \
                  start)"
+            ))
+        }
+        BaseSpec::NodeWide(set) => {
+            return Err(format!(
+                "runtime {name}: base_runtime_spec {spec_path} sets {}, which every container \
+                 on the node then gets (containerd's CRI applies its own defaults only without \
+                 a base spec); remove them from the file and restart containerd",
+                set.join(", ")
             ))
         }
         BaseSpec::Incomplete(missing) => {
