@@ -454,6 +454,47 @@ disabled_plugins = ["cri"]
         assert!(parse_containerd_dump("version = [\n").is_err());
     }
 
+    fn repo_file(p: &str) -> String {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(p))
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    /// The configs containerd writes (`containerd config default` of 1.6 on this host, of
+    /// 2.x from containerd's docs): the CRI plugin found by the config version, runc the
+    /// default runtime, no base spec, no BinaryName.
+    #[test]
+    fn containerd_defaults_of_1_6_and_2_x() {
+        for (file, version, plugin) in [
+            ("tests/fixtures/containerd/containerd-1.6-config-default.toml", 2, CRI_V2),
+            ("tests/fixtures/containerd/containerd-2.x-config-default.toml", 3, CRI_V3),
+        ] {
+            let c = parse_containerd_dump(&repo_file(file)).unwrap();
+            assert_eq!((c.version, c.plugin, c.disabled), (version, plugin, false), "{file}");
+            assert_eq!(c.default_runtime, "runc", "{file}");
+            let runc = &c.runtimes["runc"];
+            assert_eq!(runc.runtime_type, "io.containerd.runc.v2", "{file}");
+            assert_eq!((runc.base_runtime_spec.as_str(), runc.binary_name.as_str()), ("", ""));
+        }
+    }
+
+    /// The shipped hook snippets, for config version 2 (containerd 1.x) and 3 (2.x), set
+    /// the base spec the packages install under the plugin that version names.
+    #[test]
+    fn shipped_hook_snippets_for_both_config_versions() {
+        for (file, version) in [
+            ("hooks/containerd/config.toml", 2),
+            ("hooks/containerd/config-v3.toml", 3),
+        ] {
+            let c = parse_containerd_dump(&repo_file(file)).unwrap();
+            assert_eq!(c.version, version, "{file}");
+            assert_eq!(
+                c.runtimes["runc"].base_runtime_spec,
+                "/etc/containerd/devgate-base-spec.json",
+                "{file}"
+            );
+        }
+    }
+
     #[test]
     fn base_spec_must_be_complete() {
         let dg = devgate_at("/usr/bin/devgate");
