@@ -149,7 +149,15 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String>
 /// for the error.
 pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, String> {
     let mut cmd = Command::new(bin);
+    // The daemon's working directory (systemd's default): containerd 1.x globs a relative
+    // `imports` entry from there, so the dump must read the drop-ins the daemon reads.
+    cmd.current_dir("/");
     if let Some(c) = config {
+        // Named relative to doctor's directory, not the dump's.
+        let c = match std::env::current_dir() {
+            Ok(d) if c.is_relative() => d.join(c),
+            _ => c.to_path_buf(),
+        };
         cmd.arg("--config").arg(c);
     }
     let mut child = cmd
@@ -299,7 +307,11 @@ fn node_wide_settings(text: &str) -> Vec<&'static str> {
     };
     NODE_WIDE_SETTINGS
         .iter()
-        .zip(["process.rlimits", "process.apparmorProfile", "linux.seccomp"])
+        .zip([
+            "process.rlimits",
+            "process.apparmorProfile",
+            "linux.seccomp",
+        ])
         .filter(|((object, key), _)| v.get(object).and_then(|o| o.get(key)).is_some())
         .map(|(_, name)| name)
         .collect()
@@ -465,15 +477,30 @@ disabled_plugins = ["cri"]
     #[test]
     fn containerd_defaults_of_1_6_and_2_x() {
         for (file, version, plugin) in [
-            ("tests/fixtures/containerd/containerd-1.6-config-default.toml", 2, CRI_V2),
-            ("tests/fixtures/containerd/containerd-2.x-config-default.toml", 3, CRI_V3),
+            (
+                "tests/fixtures/containerd/containerd-1.6-config-default.toml",
+                2,
+                CRI_V2,
+            ),
+            (
+                "tests/fixtures/containerd/containerd-2.x-config-default.toml",
+                3,
+                CRI_V3,
+            ),
         ] {
             let c = parse_containerd_dump(&repo_file(file)).unwrap();
-            assert_eq!((c.version, c.plugin, c.disabled), (version, plugin, false), "{file}");
+            assert_eq!(
+                (c.version, c.plugin, c.disabled),
+                (version, plugin, false),
+                "{file}"
+            );
             assert_eq!(c.default_runtime, "runc", "{file}");
             let runc = &c.runtimes["runc"];
             assert_eq!(runc.runtime_type, "io.containerd.runc.v2", "{file}");
-            assert_eq!((runc.base_runtime_spec.as_str(), runc.binary_name.as_str()), ("", ""));
+            assert_eq!(
+                (runc.base_runtime_spec.as_str(), runc.binary_name.as_str()),
+                ("", "")
+            );
         }
     }
 
@@ -488,8 +515,7 @@ disabled_plugins = ["cri"]
             let c = parse_containerd_dump(&repo_file(file)).unwrap();
             assert_eq!(c.version, version, "{file}");
             assert_eq!(
-                c.runtimes["runc"].base_runtime_spec,
-                "/etc/containerd/devgate-base-spec.json",
+                c.runtimes["runc"].base_runtime_spec, "/etc/containerd/devgate-base-spec.json",
                 "{file}"
             );
         }
@@ -543,10 +569,17 @@ disabled_plugins = ["cri"]
         v["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO"});
         assert_eq!(
             examine_base_spec(&v.to_string(), &dg),
-            BaseSpec::NodeWide(vec!["process.rlimits", "process.apparmorProfile", "linux.seccomp"])
+            BaseSpec::NodeWide(vec![
+                "process.rlimits",
+                "process.apparmorProfile",
+                "linux.seccomp"
+            ])
         );
         v["process"].as_object_mut().unwrap().remove("rlimits");
-        v["process"].as_object_mut().unwrap().remove("apparmorProfile");
+        v["process"]
+            .as_object_mut()
+            .unwrap()
+            .remove("apparmorProfile");
         v["linux"].as_object_mut().unwrap().remove("seccomp");
         assert!(matches!(
             examine_base_spec(&v.to_string(), &dg),
