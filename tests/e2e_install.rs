@@ -217,7 +217,9 @@ fn install_host_copies_binary_and_configuration_onto_a_host_root() {
     // Another hooks directory (a node whose /usr is read-only, with hooks_dir naming it).
     let out = install_host(&root, &["--hooks-dir", "/etc/containers/oci/hooks.d"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(root.join("etc/containers/oci/hooks.d/devgate.json").is_file());
+    assert!(root
+        .join("etc/containers/oci/hooks.d/devgate.json")
+        .is_file());
 
     // Bad command lines are one-line errors.
     let out = install_host(Path::new("relative"), &[]);

@@ -90,7 +90,10 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     )?;
     install_companion("the hook front", &under(&target.hook))?;
 
-    let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(PACKAGE_HOOKS_DIR));
+    let hooks_dir = o
+        .hooks_dir
+        .as_deref()
+        .unwrap_or(Path::new(PACKAGE_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;
     let hook_files = files(Runtime::Crio, &target)?;
     // Older installs wrote HOST_HOOKS_DIR, which runtimes read only where hooks_dir names

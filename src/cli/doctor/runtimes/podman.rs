@@ -25,12 +25,18 @@ pub(crate) fn podman_hook_dirs(files: &[(PathBuf, String)]) -> Result<Vec<PathBu
         let Some(list) = v.get("engine").and_then(|e| e.get("hooks_dir")) else {
             continue;
         };
-        let bad = || format!("{}: [engine] hooks_dir is not a list of paths", path.display());
+        let bad = || {
+            format!(
+                "{}: [engine] hooks_dir is not a list of paths",
+                path.display()
+            )
+        };
         let items = list.as_array().ok_or_else(bad)?;
         let (append, paths) = match items.split_last() {
-            Some((toml::Value::Table(t), rest)) => {
-                (t.get("append").and_then(toml::Value::as_bool) == Some(true), rest)
-            }
+            Some((toml::Value::Table(t), rest)) => (
+                t.get("append").and_then(toml::Value::as_bool) == Some(true),
+                rest,
+            ),
             _ => (false, &items[..]),
         };
         let new = paths
@@ -124,7 +130,10 @@ mod tests {
     /// `{append=true}` last element adds to it instead.
     #[test]
     fn later_files_replace_or_append() {
-        let a = conf("/etc/containers/containers.conf", "[engine]\nhooks_dir = [\"/a\"]\n");
+        let a = conf(
+            "/etc/containers/containers.conf",
+            "[engine]\nhooks_dir = [\"/a\"]\n",
+        );
         let b = conf(
             "/etc/containers/containers.conf.d/10-b.conf",
             "[engine]\nhooks_dir = [\"/b\", \"/c\"]\n",
