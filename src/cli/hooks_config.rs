@@ -7,7 +7,8 @@
 //!   state's status (`stopped` at poststop).
 //! - containerd has no hooks directory: its CRI plugin starts every container from a base
 //!   runtime spec (`base_runtime_spec` in config.toml), so devgate ships a full default spec,
-//!   as containerd 1.6 generates it, with devgate's hooks added.
+//!   as containerd 1.6 generates it, without what the CRI would give every container from it
+//!   (rlimits, seccomp, AppArmor), with devgate's hooks added.
 //!
 //! `devgate hooks-config` prints or writes these; `devgate install-host` (the Kubernetes
 //! installer's entrypoint) lays them, the binary and a default config onto a host root.
@@ -38,9 +39,11 @@ const CONTAINERD_DEFAULT_SPEC: &str =
     include_str!("../../hooks/containerd/default-spec-containerd-1.6.json");
 /// Where the shipped containerd snippet expects the base runtime spec.
 pub const CONTAINERD_BASE_SPEC_NAME: &str = "devgate-base-spec.json";
-/// The hooks directory CRI-O and podman read for host-local (not packaged) hooks.
+/// A hooks directory CRI-O and podman read only where `hooks_dir` names it; install-host
+/// wrote here once, and refreshes a devgate.json it finds there.
 pub const HOST_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
-/// Where packages put oci-hooks files (podman and CRI-O read it by default).
+/// Where packages and install-host put oci-hooks files: containers/common's
+/// DefaultHooksDirs, what podman and CRI-O read when `hooks_dir` is not set.
 pub const PACKAGE_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -33,34 +33,41 @@ fn podman_line(opts: &Options, fix: &FixCmd, is_devgate: &dyn Fn(&Path) -> bool)
     let files = hooks::read_hook_dirs(&dirs);
     match hooks::judge_hook_files(&files, &dirs, is_devgate) {
         Ok(t) => Line::pass("podman", t),
-        Err(e) => {
-            let unread: Vec<String> = [PACKAGE_HOOKS_DIR, HOST_HOOKS_DIR]
-                .iter()
-                .map(PathBuf::from)
-                .filter(|d| !dirs.contains(d))
-                .filter(|d| {
-                    let d = std::slice::from_ref(d);
-                    hooks::judge_hook_files(&hooks::read_hook_dirs(d), d, is_devgate).is_ok()
-                })
-                .map(|d| {
-                    format!(
-                        "; {} has devgate's hook, but podman's hooks_dir leaves it out",
-                        d.display()
-                    )
-                })
-                .collect();
-            Line::fail(
+        Err(e) => Line::fail(
+            "podman",
+            format!("{e}{}", unread_devgate_hooks(&dirs, "podman", is_devgate)),
+            fix.hooks_config(
                 "podman",
-                format!("{e}{}", unread.concat()),
-                fix.hooks_config(
-                    "podman",
-                    dirs.last()
-                        .map(PathBuf::as_path)
-                        .unwrap_or(Path::new(PACKAGE_HOOKS_DIR)),
-                ),
-            )
-        }
+                dirs.last()
+                    .map(PathBuf::as_path)
+                    .unwrap_or(Path::new(PACKAGE_HOOKS_DIR)),
+            ),
+        ),
     }
+}
+
+/// Where a well-known hooks directory that `dirs` leaves out holds devgate's hook (older
+/// installs wrote /etc/containers/oci/hooks.d), a clause saying `runtime` does not read it.
+fn unread_devgate_hooks(
+    dirs: &[PathBuf],
+    runtime: &str,
+    is_devgate: &dyn Fn(&Path) -> bool,
+) -> String {
+    [PACKAGE_HOOKS_DIR, HOST_HOOKS_DIR]
+        .iter()
+        .map(PathBuf::from)
+        .filter(|d| !dirs.contains(d))
+        .filter(|d| {
+            let d = std::slice::from_ref(d);
+            hooks::judge_hook_files(&hooks::read_hook_dirs(d), d, is_devgate).is_ok()
+        })
+        .map(|d| {
+            format!(
+                "; {} has devgate's hook, but {runtime}'s hooks_dir leaves it out",
+                d.display()
+            )
+        })
+        .collect()
 }
 
 /// How the fix lines spell `devgate hooks-config` for this node.
@@ -162,7 +169,7 @@ pub(crate) fn runtime_checks(
                     (Ok(t), None) => Line::pass("cri-o", t),
                     (Err(e), None) => Line::fail(
                         "cri-o",
-                        e,
+                        format!("{e}{}", unread_devgate_hooks(&dirs, "CRI-O", &is_devgate)),
                         format!(
                             "{} (a directory in CRI-O's hooks_dir), then restart CRI-O",
                             fix.hooks_config(

@@ -317,6 +317,28 @@ fn node_wide_settings(text: &str) -> Vec<&'static str> {
         .collect()
 }
 
+/// Why a base spec fails whatever the runtime's binary is (containerd uses the file whole
+/// for every container), or None.
+fn base_spec_error(name: &str, spec_path: &str, spec: &BaseSpec) -> Option<String> {
+    match spec {
+        BaseSpec::Unreadable(e) => Some(format!(
+            "runtime {name}: base_runtime_spec {spec_path}: {e} (the CRI plugin fails to start)"
+        )),
+        BaseSpec::NodeWide(set) => Some(format!(
+            "runtime {name}: base_runtime_spec {spec_path} sets {}, which every container on \
+             the node then gets (containerd's CRI applies its own defaults only without a base \
+             spec); remove them from the file and restart containerd",
+            set.join(", ")
+        )),
+        BaseSpec::Incomplete(missing) => Some(format!(
+            "runtime {name}: base_runtime_spec {spec_path} is not a complete spec (no {}); \
+             containerd reads it at start and uses it whole for every container",
+            missing.join(", ")
+        )),
+        BaseSpec::NotSet | BaseSpec::Complete { .. } => None,
+    }
+}
+
 /// The judgement on one containerd runtime: Ok(detail) or Err(why not wired).
 pub(crate) fn judge_containerd_runtime(
     name: &str,
@@ -325,29 +347,8 @@ pub(crate) fn judge_containerd_runtime(
     binary: &Binary,
 ) -> Result<String, String> {
     let spec_path = &rt.base_runtime_spec;
-    match spec {
-        BaseSpec::Unreadable(e) => {
-            return Err(format!(
-                "runtime {name}: base_runtime_spec {spec_path}: {e} (the CRI plugin fails to \
-                 start)"
-            ))
-        }
-        BaseSpec::NodeWide(set) => {
-            return Err(format!(
-                "runtime {name}: base_runtime_spec {spec_path} sets {}, which every container \
-                 on the node then gets (containerd's CRI applies its own defaults only without \
-                 a base spec); remove them from the file and restart containerd",
-                set.join(", ")
-            ))
-        }
-        BaseSpec::Incomplete(missing) => {
-            return Err(format!(
-                "runtime {name}: base_runtime_spec {spec_path} is not a complete spec (no {}); \
-                 containerd reads it at start and uses it whole for every container",
-                missing.join(", ")
-            ))
-        }
-        _ => {}
+    if let Some(e) = base_spec_error(name, spec_path, spec) {
+        return Err(e);
     }
     let hooks = match spec {
         BaseSpec::Complete { start, stop } => Some((*start, *stop)),
