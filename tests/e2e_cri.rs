@@ -167,7 +167,11 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
         &mut c,
         pod.container(
             "trainer-2",
-            &["sh", "-c", "test -c /dev/zero && echo ran; echo nofile $(ulimit -Hn)"],
+            &[
+                "sh",
+                "-c",
+                "test -c /dev/zero && echo ran; echo nofile $(ulimit -Hn)",
+            ],
         ),
     );
     c.start_container(&cid).unwrap();
