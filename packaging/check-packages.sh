@@ -20,6 +20,7 @@ files="/usr/bin/devgate
 /etc/devgate/config.json
 /etc/containerd/devgate-base-spec.json
 /usr/share/devgate/containerd/config.toml
+/usr/share/devgate/containerd/config-v3.toml
 /usr/share/devgate/containerd/containerd-runtime-wrapper.toml
 /usr/share/devgate/containerd/containerd-runtime-wrapper-v3.toml
 /usr/share/devgate/crio/10-devgate-runtime.conf

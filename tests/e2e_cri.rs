@@ -165,7 +165,14 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     env.ok(&["uncordon", "/dev/zero"]);
     let cid = create(
         &mut c,
-        pod.container("trainer-2", &["sh", "-c", "test -c /dev/zero && echo ran"]),
+        pod.container(
+            "trainer-2",
+            &[
+                "sh",
+                "-c",
+                "test -c /dev/zero && echo ran; echo nofile $(ulimit -Hn)",
+            ],
+        ),
     );
     c.start_container(&cid).unwrap();
     let st = wait_exited(&mut c, &cid);
@@ -173,6 +180,20 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     assert_eq!(st.exit_code, 0, "{st:?}");
     let log = fs::read_to_string(&st.log_path).unwrap();
     assert!(log.contains(" stdout F ran"), "{log}");
+    // The base spec sets no rlimits: the container keeps the open-file limit it inherits
+    // (containerd's), not a node-wide 1024 from the file.
+    let limits = fs::read_to_string("/proc/self/limits").unwrap();
+    let ours: u64 = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .unwrap_or(0);
+    if ours > 1024 {
+        assert!(!log.contains(" stdout F nofile 1024"), "{log}");
+        assert!(log.contains(" stdout F nofile "), "{log}");
+    } else {
+        eprintln!("skip: the open-file hard limit here is {ours}, no more than 1024");
+    }
     assert_eq!(env.decisions().last().unwrap()["action"], "allow");
     // No fault during that run: kubelet's termination file is untouched.
     assert_eq!(termination_message(&st), "");

@@ -270,6 +270,63 @@ fn unwired_podman_and_containerd_fail_with_the_fix() {
     assert_eq!(code, 1);
 }
 
+/// doctor reads the hooks_dir podman reads (containers.conf, here through CONTAINERS_CONF,
+/// which podman and doctor both honour) and its ✓ means podman runs the hook: a container
+/// on a cordoned device is rejected. Where hooks_dir leaves devgate's directory out, doctor
+/// says ✗ and podman indeed starts the container.
+#[test]
+fn podman_line_agrees_with_what_podman_runs() {
+    require_root!();
+    let podman = Podman::new("doc-podman");
+    let node = Node::new("doc-podman-node", &["podman"], json!({}));
+    let hooks = node.hooks_dir(&devgate_bin());
+    let empty = node.dir().join("empty.d");
+    fs::create_dir(&empty).unwrap();
+    let conf = podman.dir.join("containers.conf");
+    let base = fs::read_to_string(&conf).unwrap();
+    let set_hooks_dir = |dir: &Path| {
+        let line = format!("[engine]\nhooks_dir = [\"{}\"]\n", dir.display());
+        fs::write(&conf, base.replacen("[engine]\n", &line, 1)).unwrap();
+    };
+    let run = || {
+        podman
+            .cmd()
+            .args(["run", "--rm", "--network", "none", "--device", "/dev/zero"])
+            .arg(TEST_IMAGE)
+            .args(["echo", "ran"])
+            .output()
+            .unwrap()
+    };
+    node.env
+        .ok(&["cordon", "/dev/zero", "--reason", "doctor test"]);
+
+    set_hooks_dir(&hooks);
+    let (_, lines) = node.doctor_with(&[], &[("CONTAINERS_CONF", &conf)]);
+    let pass = format!("✓ podman: {}/devgate.json runs ", hooks.display());
+    assert!(lines.iter().any(|l| l.starts_with(&pass)), "{lines:#?}");
+    let out = run();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("devgate: rejected /dev/zero (1:5)"),
+        "{}",
+        text(&out)
+    );
+
+    set_hooks_dir(&empty);
+    let (code, lines) = node.doctor_with(&[], &[("CONTAINERS_CONF", &conf)]);
+    assert!(
+        lines.contains(&format!(
+            "✗ podman: no hook in {} runs devgate",
+            empty.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+    let out = run();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
+
 /// containerd reads `imports` drop-ins; doctor sees them because it reads the dump. And a
 /// base spec holding only hooks is refused: containerd uses it whole.
 #[test]
@@ -318,6 +375,131 @@ fn containerd_imports_and_incomplete_base_spec() {
     );
     assert!(lines.contains(&want), "{lines:#?}");
     assert_eq!(code, 1);
+}
+
+/// A node laid out by install-host and wired by the shipped snippet for this containerd's
+/// config version (read from `containerd config default`, so 1.6/1.7 and 2.x alike), in a
+/// drop-in that `imports` names by a relative path: the static devgate-runtime alone as
+/// BinaryName passes, and so does the base spec's hooks alone. A relative glob is read
+/// as the daemon (cwd /) reads it: containerd 1.6 and 1.7 glob it from the working
+/// directory, 2.x from the config file's directory.
+#[test]
+fn installed_host_wired_by_the_shipped_snippets_passes() {
+    require_cmd("containerd", "containerd");
+    let node = Node::new("doc-installed", &["containerd"], json!({}));
+    let root = node.dir().join("host");
+    let out = Command::new(devgate_bin())
+        .args(["install-host", "--root"])
+        .arg(&root)
+        .env_remove("DEVGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let bin = root.join("usr/local/bin/devgate");
+    let wrapper = root.join("usr/local/bin/devgate-runtime");
+    let spec = root.join("etc/containerd/devgate-base-spec.json");
+    hooks_config(&[
+        "--config",
+        node.env.config.to_str().unwrap(),
+        "hooks-config",
+        "--runtime",
+        "containerd",
+        "--bin",
+        bin.to_str().unwrap(),
+        "--out",
+        root.join("etc/containerd").to_str().unwrap(),
+    ]);
+    let default = Command::new("containerd")
+        .args(["config", "default"])
+        .output()
+        .unwrap();
+    let v3 = String::from_utf8_lossy(&default.stdout).contains("version = 3");
+    let snippet = |v2: &str, v3name: &str| {
+        let f = if v3 { v3name } else { v2 };
+        fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("hooks/containerd")
+                .join(f),
+        )
+        .unwrap()
+        .replace(
+            "/etc/containerd/devgate-base-spec.json",
+            spec.to_str().unwrap(),
+        )
+        .replace("/usr/bin/devgate-runtime", wrapper.to_str().unwrap())
+    };
+    let conf_d = node.dir().join("conf.d");
+    fs::create_dir(&conf_d).unwrap();
+    let version = if v3 { 3 } else { 2 };
+    let config = node.dir().join("containerd.toml");
+    fs::write(
+        &config,
+        format!("version = {version}\nimports = [\"conf.d/devgate.toml\"]\n"),
+    )
+    .unwrap();
+    let args = [
+        "--bin",
+        bin.to_str().unwrap(),
+        "--containerd-config",
+        config.to_str().unwrap(),
+    ];
+
+    let wrapper_only: String = snippet(
+        "containerd-runtime-wrapper.toml",
+        "containerd-runtime-wrapper-v3.toml",
+    )
+    .lines()
+    .filter(|l| !l.contains("base_runtime_spec"))
+    .map(|l| format!("{l}\n"))
+    .collect();
+    fs::write(conf_d.join("devgate.toml"), wrapper_only).unwrap();
+    let (code, lines) = node.doctor(&args);
+    let want = format!(
+        "✓ containerd: default runtime runc runs devgate's runtime wrapper {}; no \
+         base_runtime_spec hook runs devgate at poststop, so faults during a run go unreported",
+        wrapper.display()
+    );
+    assert!(lines.contains(&want), "{lines:#?}");
+    assert_eq!(code, 0, "{lines:#?}");
+
+    fs::write(
+        conf_d.join("devgate.toml"),
+        snippet("config.toml", "config-v3.toml"),
+    )
+    .unwrap();
+    let (code, lines) = node.doctor(&args);
+    let want = format!(
+        "✓ containerd: default runtime runc starts from {}, a complete spec whose hooks run \
+         devgate at start and poststop",
+        spec.display()
+    );
+    assert!(lines.contains(&want), "{lines:#?}");
+    assert_eq!(code, 0, "{lines:#?}");
+
+    // The relative glob, with doctor started in the config's directory: only 2.x reads it.
+    fs::write(
+        &config,
+        format!("version = {version}\nimports = [\"conf.d/*.toml\"]\n"),
+    )
+    .unwrap();
+    let out = Command::new(devgate_bin())
+        .arg("--config")
+        .arg(&node.env.config)
+        .arg("doctor")
+        .args(args)
+        .env_remove("DEVGATE_CONFIG")
+        .env("PATH", node.dir().join("bin"))
+        .current_dir(node.dir())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(said.contains(&want), v3, "{said}");
+    if !v3 {
+        assert!(
+            said.contains("✗ containerd: runtime runc has no base_runtime_spec"),
+            "{said}"
+        );
+    }
 }
 
 /// The runtime wrapper as containerd's BinaryName, directly and behind NVIDIA's runtime.

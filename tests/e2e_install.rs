@@ -164,7 +164,10 @@ fn install_host_copies_binary_and_configuration_onto_a_host_root() {
         fs::metadata(&bin).unwrap().permissions().mode() & 0o777,
         0o755
     );
-    let v = json(&root.join("etc/containers/oci/hooks.d/devgate.json"));
+    // Where podman and CRI-O read by default (containers/common's DefaultHooksDirs); they
+    // do not read /etc/containers/oci/hooks.d unless hooks_dir names it.
+    assert!(!root.join("etc/containers/oci/hooks.d").exists());
+    let v = json(&root.join("usr/share/containers/oci/hooks.d/devgate.json"));
     assert_hook(
         &v["hook"],
         "/usr/local/bin/devgate-hook",
@@ -211,17 +214,40 @@ fn install_host_copies_binary_and_configuration_onto_a_host_root() {
         r#"{"policy":{"default":"reject"}}"#
     );
 
-    // Another hooks directory (CRI-O's vendor directory on a node whose /usr is writable).
-    let out = install_host(&root, &["--hooks-dir", "/usr/share/containers/oci/hooks.d"]);
+    // Another hooks directory (a node whose /usr is read-only, with hooks_dir naming it).
+    let out = install_host(&root, &["--hooks-dir", "/etc/containers/oci/hooks.d"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(root
-        .join("usr/share/containers/oci/hooks.d/devgate.json")
+        .join("etc/containers/oci/hooks.d/devgate.json")
         .is_file());
 
     // Bad command lines are one-line errors.
     let out = install_host(Path::new("relative"), &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an absolute path"));
+}
+
+/// A node installed by an older install-host has devgate.json in /etc/containers/oci/hooks.d,
+/// which podman and CRI-O read only where hooks_dir names it (the old instructions): a rerun
+/// refreshes that file too, so such a node keeps running the current hook. Same name, so a
+/// runtime reading both directories runs it once.
+#[test]
+fn install_host_refreshes_the_hook_an_older_install_left_in_etc() {
+    let root = tempdir("host-upgrade");
+    let old = root.join("etc/containers/oci/hooks.d/devgate.json");
+    fs::create_dir_all(old.parent().unwrap()).unwrap();
+    fs::write(&old, r#"{"version":"1.0.0","hook":{"path":"/old"},"when":{"always":true},"stages":["prestart"]}"#).unwrap();
+    let out = install_host(&root, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::read(&old).unwrap(),
+        fs::read(root.join("usr/share/containers/oci/hooks.d/devgate.json")).unwrap()
+    );
+    assert!(
+        text(&out).contains(&format!("devgate: installed {}", old.display())),
+        "{}",
+        text(&out)
+    );
 }
 
 /// The DaemonSet's ConfigMap holds the default config, and its init container's command
@@ -275,7 +301,7 @@ fn daemonset_manifest_matches_the_installer() {
     // Every host path install-host wrote is one the DaemonSet mounts.
     for p in [
         "/host/usr/local/bin",
-        "/host/etc/containers/oci/hooks.d",
+        "/host/usr/share/containers/oci/hooks.d",
         "/host/etc/containerd",
         "/host/etc/devgate",
         "/host/var/lib/devgate",
@@ -311,6 +337,6 @@ fn install_host_links_the_fronts_to_devgate_where_they_are_missing() {
         );
     }
     // The hook files run the front by its name, which is devgate there.
-    let v = json(&root.join("etc/containers/oci/hooks.d/devgate.json"));
+    let v = json(&root.join("usr/share/containers/oci/hooks.d/devgate.json"));
     assert_eq!(v["hook"]["path"], "/usr/local/bin/devgate-hook");
 }

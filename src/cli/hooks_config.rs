@@ -7,7 +7,8 @@
 //!   state's status (`stopped` at poststop).
 //! - containerd has no hooks directory: its CRI plugin starts every container from a base
 //!   runtime spec (`base_runtime_spec` in config.toml), so devgate ships a full default spec,
-//!   as containerd 1.6 generates it, with devgate's hooks added.
+//!   as containerd 1.6 generates it, without what the CRI would give every container from it
+//!   (rlimits, seccomp, AppArmor), with devgate's hooks added.
 //!
 //! `devgate hooks-config` prints or writes these; `devgate install-host` (the Kubernetes
 //! installer's entrypoint) lays them, the binary and a default config onto a host root.
@@ -38,9 +39,11 @@ const CONTAINERD_DEFAULT_SPEC: &str =
     include_str!("../../hooks/containerd/default-spec-containerd-1.6.json");
 /// Where the shipped containerd snippet expects the base runtime spec.
 pub const CONTAINERD_BASE_SPEC_NAME: &str = "devgate-base-spec.json";
-/// The hooks directory CRI-O and podman read for host-local (not packaged) hooks.
+/// A hooks directory CRI-O and podman read only where `hooks_dir` names it; install-host
+/// wrote here once, and refreshes a devgate.json it finds there.
 pub const HOST_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
-/// Where packages put oci-hooks files (podman and CRI-O read it by default).
+/// Where packages and install-host put oci-hooks files: containers/common's
+/// DefaultHooksDirs, what podman and CRI-O read when `hooks_dir` is not set.
 pub const PACKAGE_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,10 +173,24 @@ pub fn oci_hooks_file(target: &Target) -> Result<File> {
     })
 }
 
-/// containerd's default spec with devgate's prestart and poststop hooks.
+/// Settings containerd's CRI clears on the spec it generates and keeps from a base spec,
+/// so that every container on the node would get them: (object, key).
+pub const NODE_WIDE_SETTINGS: [(&str, &str); 3] = [
+    ("process", "rlimits"),
+    ("process", "apparmorProfile"),
+    ("linux", "seccomp"),
+];
+
+/// containerd's default spec without [`NODE_WIDE_SETTINGS`] (its RLIMIT_NOFILE 1024:1024
+/// would cap every container), with devgate's prestart and poststop hooks.
 pub fn containerd_base_spec(target: &Target) -> Result<File> {
     let mut spec: Value = serde_json::from_str(CONTAINERD_DEFAULT_SPEC)
         .map_err(|e| Error::json("built-in containerd default spec", None, &e))?;
+    for (object, key) in NODE_WIDE_SETTINGS {
+        if let Some(o) = spec.get_mut(object).and_then(Value::as_object_mut) {
+            o.remove(key);
+        }
+    }
     let mut hooks = serde_json::Map::new();
     for stage in STAGES {
         let h = serde_json::to_value(hook(target, stage)?)
@@ -405,9 +422,12 @@ mod tests {
         let f = containerd_base_spec(&usr()).unwrap();
         let v: Value = serde_json::from_str(&f.content).unwrap();
         let default: Value = serde_json::from_str(CONTAINERD_DEFAULT_SPEC).unwrap();
-        for key in ["process", "root", "mounts", "linux"] {
+        for key in ["root", "mounts", "linux"] {
             assert_eq!(v[key], default[key], "{key}");
         }
+        let mut process = default["process"].clone();
+        process.as_object_mut().unwrap().remove("rlimits");
+        assert_eq!(v["process"], process);
         for stage in STAGES {
             let hooks = v["hooks"][stage].as_array().unwrap();
             assert_eq!(hooks.len(), 1);
@@ -416,6 +436,19 @@ mod tests {
         }
         // oci-spec accepts what containerd will be given.
         let _: oci_spec::runtime::Spec = serde_json::from_str(&f.content).unwrap();
+    }
+
+    /// With a base spec, containerd's CRI skips its own defaults for these (it clears them on
+    /// a generated spec): any left in the file reach every container on the node, such as
+    /// containerd 1.6's RLIMIT_NOFILE 1024:1024.
+    #[test]
+    fn containerd_base_spec_sets_nothing_node_wide() {
+        let f = containerd_base_spec(&usr()).unwrap();
+        let v: Value = serde_json::from_str(&f.content).unwrap();
+        assert_eq!(v["process"].get("rlimits"), None, "{}", f.content);
+        assert_eq!(v["process"].get("apparmorProfile"), None);
+        assert_eq!(v["linux"].get("seccomp"), None);
+        assert!(!f.content.contains("RLIMIT_"), "{}", f.content);
     }
 
     /// The files shipped under hooks/ are exactly what `hooks-config --prefix /usr` prints:

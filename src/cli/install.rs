@@ -3,7 +3,7 @@
 
 use super::hooks_config::{
     absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
-    HOST_HOOKS_DIR,
+    HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
 };
 use super::wrapper_config;
 use crate::config::{self, Config};
@@ -44,8 +44,8 @@ fn install_companion(what: &str, dst: &Path) -> Result<()> {
 
 /// Lays devgate onto a host mounted at `--root` (the Kubernetes installer's entrypoint):
 /// the running binary to ROOT/PREFIX/bin/devgate, the oci-hooks files to
-/// ROOT/etc/containers/oci/hooks.d (podman's and older CRI-O's override directory; another
-/// with `--hooks-dir`), the containerd base spec to
+/// ROOT/usr/share/containers/oci/hooks.d (what podman and CRI-O read unless hooks_dir
+/// names others; another with `--hooks-dir`), the containerd base spec to
 /// ROOT/etc/containerd/devgate-base-spec.json, the quarantine directory, and the config:
 /// `--config-file` replaces ROOT/etc/devgate/config.json (a ConfigMap is the operator's
 /// config); without it the default is written only where none exists.
@@ -90,10 +90,28 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     )?;
     install_companion("the hook front", &under(&target.hook))?;
 
-    let hooks_dir = o.hooks_dir.as_deref().unwrap_or(Path::new(HOST_HOOKS_DIR));
+    let hooks_dir = o
+        .hooks_dir
+        .as_deref()
+        .unwrap_or(Path::new(PACKAGE_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;
-    for p in write_files(&under(hooks_dir), &files(Runtime::Crio, &target)?)? {
-        say!("devgate: installed {}", p.display());
+    let hook_files = files(Runtime::Crio, &target)?;
+    // Older installs wrote HOST_HOOKS_DIR, which runtimes read only where hooks_dir names
+    // it; where such a file is there, it is refreshed too (the same name: a runtime reading
+    // both directories runs it once).
+    let old = under(Path::new(HOST_HOOKS_DIR));
+    let refresh_old = o.hooks_dir.is_none()
+        && hook_files
+            .iter()
+            .any(|f| fs::symlink_metadata(old.join(&f.name)).is_ok());
+    let mut dirs = vec![under(hooks_dir)];
+    if refresh_old {
+        dirs.push(old);
+    }
+    for dir in dirs {
+        for p in write_files(&dir, &hook_files)? {
+            say!("devgate: installed {}", p.display());
+        }
     }
     for p in write_files(
         &under(Path::new("/etc/containerd")),

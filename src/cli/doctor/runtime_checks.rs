@@ -6,36 +6,68 @@ use super::cgroup::DriverVote;
 use super::line::Line;
 use super::runtimes::binary::{self, Identity};
 use super::runtimes::containerd::{self, BaseSpec};
-use super::runtimes::{self, crio, hooks};
+use super::runtimes::{self, crio, hooks, podman};
 use super::Options;
 use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
 use std::path::{Path, PathBuf};
 
-/// podman's hook directories: containers.conf's [engine] hooks_dir, else both defaults.
-fn podman_hook_dirs() -> Vec<PathBuf> {
-    #[derive(serde::Deserialize, Default)]
-    struct ContainersConf {
-        #[serde(default)]
-        engine: Engine,
-    }
-    #[derive(serde::Deserialize, Default)]
-    struct Engine {
-        hooks_dir: Option<Vec<PathBuf>>,
-    }
-    let mut dirs = None;
-    for f in [
-        "/usr/share/containers/containers.conf",
-        "/etc/containers/containers.conf",
-    ] {
-        let set = runtimes::read_small(Path::new(f))
-            .ok()
-            .and_then(|t| toml::from_str::<ContainersConf>(&t).ok())
-            .and_then(|c| c.engine.hooks_dir);
-        if set.is_some() {
-            dirs = set;
+/// podman's line: a hook in the directories its containers.conf names (or `--hooks-dir`)
+/// runs devgate. A devgate hook in a directory podman does not read is named in the failure:
+/// older installs wrote /etc/containers/oci/hooks.d, which podman reads only where
+/// hooks_dir lists it.
+fn podman_line(opts: &Options, fix: &FixCmd, is_devgate: &dyn Fn(&Path) -> bool) -> Line {
+    let dirs = if opts.hooks_dirs.is_empty() {
+        match podman::podman_hook_dirs(&podman::read_containers_confs()) {
+            Ok(d) => d,
+            Err(e) => {
+                return Line::fail(
+                    "podman",
+                    e,
+                    "correct containers.conf (podman fails on it too)",
+                )
+            }
         }
+    } else {
+        opts.hooks_dirs.clone()
+    };
+    let files = hooks::read_hook_dirs(&dirs);
+    match hooks::judge_hook_files(&files, &dirs, is_devgate) {
+        Ok(t) => Line::pass("podman", t),
+        Err(e) => Line::fail(
+            "podman",
+            format!("{e}{}", unread_devgate_hooks(&dirs, "podman", is_devgate)),
+            fix.hooks_config(
+                "podman",
+                dirs.last()
+                    .map(PathBuf::as_path)
+                    .unwrap_or(Path::new(PACKAGE_HOOKS_DIR)),
+            ),
+        ),
     }
-    dirs.unwrap_or_else(|| vec![PACKAGE_HOOKS_DIR.into(), HOST_HOOKS_DIR.into()])
+}
+
+/// Where a well-known hooks directory that `dirs` leaves out holds devgate's hook (older
+/// installs wrote /etc/containers/oci/hooks.d), a clause saying `runtime` does not read it.
+fn unread_devgate_hooks(
+    dirs: &[PathBuf],
+    runtime: &str,
+    is_devgate: &dyn Fn(&Path) -> bool,
+) -> String {
+    [PACKAGE_HOOKS_DIR, HOST_HOOKS_DIR]
+        .iter()
+        .map(PathBuf::from)
+        .filter(|d| !dirs.contains(d))
+        .filter(|d| {
+            let d = std::slice::from_ref(d);
+            hooks::judge_hook_files(&hooks::read_hook_dirs(d), d, is_devgate).is_ok()
+        })
+        .map(|d| {
+            format!(
+                "; {} has devgate's hook, but {runtime}'s hooks_dir leaves it out",
+                d.display()
+            )
+        })
+        .collect()
 }
 
 /// How the fix lines spell `devgate hooks-config` for this node.
@@ -75,25 +107,7 @@ pub(crate) fn runtime_checks(
 
     // podman
     if runtimes::which("podman").is_some() {
-        let dirs = if opts.hooks_dirs.is_empty() {
-            podman_hook_dirs()
-        } else {
-            opts.hooks_dirs.clone()
-        };
-        let files = hooks::read_hook_dirs(&dirs);
-        lines.push(match hooks::judge_hook_files(&files, &dirs, &is_devgate) {
-            Ok(t) => Line::pass("podman", t),
-            Err(e) => Line::fail(
-                "podman",
-                e,
-                fix.hooks_config(
-                    "podman",
-                    dirs.last()
-                        .map(PathBuf::as_path)
-                        .unwrap_or(Path::new(HOST_HOOKS_DIR)),
-                ),
-            ),
-        });
+        lines.push(podman_line(opts, fix, &is_devgate));
     } else {
         lines.push(Line::note("podman", "not installed"));
     }
@@ -155,7 +169,7 @@ pub(crate) fn runtime_checks(
                     (Ok(t), None) => Line::pass("cri-o", t),
                     (Err(e), None) => Line::fail(
                         "cri-o",
-                        e,
+                        format!("{e}{}", unread_devgate_hooks(&dirs, "CRI-O", &is_devgate)),
                         format!(
                             "{} (a directory in CRI-O's hooks_dir), then restart CRI-O",
                             fix.hooks_config(

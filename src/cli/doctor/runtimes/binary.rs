@@ -29,6 +29,9 @@ pub(crate) struct Identity {
     files: Vec<(u64, u64)>,
     /// The hook fronts beside them: devgate for the hooks, never a runtime wrapper.
     fronts: Vec<(u64, u64)>,
+    /// The static runtime wrappers beside them (src/runtime_main.rs, what install-host and
+    /// the packages lay out): the wrapper, handing device creates to that devgate.
+    wrappers: Vec<(u64, u64)>,
 }
 
 impl Identity {
@@ -44,19 +47,28 @@ impl Identity {
         // where root alone could have written it and the devgate it hands GPU containers to:
         // one another user could replace runs their program as root on every container
         // start, and one whose devgate is missing or unsafe fails every GPU container.
-        let fronts = paths
-            .iter()
-            .filter(|p| trusted_program(p))
-            .map(|p| p.with_file_name(program::HOOK_FRONT))
-            .filter(|p| trusted_program(p))
-            .filter_map(|p| file_id(&p))
+        let beside = |name: &str| -> Vec<(u64, u64)> {
+            paths
+                .iter()
+                .filter(|p| trusted_program(p))
+                .map(|p| p.with_file_name(name))
+                .filter(|p| trusted_program(p))
+                .filter_map(|p| file_id(&p))
+                .collect()
+        };
+        let fronts = beside(program::HOOK_FRONT);
+        let files: Vec<(u64, u64)> = paths.iter().filter_map(|p| file_id(p)).collect();
+        // A `devgate-runtime` that is devgate or its front is judged as such below.
+        let wrappers = beside(PROGRAM)
+            .into_iter()
+            .filter(|id| !fronts.contains(id) && !files.contains(id))
             .collect();
-        let files = paths.iter().filter_map(|p| file_id(p)).collect();
         Identity {
             this,
             paths,
             files,
             fronts,
+            wrappers,
         }
     }
 
@@ -79,6 +91,9 @@ impl Identity {
     pub(crate) fn is_wrapper(&self, path: &Path) -> bool {
         if self.is_devgate_binary(path) {
             return path.file_name().is_some_and(|n| n == PROGRAM);
+        }
+        if file_id(path).is_some_and(|id| self.wrappers.contains(&id)) {
+            return true;
         }
         let Ok(meta) = fs::metadata(path) else {
             return false;
@@ -390,6 +405,41 @@ mod tests {
                 Binary::Other(p.clone())
             );
         }
+    }
+
+    /// install-host lays the static `devgate-runtime` (src/runtime_main.rs) beside devgate:
+    /// a program of its own, not a link, that hands device creates to the devgate beside it.
+    /// It is the wrapper where root alone could have written it and that devgate; the
+    /// front under the wrapper's name stays no wrapper.
+    #[test]
+    fn the_static_wrapper_beside_devgate_is_the_wrapper() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::fsutil::tests::tempdir("doctor-static-wrapper");
+        let bin = dir.join("devgate");
+        let wrapper = dir.join(PROGRAM);
+        for p in [&bin, &wrapper] {
+            fs::write(p, format!("\x7fELF {}", p.display())).unwrap();
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let nv = dir.join("nvidia.toml");
+        let id = Identity::new(Some(&bin));
+        assert!(id.is_wrapper(&wrapper));
+        assert_eq!(
+            classify_binary(wrapper.to_str().unwrap(), &id, &nv),
+            Binary::DevgateWrapper(wrapper.clone())
+        );
+        // Another user could replace it: not devgate's.
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!Identity::new(Some(&bin)).is_wrapper(&wrapper));
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+        // The devgate it hands to is not usable: no wrapper either.
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!Identity::new(Some(&bin)).is_wrapper(&wrapper));
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        // Under another name it is no program devgate ships.
+        let elsewhere = dir.join("devgate-runc");
+        fs::copy(&wrapper, &elsewhere).unwrap();
+        assert!(!Identity::new(Some(&bin)).is_wrapper(&elsewhere));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::binary::Binary;
 use super::hooks::runs_devgate_hook;
 use super::one_line_toml;
 use crate::cli::doctor::runtime_checks::FixCmd;
+use crate::cli::hooks_config::NODE_WIDE_SETTINGS;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -148,7 +149,15 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String>
 /// for the error.
 pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, String> {
     let mut cmd = Command::new(bin);
+    // The daemon's working directory (systemd's default): containerd 1.x globs a relative
+    // `imports` entry from there, so the dump must read the drop-ins the daemon reads.
+    cmd.current_dir("/");
     if let Some(c) = config {
+        // Named relative to doctor's directory, not the dump's.
+        let c = match std::env::current_dir() {
+            Ok(d) if c.is_relative() => d.join(c),
+            _ => c.to_path_buf(),
+        };
         cmd.arg("--config").arg(c);
     }
     let mut child = cmd
@@ -224,6 +233,9 @@ pub(crate) enum BaseSpec {
     Unreadable(String),
     /// Keys a complete spec has and this one lacks.
     Incomplete(Vec<&'static str>),
+    /// Settings the CRI clears on the spec it generates, which a base spec gives every
+    /// container on the node instead (process.rlimits, seccomp, AppArmor).
+    NodeWide(Vec<&'static str>),
     Complete {
         start: bool,
         stop: bool,
@@ -261,6 +273,10 @@ pub(crate) fn examine_base_spec(text: &str, is_devgate: &dyn Fn(&Path) -> bool) 
     if !missing.is_empty() {
         return BaseSpec::Incomplete(missing);
     }
+    let node_wide = node_wide_settings(text);
+    if !node_wide.is_empty() {
+        return BaseSpec::NodeWide(node_wide);
+    }
     let runs = |hooks: Option<&Vec<oci_spec::runtime::Hook>>| {
         hooks.is_some_and(|hs| {
             hs.iter().any(|h| {
@@ -284,6 +300,45 @@ pub(crate) fn examine_base_spec(text: &str, is_devgate: &dyn Fn(&Path) -> bool) 
     }
 }
 
+/// The [`NODE_WIDE_SETTINGS`] a spec sets, as `object.key`.
+fn node_wide_settings(text: &str) -> Vec<&'static str> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    NODE_WIDE_SETTINGS
+        .iter()
+        .zip([
+            "process.rlimits",
+            "process.apparmorProfile",
+            "linux.seccomp",
+        ])
+        .filter(|((object, key), _)| v.get(object).and_then(|o| o.get(key)).is_some())
+        .map(|(_, name)| name)
+        .collect()
+}
+
+/// Why a base spec fails whatever the runtime's binary is (containerd uses the file whole
+/// for every container), or None.
+fn base_spec_error(name: &str, spec_path: &str, spec: &BaseSpec) -> Option<String> {
+    match spec {
+        BaseSpec::Unreadable(e) => Some(format!(
+            "runtime {name}: base_runtime_spec {spec_path}: {e} (the CRI plugin fails to start)"
+        )),
+        BaseSpec::NodeWide(set) => Some(format!(
+            "runtime {name}: base_runtime_spec {spec_path} sets {}, which every container on \
+             the node then gets (containerd's CRI applies its own defaults only without a base \
+             spec); remove them from the file and restart containerd",
+            set.join(", ")
+        )),
+        BaseSpec::Incomplete(missing) => Some(format!(
+            "runtime {name}: base_runtime_spec {spec_path} is not a complete spec (no {}); \
+             containerd reads it at start and uses it whole for every container",
+            missing.join(", ")
+        )),
+        BaseSpec::NotSet | BaseSpec::Complete { .. } => None,
+    }
+}
+
 /// The judgement on one containerd runtime: Ok(detail) or Err(why not wired).
 pub(crate) fn judge_containerd_runtime(
     name: &str,
@@ -292,21 +347,8 @@ pub(crate) fn judge_containerd_runtime(
     binary: &Binary,
 ) -> Result<String, String> {
     let spec_path = &rt.base_runtime_spec;
-    match spec {
-        BaseSpec::Unreadable(e) => {
-            return Err(format!(
-                "runtime {name}: base_runtime_spec {spec_path}: {e} (the CRI plugin fails to \
-                 start)"
-            ))
-        }
-        BaseSpec::Incomplete(missing) => {
-            return Err(format!(
-                "runtime {name}: base_runtime_spec {spec_path} is not a complete spec (no {}); \
-                 containerd reads it at start and uses it whole for every container",
-                missing.join(", ")
-            ))
-        }
-        _ => {}
+    if let Some(e) = base_spec_error(name, spec_path, spec) {
+        return Err(e);
     }
     let hooks = match spec {
         BaseSpec::Complete { start, stop } => Some((*start, *stop)),
@@ -425,6 +467,61 @@ disabled_plugins = ["cri"]
         assert!(parse_containerd_dump("version = [\n").is_err());
     }
 
+    fn repo_file(p: &str) -> String {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(p))
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    /// The configs containerd writes (`containerd config default` of 1.6 on this host, of
+    /// 2.x from containerd's docs): the CRI plugin found by the config version, runc the
+    /// default runtime, no base spec, no BinaryName.
+    #[test]
+    fn containerd_defaults_of_1_6_and_2_x() {
+        for (file, version, plugin) in [
+            (
+                "tests/fixtures/containerd/containerd-1.6-config-default.toml",
+                2,
+                CRI_V2,
+            ),
+            (
+                "tests/fixtures/containerd/containerd-2.x-config-default.toml",
+                3,
+                CRI_V3,
+            ),
+        ] {
+            let c = parse_containerd_dump(&repo_file(file)).unwrap();
+            assert_eq!(
+                (c.version, c.plugin, c.disabled),
+                (version, plugin, false),
+                "{file}"
+            );
+            assert_eq!(c.default_runtime, "runc", "{file}");
+            let runc = &c.runtimes["runc"];
+            assert_eq!(runc.runtime_type, "io.containerd.runc.v2", "{file}");
+            assert_eq!(
+                (runc.base_runtime_spec.as_str(), runc.binary_name.as_str()),
+                ("", "")
+            );
+        }
+    }
+
+    /// The shipped hook snippets, for config version 2 (containerd 1.x) and 3 (2.x), set
+    /// the base spec the packages install under the plugin that version names.
+    #[test]
+    fn shipped_hook_snippets_for_both_config_versions() {
+        for (file, version) in [
+            ("hooks/containerd/config.toml", 2),
+            ("hooks/containerd/config-v3.toml", 3),
+        ] {
+            let c = parse_containerd_dump(&repo_file(file)).unwrap();
+            assert_eq!(c.version, version, "{file}");
+            assert_eq!(
+                c.runtimes["runc"].base_runtime_spec, "/etc/containerd/devgate-base-spec.json",
+                "{file}"
+            );
+        }
+    }
+
     #[test]
     fn base_spec_must_be_complete() {
         let dg = devgate_at("/usr/bin/devgate");
@@ -456,6 +553,58 @@ disabled_plugins = ["cri"]
             examine_base_spec("[]", &dg),
             BaseSpec::Unreadable(_)
         ));
+    }
+
+    /// containerd 1.6's own default spec (hooks/containerd/default-spec-containerd-1.6.json,
+    /// what `ctr oci spec` prints) as a base spec caps every container at 1024 open files.
+    #[test]
+    fn base_spec_with_node_wide_settings_is_flagged() {
+        let dg = devgate_at("/usr/bin/devgate");
+        let ctr = include_str!("../../../../hooks/containerd/default-spec-containerd-1.6.json");
+        assert_eq!(
+            examine_base_spec(ctr, &dg),
+            BaseSpec::NodeWide(vec!["process.rlimits"])
+        );
+        let mut v: serde_json::Value = serde_json::from_str(ctr).unwrap();
+        v["process"]["apparmorProfile"] = "cri-containerd.apparmor.d".into();
+        v["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO"});
+        assert_eq!(
+            examine_base_spec(&v.to_string(), &dg),
+            BaseSpec::NodeWide(vec![
+                "process.rlimits",
+                "process.apparmorProfile",
+                "linux.seccomp"
+            ])
+        );
+        v["process"].as_object_mut().unwrap().remove("rlimits");
+        v["process"]
+            .as_object_mut()
+            .unwrap()
+            .remove("apparmorProfile");
+        v["linux"].as_object_mut().unwrap().remove("seccomp");
+        assert!(matches!(
+            examine_base_spec(&v.to_string(), &dg),
+            BaseSpec::Complete { .. }
+        ));
+        let rt = CriRuntime {
+            runtime_type: "io.containerd.runc.v2".into(),
+            base_runtime_spec: "/s.json".into(),
+            ..Default::default()
+        };
+        let wrapper = Binary::DevgateWrapper("/usr/bin/devgate-runtime".into());
+        let e = judge_containerd_runtime(
+            "runc",
+            &rt,
+            &BaseSpec::NodeWide(vec!["process.rlimits"]),
+            &wrapper,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "runtime runc: base_runtime_spec /s.json sets process.rlimits, which every container \
+             on the node then gets (containerd's CRI applies its own defaults only without a base \
+             spec); remove them from the file and restart containerd"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub(crate) mod binary;
 pub(crate) mod containerd;
 pub(crate) mod crio;
 pub(crate) mod hooks;
+pub(crate) mod podman;
 
 use std::fs;
 use std::io::Read;

@@ -1,0 +1,192 @@
+//! podman's containers.conf: the hooks directories podman reads. containers/common reads
+//! /usr/share/containers/containers.conf, then /etc/containers/containers.conf, each
+//! followed by its `.d` drop-ins sorted by name; CONTAINERS_CONF replaces them all. Without
+//! `[engine] hooks_dir` podman (4 and 5) reads /usr/share/containers/oci/hooks.d alone.
+
+use super::{one_line_toml, read_small, MAX_HOOK_FILES};
+use crate::cli::hooks_config::PACKAGE_HOOKS_DIR;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The files podman reads, relative to the root, each followed by its drop-in directory.
+const CONTAINERS_CONFS: [&str; 2] = [
+    "usr/share/containers/containers.conf",
+    "etc/containers/containers.conf",
+];
+
+/// podman's hooks directories: containers.conf's `[engine] hooks_dir` over the files in
+/// order, a later file's list replacing an earlier one's unless it ends in podman 5's
+/// `{append=true}`; containers/common's DefaultHooksDirs where none sets it.
+pub(crate) fn podman_hook_dirs(files: &[(PathBuf, String)]) -> Result<Vec<PathBuf>, String> {
+    let mut dirs: Vec<PathBuf> = vec![PACKAGE_HOOKS_DIR.into()];
+    for (path, text) in files {
+        let v: toml::Value = toml::from_str(text)
+            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let Some(list) = v.get("engine").and_then(|e| e.get("hooks_dir")) else {
+            continue;
+        };
+        let bad = || {
+            format!(
+                "{}: [engine] hooks_dir is not a list of paths",
+                path.display()
+            )
+        };
+        let items = list.as_array().ok_or_else(bad)?;
+        let (append, paths) = match items.split_last() {
+            Some((toml::Value::Table(t), rest)) => (
+                t.get("append").and_then(toml::Value::as_bool) == Some(true),
+                rest,
+            ),
+            _ => (false, &items[..]),
+        };
+        let new = paths
+            .iter()
+            .map(|p| p.as_str().map(PathBuf::from).ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        if append {
+            dirs.extend(new);
+        } else {
+            dirs = new;
+        }
+    }
+    Ok(dirs)
+}
+
+/// The containers.conf files podman reads on this node, honouring CONTAINERS_CONF as
+/// podman does.
+pub(crate) fn read_containers_confs() -> Vec<(PathBuf, String)> {
+    let only = std::env::var_os("CONTAINERS_CONF").map(PathBuf::from);
+    containers_confs_under(Path::new("/"), only.as_deref())
+}
+
+/// The containers.conf files under `root` podman reads, in its order; `only` is
+/// CONTAINERS_CONF. A file that is not there is skipped, as podman skips it.
+fn containers_confs_under(root: &Path, only: Option<&Path>) -> Vec<(PathBuf, String)> {
+    let paths: Vec<PathBuf> = match only {
+        Some(p) => vec![p.to_path_buf()],
+        None => CONTAINERS_CONFS
+            .iter()
+            .flat_map(|f| {
+                let main = root.join(f);
+                let mut v = vec![main.clone()];
+                v.extend(drop_ins(&main.with_extension("conf.d")));
+                v
+            })
+            .collect(),
+    };
+    paths
+        .into_iter()
+        .filter_map(|f| read_small(&f).ok().map(|t| (f, t)))
+        .collect()
+}
+
+/// The `*.conf` files in `dir`, sorted by name, bounded.
+fn drop_ins(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+        .take(MAX_HOOK_FILES)
+        .collect();
+    v.sort();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn conf(name: &str, text: &str) -> (PathBuf, String) {
+        (PathBuf::from(name), text.to_string())
+    }
+
+    fn dirs(v: &[&str]) -> Vec<PathBuf> {
+        v.iter().map(PathBuf::from).collect()
+    }
+
+    /// containers/common's DefaultHooksDirs: podman 4 and 5 read /usr/share's directory
+    /// alone unless hooks_dir names others; /etc/containers/oci/hooks.d is not read.
+    #[test]
+    fn default_is_the_package_directory_alone() {
+        assert_eq!(
+            podman_hook_dirs(&[]).unwrap(),
+            dirs(&["/usr/share/containers/oci/hooks.d"])
+        );
+        let debian = conf(
+            "/usr/share/containers/containers.conf",
+            "[engine]\n#hooks_dir = [\"/usr/share/containers/oci/hooks.d\"]\n",
+        );
+        assert_eq!(
+            podman_hook_dirs(&[debian]).unwrap(),
+            dirs(&["/usr/share/containers/oci/hooks.d"])
+        );
+    }
+
+    /// A later file's hooks_dir replaces an earlier one's (podman 4); podman 5's
+    /// `{append=true}` last element adds to it instead.
+    #[test]
+    fn later_files_replace_or_append() {
+        let a = conf(
+            "/etc/containers/containers.conf",
+            "[engine]\nhooks_dir = [\"/a\"]\n",
+        );
+        let b = conf(
+            "/etc/containers/containers.conf.d/10-b.conf",
+            "[engine]\nhooks_dir = [\"/b\", \"/c\"]\n",
+        );
+        assert_eq!(
+            podman_hook_dirs(&[a.clone(), b.clone()]).unwrap(),
+            dirs(&["/b", "/c"])
+        );
+        let app = conf(
+            "/etc/containers/containers.conf.d/20-d.conf",
+            "[engine]\nhooks_dir = [\"/d\", {append=true}]\n",
+        );
+        assert_eq!(
+            podman_hook_dirs(&[a.clone(), app.clone()]).unwrap(),
+            dirs(&["/a", "/d"])
+        );
+        assert_eq!(
+            podman_hook_dirs(&[app]).unwrap(),
+            dirs(&["/usr/share/containers/oci/hooks.d", "/d"])
+        );
+        // A file podman cannot read stops podman too; doctor says which.
+        let bad = conf("/etc/containers/containers.conf", "[engine\n");
+        let e = podman_hook_dirs(&[bad]).unwrap_err();
+        assert!(e.starts_with("/etc/containers/containers.conf: "), "{e}");
+    }
+
+    /// The files podman reads: CONTAINERS_CONF alone where set; else the two files and the
+    /// drop-ins in containers.conf.d, sorted by name, `.conf` only.
+    #[test]
+    fn which_files_are_read() {
+        let root = std::env::temp_dir().join(format!("dg-podman-conf-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        for (p, t) in [
+            ("usr/share/containers/containers.conf", "u"),
+            ("etc/containers/containers.conf", "e"),
+            ("etc/containers/containers.conf.d/20-b.conf", "b"),
+            ("etc/containers/containers.conf.d/10-a.conf", "a"),
+            ("etc/containers/containers.conf.d/30-c.conf.rpmsave", "x"),
+            ("only.conf", "o"),
+        ] {
+            let f = root.join(p);
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(f, t).unwrap();
+        }
+        let texts = |v: Vec<(PathBuf, String)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+        assert_eq!(
+            texts(containers_confs_under(&root, None)),
+            ["u", "e", "a", "b"]
+        );
+        assert_eq!(
+            texts(containers_confs_under(&root, Some(&root.join("only.conf")))),
+            ["o"]
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
+}
