@@ -313,7 +313,7 @@ mod tests {
     fn gpu_selectors_from_env_and_cdi() {
         let s = spec(
             r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0,GPU-AbC-1,3:1,MIG-xyz,,junk,00002,0:3b:00.0"]},
-                "annotations":{"cdi.k8s.io/devgate":"nvidia.com/gpu=2,vendor.com/x=1, nvidia.com/gpu=all",
+                "annotations":{"cdi.k8s.io/devgate":"nvidia.com/gpu=2,vendor.com/x=1,nvidia.com/gpu=all",
                                "other/key":"nvidia.com/gpu=5"}}"#,
         );
         assert_eq!(
@@ -367,7 +367,7 @@ mod tests {
             r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=all","NVIDIA_VISIBLE_DEVICES=void"]}}"#,
         );
         assert!(gpu_selectors(&s).is_empty());
-        // `all` ends the list, as in libnvidia-container; a space is not trimmed away
+        // `all` ends the list, as in libnvidia-container
         let s = spec(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=ALL,junk"]}}"#);
         assert_eq!(
             gpu_selectors(&s),
@@ -382,10 +382,84 @@ mod tests {
             ]
         );
         let s = spec(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=1 "]}}"#);
-        assert!(matches!(
-            gpu_selectors(&s)[..],
-            [(GpuSelector::Invalid(_), _)]
-        ));
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![(GpuSelector::Index(1), Source::NvidiaVisibleDevices)]
+        );
+    }
+
+    fn env_spec(value: &str) -> Spec {
+        let json = serde_json::json!({ "process": { "env": [format!("NVIDIA_VISIBLE_DEVICES={value}")] } });
+        spec(&json.to_string())
+    }
+
+    /// Since v1.12.0 the toolkit trims each token of the variable with Go's
+    /// `strings.TrimSpace` (Unicode White_Space) and skips empty ones before it hands them
+    /// on, so `2 ` is GPU 2 there: devgate must check it, not call it unknown. U+200B and
+    /// U+FEFF are not White_Space and stay.
+    #[test]
+    fn variable_tokens_are_trimmed_as_the_toolkit_trims_them() {
+        let env = Source::NvidiaVisibleDevices;
+        for v in [
+            "2 ",
+            "2\t",
+            "2\u{a0}",
+            "2\u{3000}",
+            "\u{85}2\u{2028}",
+            " 2 ,",
+            "\u{a0},2",
+        ] {
+            assert_eq!(
+                gpu_selectors(&env_spec(v)),
+                vec![(GpuSelector::Index(2), env)],
+                "{v:?}"
+            );
+        }
+        assert_eq!(
+            gpu_selectors(&env_spec("\u{3000}GPU-aBc ")),
+            vec![(GpuSelector::Uuid("GPU-aBc".into()), env)]
+        );
+        assert_eq!(
+            gpu_selectors(&env_spec(" all\t,junk")),
+            vec![(GpuSelector::All, env)]
+        );
+        assert_eq!(
+            gpu_selectors(&env_spec(" nvidia.com/gpu=3 ")),
+            vec![(GpuSelector::Index(3), env)]
+        );
+        // a trimmed `void` or `none` selects nothing, like the bare word
+        for v in [" void", "none\u{a0}", " , "] {
+            assert!(gpu_selectors(&env_spec(v)).is_empty(), "{v:?}");
+        }
+        for v in ["2\u{200b}", "\u{feff}2"] {
+            assert!(
+                matches!(
+                    gpu_selectors(&env_spec(v))[..],
+                    [(GpuSelector::Invalid(_), _)]
+                ),
+                "{v:?}"
+            );
+        }
+    }
+
+    /// The CDI annotations are split on commas and not trimmed (the CDI library's
+    /// `ParseAnnotations`, and the toolkit's own reading): ` nvidia.com/gpu=2` is a name no
+    /// CDI registry resolves, the start fails, and it names no GPU to check.
+    #[test]
+    fn cdi_annotation_values_are_not_trimmed() {
+        let s = spec(
+            r#"{"annotations":{"cdi.k8s.io/a":" nvidia.com/gpu=2,nvidia.com/gpu=3\t,nvidia.com/gpu=4"}}"#,
+        );
+        let cdi = Source::CdiAnnotation;
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Invalid(
+                    "\"3\\t\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void".into()
+                ), cdi),
+                (GpuSelector::Index(4), cdi),
+            ]
+        );
     }
 
     /// The toolkit reads the volume mounts through Go's `filepath.Clean`, with a plain
