@@ -80,8 +80,13 @@ impl Selectors {
 /// The GPUs a container selects through `NVIDIA_VISIBLE_DEVICES` or CDI annotations in
 /// config.json. This is the only way a container's environment reaches devgate: as a list
 /// of GPUs to check, never as configuration. Each token is read by NVIDIA's rules
-/// (`selector`): tokens are not trimmed (NVIDIA's tooling refuses ` 1, GPU-…`), `all` ends
-/// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
+/// (`selector`, [`visible_devices_tokens`]), `all` ends the list, and a token NVIDIA
+/// refuses is kept as `Invalid` so it is judged, not dropped.
+///
+/// The toolkit takes one source by precedence (CDI annotations, then the device plugin's
+/// mounts, then the variable), but which it takes depends on its config and mode, and
+/// containerd and CRI-O inject the annotations' devices themselves: devgate reads all
+/// three, so that it checks every GPU any setup hands over.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     gpu_selectors_with(spec, || true)
 }
@@ -125,7 +130,7 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
         .or(legacy_all.then_some("all"))
         .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
     if let Some(v) = env {
-        for token in v.split(',') {
+        for token in visible_devices_tokens(v) {
             // The runtime's CDI mode takes a qualified CDI name in the variable as it is
             // (and its `auto` mode switches to CDI for one).
             if let Some(s) = parse_selector(cdi_gpu_name(token).unwrap_or(token)) {
@@ -142,14 +147,32 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
     cdi_selectors(spec, out)
 }
 
+/// The tokens of an `NVIDIA_VISIBLE_DEVICES` value as the toolkit hands them on since
+/// v1.12.0 (`devicesFromEnvvars`): split on commas, each trimmed with Go's
+/// `strings.TrimSpace`, empty ones skipped. Rust's `str::trim` removes the same set,
+/// Unicode White_Space (not U+200B nor U+FEFF). v1.11 and older hand the tokens on
+/// untrimmed; a token they read as a GPU reads as the same GPU trimmed (glibc skips the
+/// leading ASCII white space, and trailing white space makes every form but `<gpu>:<mig>`
+/// refused, which ignores it), so this one reading covers both.
+///
+/// `void` anywhere means no devices since v1.12.0, and the first of `all`, `none` or
+/// `void` decides there; v1.11 reads `2,void` and `none,2` as GPU 2. Each token is read
+/// on its own (`void` and `none` select nothing, `all` every GPU), so devgate checks the
+/// GPUs of every version's reading.
+pub fn visible_devices_tokens(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|t| !t.is_empty())
+}
+
 /// The CDI annotations' GPUs, after those in `out`.
 fn cdi_selectors(spec: &Spec, mut out: Selectors) -> Vec<(GpuSelector, Source)> {
     for (k, v) in &spec.annotations {
         if !k.starts_with(CDI_ANNOTATION_PREFIX) {
             continue;
         }
+        // Split and not trimmed, as the CDI library's `ParseAnnotations` (which refuses
+        // ` nvidia.com/gpu=2`: the start fails) and the toolkit read them.
         for token in v.split(',') {
-            if let Some(name) = cdi_gpu_name(token.trim()) {
+            if let Some(name) = cdi_gpu_name(token) {
                 if let Some(s) = parse_selector(name) {
                     if !out.push(s, Source::CdiAnnotation) {
                         return out.out;
