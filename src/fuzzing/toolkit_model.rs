@@ -112,16 +112,22 @@ fn as_named(sel: GpuSelector) -> GpuSelector {
     }
 }
 
-/// The union of both versions' readings. A device the cli refuses counts as an unknown
-/// only when its trimmed form is refused too: v1.11's `2 ` is v1.12's GPU 2, a GPU named.
-/// The device plugin's marker value (the volume mounts' root) names nothing: the toolkit
-/// reads the mounts instead, or refuses the path and the start fails.
+/// The union of both versions' readings, and of their crossings: the token rule (untrimmed
+/// before v1.12.0, trimmed since) and the list rule (`void` or `none` only as the whole
+/// value before, `void` anywhere and the first `all`/`none` deciding since) changed
+/// together, but devgate does not rely on that, so `none,2 ` is GPU 2 here (v1.11's list
+/// rule over trimmed tokens). A device the cli refuses counts as an unknown only when its
+/// trimmed form is refused too: v1.11's `2 ` is v1.12's GPU 2, a GPU named. The device
+/// plugin's marker value (the volume mounts' root) names nothing: the toolkit reads the
+/// mounts instead, or refuses the path and the start fails.
 pub fn model(value: &str) -> Resolution {
     let mut r = Resolution::default();
     if value.trim_end_matches('/') == "/var/run/nvidia-container-devices" {
         return r;
     }
-    for device in v1_11(value).into_iter().chain(v1_12(value)) {
+    let crossed = v1_11(value).into_iter().map(go_trim_space);
+    let devices = v1_11(value).into_iter().chain(crossed).chain(v1_12(value));
+    for device in devices {
         match names(device) {
             Some(GpuSelector::Invalid(_)) => {
                 if let Some(GpuSelector::Invalid(why)) = names(go_trim_space(device)) {
@@ -229,6 +235,8 @@ mod tests {
         "00001\n",
         "1\u{2029}",
         "1\u{205f},\u{1680}2",
+        // the fuzzer's find: v1.11 refuses ` 2 `, v1.12 stops at `none`; devgate checks 2
+        "none,BBBBBBB , 2 ",
     ];
 
     #[test]
@@ -255,6 +263,7 @@ mod tests {
         assert!(!model("2 ").unknown);
         assert!(model("2\u{200b}").unknown && model("2\u{200b}").gpus.is_empty());
         assert!(model("none,all").all);
+        assert!(model("none, 2 ").gpus.contains("Index(2)"));
     }
 
     /// The check itself fails on a reading that differs: an untrimmed reading of `2 `
