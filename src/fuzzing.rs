@@ -22,6 +22,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+mod toolkit_model;
+
 /// Where no fuzz input can point: discovery looks under these and finds nothing.
 const NOWHERE: &str = "/nonexistent/devgate-fuzz";
 
@@ -207,6 +209,14 @@ pub fn mountinfo(data: &[u8]) {
     }
 }
 
+/// A value of NVIDIA_VISIBLE_DEVICES, read by devgate and by a reference model of the
+/// NVIDIA toolkit's rules (`toolkit_model`): both must name the same GPUs.
+pub fn toolkit_selectors(data: &[u8]) {
+    if let Ok(value) = std::str::from_utf8(data) {
+        toolkit_model::check(value);
+    }
+}
+
 /// A value of NVIDIA_VISIBLE_DEVICES and of a CDI annotation, as a container sets them.
 pub fn gpu_selector_values(data: &[u8]) {
     let Ok(value) = std::str::from_utf8(data) else {
@@ -382,7 +392,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 15] = [
+        let targets: [(&str, Target); 16] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -394,6 +404,7 @@ mod tests {
             ("proc_cgroup", super::proc_cgroup),
             ("mountinfo", super::mountinfo),
             ("gpu_selector_values", super::gpu_selector_values),
+            ("toolkit_selectors", super::toolkit_selectors),
             ("gpu_at", super::gpu_at),
             ("kmsg_cache", super::kmsg_cache),
             ("nvml_answer", super::nvml_answer),

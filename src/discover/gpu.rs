@@ -80,8 +80,13 @@ impl Selectors {
 /// The GPUs a container selects through `NVIDIA_VISIBLE_DEVICES` or CDI annotations in
 /// config.json. This is the only way a container's environment reaches devgate: as a list
 /// of GPUs to check, never as configuration. Each token is read by NVIDIA's rules
-/// (`selector`): tokens are not trimmed (NVIDIA's tooling refuses ` 1, GPU-…`), `all` ends
-/// the list, and a token NVIDIA refuses is kept as `Invalid` so it is judged, not dropped.
+/// (`selector`, [`visible_devices_tokens`]), `all` ends the list, and a token NVIDIA
+/// refuses is kept as `Invalid` so it is judged, not dropped.
+///
+/// The toolkit takes one source by precedence (CDI annotations, then the device plugin's
+/// mounts, then the variable), but which it takes depends on its config and mode, and
+/// containerd and CRI-O inject the annotations' devices themselves: devgate reads all
+/// three, so that it checks every GPU any setup hands over.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
     gpu_selectors_with(spec, || true)
 }
@@ -125,7 +130,7 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
         .or(legacy_all.then_some("all"))
         .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
     if let Some(v) = env {
-        for token in v.split(',') {
+        for token in visible_devices_tokens(v) {
             // The runtime's CDI mode takes a qualified CDI name in the variable as it is
             // (and its `auto` mode switches to CDI for one).
             if let Some(s) = parse_selector(cdi_gpu_name(token).unwrap_or(token)) {
@@ -142,14 +147,32 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
     cdi_selectors(spec, out)
 }
 
+/// The tokens of an `NVIDIA_VISIBLE_DEVICES` value as the toolkit hands them on since
+/// v1.12.0 (`devicesFromEnvvars`): split on commas, each trimmed with Go's
+/// `strings.TrimSpace`, empty ones skipped. Rust's `str::trim` removes the same set,
+/// Unicode White_Space (not U+200B nor U+FEFF). v1.11 and older hand the tokens on
+/// untrimmed; a token they read as a GPU reads as the same GPU trimmed (glibc skips the
+/// leading ASCII white space, and trailing white space makes every form but `<gpu>:<mig>`
+/// refused, which ignores it), so this one reading covers both.
+///
+/// `void` anywhere means no devices since v1.12.0, and the first of `all`, `none` or
+/// `void` decides there; v1.11 reads `2,void` and `none,2` as GPU 2. Each token is read
+/// on its own (`void` and `none` select nothing, `all` every GPU), so devgate checks the
+/// GPUs of every version's reading.
+pub fn visible_devices_tokens(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|t| !t.is_empty())
+}
+
 /// The CDI annotations' GPUs, after those in `out`.
 fn cdi_selectors(spec: &Spec, mut out: Selectors) -> Vec<(GpuSelector, Source)> {
     for (k, v) in &spec.annotations {
         if !k.starts_with(CDI_ANNOTATION_PREFIX) {
             continue;
         }
+        // Split and not trimmed, as the CDI library's `ParseAnnotations` (which refuses
+        // ` nvidia.com/gpu=2`: the start fails) and the toolkit read them.
         for token in v.split(',') {
-            if let Some(name) = cdi_gpu_name(token.trim()) {
+            if let Some(name) = cdi_gpu_name(token) {
                 if let Some(s) = parse_selector(name) {
                     if !out.push(s, Source::CdiAnnotation) {
                         return out.out;
@@ -313,7 +336,7 @@ mod tests {
     fn gpu_selectors_from_env_and_cdi() {
         let s = spec(
             r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0,GPU-AbC-1,3:1,MIG-xyz,,junk,00002,0:3b:00.0"]},
-                "annotations":{"cdi.k8s.io/devgate":"nvidia.com/gpu=2,vendor.com/x=1, nvidia.com/gpu=all",
+                "annotations":{"cdi.k8s.io/devgate":"nvidia.com/gpu=2,vendor.com/x=1,nvidia.com/gpu=all",
                                "other/key":"nvidia.com/gpu=5"}}"#,
         );
         assert_eq!(
@@ -367,7 +390,7 @@ mod tests {
             r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=all","NVIDIA_VISIBLE_DEVICES=void"]}}"#,
         );
         assert!(gpu_selectors(&s).is_empty());
-        // `all` ends the list, as in libnvidia-container; a space is not trimmed away
+        // `all` ends the list, as in libnvidia-container
         let s = spec(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=ALL,junk"]}}"#);
         assert_eq!(
             gpu_selectors(&s),
@@ -382,10 +405,84 @@ mod tests {
             ]
         );
         let s = spec(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=1 "]}}"#);
-        assert!(matches!(
-            gpu_selectors(&s)[..],
-            [(GpuSelector::Invalid(_), _)]
-        ));
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![(GpuSelector::Index(1), Source::NvidiaVisibleDevices)]
+        );
+    }
+
+    fn env_spec(value: &str) -> Spec {
+        let json = serde_json::json!({ "process": { "env": [format!("NVIDIA_VISIBLE_DEVICES={value}")] } });
+        spec(&json.to_string())
+    }
+
+    /// Since v1.12.0 the toolkit trims each token of the variable with Go's
+    /// `strings.TrimSpace` (Unicode White_Space) and skips empty ones before it hands them
+    /// on, so `2 ` is GPU 2 there: devgate must check it, not call it unknown. U+200B and
+    /// U+FEFF are not White_Space and stay.
+    #[test]
+    fn variable_tokens_are_trimmed_as_the_toolkit_trims_them() {
+        let env = Source::NvidiaVisibleDevices;
+        for v in [
+            "2 ",
+            "2\t",
+            "2\u{a0}",
+            "2\u{3000}",
+            "\u{85}2\u{2028}",
+            " 2 ,",
+            "\u{a0},2",
+        ] {
+            assert_eq!(
+                gpu_selectors(&env_spec(v)),
+                vec![(GpuSelector::Index(2), env)],
+                "{v:?}"
+            );
+        }
+        assert_eq!(
+            gpu_selectors(&env_spec("\u{3000}GPU-aBc ")),
+            vec![(GpuSelector::Uuid("GPU-aBc".into()), env)]
+        );
+        assert_eq!(
+            gpu_selectors(&env_spec(" all\t,junk")),
+            vec![(GpuSelector::All, env)]
+        );
+        assert_eq!(
+            gpu_selectors(&env_spec(" nvidia.com/gpu=3 ")),
+            vec![(GpuSelector::Index(3), env)]
+        );
+        // a trimmed `void` or `none` selects nothing, like the bare word
+        for v in [" void", "none\u{a0}", " , "] {
+            assert!(gpu_selectors(&env_spec(v)).is_empty(), "{v:?}");
+        }
+        for v in ["2\u{200b}", "\u{feff}2"] {
+            assert!(
+                matches!(
+                    gpu_selectors(&env_spec(v))[..],
+                    [(GpuSelector::Invalid(_), _)]
+                ),
+                "{v:?}"
+            );
+        }
+    }
+
+    /// The CDI annotations are split on commas and not trimmed (the CDI library's
+    /// `ParseAnnotations`, and the toolkit's own reading): ` nvidia.com/gpu=2` is a name no
+    /// CDI registry resolves, the start fails, and it names no GPU to check.
+    #[test]
+    fn cdi_annotation_values_are_not_trimmed() {
+        let s = spec(
+            r#"{"annotations":{"cdi.k8s.io/a":" nvidia.com/gpu=2,nvidia.com/gpu=3\t,nvidia.com/gpu=4"}}"#,
+        );
+        let cdi = Source::CdiAnnotation;
+        assert_eq!(
+            gpu_selectors(&s),
+            vec![
+                (GpuSelector::Invalid(
+                    "\"3\\t\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void".into()
+                ), cdi),
+                (GpuSelector::Index(4), cdi),
+            ]
+        );
     }
 
     /// The toolkit reads the volume mounts through Go's `filepath.Clean`, with a plain

@@ -16,6 +16,10 @@
 //! Anything else NVIDIA refuses (`unknown device`): devgate keeps it as `Invalid` with the
 //! reason, so that it is judged unknown (`policy.on_unknown`), never silently nothing.
 //! `void`, `none` and empty tokens select nothing (the toolkit's own meaning).
+//!
+//! The token is what the toolkit hands on: for the variable, trimmed of Unicode white
+//! space since v1.12.0 (`gpu::visible_devices_tokens`); a CDI name or a mount's name as it
+//! is. This module trims nothing: glibc's own skipping of leading ASCII white space is all.
 
 /// A GPU as NVIDIA's container tooling names it; NVML turns it into a minor number.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
