@@ -239,6 +239,86 @@ mod tests {
         );
     }
 
+    /// The one line a spec that runc (Go's encoding/json) and devgate would read apart gets.
+    fn refused(json: &str) -> String {
+        match Spec::parse(json.as_bytes(), Path::new("/b/config.json")) {
+            Ok(_) => panic!("accepted: {json}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_key_go_folds_to_a_read_one_is_refused() {
+        // runc and the NVIDIA toolkit match keys case-insensitively; serde, crun exactly
+        let e = refused(r#"{"process":{"capabilities":{"Bounding":["CAP_SYS_ADMIN"]}}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Bounding" at process.capabilities"#
+        );
+        let e = refused(r#"{"process":{"ENV":["NVIDIA_VISIBLE_DEVICES=all"]}}"#);
+        assert_eq!(e, r#"/b/config.json: non-canonical key "ENV" at process"#);
+        let e = refused(r#"{"Linux":{"devices":[]}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Linux" at (top level)"#
+        );
+        // U+017F (long s) folds to s in Go: "deviceſ" is runc's "devices"
+        let e = refused("{\"linux\":{\"device\u{17f}\":[{\"path\":\"/dev/nvidia0\"}]}}");
+        assert_eq!(
+            e,
+            "/b/config.json: non-canonical key \"device\u{17f}\" at linux"
+        );
+        let e = refused(r#"{"mounts":[{"destination":"/d","Source":"/dev"}]}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Source" at mounts[*]"#
+        );
+        let e = refused(r#"{"linux":{"resources":{"devices":[{"allow":true,"Major":195}]}}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Major" at linux.resources.devices[*]"#
+        );
+    }
+
+    #[test]
+    fn a_duplicate_key_on_a_read_path_is_refused() {
+        // runc: the last "bounding" wins (a privileged container to the toolkit)
+        let e =
+            refused(r#"{"process":{"capabilities":{"bounding":[],"bounding":["CAP_SYS_ADMIN"]}}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: duplicate key "process.capabilities.bounding""#
+        );
+        // runc merges the two objects: both devices lists' owners are one "linux"
+        let e = refused(r#"{"linux":{"devices":[]},"linux":{"cgroupsPath":"/x"}}"#);
+        assert_eq!(e, r#"/b/config.json: duplicate key "linux""#);
+        let e = refused(r#"{"process":{"env":["A=1"],"env":["B=2"]}}"#);
+        assert_eq!(e, r#"/b/config.json: duplicate key "process.env""#);
+        let e = refused(r#"{"annotations":{"a":"1","b":"2","a":"3"}}"#);
+        assert_eq!(e, r#"/b/config.json: duplicate key "annotations.a""#);
+        let e = refused(r#"{"linux":{"devices":[{"path":"/dev/a","path":"/dev/b"}]}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: duplicate key "linux.devices[*].path""#
+        );
+    }
+
+    #[test]
+    fn keys_go_does_not_fold_and_unread_ones_still_parse() {
+        // U+0131 (dotless i) is in no SimpleFold orbit with i: runc ignores it too
+        let s = Spec::parse(
+            "{\"linux\":{\"dev\u{131}ces\":[{\"path\":\"/dev/x\"}]},\
+              \"hostname\":\"a\",\"hostname\":\"b\",\"Hostname\":\"c\",\
+              \"process\":{\"args\":[\"a\"],\"Args\":[\"b\"]},\
+              \"annotations\":{\"a\":\"1\",\"A\":\"2\"}}"
+                .as_bytes(),
+            Path::new("/b/config.json"),
+        )
+        .unwrap();
+        assert!(s.devices().is_empty());
+        assert_eq!(s.annotations.len(), 2);
+    }
+
     #[test]
     fn bind_detection() {
         let m: Mount =
