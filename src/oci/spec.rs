@@ -2,46 +2,112 @@
 //! unknown fields are ignored, so configs from any runtime and spec version parse; only a
 //! field devgate itself uses can make the parse fail, and then the error says where.
 
+use super::gokeys::{self, duplicate, go_object, Key};
 use crate::error::{Error, Result};
 use crate::fsutil::read_regular_file;
 use oci_spec::runtime::LinuxDeviceCgroup;
-use serde::Deserialize;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+// Every struct below is read by `go_object!`: exact keys once each, a key Go's
+// encoding/json would fold to one of them refused (see gokeys).
+
+#[derive(Debug, Default, Clone)]
 pub struct Spec {
-    #[serde(default)]
     pub oci_version: String,
-    #[serde(default)]
     pub process: Option<Process>,
-    #[serde(default)]
     pub root: Option<Root>,
-    #[serde(default)]
     pub mounts: Vec<Mount>,
-    #[serde(default)]
     pub annotations: BTreeMap<String, String>,
-    #[serde(default)]
     pub linux: Option<Linux>,
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+go_object!(Spec at "" {
+    oci_version: "ociVersion" as String,
+    process: "process" as Option<Process>,
+    root: "root" as Option<Root>,
+    mounts: "mounts" as Vec<Mount>,
+    annotations: "annotations" as Annotations,
+    linux: "linux" as Option<Linux>,
+});
+
+#[derive(Debug, Default, Clone)]
 pub struct Process {
-    #[serde(default)]
     pub env: Vec<String>,
     /// Read only for the NVIDIA toolkit's test of a privileged container
     /// ([`Spec::privileged_to_nvidia`]), which only a GPU variable asks for: kept as its
     /// text, since parsing the sets on every container start cost some 20k instructions.
-    #[serde(default)]
-    capabilities: Option<Box<serde_json::value::RawValue>>,
+    capabilities: Option<CapsText>,
+}
+
+go_object!(Process at "process" {
+    env: "env" as Vec<String>,
+    capabilities: "capabilities" as Option<CapsText>,
+});
+
+/// `process.capabilities` as its text, its keys checked as Go reads them.
+#[derive(Debug, Clone)]
+struct CapsText(Box<RawValue>);
+
+impl<'de> Deserialize<'de> for CapsText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        const SETS: &[&str] = &[
+            "bounding",
+            "effective",
+            "inheritable",
+            "permitted",
+            "ambient",
+        ];
+        let raw = Box::<RawValue>::deserialize(d)?;
+        gokeys::check_object(raw.get(), "process.capabilities", SETS).map_err(de::Error::custom)?;
+        Ok(CapsText(raw))
+    }
+}
+
+/// `annotations`: a key twice would give runc (the last) another value than devgate checked.
+#[derive(Default)]
+struct Annotations(BTreeMap<String, String>);
+
+impl From<Annotations> for BTreeMap<String, String> {
+    fn from(a: Annotations) -> Self {
+        a.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Annotations {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Annotations;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of strings")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Annotations, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(k) = map.next_key::<Key<'de>>()? {
+                    let v: String = map.next_value()?;
+                    if out.insert(k.as_str().to_string(), v).is_some() {
+                        return Err(duplicate("annotations", k.as_str()));
+                    }
+                }
+                Ok(Annotations(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// `process.capabilities`: the sets (1.0 and later), or one list (pre-1.0 specs, which the
 /// toolkit reads too). A shape that is neither is no capability, never a spec that fails.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(untagged)]
 enum Capabilities {
     List(Vec<String>),
@@ -51,23 +117,27 @@ enum Capabilities {
     },
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone)]
 pub struct Root {
-    #[serde(default)]
     pub path: PathBuf,
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+go_object!(Root at "root" { path: "path" as PathBuf });
+
+#[derive(Debug, Default, Clone)]
 pub struct Mount {
-    #[serde(default)]
     pub destination: PathBuf,
-    #[serde(default, rename = "type")]
     pub typ: Option<String>,
-    #[serde(default)]
     pub source: Option<PathBuf>,
-    #[serde(default)]
     pub options: Vec<String>,
 }
+
+go_object!(Mount at "mounts[*]" {
+    destination: "destination" as PathBuf,
+    typ: "type" as Option<String>,
+    source: "source" as Option<PathBuf>,
+    options: "options" as Vec<String>,
+});
 
 impl Mount {
     pub(crate) fn is_bind(&self) -> bool {
@@ -76,47 +146,83 @@ impl Mount {
     }
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Default, Clone)]
 pub struct Linux {
-    #[serde(default)]
     pub devices: Vec<LinuxDevice>,
-    #[serde(default)]
     pub resources: Option<Resources>,
-    #[serde(default)]
     pub cgroups_path: Option<String>,
 }
 
+go_object!(Linux at "linux" {
+    devices: "devices" as Vec<LinuxDevice>,
+    resources: "resources" as Option<Resources>,
+    cgroups_path: "cgroupsPath" as Option<String>,
+});
+
 /// A `linux.devices` entry. Numbers are read wide so that an absurd value becomes a clear
 /// error from discovery instead of a parse failure with no device named.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Default, Clone)]
 pub struct LinuxDevice {
-    #[serde(default)]
     pub path: PathBuf,
-    #[serde(default, rename = "type")]
     pub typ: String,
-    #[serde(default)]
     pub major: i64,
-    #[serde(default)]
     pub minor: i64,
-    #[serde(default)]
     pub file_mode: Option<u32>,
-    #[serde(default)]
     pub uid: Option<u32>,
-    #[serde(default)]
     pub gid: Option<u32>,
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+go_object!(LinuxDevice at "linux.devices[*]" {
+    path: "path" as PathBuf,
+    typ: "type" as String,
+    major: "major" as i64,
+    minor: "minor" as i64,
+    file_mode: "fileMode" as Option<u32>,
+    uid: "uid" as Option<u32>,
+    gid: "gid" as Option<u32>,
+});
+
+#[derive(Debug, Default, Clone)]
 pub struct Resources {
-    #[serde(default)]
     pub devices: Vec<LinuxDeviceCgroup>,
 }
 
+go_object!(Resources at "linux.resources" { devices: "devices" as Rules });
+
+/// `linux.resources.devices`: each rule's keys checked on its text, then read by oci-spec's
+/// own type (a few rules a container, so the second look is cheap).
+#[derive(Default)]
+struct Rules(Vec<LinuxDeviceCgroup>);
+
+impl From<Rules> for Vec<LinuxDeviceCgroup> {
+    fn from(r: Rules) -> Self {
+        r.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Rules {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        const KEYS: &[&str] = &["allow", "type", "major", "minor", "access"];
+        let raw = Vec::<Box<RawValue>>::deserialize(d)?;
+        let rule = |r: &RawValue| {
+            gokeys::check_object(r.get(), "linux.resources.devices[*]", KEYS)?;
+            serde_json::from_str(r.get())
+        };
+        raw.iter()
+            .map(|r| rule(r).map_err(de::Error::custom))
+            .collect::<std::result::Result<_, _>>()
+            .map(Rules)
+    }
+}
+
 impl Spec {
+    /// A key runc would read otherwise than devgate is one line naming the file and the key.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Spec> {
-        serde_json::from_slice(bytes).map_err(|e| Error::json("cannot parse", Some(path), &e))
+        gokeys::take_fault();
+        serde_json::from_slice(bytes).map_err(|e| match gokeys::take_fault() {
+            Some(fault) => Error::invalid(path.display().to_string(), fault.to_string()),
+            None => Error::json("cannot parse", Some(path), &e),
+        })
     }
 
     pub fn load(bundle: &Path) -> Result<Spec> {
@@ -179,14 +285,10 @@ impl Spec {
     /// list of a pre-1.0 spec). Then the toolkit honours `NVIDIA_VISIBLE_DEVICES` whatever
     /// its `accept-nvidia-visible-devices-envvar-when-unprivileged` says.
     pub(crate) fn privileged_to_nvidia(&self) -> bool {
-        let Some(raw) = self
-            .process
-            .as_ref()
-            .and_then(|p| p.capabilities.as_deref())
-        else {
+        let Some(raw) = self.process.as_ref().and_then(|p| p.capabilities.as_ref()) else {
             return false;
         };
-        let caps = match serde_json::from_str(raw.get()) {
+        let caps = match serde_json::from_str(raw.0.get()) {
             Ok(Capabilities::List(l)) => l,
             Ok(Capabilities::Sets { bounding }) => bounding,
             Err(_) => return false,
