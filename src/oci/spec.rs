@@ -5,7 +5,7 @@
 use super::gokeys::{self, duplicate, go_object, Key};
 use crate::error::{Error, Result};
 use crate::fsutil::read_regular_file;
-use oci_spec::runtime::LinuxDeviceCgroup;
+use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
@@ -189,29 +189,49 @@ pub struct Resources {
 
 go_object!(Resources at "linux.resources" { devices: "devices" as Rules });
 
-/// `linux.resources.devices`: each rule's keys checked on its text, then read by oci-spec's
-/// own type (a few rules a container, so the second look is cheap).
+/// `linux.resources.devices`: read as oci-spec's rules, each through the same key check.
 #[derive(Default)]
-struct Rules(Vec<LinuxDeviceCgroup>);
+struct Rules(Vec<Rule>);
 
 impl From<Rules> for Vec<LinuxDeviceCgroup> {
     fn from(r: Rules) -> Self {
-        r.0
+        r.0.into_iter().map(LinuxDeviceCgroup::from).collect()
     }
 }
 
 impl<'de> Deserialize<'de> for Rules {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        const KEYS: &[&str] = &["allow", "type", "major", "minor", "access"];
-        let raw = Vec::<Box<RawValue>>::deserialize(d)?;
-        let rule = |r: &RawValue| {
-            gokeys::check_object(r.get(), "linux.resources.devices[*]", KEYS)?;
-            serde_json::from_str(r.get())
-        };
-        raw.iter()
-            .map(|r| rule(r).map_err(de::Error::custom))
-            .collect::<std::result::Result<_, _>>()
-            .map(Rules)
+        Vec::deserialize(d).map(Rules)
+    }
+}
+
+/// One cgroup device rule, oci-spec's fields under their exact keys.
+#[derive(Default)]
+struct Rule {
+    allow: bool,
+    typ: Option<LinuxDeviceType>,
+    major: Option<i64>,
+    minor: Option<i64>,
+    access: Option<String>,
+}
+
+go_object!(Rule at "linux.resources.devices[*]" {
+    allow: "allow" as bool,
+    typ: "type" as Option<LinuxDeviceType>,
+    major: "major" as Option<i64>,
+    minor: "minor" as Option<i64>,
+    access: "access" as Option<String>,
+});
+
+impl From<Rule> for LinuxDeviceCgroup {
+    fn from(r: Rule) -> Self {
+        let mut out = LinuxDeviceCgroup::default();
+        out.set_allow(r.allow)
+            .set_typ(r.typ)
+            .set_major(r.major)
+            .set_minor(r.minor)
+            .set_access(r.access);
+        out
     }
 }
 
