@@ -165,7 +165,8 @@ pub(crate) fn check_object(
 
 /// Implements `Deserialize` for a struct of `Default` fields read from the object at `$at`:
 /// each field under its exact key once (read as `$via`, then converted), other keys skipped
-/// unless Go folds them to one.
+/// unless Go folds them to one. Each field's name is also a local flag (seen once), so no
+/// field may be called `map`, `out`, `key` or `k`.
 macro_rules! go_object {
     ($ty:ident at $at:literal { $($field:ident : $name:literal as $via:ty),* $(,)? }) => {
         impl<'de> serde::Deserialize<'de> for $ty {
@@ -174,7 +175,10 @@ macro_rules! go_object {
                 impl<'de> serde::de::Visitor<'de> for V {
                     type Value = $ty;
                     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                        f.write_str(concat!("an object (", $at, ")"))
+                        match $at {
+                            "" => f.write_str("an object"),
+                            at => write!(f, "an object ({at})"),
+                        }
                     }
                     fn visit_map<A: serde::de::MapAccess<'de>>(
                         self,
