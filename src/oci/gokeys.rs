@@ -9,7 +9,7 @@
 //! `serde_json::Value` would cost every container start far more.
 
 use crate::model::text::one_line;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
@@ -130,39 +130,6 @@ impl<'de> de::Deserialize<'de> for Key<'de> {
     }
 }
 
-/// Checks the keys of the object `raw` (kept as text, parsed by others) against `names`:
-/// no duplicate, no folded spelling. Any other shape is left to whoever parses it.
-pub(crate) fn check_object(
-    raw: &str,
-    at: &'static str,
-    names: &'static [&'static str],
-) -> serde_json::Result<()> {
-    struct V(&'static str, &'static [&'static str]);
-    impl<'de> Visitor<'de> for V {
-        type Value = ();
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            let mut seen = 0u64;
-            while let Some(key) = map.next_key::<Key<'de>>()? {
-                let k = key.as_str();
-                match self.1.iter().position(|n| *n == k) {
-                    Some(i) if seen & (1 << i) != 0 => return Err(duplicate(self.0, k)),
-                    Some(i) => seen |= 1 << i,
-                    None => other(self.0, self.1, k)?,
-                }
-                map.next_value::<IgnoredAny>()?;
-            }
-            Ok(())
-        }
-    }
-    if !raw.trim_start().starts_with('{') {
-        return Ok(());
-    }
-    serde_json::Deserializer::from_str(raw).deserialize_map(V(at, names))
-}
-
 /// Implements `Deserialize` for a struct of `Default` fields read from the object at `$at`:
 /// each field under its exact key once (read as `$via`, then converted), other keys skipped
 /// unless Go folds them to one. Each field's name is also a local flag (seen once), so no
@@ -245,21 +212,5 @@ mod tests {
         assert_eq!(f.to_string(), r#"non-canonical key "Env\x0a" at process"#);
         let f = KeyFault::Duplicate(join("annotations", "a\u{202e}b"));
         assert_eq!(f.to_string(), r#"duplicate key "annotations.a\u{202e}b""#);
-    }
-
-    #[test]
-    fn check_object_leaves_other_shapes_alone() {
-        const N: &[&str] = &["bounding"];
-        assert!(check_object(r#"["CAP_X"]"#, "c", N).is_ok());
-        assert!(check_object("null", "c", N).is_ok());
-        assert!(check_object(r#"{"effective":[],"x":1,"x":2}"#, "c", N).is_ok());
-        assert!(check_object(r#"{"BOUNDING":[]}"#, "c", N).is_err());
-        assert_eq!(
-            take_fault(),
-            Some(KeyFault::NonCanonical {
-                key: "BOUNDING".into(),
-                at: "c"
-            })
-        );
     }
 }

@@ -2,12 +2,12 @@
 //! unknown fields are ignored, so configs from any runtime and spec version parse; only a
 //! field devgate itself uses can make the parse fail, and then the error says where.
 
+use super::caps::Caps;
 use super::gokeys::{self, duplicate, go_object, Key};
 use crate::error::{Error, Result};
 use crate::fsutil::read_regular_file;
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
-use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -40,34 +40,14 @@ go_object!(Spec at "" {
 pub struct Process {
     pub env: Vec<String>,
     /// Read only for the NVIDIA toolkit's test of a privileged container
-    /// ([`Spec::privileged_to_nvidia`]), which only a GPU variable asks for: kept as its
-    /// text, since parsing the sets on every container start cost some 20k instructions.
-    capabilities: Option<CapsText>,
+    /// ([`Spec::privileged_to_nvidia`]): whether CAP_SYS_ADMIN is in the bounding set.
+    capabilities: Option<Caps>,
 }
 
 go_object!(Process at "process" {
     env: "env" as Vec<String>,
-    capabilities: "capabilities" as Option<CapsText>,
+    capabilities: "capabilities" as Option<Caps>,
 });
-
-/// `process.capabilities` as its text, its keys checked as Go reads them.
-#[derive(Debug, Clone)]
-struct CapsText(Box<RawValue>);
-
-impl<'de> Deserialize<'de> for CapsText {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        const SETS: &[&str] = &[
-            "bounding",
-            "effective",
-            "inheritable",
-            "permitted",
-            "ambient",
-        ];
-        let raw = Box::<RawValue>::deserialize(d)?;
-        gokeys::check_object(raw.get(), "process.capabilities", SETS).map_err(de::Error::custom)?;
-        Ok(CapsText(raw))
-    }
-}
 
 /// `annotations`: a key twice would give runc (the last) another value than devgate checked.
 #[derive(Default)]
@@ -103,18 +83,6 @@ impl<'de> Deserialize<'de> for Annotations {
         }
         d.deserialize_map(V)
     }
-}
-
-/// `process.capabilities`: the sets (1.0 and later), or one list (pre-1.0 specs, which the
-/// toolkit reads too). A shape that is neither is no capability, never a spec that fails.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(untagged)]
-enum Capabilities {
-    List(Vec<String>),
-    Sets {
-        #[serde(default)]
-        bounding: Vec<String>,
-    },
 }
 
 #[derive(Debug, Default, Clone)]
@@ -305,15 +273,10 @@ impl Spec {
     /// list of a pre-1.0 spec). Then the toolkit honours `NVIDIA_VISIBLE_DEVICES` whatever
     /// its `accept-nvidia-visible-devices-envvar-when-unprivileged` says.
     pub(crate) fn privileged_to_nvidia(&self) -> bool {
-        let Some(raw) = self.process.as_ref().and_then(|p| p.capabilities.as_ref()) else {
-            return false;
-        };
-        let caps = match serde_json::from_str(raw.0.get()) {
-            Ok(Capabilities::List(l)) => l,
-            Ok(Capabilities::Sets { bounding }) => bounding,
-            Err(_) => return false,
-        };
-        caps.iter().any(|c| c == "CAP_SYS_ADMIN")
+        self.process
+            .as_ref()
+            .and_then(|p| p.capabilities)
+            .is_some_and(|c| c.sys_admin)
     }
 
     pub fn env(&self, key: &str) -> Option<&str> {
