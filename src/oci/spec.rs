@@ -1,6 +1,8 @@
 //! The few fields of a bundle's config.json that devgate reads. Every field is optional and
 //! unknown fields are ignored, so configs from any runtime and spec version parse; only a
-//! field devgate itself uses can make the parse fail, and then the error says where.
+//! field devgate itself uses can make the parse fail, and then the error says where. A key
+//! on those paths that comes twice, or that Go's encoding/json (runc's, the NVIDIA
+//! toolkit's) folds to one devgate reads, fails it too (`gokeys`).
 
 use super::caps::Caps;
 use super::gokeys::{self, duplicate, go_object, Key};
@@ -49,7 +51,8 @@ go_object!(Process at "process" {
     capabilities: "capabilities" as Option<Caps>,
 });
 
-/// `annotations`: a key twice would give runc (the last) another value than devgate checked.
+/// `annotations`: a key twice is refused. Go keeps the last, as serde would, but JSON
+/// readers disagree on which of two counts (RFC 8259 leaves it open), and no runtime writes one.
 #[derive(Default)]
 struct Annotations(BTreeMap<String, String>);
 
