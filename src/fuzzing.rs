@@ -35,10 +35,25 @@ pub fn oci_state(data: &[u8]) {
     }
 }
 
+mod go_keys;
+
 /// A bundle's config.json, then everything devgate reads out of it: devices, bind
-/// mounts, cgroup rules, NVIDIA_VISIBLE_DEVICES and CDI annotations.
+/// mounts, cgroup rules, NVIDIA_VISIBLE_DEVICES and CDI annotations. Differentially, its
+/// keys: devgate accepts no spec that Go's encoding/json (runc, the NVIDIA toolkit) would
+/// read otherwise, and refuses one for a key only where the reference model finds a cause.
 pub fn oci_spec(data: &[u8]) {
-    let Ok(spec) = Spec::parse(data, Path::new("config.json")) else {
+    let parsed = Spec::parse(data, Path::new("config.json"));
+    if let Ok(doc) = serde_json::from_slice::<go_keys::Doc>(data) {
+        let apart = go_keys::read_apart(&doc);
+        match &parsed {
+            Ok(_) => assert!(!apart, "accepted a spec Go reads otherwise"),
+            Err(e @ crate::error::Error::Invalid { .. }) => {
+                assert!(apart, "refused for a key the model finds nothing in: {e}")
+            }
+            Err(_) => {}
+        }
+    }
+    let Ok(spec) = parsed else {
         return;
     };
     let selectors = gpu_selectors(&spec);

@@ -109,3 +109,29 @@ fn runc_gpu_rule_only_device_without_host_node_is_rejected() {
     );
     assert!(!b.marker().exists());
 }
+
+/// runc reads config.json with Go's encoding/json, which takes `"Devices"` for `devices`:
+/// a quarantined device listed under it would reach the container unchecked if devgate
+/// read keys exactly and ignored the rest. Such a spec is refused, naming the key.
+#[test]
+fn runc_refuses_a_device_listed_under_a_key_spelled_otherwise() {
+    require_root!();
+    let env = Env::new("gokeys");
+    let mut b = gated_bundle(&env, "gokeys", &[("/dev/zero", 1, 5)]);
+    env.ok(&["cordon", "/dev/zero", "--reason", "xid 79 seen"]);
+    let devices = b.spec["linux"]
+        .as_object_mut()
+        .unwrap()
+        .remove("devices")
+        .unwrap();
+    b.spec["linux"]["Devices"] = devices;
+    let out = runtime_run("runc", &b, &unique_id("k"));
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains(r#"non-canonical key \"Devices\" at linux"#)
+            || all.contains(r#"non-canonical key "Devices" at linux"#),
+        "{all}"
+    );
+    assert!(!b.marker().exists(), "the container process ran");
+}

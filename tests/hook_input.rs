@@ -98,6 +98,42 @@ fn config_json_that_is_not_json() {
     assert_one_line_error(&out, "devgate: error: prestart: cannot parse ");
 }
 
+/// A config.json that runc (Go's encoding/json: keys folded, the last duplicate wins) would
+/// read apart from devgate is refused at prestart, with the file and the key named.
+#[test]
+fn config_json_keys_runc_reads_otherwise_are_refused() {
+    let env = Env::new("gokeys");
+    let mut b = Bundle::new("gokeys", &["true"]);
+    b.spec["linux"]["Devices"] = serde_json::json!([
+        {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}
+    ]);
+    b.write();
+    let cfg = b.dir.join("config.json");
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(
+        &out,
+        &format!(
+            "devgate: error: prestart: {}: non-canonical key \"Devices\" at linux",
+            cfg.display()
+        ),
+    );
+    // a second "env" (serde_json::Value cannot hold one: written as text)
+    b.spec["linux"].as_object_mut().unwrap().remove("Devices");
+    b.write();
+    let text = fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("\"env\": ["), "{text}");
+    let text = text.replacen("\"env\": [", "\"env\": [\"A=1\"], \"env\": [", 1);
+    fs::write(&cfg, text).unwrap();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(
+        &out,
+        &format!(
+            "devgate: error: prestart: {}: duplicate key \"process.env\"",
+            cfg.display()
+        ),
+    );
+}
+
 #[test]
 fn device_with_absurd_numbers() {
     let env = Env::new("absurd");

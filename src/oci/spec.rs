@@ -1,73 +1,114 @@
 //! The few fields of a bundle's config.json that devgate reads. Every field is optional and
 //! unknown fields are ignored, so configs from any runtime and spec version parse; only a
-//! field devgate itself uses can make the parse fail, and then the error says where.
+//! field devgate itself uses can make the parse fail, and then the error says where. A key
+//! on those paths that comes twice, or that Go's encoding/json (runc's, the NVIDIA
+//! toolkit's) folds to one devgate reads, fails it too (`gokeys`).
 
+use super::caps::Caps;
+use super::gokeys::{self, duplicate, go_object, Key};
 use crate::error::{Error, Result};
 use crate::fsutil::read_regular_file;
-use oci_spec::runtime::LinuxDeviceCgroup;
-use serde::Deserialize;
+use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+// Every struct below is read by `go_object!`: exact keys once each, a key Go's
+// encoding/json would fold to one of them refused (see gokeys).
+
+#[derive(Debug, Default, Clone)]
 pub struct Spec {
-    #[serde(default)]
     pub oci_version: String,
-    #[serde(default)]
     pub process: Option<Process>,
-    #[serde(default)]
     pub root: Option<Root>,
-    #[serde(default)]
     pub mounts: Vec<Mount>,
-    #[serde(default)]
     pub annotations: BTreeMap<String, String>,
-    #[serde(default)]
     pub linux: Option<Linux>,
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+go_object!(Spec at "" {
+    oci_version: "ociVersion" as String,
+    process: "process" as Option<Process>,
+    root: "root" as Option<Root>,
+    mounts: "mounts" as Vec<Mount>,
+    annotations: "annotations" as Annotations,
+    linux: "linux" as Option<Linux>,
+});
+
+#[derive(Debug, Default, Clone)]
 pub struct Process {
-    #[serde(default)]
     pub env: Vec<String>,
     /// Read only for the NVIDIA toolkit's test of a privileged container
-    /// ([`Spec::privileged_to_nvidia`]), which only a GPU variable asks for: kept as its
-    /// text, since parsing the sets on every container start cost some 20k instructions.
-    #[serde(default)]
-    capabilities: Option<Box<serde_json::value::RawValue>>,
+    /// ([`Spec::privileged_to_nvidia`]): whether CAP_SYS_ADMIN is in the bounding set.
+    capabilities: Option<Caps>,
 }
 
-/// `process.capabilities`: the sets (1.0 and later), or one list (pre-1.0 specs, which the
-/// toolkit reads too). A shape that is neither is no capability, never a spec that fails.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum Capabilities {
-    List(Vec<String>),
-    Sets {
-        #[serde(default)]
-        bounding: Vec<String>,
-    },
+go_object!(Process at "process" {
+    env: "env" as Vec<String>,
+    capabilities: "capabilities" as Option<Caps>,
+});
+
+/// `annotations`: a key twice is refused. Go keeps the last, as serde would, but JSON
+/// readers disagree on which of two counts (RFC 8259 leaves it open), and no runtime writes one.
+#[derive(Default)]
+struct Annotations(BTreeMap<String, String>);
+
+impl From<Annotations> for BTreeMap<String, String> {
+    fn from(a: Annotations) -> Self {
+        a.0
+    }
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+impl<'de> Deserialize<'de> for Annotations {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Annotations;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of strings")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Annotations, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(k) = map.next_key::<Key<'de>>()? {
+                    let v: String = map.next_value()?;
+                    if out.insert(k.as_str().to_string(), v).is_some() {
+                        return Err(duplicate("annotations", k.as_str()));
+                    }
+                }
+                Ok(Annotations(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[derive(Debug, Default, Clone)]
 pub struct Root {
-    #[serde(default)]
     pub path: PathBuf,
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+go_object!(Root at "root" { path: "path" as PathBuf });
+
+#[derive(Debug, Default, Clone)]
 pub struct Mount {
-    #[serde(default)]
     pub destination: PathBuf,
-    #[serde(default, rename = "type")]
     pub typ: Option<String>,
-    #[serde(default)]
     pub source: Option<PathBuf>,
-    #[serde(default)]
     pub options: Vec<String>,
 }
+
+go_object!(Mount at "mounts[*]" {
+    destination: "destination" as PathBuf,
+    typ: "type" as Option<String>,
+    source: "source" as Option<PathBuf>,
+    options: "options" as Vec<String>,
+});
 
 impl Mount {
     pub(crate) fn is_bind(&self) -> bool {
@@ -76,47 +117,103 @@ impl Mount {
     }
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Default, Clone)]
 pub struct Linux {
-    #[serde(default)]
     pub devices: Vec<LinuxDevice>,
-    #[serde(default)]
     pub resources: Option<Resources>,
-    #[serde(default)]
     pub cgroups_path: Option<String>,
 }
 
+go_object!(Linux at "linux" {
+    devices: "devices" as Vec<LinuxDevice>,
+    resources: "resources" as Option<Resources>,
+    cgroups_path: "cgroupsPath" as Option<String>,
+});
+
 /// A `linux.devices` entry. Numbers are read wide so that an absurd value becomes a clear
 /// error from discovery instead of a parse failure with no device named.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Default, Clone)]
 pub struct LinuxDevice {
-    #[serde(default)]
     pub path: PathBuf,
-    #[serde(default, rename = "type")]
     pub typ: String,
-    #[serde(default)]
     pub major: i64,
-    #[serde(default)]
     pub minor: i64,
-    #[serde(default)]
     pub file_mode: Option<u32>,
-    #[serde(default)]
     pub uid: Option<u32>,
-    #[serde(default)]
     pub gid: Option<u32>,
 }
 
-#[derive(Debug, Default, Clone, Deserialize)]
+go_object!(LinuxDevice at "linux.devices[*]" {
+    path: "path" as PathBuf,
+    typ: "type" as String,
+    major: "major" as i64,
+    minor: "minor" as i64,
+    file_mode: "fileMode" as Option<u32>,
+    uid: "uid" as Option<u32>,
+    gid: "gid" as Option<u32>,
+});
+
+#[derive(Debug, Default, Clone)]
 pub struct Resources {
-    #[serde(default)]
     pub devices: Vec<LinuxDeviceCgroup>,
 }
 
+go_object!(Resources at "linux.resources" { devices: "devices" as Rules });
+
+/// `linux.resources.devices`: read as oci-spec's rules, each through the same key check.
+#[derive(Default)]
+struct Rules(Vec<Rule>);
+
+impl From<Rules> for Vec<LinuxDeviceCgroup> {
+    fn from(r: Rules) -> Self {
+        r.0.into_iter().map(LinuxDeviceCgroup::from).collect()
+    }
+}
+
+impl<'de> Deserialize<'de> for Rules {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Vec::deserialize(d).map(Rules)
+    }
+}
+
+/// One cgroup device rule, oci-spec's fields under their exact keys.
+#[derive(Default)]
+struct Rule {
+    allow: bool,
+    typ: Option<LinuxDeviceType>,
+    major: Option<i64>,
+    minor: Option<i64>,
+    access: Option<String>,
+}
+
+go_object!(Rule at "linux.resources.devices[*]" {
+    allow: "allow" as bool,
+    typ: "type" as Option<LinuxDeviceType>,
+    major: "major" as Option<i64>,
+    minor: "minor" as Option<i64>,
+    access: "access" as Option<String>,
+});
+
+impl From<Rule> for LinuxDeviceCgroup {
+    fn from(r: Rule) -> Self {
+        let mut out = LinuxDeviceCgroup::default();
+        out.set_allow(r.allow)
+            .set_typ(r.typ)
+            .set_major(r.major)
+            .set_minor(r.minor)
+            .set_access(r.access);
+        out
+    }
+}
+
 impl Spec {
+    /// A key runc would read otherwise than devgate is one line naming the file and the key.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Spec> {
-        serde_json::from_slice(bytes).map_err(|e| Error::json("cannot parse", Some(path), &e))
+        gokeys::take_fault();
+        serde_json::from_slice(bytes).map_err(|e| match gokeys::take_fault() {
+            Some(fault) => Error::invalid(path.display().to_string(), fault.to_string()),
+            None => Error::json("cannot parse", Some(path), &e),
+        })
     }
 
     pub fn load(bundle: &Path) -> Result<Spec> {
@@ -179,19 +276,10 @@ impl Spec {
     /// list of a pre-1.0 spec). Then the toolkit honours `NVIDIA_VISIBLE_DEVICES` whatever
     /// its `accept-nvidia-visible-devices-envvar-when-unprivileged` says.
     pub(crate) fn privileged_to_nvidia(&self) -> bool {
-        let Some(raw) = self
-            .process
+        self.process
             .as_ref()
-            .and_then(|p| p.capabilities.as_deref())
-        else {
-            return false;
-        };
-        let caps = match serde_json::from_str(raw.get()) {
-            Ok(Capabilities::List(l)) => l,
-            Ok(Capabilities::Sets { bounding }) => bounding,
-            Err(_) => return false,
-        };
-        caps.iter().any(|c| c == "CAP_SYS_ADMIN")
+            .and_then(|p| p.capabilities)
+            .is_some_and(|c| c.sys_admin)
     }
 
     pub fn env(&self, key: &str) -> Option<&str> {
@@ -237,6 +325,86 @@ mod tests {
             e.starts_with("cannot parse /b/config.json: line 1 column"),
             "{e}"
         );
+    }
+
+    /// The one line a spec that runc (Go's encoding/json) and devgate would read apart gets.
+    fn refused(json: &str) -> String {
+        match Spec::parse(json.as_bytes(), Path::new("/b/config.json")) {
+            Ok(_) => panic!("accepted: {json}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_key_go_folds_to_a_read_one_is_refused() {
+        // runc and the NVIDIA toolkit match keys case-insensitively; serde, crun exactly
+        let e = refused(r#"{"process":{"capabilities":{"Bounding":["CAP_SYS_ADMIN"]}}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Bounding" at process.capabilities"#
+        );
+        let e = refused(r#"{"process":{"ENV":["NVIDIA_VISIBLE_DEVICES=all"]}}"#);
+        assert_eq!(e, r#"/b/config.json: non-canonical key "ENV" at process"#);
+        let e = refused(r#"{"Linux":{"devices":[]}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Linux" at (top level)"#
+        );
+        // U+017F (long s) folds to s in Go: "deviceſ" is runc's "devices"
+        let e = refused("{\"linux\":{\"device\u{17f}\":[{\"path\":\"/dev/nvidia0\"}]}}");
+        assert_eq!(
+            e,
+            "/b/config.json: non-canonical key \"device\u{17f}\" at linux"
+        );
+        let e = refused(r#"{"mounts":[{"destination":"/d","Source":"/dev"}]}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Source" at mounts[*]"#
+        );
+        let e = refused(r#"{"linux":{"resources":{"devices":[{"allow":true,"Major":195}]}}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "Major" at linux.resources.devices[*]"#
+        );
+    }
+
+    #[test]
+    fn a_duplicate_key_on_a_read_path_is_refused() {
+        // runc: the last "bounding" wins (a privileged container to the toolkit)
+        let e =
+            refused(r#"{"process":{"capabilities":{"bounding":[],"bounding":["CAP_SYS_ADMIN"]}}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: duplicate key "process.capabilities.bounding""#
+        );
+        // runc merges the two objects: both devices lists' owners are one "linux"
+        let e = refused(r#"{"linux":{"devices":[]},"linux":{"cgroupsPath":"/x"}}"#);
+        assert_eq!(e, r#"/b/config.json: duplicate key "linux""#);
+        let e = refused(r#"{"process":{"env":["A=1"],"env":["B=2"]}}"#);
+        assert_eq!(e, r#"/b/config.json: duplicate key "process.env""#);
+        let e = refused(r#"{"annotations":{"a":"1","b":"2","a":"3"}}"#);
+        assert_eq!(e, r#"/b/config.json: duplicate key "annotations.a""#);
+        let e = refused(r#"{"linux":{"devices":[{"path":"/dev/a","path":"/dev/b"}]}}"#);
+        assert_eq!(
+            e,
+            r#"/b/config.json: duplicate key "linux.devices[*].path""#
+        );
+    }
+
+    #[test]
+    fn keys_go_does_not_fold_and_unread_ones_still_parse() {
+        // U+0131 (dotless i) is in no SimpleFold orbit with i: runc ignores it too
+        let s = Spec::parse(
+            "{\"linux\":{\"dev\u{131}ces\":[{\"path\":\"/dev/x\"}]},\
+              \"hostname\":\"a\",\"hostname\":\"b\",\"Hostname\":\"c\",\
+              \"process\":{\"args\":[\"a\"],\"Args\":[\"b\"]},\
+              \"annotations\":{\"a\":\"1\",\"A\":\"2\"}}"
+                .as_bytes(),
+            Path::new("/b/config.json"),
+        )
+        .unwrap();
+        assert!(s.devices().is_empty());
+        assert_eq!(s.annotations.len(), 2);
     }
 
     #[test]
