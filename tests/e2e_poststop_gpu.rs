@@ -75,9 +75,9 @@ fn xid_and_ecc_during_run_reach_termination_message() {
     assert_eq!(
         msg,
         format!(
-            "app: CUDA error: an illegal memory access\n\
-             devgate: DeviceFault/XID79 on /dev/nvidia1 ({uuid1}): GPU has fallen off the bus\n\
-             devgate: DeviceFault/ECCUncorrectable on /dev/nvidia1 ({uuid1}): 2 new volatile uncorrectable ECC errors (0 -> 2)\n"
+            "devgate: DeviceFault/XID79 on /dev/nvidia1 ({uuid1}): GPU has fallen off the bus\n\
+             devgate: DeviceFault/ECCUncorrectable on /dev/nvidia1 ({uuid1}): 2 new volatile uncorrectable ECC errors (0 -> 2)\n\
+             app: CUDA error: an illegal memory access\n"
         )
     );
     let exit: serde_json::Value =
