@@ -237,10 +237,11 @@ fn unwired_podman_and_containerd_fail_with_the_fix() {
         format!(
             "  fix: devgate --config {} hooks-config --runtime containerd --bin {} --out \
              /etc/containerd, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" \
-             under [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc], and \
-             restart containerd",
+             under [plugins.\"{}\".containerd.runtimes.runc], and restart containerd",
             node.env.config.display(),
-            bin.display()
+            bin.display(),
+            // the daemon's own table: containerd 2.x renamed the plugin
+            common::node::cri_runtime_plugin()
         ),
     ]);
     assert_eq!(lines[..want.len()], want[..], "{lines:#?}");

@@ -197,3 +197,39 @@ pub fn crun_memlock_shim() -> Option<&'static Path> {
     })
     .as_deref()
 }
+
+/// The major version of the containerd on PATH, from `containerd --version`
+/// ("containerd github.com/containerd/containerd/v2 2.1.9+unknown"); 0 when it says none.
+pub fn containerd_major() -> u32 {
+    let out = Command::new("containerd").arg("--version").output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    parse_containerd_major(&text.unwrap_or_default())
+}
+
+fn parse_containerd_major(version: &str) -> u32 {
+    version
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.trim_start_matches('v').parse().ok())
+        .unwrap_or(0)
+}
+
+/// The CRI runtime plugin's table name in the config containerd runs with: containerd 2.x
+/// (config version 3) renamed the 1.x one, and doctor names the daemon's own.
+pub fn cri_runtime_plugin() -> &'static str {
+    if containerd_major() >= 2 {
+        "io.containerd.cri.v1.runtime"
+    } else {
+        "io.containerd.grpc.v1.cri"
+    }
+}
+
+#[test]
+fn containerd_versions_parse_to_their_major() {
+    let v2 = "containerd github.com/containerd/containerd/v2 2.1.9+unknown \n";
+    let v1 = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3\n";
+    assert_eq!(parse_containerd_major(v2), 2);
+    assert_eq!(parse_containerd_major(v1), 1);
+    assert_eq!(parse_containerd_major("containerd\n"), 0);
+}
