@@ -24,7 +24,7 @@ SUITE=forky
 PACKAGES=(containerd runc crun podman conmon systemd dbus busybox-static mount util-linux
           gcc libc6-dev make tar procps iproute2 ca-certificates)
 # What `forky-stack.sh image` prints (and what the key covers besides the versions).
-RECIPE_VERSION=1
+RECIPE_VERSION=2
 
 die() { echo "forky-stack: $*" >&2; exit 1; }
 log() { echo "forky-stack: $*" >&2; }
@@ -74,6 +74,10 @@ image() {
     command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
     local uri tree versions key root
     uri=$(mirror)
+    # One build at a time (two `make test` runs on one machine share the cache).
+    mkdir -p "$(dirname "$CACHE")"
+    exec 9>"$CACHE.lock"
+    flock 9
     # The lists persist between runs, so a run with nothing new downloads only InRelease.
     tree=$CACHE-apt
     apt_tree "$tree" "$uri"
@@ -94,6 +98,7 @@ image() {
         mmdebstrap --quiet --variant=apt --keyring="$KEYRING" \
             --aptopt='APT::Install-Recommends "false"' \
             --include="$(IFS=,; echo "${PACKAGES[*]}")" \
+            --customize-hook='printf "127.0.0.1 localhost\\n::1 localhost\\n" > "$1/etc/hosts"' \
             --customize-hook='chroot "$1" dpkg-query -W -f "\${Package} \${Version}\n" > "$1/.forky-versions"' \
             "$SUITE" "$CACHE/$key.tmp/rootfs" "deb [check-valid-until=no] $uri $SUITE main" >&2
         echo "$versions" >"$CACHE/$key.tmp/resolved"
@@ -130,9 +135,10 @@ mount --rbind /sys "$root/sys"
 mount -t tmpfs -o mode=755,nosuid tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid tmpfs "$root/tmp"
 mount -t tmpfs -o mode=755,nosuid tmpfs "$root/dev"
-for d in null zero full random urandom tty kmsg fuse net/tun; do
-    [ -e "/dev/$d" ] || continue
-    mkdir -p "$(dirname "$root/dev/$d")"; touch "$root/dev/$d"; mount --bind "/dev/$d" "$root/dev/$d"
+# The host's device nodes (the tests' devices and spares: zero, loop-control, kmsg, ...),
+# each bound in; the rest of /dev is the image's own.
+for d in $(find /dev -maxdepth 2 \( -type c -o -type b \) ! -path '/dev/pts/*' ! -name ptmx ! -name console); do
+    mkdir -p "$(dirname "$root$d")"; touch "$root$d"; mount --bind "$d" "$root$d"
 done
 mkdir -p "$root/dev/pts" "$root/dev/shm" "$root/dev/mqueue"
 mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
@@ -140,6 +146,9 @@ ln -s pts/ptmx "$root/dev/ptmx"
 mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 mount -t mqueue mqueue "$root/dev/mqueue" 2>/dev/null || true
 ln -s /proc/self/fd "$root/dev/fd"
+ln -s /proc/self/fd/0 "$root/dev/stdin"
+ln -s /proc/self/fd/1 "$root/dev/stdout"
+ln -s /proc/self/fd/2 "$root/dev/stderr"
 for p in $FORKY_BINDS; do
     mkdir -p "$root$p"; mount --rbind "$p" "$root$p"
 done
@@ -154,7 +163,7 @@ exec "$@"
 EOF
 )
     FORKY_BINDS=${FORKY_BINDS:-} unshare --mount --pid --fork --propagation private \
-        sh -c "$inner" forky-enter "$root" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        sh -c "$inner" forky-enter "$root" env -i PATH=${FORKY_PATH:+$FORKY_PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root TERM="${TERM:-dumb}" ${CARGO_HOME:+CARGO_HOME=$CARGO_HOME} \
         ${RUSTUP_HOME:+RUSTUP_HOME=$RUSTUP_HOME} ${FORKY_ENV:-} "$@"
 }
@@ -162,28 +171,28 @@ EOF
 boot() {
     local root=$1
     command -v systemd-nspawn >/dev/null || die "systemd-nspawn is not installed (apt-get install systemd-container)"
-    # systemd 262 as PID 1 on cgroup v2; the check runs as a unit of its own, reports the
-    # manager's state through a file the host reads, and powers the machine off.
+    # systemd as PID 1 on cgroup v2 (the systemd driver's node). The image stays as it is
+    # (--volatile=overlay); the check is a unit bound in and pulled in by systemd.wants=.
+    # It is Type=exec, so the boot finishes without it, and it reports the manager's state
+    # through a file the host reads, then powers the machine off.
     local out; out=$(mktemp -d /tmp/forky-boot.XXXXXX)
-    mkdir -p "$root/etc/systemd/system/multi-user.target.wants"
-    cat >"$root/etc/systemd/system/forky-check.service" <<'EOF'
+    cat >"$out/forky-check.service" <<'EOF'
 [Unit]
 Description=devgate forky stack: report that systemd booted, then power off
-After=multi-user.target
 [Service]
-Type=oneshot
-ExecStart=/bin/sh -c 'systemctl is-system-running --wait >/out/state 2>&1; cat /proc/1/comm >>/out/state; stat -fc %%T /sys/fs/cgroup >>/out/state; systemctl --version | head -n1 >>/out/state'
-ExecStartPost=/bin/systemctl poweroff
-[Install]
-WantedBy=multi-user.target
+Type=exec
+ExecStart=/bin/sh -c 'timeout 60 systemctl is-system-running --wait >/out/state 2>&1; cat /proc/1/comm >>/out/state; stat -fc %%T /sys/fs/cgroup >>/out/state; systemctl --version | head -n1 >>/out/state; systemctl poweroff'
 EOF
-    ln -sf ../forky-check.service "$root/etc/systemd/system/multi-user.target.wants/forky-check.service"
     SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 timeout 120 systemd-nspawn --quiet --boot --register=no \
-        --keep-unit --directory="$root" --bind="$out:/out" >/dev/null 2>&1 || true
-    rm -f "$root/etc/systemd/system/multi-user.target.wants/forky-check.service" \
-        "$root/etc/systemd/system/forky-check.service"
+        --keep-unit --volatile=overlay --directory="$root" --bind="$out:/out" \
+        --bind-ro="$out/forky-check.service:/etc/systemd/system/forky-check.service" \
+        systemd.wants=forky-check.service >"$out/console" 2>&1 || true
     log "boot: $(tr '\n' ' ' <"$out/state" 2>/dev/null || echo 'no report')"
-    grep -qx systemd "$out/state" 2>/dev/null || { rm -rf "$out"; die "systemd did not boot the image"; }
+    if ! grep -qx systemd "$out/state" 2>/dev/null || ! grep -qx cgroup2fs "$out/state"; then
+        tail -n 20 "$out/console" >&2
+        rm -rf "$out"
+        die "systemd did not boot the image on cgroup v2"
+    fi
     rm -rf "$out"
 }
 
@@ -203,11 +212,17 @@ run_tests() {
     local cargo; cargo=$(command -v cargo)
     export FORKY_BINDS; FORKY_BINDS=$(binds "$repo" "$target" "${CARGO_HOME:-$HOME/.cargo}" \
         "${RUSTUP_HOME:-$HOME/.rustup}" | tr '\n' ' ')
+    # cargo and rustc from the host's toolchain: the tests build the fake NVML with them.
+    export FORKY_PATH; FORKY_PATH=$(dirname "$cargo")
     export FORKY_ENV="DEVGATE_STACK=forky CARGO=$cargo CARGO_TARGET_DIR=$target"
+    # What the tests will meet: the image's runtimes, not the host's.
+    enter "$root" sh -c 'echo "forky-stack: inside: $(. /etc/os-release; echo "$PRETTY_NAME");" \
+        "$(runc --version | head -n1); $(crun --version | head -n1);" \
+        "$(containerd --version | cut -d" " -f3); $(podman --version)"' >&2
     local failed=() b
     for b in "${bins[@]}"; do
         log "running $(basename "$b") on forky"
-        enter "$root" sh -c 'cd "$0" && exec "$@"' "$repo" "$b" ${FORKY_TEST_ARGS:---test-threads=2} ||
+        enter "$root" sh -c 'cd "$0" && exec "$@"' "$repo" "$b" ${FORKY_TEST_ARGS:---test-threads=4} ||
             failed+=("$(basename "$b")")
     done
     [ ${#failed[@]} -eq 0 ] || die "failed on forky: ${failed[*]}"
