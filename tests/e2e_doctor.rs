@@ -829,3 +829,12 @@ fn cgroup_mode_from_statfs() {
         format!("✓ cgroup mode: v1 ({c} is not cgroup2)")
     );
 }
+
+#[test]
+fn containerd_versions_parse_to_their_major() {
+    let v2 = "containerd github.com/containerd/containerd/v2 2.1.9+unknown \n";
+    let v1 = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3\n";
+    assert_eq!(common::node::parse_containerd_major(v2), 2);
+    assert_eq!(common::node::parse_containerd_major(v1), 1);
+    assert_eq!(common::node::parse_containerd_major("containerd\n"), 0);
+}

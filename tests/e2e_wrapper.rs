@@ -380,6 +380,9 @@ fn podman_with_the_wrapper_as_runtime_remaps() {
             .arg("--hooks-dir")
             .arg(&hooks_dir)
             .args(["run", "--rm", "--network", "none", "--device", BAD])
+            // the PROBE makes its nodes with mknod: podman 4 grants CAP_MKNOD by default,
+            // podman 5 does not
+            .args(["--cap-add", "MKNOD"])
             .arg(TEST_IMAGE)
             .args(["sh", "-c", PROBE])
             .output()
