@@ -34,8 +34,7 @@ test: test-deps
 # The e2e suite inside the forky image (scripts/forky-stack.sh; built once per package
 # versions under /var/cache/devgate-tests), and systemd 262 booting it as PID 1.
 test-forky:
-	./scripts/forky-stack.sh boot
-	./scripts/forky-stack.sh test
+	./scripts/forky-stack.sh all
 
 test-deps:
 	./scripts/install-test-deps.sh
