@@ -224,3 +224,23 @@ pub fn cri_runtime_plugin() -> &'static str {
         "io.containerd.grpc.v1.cri"
     }
 }
+
+/// Why a container with resources cannot start here, when /sys/fs/cgroup is a unified
+/// (cgroup2 alone) hierarchy that lacks `controller`: this host binds cpu, memory and pids
+/// to cgroup v1, so a cgroup2 mounted alone has none of them (the forky stack with
+/// FORKY_CGROUP=v2). None on a hybrid node, or where the controller is there.
+pub fn unified_without(controller: &str) -> Option<String> {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let unified = devgate::action::cgroup::parse_mountinfo(&mi)
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == Path::new("/sys/fs/cgroup"))
+        .is_some_and(|m| m.fstype == "cgroup2");
+    let have = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
+    (unified && !have.split_whitespace().any(|c| c == controller)).then(|| {
+        format!(
+            "/sys/fs/cgroup is cgroup2 alone without the {controller} controller (this \
+             host binds it to cgroup v1; issue 20)"
+        )
+    })
+}
