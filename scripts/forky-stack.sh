@@ -9,7 +9,10 @@
 #                                 that systemd reaches a running state, power it off
 #   forky-stack.sh test [BIN...]  run the e2e test binaries (default: every tests/e2e_*.rs)
 #                                 inside it, with the repository and target dir bound in
-#   forky-stack.sh all            boot, then test (what `make test` runs)
+#   forky-stack.sh all            boot, then test on both cgroup layouts (what `make test` runs)
+#
+# FORKY_CGROUP=host (the default) keeps the host's /sys/fs/cgroup (hybrid here);
+# FORKY_CGROUP=v2 mounts cgroup2 alone there, as on a 2026 node.
 #
 # The mirror is the one this machine's apt sources name; the key is the resolved versions of
 # every package the image holds besides the essential set, so a new upload rebuilds it and
@@ -140,6 +143,12 @@ mount --make-rprivate /
 mount --rbind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
+if [ "$FORKY_CGROUP" = v2 ]; then
+    # A unified node: cgroup2 alone at /sys/fs/cgroup (on this host it has no cpu, memory
+    # or pids controller; those stay bound to v1 outside).
+    umount -R "$root/sys/fs/cgroup"
+    mount -t cgroup2 none "$root/sys/fs/cgroup"
+fi
 mount -t tmpfs -o mode=755,nosuid tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid tmpfs "$root/tmp"
 mount -t tmpfs -o mode=755,nosuid tmpfs "$root/dev"
@@ -170,7 +179,7 @@ cd /
 exec "$@"
 EOF
 )
-    FORKY_BINDS=${FORKY_BINDS:-} unshare --mount --pid --fork --propagation private \
+    FORKY_BINDS=${FORKY_BINDS:-} FORKY_CGROUP=${FORKY_CGROUP:-host} unshare --mount --pid --fork --propagation private \
         sh -c "$inner" forky-enter "$root" env -i PATH=${FORKY_PATH:+$FORKY_PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root TERM="${TERM:-dumb}" ${CARGO_HOME:+CARGO_HOME=$CARGO_HOME} \
         ${RUSTUP_HOME:+RUSTUP_HOME=$RUSTUP_HOME} ${FORKY_ENV:-} "$@"
@@ -229,12 +238,12 @@ run_tests() {
         "$(containerd --version | cut -d" " -f3); $(podman --version)"' >&2
     local failed=() b
     for b in "${bins[@]}"; do
-        log "running $(basename "$b") on forky"
+        log "running $(basename "$b") on forky, cgroup layout ${FORKY_CGROUP:-host}"
         enter "$root" sh -c 'cd "$0" && exec "$@"' "$repo" "$b" ${FORKY_TEST_ARGS:---test-threads=4} ||
             failed+=("$(basename "$b")")
     done
-    [ ${#failed[@]} -eq 0 ] || die "failed on forky: ${failed[*]}"
-    log "every e2e binary passed on forky"
+    [ ${#failed[@]} -eq 0 ] || die "failed on forky (cgroup layout ${FORKY_CGROUP:-host}): ${failed[*]}"
+    log "every e2e binary passed on forky (cgroup layout ${FORKY_CGROUP:-host})"
 }
 
 cmd=${1:-}; shift || true
@@ -243,6 +252,8 @@ case "$cmd" in
     enter) root=$(image); enter "$root" "$@" ;;
     boot) root=$(image); boot "$root" ;;
     test) root=$(image); run_tests "$root" "$@" ;;
-    all) root=$(image); boot "$root"; run_tests "$root" ;;
+    all) root=$(image); boot "$root"
+         FORKY_CGROUP=host run_tests "$root"
+         FORKY_CGROUP=v2 run_tests "$root" ;;
     *) die "usage: $0 image | enter CMD... | boot | test [BIN...] | all" ;;
 esac
