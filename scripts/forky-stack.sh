@@ -236,12 +236,19 @@ run_tests() {
     enter "$root" sh -c 'echo "forky-stack: inside: $(. /etc/os-release; echo "$PRETTY_NAME");" \
         "$(runc --version | head -n1); $(crun --version | head -n1);" \
         "$(containerd --version | cut -d" " -f3); $(podman --version)"' >&2
-    local failed=() b
+    local failed=() b out
+    # --show-output: a passing test's output too, where each skip says why.
+    out=$(mktemp /tmp/forky-tests.XXXXXX)
     for b in "${bins[@]}"; do
         log "running $(basename "$b") on forky, cgroup layout ${FORKY_CGROUP:-host}"
-        enter "$root" sh -c 'cd "$0" && exec "$@"' "$repo" "$b" ${FORKY_TEST_ARGS:---test-threads=4} ||
+        # shellcheck disable=SC2086
+        enter "$root" sh -c 'cd "$0" && exec "$@"' "$repo" "$b" \
+            ${FORKY_TEST_ARGS:---test-threads=4 --show-output} 2>&1 | tee -a "$out" ||
             failed+=("$(basename "$b")")
     done
+    log "skips on forky (cgroup layout ${FORKY_CGROUP:-host}), by reason:"
+    grep -h '^skipped' "$out" | sort | uniq -c >&2 || log "  none"
+    rm -f "$out"
     [ ${#failed[@]} -eq 0 ] || die "failed on forky (cgroup layout ${FORKY_CGROUP:-host}): ${failed[*]}"
     log "every e2e binary passed on forky (cgroup layout ${FORKY_CGROUP:-host})"
 }
