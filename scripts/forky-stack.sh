@@ -28,7 +28,7 @@ SUITE=forky
 PACKAGES=(containerd runc crun podman conmon systemd dbus busybox-static mount util-linux
           gcc libc6-dev make tar procps iproute2 ca-certificates)
 # What `forky-stack.sh image` prints (and what the key covers besides the versions).
-RECIPE_VERSION=2
+RECIPE_VERSION=3
 
 die() { echo "forky-stack: $*" >&2; exit 1; }
 log() { echo "forky-stack: $*" >&2; }
@@ -117,7 +117,8 @@ image() {
         rm -rf "$CACHE/$key"
         mv "$CACHE/$key.tmp" "$CACHE/$key"
         # Older keys are older versions: keep only this one.
-        find "$CACHE" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
+        find "$CACHE" -mindepth 1 -maxdepth 1 -regextype posix-extended \
+            -regex '.*/[0-9a-f]{16}(\.tmp)?' ! -name "$key" -exec rm -rf {} +
     fi
     echo "$root"
 }
@@ -140,6 +141,13 @@ enter() {
 set -e
 root=$1; shift
 mount --make-rprivate /
+# The cached image stays as built: what a run writes outside its tmpfs mounts (runtimes'
+# fixed dirs, the bind points) goes to an overlay's tmpfs upper layer, gone at exit.
+ovl=$FORKY_OVL
+mount -t tmpfs -o mode=755 tmpfs "$ovl"
+mkdir "$ovl/upper" "$ovl/work" "$ovl/root"
+mount -t overlay overlay -o "lowerdir=$root,upperdir=$ovl/upper,workdir=$ovl/work" "$ovl/root"
+root=$ovl/root
 mount --rbind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
@@ -179,10 +187,14 @@ cd /
 exec "$@"
 EOF
 )
-    FORKY_BINDS=${FORKY_BINDS:-} FORKY_CGROUP=${FORKY_CGROUP:-host} unshare --mount --pid --fork --propagation private \
+    local ovl rc=0
+    ovl=$(mktemp -d /tmp/forky-root.XXXXXX)
+    FORKY_OVL=$ovl FORKY_BINDS=${FORKY_BINDS:-} FORKY_CGROUP=${FORKY_CGROUP:-host} unshare --mount --pid --fork --propagation private \
         sh -c "$inner" forky-enter "$root" env -i PATH=${FORKY_PATH:+$FORKY_PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root TERM="${TERM:-dumb}" ${CARGO_HOME:+CARGO_HOME=$CARGO_HOME} \
-        ${RUSTUP_HOME:+RUSTUP_HOME=$RUSTUP_HOME} ${FORKY_ENV:-} "$@"
+        ${RUSTUP_HOME:+RUSTUP_HOME=$RUSTUP_HOME} ${FORKY_ENV:-} "$@" || rc=$?
+    rmdir "$ovl"
+    return "$rc"
 }
 
 boot() {
