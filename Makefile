@@ -16,17 +16,25 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-deps demo bench bench-kmsg bench-nvml bench-remap bench-wrapper bench-state bench-pcie install uninstall deb rpm clean lint fuzz bench-gate
+.PHONY: all build test test-forky test-deps demo bench bench-kmsg bench-nvml bench-remap bench-wrapper bench-state bench-pcie install uninstall deb rpm clean lint fuzz bench-gate
 
 all: build
 
 build:
 	$(CARGO) build --release --locked
 
-# Every test: unit tests, and the end-to-end tests under the real runtimes (root). On a
+# Every test: unit tests, and the end-to-end tests under the real runtimes (root), then
+# the end-to-end tests again on the 2026 stack (Debian forky: containerd 2, runc 1.3,
+# crun 1.2x, podman 5), and a boot of that image under systemd (docs/development.md). On a
 # fresh Debian/Ubuntu machine it first installs the runtimes and tools the tests use.
 test: test-deps
 	$(CARGO) test --locked -- --test-threads=4
+	$(MAKE) test-forky
+
+# The e2e suite inside the forky image (scripts/forky-stack.sh; built once per package
+# versions under /var/cache/devgate-tests), and systemd 262 booting it as PID 1.
+test-forky:
+	./scripts/forky-stack.sh all
 
 test-deps:
 	./scripts/install-test-deps.sh

@@ -9,9 +9,10 @@ set -euo pipefail
 # podman, containerd (ctr, shim): the runtimes whose shipped configuration is tested;
 # protobuf-compiler: protoc, which builds k8s-cri (the CRI tests' typed client);
 # make, tar, git: the install, podman-import and clone-and-demo tests;
-# rpm: reading the .rpm in the package check.
+# rpm: reading the .rpm in the package check; mmdebstrap, systemd-container: the forky
+# stack's image and its systemd boot (scripts/forky-stack.sh).
 packages=(runc crun busybox-static podman containerd protobuf-compiler
-          make tar git rpm)
+          make tar git rpm mmdebstrap systemd-container)
 
 die() { echo "install-test-deps: $*" >&2; exit 1; }
 

@@ -237,10 +237,11 @@ fn unwired_podman_and_containerd_fail_with_the_fix() {
         format!(
             "  fix: devgate --config {} hooks-config --runtime containerd --bin {} --out \
              /etc/containerd, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" \
-             under [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc], and \
-             restart containerd",
+             under [plugins.\"{}\".containerd.runtimes.runc], and restart containerd",
             node.env.config.display(),
-            bin.display()
+            bin.display(),
+            // the daemon's own table: containerd 2.x renamed the plugin
+            common::node::cri_runtime_plugin()
         ),
     ]);
     assert_eq!(lines[..want.len()], want[..], "{lines:#?}");
@@ -1075,4 +1076,13 @@ fn toolkit_config_ambiguity_and_reading() {
         "{}",
         lines[i + 1]
     );
+}
+
+#[test]
+fn containerd_versions_parse_to_their_major() {
+    let v2 = "containerd github.com/containerd/containerd/v2 2.1.9+unknown \n";
+    let v1 = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3\n";
+    assert_eq!(common::node::parse_containerd_major(v2), 2);
+    assert_eq!(common::node::parse_containerd_major(v1), 1);
+    assert_eq!(common::node::parse_containerd_major("containerd\n"), 0);
 }

@@ -18,13 +18,30 @@ fn front_bin() -> PathBuf {
 
 /// A directory holding a copy of the front and, with `with_devgate`, of devgate: the
 /// layout the packages install (/usr/bin/devgate-hook beside /usr/bin/devgate).
+/// Copies an executable in a child process (cp), never through a descriptor of this
+/// process: one open for writing is inherited by any child another test thread forks
+/// before its exec, and running the file meanwhile fails with ETXTBSY (seen on the forky
+/// stack).
+fn copy_exe(src: &Path, dest: &Path) {
+    let out = Command::new("cp").arg(src).arg(dest).output().unwrap();
+    assert!(out.status.success(), "cp {src:?} {dest:?}: {}", text(&out));
+}
+
+/// A script at `dest`, written as copy_exe writes, mode 0755.
+fn write_exe(dest: &Path, script: &str) {
+    let src = dest.with_extension("src");
+    fs::write(&src, script).unwrap();
+    copy_exe(&src, dest);
+    fs::set_permissions(dest, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 fn install_dir(tag: &str, with_devgate: bool) -> PathBuf {
     let dir = tempdir(tag).join("bin");
     fs::create_dir_all(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
-    fs::copy(front_bin(), dir.join("devgate-hook")).unwrap();
+    copy_exe(&front_bin(), &dir.join("devgate-hook"));
     if with_devgate {
-        fs::copy(devgate_bin(), dir.join("devgate")).unwrap();
+        copy_exe(&devgate_bin(), &dir.join("devgate"));
     }
     dir
 }
@@ -61,17 +78,15 @@ fn bundle(
 fn traced_devgate(bin: &Path) -> PathBuf {
     let calls = bin.join("calls.log");
     let real = bin.join("devgate.real");
-    fs::copy(devgate_bin(), &real).unwrap();
-    fs::write(
-        bin.join("devgate"),
-        format!(
+    copy_exe(&devgate_bin(), &real);
+    write_exe(
+        &bin.join("devgate"),
+        &format!(
             "#!/bin/sh\necho \"$1 $2\" >> '{}'\nexec '{}' \"$@\"\n",
             calls.display(),
             real.display()
         ),
-    )
-    .unwrap();
-    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    );
     calls
 }
 
@@ -387,7 +402,7 @@ fn a_devgate_that_is_the_front_again_is_refused_not_run_in_a_loop() {
         match kind {
             "link" => std::os::unix::fs::symlink("devgate-hook", bin.join("devgate")).unwrap(),
             _ => {
-                fs::copy(&front, bin.join("devgate")).unwrap();
+                copy_exe(&front, &bin.join("devgate"));
             }
         }
         let config = env.config.to_str().unwrap();
@@ -463,12 +478,10 @@ fn the_handed_state_is_open_only_as_devgates_stdin() {
     b.write();
     let bin = install_dir("front-fds", false);
     let fds = bin.join("fds.txt");
-    fs::write(
-        bin.join("devgate"),
-        format!("#!/bin/sh\nls -l /proc/$$/fd > '{}'\n", fds.display()),
-    )
-    .unwrap();
-    fs::set_permissions(bin.join("devgate"), fs::Permissions::from_mode(0o755)).unwrap();
+    write_exe(
+        &bin.join("devgate"),
+        &format!("#!/bin/sh\nls -l /proc/$$/fd > '{}'\n", fds.display()),
+    );
     let out = run_front(
         &bin.join("devgate-hook"),
         &["--config", env.config.to_str().unwrap(), "hook", "prestart"],

@@ -26,6 +26,15 @@ pub fn have_v1_devices() -> bool {
     Path::new(DEVICES_ROOT).join("devices.allow").exists()
 }
 
+/// have_v1_devices, saying why a test skips when it is false (a unified node).
+pub fn v1_devices_or_skip() -> bool {
+    let have = have_v1_devices();
+    if !have {
+        eprintln!("skipped: no v1 devices controller at {DEVICES_ROOT} (a unified node)");
+    }
+    have
+}
+
 /// The rules runc gives a container granted /dev/zero, in short: deny all, /dev/null,
 /// /dev/zero, mknod of any char device.
 fn runc_like_rules() -> Vec<oci_spec::runtime::LinuxDeviceCgroup> {

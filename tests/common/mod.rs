@@ -477,11 +477,18 @@ impl Podman {
         require_cmd("runc", "runc");
         let dir = tempdir(tag);
         // This machine's podman needs default_ulimits = []; there is no systemd. The CNI
-        // config dir is the test's, so that podman's CNI lock stays out of /etc/cni.
+        // config dir is the test's, so that podman's CNI lock stays out of /etc/cni. On a
+        // unified node without the pids controller podman's default pids limit cannot be
+        // set: pids_limit = 0 sets none.
+        let pids = if node::unified_without("pids").is_some() {
+            "pids_limit = 0\n"
+        } else {
+            ""
+        };
         fs::write(
             dir.join("containers.conf"),
             format!(
-                "[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = \"cgroupfs\"\n\
+                "[containers]\ndefault_ulimits = []\n{pids}[engine]\ncgroup_manager = \"cgroupfs\"\n\
                  events_logger = \"file\"\ntmp_dir = \"{tmp}\"\n[network]\nnetwork_config_dir = \"{cni}\"\n",
                 tmp = dir.join("libpod-tmp").display(),
                 cni = dir.join("cni").display(),

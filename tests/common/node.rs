@@ -197,3 +197,50 @@ pub fn crun_memlock_shim() -> Option<&'static Path> {
     })
     .as_deref()
 }
+
+/// The major version of the containerd on PATH, from `containerd --version`
+/// ("containerd github.com/containerd/containerd/v2 2.1.9+unknown"); 0 when it says none.
+pub fn containerd_major() -> u32 {
+    let out = Command::new("containerd").arg("--version").output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    parse_containerd_major(&text.unwrap_or_default())
+}
+
+pub fn parse_containerd_major(version: &str) -> u32 {
+    version
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.trim_start_matches('v').parse().ok())
+        .unwrap_or(0)
+}
+
+/// The CRI runtime plugin's table name in the config containerd runs with: containerd 2.x
+/// (config version 3) renamed the 1.x one, and doctor names the daemon's own.
+pub fn cri_runtime_plugin() -> &'static str {
+    if containerd_major() >= 2 {
+        "io.containerd.cri.v1.runtime"
+    } else {
+        "io.containerd.grpc.v1.cri"
+    }
+}
+
+/// Why a container with resources cannot start here, when /sys/fs/cgroup is a unified
+/// (cgroup2 alone) hierarchy that lacks `controller`: this host binds cpu, memory and pids
+/// to cgroup v1, so a cgroup2 mounted alone has none of them (the forky stack with
+/// FORKY_CGROUP=v2). None on a hybrid node, or where the controller is there.
+pub fn unified_without(controller: &str) -> Option<String> {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let unified = devgate::action::cgroup::parse_mountinfo(&mi)
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == Path::new("/sys/fs/cgroup"))
+        .is_some_and(|m| m.fstype == "cgroup2");
+    let have = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
+    (unified && !have.split_whitespace().any(|c| c == controller)).then(|| {
+        format!(
+            "/sys/fs/cgroup is cgroup2 alone without the {controller} controller (this \
+             host binds it to cgroup v1; issue 20)"
+        )
+    })
+}
