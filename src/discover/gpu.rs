@@ -310,6 +310,37 @@ mod tests {
         Spec::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
     }
 
+    /// The toolkit's `swarm-resource` (commented default `DOCKER_RESOURCE_GPU`) names
+    /// variables it reads instead of `NVIDIA_VISIBLE_DEVICES` when a container sets one
+    /// (internal/config/image: `WithPreferredVisibleDevicesEnvVars`, `visibleEnvVars`).
+    #[test]
+    fn docker_resource_variables_select_as_the_toolkits_swarm_resource_reads_them() {
+        let idx = |v: Vec<(GpuSelector, Source)>| -> Vec<GpuSelector> {
+            v.into_iter().map(|(s, _)| s).collect()
+        };
+        let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE_GPU= 2 ,3"]}}"#);
+        assert_eq!(
+            idx(gpu_selectors(&s)),
+            [GpuSelector::Index(2), GpuSelector::Index(3)]
+        );
+        // beside the variable: both are read (the toolkit takes one, devgate the union)
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","DOCKER_RESOURCE_GPUS=1",
+                "DOCKER_RESOURCE_GPUS=4"]}}"#,
+        );
+        assert_eq!(
+            idx(gpu_selectors(&s)),
+            [GpuSelector::Index(0), GpuSelector::Index(4)]
+        );
+        // the same gate as the variable: not read when env selectors are off
+        let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE_GPU=2"]}}"#);
+        assert!(gpu_selectors_with(&s, || false).is_empty());
+        assert!(crate::discover::may_name_nvidia(&s));
+        // a name that only begins like one is not one
+        let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE=2","XDOCKER_RESOURCE_GPU=2"]}}"#);
+        assert!(gpu_selectors(&s).is_empty());
+    }
+
     #[test]
     fn selectors_with_multibyte_characters_do_not_panic() {
         assert!(matches!(
