@@ -109,6 +109,32 @@ pub fn parse(text: &str) -> Says {
     }
 }
 
+/// The variables a config.toml's top-level `swarm-resource` names, as the toolkit reads
+/// them (`WithPreferredVisibleDevicesEnvVars`: split on commas, trimmed, empty ones
+/// skipped); none where the text does not parse or the key is not a string.
+pub fn swarm_resource(text: &str) -> Vec<String> {
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    match table.get("swarm-resource") {
+        Some(toml::Value::String(v)) => v
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// [`swarm_resource`] of the file at `path`, read as [`read`] reads it.
+pub fn read_swarm_resource(path: &Path) -> Vec<String> {
+    read_regular_file(path, MAX_BYTES, "NVIDIA toolkit config")
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .map_or_else(Vec::new, |t| swarm_resource(&t))
+}
+
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or("")
 }
@@ -204,6 +230,17 @@ mod tests {
             );
             assert!(!w.contains('\n'), "{w}");
         }
+    }
+
+    #[test]
+    fn swarm_resource_names_are_split_and_trimmed_as_the_toolkit_does() {
+        assert_eq!(
+            swarm_resource("swarm-resource = \" DOCKER_RESOURCE_GPU, ,GPUS\"\n"),
+            ["DOCKER_RESOURCE_GPU", "GPUS"]
+        );
+        assert!(swarm_resource("#swarm-resource = \"DOCKER_RESOURCE_GPU\"\n").is_empty());
+        assert!(swarm_resource("[x]\nswarm-resource = \"GPUS\"\n").is_empty());
+        assert!(swarm_resource("swarm-resource = 1\n").is_empty());
     }
 
     #[test]

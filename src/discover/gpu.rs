@@ -13,6 +13,14 @@ use super::selector::parse as parse_selector;
 pub use super::selector::GpuSelector;
 
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Docker Swarm's generic resources (`DOCKER_RESOURCE_<KIND>`), the names the toolkit's
+/// `swarm-resource` key is for (commented default `DOCKER_RESOURCE_GPU`): where the key
+/// names a variable a container sets, the toolkit reads it instead of
+/// `NVIDIA_VISIBLE_DEVICES`, under the same privilege rule. devgate does not read the
+/// toolkit's config on every start to learn the names: it reads every variable of this
+/// prefix (a pod that sets one only adds checks), and doctor fails a `swarm-resource`
+/// naming another.
+pub const SWARM_RESOURCE_PREFIX: &str = "DOCKER_RESOURCE_";
 pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 /// The CDI kinds NVIDIA's specs name GPUs by: nvidia-ctk's, the device plugin's own
 /// (`--device-list-strategy=cdi-annotations`/`cdi-cri`) and the management spec's.
@@ -112,7 +120,8 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
     // A container the toolkit takes for privileged gets the variable's GPUs whatever its
     // config says (`env` follows the unprivileged case's key), so they are checked too.
     let cuda = spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty());
-    if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda)
+    let swarm = spec.env_with_prefix(SWARM_RESOURCE_PREFIX);
+    if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda && swarm.is_empty())
         || !(spec.privileged_to_nvidia() || env())
     {
         return cdi_selectors(spec, out);
@@ -129,7 +138,9 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
         .env(NVIDIA_VISIBLE_DEVICES)
         .or(legacy_all.then_some("all"))
         .filter(|v| v.trim_end_matches('/') != VOLUME_MOUNTS_ROOT);
-    if let Some(v) = env {
+    // Each variable read on its own: every GPU the toolkit's one list of them names is in
+    // one of their own lists.
+    for v in env.into_iter().chain(swarm.into_iter().map(|(_, v)| v)) {
         for token in visible_devices_tokens(v) {
             // The runtime's CDI mode takes a qualified CDI name in the variable as it is
             // (and its `auto` mode switches to CDI for one).
@@ -308,6 +319,37 @@ mod tests {
 
     fn spec(json: &str) -> Spec {
         Spec::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
+    }
+
+    /// The toolkit's `swarm-resource` (commented default `DOCKER_RESOURCE_GPU`) names
+    /// variables it reads instead of `NVIDIA_VISIBLE_DEVICES` when a container sets one
+    /// (internal/config/image: `WithPreferredVisibleDevicesEnvVars`, `visibleEnvVars`).
+    #[test]
+    fn docker_resource_variables_select_as_the_toolkits_swarm_resource_reads_them() {
+        let idx = |v: Vec<(GpuSelector, Source)>| -> Vec<GpuSelector> {
+            v.into_iter().map(|(s, _)| s).collect()
+        };
+        let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE_GPU= 2 ,3"]}}"#);
+        assert_eq!(
+            idx(gpu_selectors(&s)),
+            [GpuSelector::Index(2), GpuSelector::Index(3)]
+        );
+        // beside the variable: both are read (the toolkit takes one, devgate the union)
+        let s = spec(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","DOCKER_RESOURCE_GPUS=1",
+                "DOCKER_RESOURCE_GPUS=4"]}}"#,
+        );
+        assert_eq!(
+            idx(gpu_selectors(&s)),
+            [GpuSelector::Index(0), GpuSelector::Index(4)]
+        );
+        // the same gate as the variable: not read when env selectors are off
+        let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE_GPU=2"]}}"#);
+        assert!(gpu_selectors_with(&s, || false).is_empty());
+        assert!(crate::discover::may_name_nvidia(&s));
+        // a name that only begins like one is not one
+        let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE=2","XDOCKER_RESOURCE_GPU=2"]}}"#);
+        assert!(gpu_selectors(&s).is_empty());
     }
 
     #[test]

@@ -282,6 +282,27 @@ impl Spec {
             .is_some_and(|c| c.sys_admin)
     }
 
+    /// The value of every variable whose name begins with `prefix` and is longer, each name
+    /// once with its last value (as the NVIDIA toolkit's environment map keeps it), in the
+    /// order of their last settings.
+    pub fn env_with_prefix(&self, prefix: &str) -> Vec<(&str, &str)> {
+        let Some(p) = self.process.as_ref() else {
+            return Vec::new();
+        };
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        for kv in p.env.iter().rev() {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            if k.len() > prefix.len() && k.starts_with(prefix) && !out.iter().any(|(o, _)| *o == k)
+            {
+                out.push((k, v));
+            }
+        }
+        out.reverse();
+        out
+    }
+
     pub fn env(&self, key: &str) -> Option<&str> {
         let env = &self.process.as_ref()?.env;
         env.iter().rev().find_map(|kv| {

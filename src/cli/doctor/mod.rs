@@ -208,6 +208,9 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     if let Some(l) = toolkit::toolkit_check(&config) {
         push(l);
     }
+    if let Some(l) = toolkit::swarm_check(&config) {
+        push(l);
+    }
     for l in node_checks::spare_checks(&config, &config_path, &nvml) {
         push(l);
     }

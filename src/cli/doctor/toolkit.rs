@@ -2,8 +2,9 @@
 //! default of `gpu.env_selectors`, and where it cannot know the file the toolkit reads.
 
 use super::line::Line;
-use crate::config::toolkit::{Reading, Says, KEY, OPERATOR_ROOT};
+use crate::config::toolkit::{self, Reading, Says, KEY, OPERATOR_ROOT};
 use crate::config::Config;
+use crate::discover::gpu::SWARM_RESOURCE_PREFIX;
 use std::path::Path;
 
 const CHECK: &str = "NVIDIA toolkit config";
@@ -15,6 +16,38 @@ pub(crate) fn toolkit_check(config: &Config) -> Option<Line> {
         return None;
     }
     toolkit_line(&config.toolkit_reading())
+}
+
+/// A fail for a toolkit file whose `swarm-resource` names a variable devgate does not read
+/// (only `DOCKER_RESOURCE_<KIND>` ones): the toolkit then hands over the GPUs a container
+/// names by it, unchecked.
+pub(crate) fn swarm_check(config: &Config) -> Option<Line> {
+    let r = config.toolkit_reading();
+    let unread: Vec<String> = r
+        .files
+        .iter()
+        .filter(|(_, s)| *s != Says::Absent)
+        .flat_map(|(p, _)| {
+            toolkit::read_swarm_resource(p)
+                .into_iter()
+                .filter(|n| !is_swarm_name(n))
+                .map(move |n| format!("{} names {n}", p.display()))
+        })
+        .collect();
+    (!unread.is_empty()).then(|| {
+        Line::fail(
+            "NVIDIA toolkit swarm-resource",
+            format!(
+                "{}: the toolkit reads GPUs from it, devgate only from {SWARM_RESOURCE_PREFIX}*                  variables, so a GPU a container names by it passes unchecked",
+                unread.join("; ")
+            ),
+            "name only DOCKER_RESOURCE_<KIND> variables in swarm-resource, or remove the key",
+        )
+    })
+}
+
+fn is_swarm_name(n: &str) -> bool {
+    n.len() > SWARM_RESOURCE_PREFIX.len() && n.starts_with(SWARM_RESOURCE_PREFIX)
 }
 
 /// What a reading tells the operator: a file the toolkit cannot load fails; several that
@@ -120,6 +153,27 @@ mod tests {
 
     const OP: &str = "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml";
     const ETC: &str = "/etc/nvidia-container-runtime/config.toml";
+
+    #[test]
+    fn a_swarm_resource_devgate_does_not_read_fails() {
+        let dir = crate::fsutil::tests::tempdir("doctor-swarm");
+        let file = dir.join("config.toml");
+        let mut config = Config {
+            nvidia_toolkit_config: Some(file.clone()),
+            ..Config::default()
+        };
+        assert_eq!(swarm_check(&config), None, "no file");
+        std::fs::write(&file, "swarm-resource = \"DOCKER_RESOURCE_GPU\"\n").unwrap();
+        assert_eq!(swarm_check(&config), None, "a name devgate reads");
+        std::fs::write(&file, "swarm-resource = \"DOCKER_RESOURCE_GPU,GPUS\"\n").unwrap();
+        let l = swarm_check(&config).unwrap();
+        assert_eq!(l.mark, Mark::Fail);
+        assert!(l.text.contains("names GPUS"), "{}", l.text);
+        assert!(!l.text.contains("DOCKER_RESOURCE_GPU,"), "{}", l.text);
+        config.nvidia_toolkit_config = Some(dir.join("none.toml"));
+        assert_eq!(swarm_check(&config), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn nothing_present_says_nothing() {
