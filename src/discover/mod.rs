@@ -573,6 +573,73 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
     }
 
+    /// runc reads an allow rule of type `a`, or of no type, as "allow every device", whatever
+    /// its numbers, and a missing or -1 number as any: such a rule with read or write access
+    /// opens every GPU to a container that can mknod (CAP_MKNOD is a default capability), so
+    /// every GPU node under dev_root is assigned, and both fast tests send the spec on.
+    /// `m` alone (containerd's default `c *:* m`) opens nothing.
+    #[test]
+    fn a_wildcard_allow_reaching_nvidia_assigns_every_gpu() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for mknod (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("devgate-wild-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+            nix::sys::stat::mknod(
+                &d.join(name),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(195, minor),
+            )
+            .unwrap();
+        }
+        let rules = |r: &str| {
+            spec(&format!(
+                r#"{{"linux":{{"resources":{{"devices":[{{"allow":false,"access":"rwm"}},{r}]}}}}}}"#
+            ))
+        };
+        for r in [
+            r#"{"allow":true,"access":"rwm"}"#,
+            r#"{"allow":true,"type":"a","major":195,"minor":3,"access":"rw"}"#,
+            r#"{"allow":true,"type":"a","major":1,"minor":3,"access":"rw"}"#,
+            r#"{"allow":true,"type":"c","major":195,"access":"rw"}"#,
+            r#"{"allow":true,"type":"c","major":195,"minor":-1,"access":"r"}"#,
+            r#"{"allow":true,"type":"c","access":"rwm"}"#,
+            r#"{"allow":true,"type":"c","minor":1,"access":"w"}"#,
+        ] {
+            let s = rules(r);
+            assert!(may_have_devices(&s), "{r}");
+            assert!(may_name_nvidia(&s), "{r}");
+            let got = discover(&s, &class::builtin(), &d, Path::new("/nonexistent-sys")).unwrap();
+            let mut gpus: Vec<_> = got
+                .iter()
+                .filter(|x| x.class == "nvidia-gpu")
+                .map(|x| (x.num.minor, x.host_path.clone()))
+                .collect();
+            gpus.sort();
+            assert_eq!(
+                gpus,
+                vec![(0, Some(d.join("nvidia0"))), (1, Some(d.join("nvidia1")))],
+                "{r}"
+            );
+        }
+        for r in [
+            r#"{"allow":true,"type":"c","access":"m"}"#,
+            r#"{"allow":true,"type":"c","major":136,"access":"rwm"}"#,
+            r#"{"allow":true,"type":"b","access":"rwm"}"#,
+            r#"{"allow":false,"type":"c","major":195,"access":"rwm"}"#,
+        ] {
+            let s = rules(r);
+            assert!(!may_name_nvidia(&s), "{r}");
+            let got = discover(&s, &class::builtin(), &d, Path::new("/nonexistent-sys")).unwrap();
+            assert!(got.is_empty(), "{r}: {got:?}");
+        }
+        let _ = fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn no_devices_fast_test() {
         assert!(!may_have_devices(&spec(
