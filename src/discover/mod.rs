@@ -649,7 +649,8 @@ mod tests {
     /// its numbers, and a missing or -1 number as any: such a rule with read or write access
     /// opens every GPU to a container that can mknod (CAP_MKNOD is a default capability), so
     /// every GPU node under dev_root is assigned, and both fast tests send the spec on.
-    /// `m` alone (containerd's default `c *:* m`) opens nothing.
+    /// `m` alone (containerd's default `c *:* m`) opens nothing, except on a rule of type
+    /// `a`, whose access runc ignores.
     #[test]
     fn a_wildcard_allow_reaching_nvidia_assigns_every_gpu() {
         if !nix::unistd::geteuid().is_root() {
@@ -681,6 +682,10 @@ mod tests {
             r#"{"allow":true,"type":"c","major":195,"minor":-1,"access":"r"}"#,
             r#"{"allow":true,"type":"c","access":"rwm"}"#,
             r#"{"allow":true,"type":"c","minor":1,"access":"w"}"#,
+            // runc's emulator makes an allow of type `a` allow-all, `rwm`, whatever its
+            // access says.
+            r#"{"allow":true,"access":"m"}"#,
+            r#"{"allow":true,"type":"a","major":195,"minor":0,"access":"m"}"#,
         ] {
             let s = rules(r);
             assert!(may_have_devices(&s), "{r}");
