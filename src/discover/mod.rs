@@ -128,8 +128,9 @@ fn from_bind_mounts(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) {
 /// Whether an allow rule opens NVIDIA's nodes without naming one major:minor. runc reads
 /// a rule of type `a`, or of no type, as "allow every device" whatever its numbers (its
 /// cgroup emulator drops them), and a missing or -1 number as any; a container that can
-/// mknod (CAP_MKNOD is a default capability) then reaches every GPU. Only read or write
-/// access counts: `m` alone (containerd's default `c *:* m`) opens nothing.
+/// mknod (CAP_MKNOD is a default capability) then reaches every GPU. On other rules only
+/// read or write access counts: `m` alone (containerd's default `c *:* m`) opens nothing,
+/// but runc's allow-all is `rwm` whatever the `a` rule's access says.
 fn wildcard_reaches_nvidia(r: &LinuxDeviceCgroup) -> bool {
     use oci_spec::runtime::LinuxDeviceType as T;
     let opens = r
@@ -138,10 +139,9 @@ fn wildcard_reaches_nvidia(r: &LinuxDeviceCgroup) -> bool {
         .is_some_and(|a| a.contains(['r', 'w']));
     let any = |n: Option<i64>| n.map_or(true, |n| n < 0);
     r.allow()
-        && opens
         && match r.typ() {
             None | Some(T::A) => true,
-            Some(T::C) | Some(T::U) => {
+            Some(T::C) | Some(T::U) if opens => {
                 let major = r.major();
                 (any(major) || major == Some(i64::from(class::NVIDIA_MAJOR)))
                     && (any(major) || any(r.minor()))
