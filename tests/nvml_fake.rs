@@ -1743,6 +1743,7 @@ fn a_wildcard_allow_rule_checks_every_gpu() {
         json!({"allow": true, "access": "rwm"}),
         json!({"allow": true, "type": "a", "major": 1, "minor": 3, "access": "rw"}),
         json!({"allow": true, "type": "c", "major": 195, "access": "rwm"}),
+        json!({"allow": true, "access": "m"}),
     ] {
         let mut spec = base_spec(&["true"]);
         spec["linux"]["resources"]["devices"]

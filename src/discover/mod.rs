@@ -650,7 +650,7 @@ mod tests {
     /// opens every GPU to a container that can mknod (CAP_MKNOD is a default capability), so
     /// every GPU node under dev_root is assigned, and both fast tests send the spec on.
     /// `m` alone (containerd's default `c *:* m`) opens nothing, except on a rule of type
-    /// `a`, whose access runc ignores.
+    /// `a`, whose access runc ignores. Long because each rule form is one table entry.
     #[test]
     fn a_wildcard_allow_reaching_nvidia_assigns_every_gpu() {
         if !nix::unistd::geteuid().is_root() {
