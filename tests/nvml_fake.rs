@@ -1727,6 +1727,42 @@ fn env_selectors_false_ignores_nvidia_visible_devices() {
     assert!(n.said(&out).contains("remapping failed"), "{}", text(&out));
 }
 
+/// A spec that lists no GPU but allows every device (runc reads any rule of type `a`, or
+/// of no type, as allow-all; a -1 or missing number as any) lets a container with CAP_MKNOD
+/// make and open a broken GPU's node: every GPU under dev_root is checked, and the broken
+/// one rejects the start. Access `m` alone (containerd's default) opens nothing.
+#[test]
+fn a_wildcard_allow_rule_checks_every_gpu() {
+    require_root!();
+    let n = node("wildallow", fake_nvml::lib(), json!({}));
+    let bad = node_with(
+        3,
+        json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
+    );
+    for rule in [
+        json!({"allow": true, "access": "rwm"}),
+        json!({"allow": true, "type": "a", "major": 1, "minor": 3, "access": "rw"}),
+        json!({"allow": true, "type": "c", "major": 195, "access": "rwm"}),
+        json!({"allow": true, "access": "m"}),
+    ] {
+        let mut spec = base_spec(&["true"]);
+        spec["linux"]["resources"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(rule.clone());
+        let out = n.prestart(&spec, &bad);
+        assert_eq!(out.status.code(), Some(1), "{rule}: {}", text(&out));
+        assert!(n.said(&out).contains("195:3"), "{rule}: {}", text(&out));
+    }
+    let mut spec = base_spec(&["true"]);
+    spec["linux"]["resources"]["devices"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"allow": true, "type": "c", "access": "m"}));
+    let out = n.prestart(&spec, &bad);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// The NVIDIA toolkit's config.toml is read as the toolkit reads it (TOML, top-level key
 /// only), and in doubt NVIDIA_VISIBLE_DEVICES selects: devgate checks more GPUs, never fewer.
 #[test]

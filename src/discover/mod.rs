@@ -17,6 +17,7 @@ use crate::model::device::{
 use crate::oci::spec::Spec;
 use devnode::find_host_node;
 use gpu::gpu_selectors;
+use oci_spec::runtime::LinuxDeviceCgroup;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -124,6 +125,73 @@ fn from_bind_mounts(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) {
     }
 }
 
+/// Whether an allow rule opens NVIDIA's nodes without naming one major:minor. runc reads
+/// a rule of type `a`, or of no type, as "allow every device" whatever its numbers (its
+/// cgroup emulator drops them), and a missing or -1 number as any; a container that can
+/// mknod (CAP_MKNOD is a default capability) then reaches every GPU. On other rules only
+/// read or write access counts: `m` alone (containerd's default `c *:* m`) opens nothing,
+/// but runc's allow-all is `rwm` whatever the `a` rule's access says.
+fn wildcard_reaches_nvidia(r: &LinuxDeviceCgroup) -> bool {
+    use oci_spec::runtime::LinuxDeviceType as T;
+    let opens = r
+        .access()
+        .as_deref()
+        .is_some_and(|a| a.contains(['r', 'w']));
+    let any = |n: Option<i64>| n.map_or(true, |n| n < 0);
+    r.allow()
+        && match r.typ() {
+            None | Some(T::A) => true,
+            Some(T::C) | Some(T::U) if opens => {
+                let major = r.major();
+                (any(major) || major == Some(i64::from(class::NVIDIA_MAJOR)))
+                    && (any(major) || any(r.minor()))
+            }
+            _ => false,
+        }
+}
+
+/// Every GPU node (`nvidiaN`, NVIDIA's major) directly in `dev_root`, when a wildcard
+/// allow rule opens them: each is assigned as a device the rule gives.
+fn from_wildcard_rules(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) {
+    if !spec.device_rules().iter().any(wildcard_reaches_nvidia) {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(dev_root) else {
+        return;
+    };
+    let mut names: Vec<_> = rd
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| {
+            n.as_encoded_bytes()
+                .strip_prefix(b"nvidia")
+                .is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
+        })
+        .collect();
+    names.sort();
+    for name in names {
+        let path = dev_root.join(&name);
+        let Ok(meta) = crate::fsutil::stat_beneath(dev_root, &path) else {
+            continue;
+        };
+        let Some(num) = DevNum::from_metadata(&meta) else {
+            continue;
+        };
+        if num.typ != DevType::Char || num.major != class::NVIDIA_MAJOR {
+            continue;
+        }
+        out.push(Candidate {
+            num,
+            container_path: None,
+            host_path: Some(path),
+            source: Source::CgroupRule,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        });
+    }
+}
+
 /// Allow rules naming one major:minor; the caller keeps only those of a known class.
 fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
     use oci_spec::runtime::LinuxDeviceType as T;
@@ -165,7 +233,10 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
 /// True when the spec may assign any device: the cheap test that lets a container with no
 /// devices skip loading devgate's config at all.
 pub fn may_have_devices(spec: &Spec) -> bool {
-    if !spec.devices().is_empty() || !gpu_selectors(spec).is_empty() {
+    if !spec.devices().is_empty()
+        || !gpu_selectors(spec).is_empty()
+        || spec.device_rules().iter().any(wildcard_reaches_nvidia)
+    {
         return true;
     }
     let mut c = Vec::new();
@@ -193,10 +264,10 @@ pub fn may_name_nvidia(spec: &Spec) -> bool {
     spec.devices()
         .iter()
         .any(|d| d.major == i64::from(class::NVIDIA_MAJOR) || nvidia_path(&d.path))
-        || spec
-            .device_rules()
-            .iter()
-            .any(|r| r.allow() && r.major() == Some(i64::from(class::NVIDIA_MAJOR)))
+        || spec.device_rules().iter().any(|r| {
+            (r.allow() && r.major() == Some(i64::from(class::NVIDIA_MAJOR)))
+                || wildcard_reaches_nvidia(r)
+        })
         || spec
             .mounts
             .iter()
@@ -228,6 +299,7 @@ fn discover_below(
     from_linux_devices(spec, &mut cands)?;
     from_bind_mounts(spec, dev_root, &mut cands);
     from_rules(spec, &mut cands);
+    from_wildcard_rules(spec, dev_root, &mut cands);
 
     let mut devices: Vec<Device> = Vec::new();
     for c in cands {
@@ -570,6 +642,78 @@ mod tests {
             listed("/dev/elsewhere")[0].host_path.as_deref(),
             Some(dev.join("caps/node").as_path())
         );
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// runc reads an allow rule of type `a`, or of no type, as "allow every device", whatever
+    /// its numbers, and a missing or -1 number as any: such a rule with read or write access
+    /// opens every GPU to a container that can mknod (CAP_MKNOD is a default capability), so
+    /// every GPU node under dev_root is assigned, and both fast tests send the spec on.
+    /// `m` alone (containerd's default `c *:* m`) opens nothing, except on a rule of type
+    /// `a`, whose access runc ignores. Long because each rule form is one table entry.
+    #[test]
+    fn a_wildcard_allow_reaching_nvidia_assigns_every_gpu() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for mknod (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("devgate-wild-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+            nix::sys::stat::mknod(
+                &d.join(name),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(195, minor),
+            )
+            .unwrap();
+        }
+        let rules = |r: &str| {
+            spec(&format!(
+                r#"{{"linux":{{"resources":{{"devices":[{{"allow":false,"access":"rwm"}},{r}]}}}}}}"#
+            ))
+        };
+        for r in [
+            r#"{"allow":true,"access":"rwm"}"#,
+            r#"{"allow":true,"type":"a","major":195,"minor":3,"access":"rw"}"#,
+            r#"{"allow":true,"type":"a","major":1,"minor":3,"access":"rw"}"#,
+            r#"{"allow":true,"type":"c","major":195,"access":"rw"}"#,
+            r#"{"allow":true,"type":"c","major":195,"minor":-1,"access":"r"}"#,
+            r#"{"allow":true,"type":"c","access":"rwm"}"#,
+            r#"{"allow":true,"type":"c","minor":1,"access":"w"}"#,
+            // runc's emulator makes an allow of type `a` allow-all, `rwm`, whatever its
+            // access says.
+            r#"{"allow":true,"access":"m"}"#,
+            r#"{"allow":true,"type":"a","major":195,"minor":0,"access":"m"}"#,
+        ] {
+            let s = rules(r);
+            assert!(may_have_devices(&s), "{r}");
+            assert!(may_name_nvidia(&s), "{r}");
+            let got = discover(&s, &class::builtin(), &d, Path::new("/nonexistent-sys")).unwrap();
+            let mut gpus: Vec<_> = got
+                .iter()
+                .filter(|x| x.class == "nvidia-gpu")
+                .map(|x| (x.num.minor, x.host_path.clone()))
+                .collect();
+            gpus.sort();
+            assert_eq!(
+                gpus,
+                vec![(0, Some(d.join("nvidia0"))), (1, Some(d.join("nvidia1")))],
+                "{r}"
+            );
+        }
+        for r in [
+            r#"{"allow":true,"type":"c","access":"m"}"#,
+            r#"{"allow":true,"type":"c","major":136,"access":"rwm"}"#,
+            r#"{"allow":true,"type":"b","access":"rwm"}"#,
+            r#"{"allow":false,"type":"c","major":195,"access":"rwm"}"#,
+        ] {
+            let s = rules(r);
+            assert!(!may_name_nvidia(&s), "{r}");
+            let got = discover(&s, &class::builtin(), &d, Path::new("/nonexistent-sys")).unwrap();
+            assert!(got.is_empty(), "{r}: {got:?}");
+        }
         let _ = fs::remove_dir_all(&d);
     }
 
