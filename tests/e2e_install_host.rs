@@ -16,10 +16,12 @@ fn repo() -> &'static Path {
 }
 
 fn devgate_on(root: &Path, command: &str) -> Output {
+    let mut words = command.split(' ');
     Command::new(devgate_bin())
-        .arg(command)
+        .arg(words.next().unwrap())
         .arg("--root")
         .arg(root)
+        .args(words)
         .env_remove("DEVGATE_CONFIG")
         .output()
         .unwrap()
@@ -80,8 +82,9 @@ fn install_host_puts_the_containerd_snippets_on_the_node() {
     }
 }
 
-/// containerd keeps naming the base spec after removal (its config is the operator's), so
-/// the spec stays, without hooks, and the programs go only after it no longer names them.
+/// containerd keeps naming the base spec (its config is the operator's) and reads it at
+/// start, so removal takes the hooks out of the spec first, keeping the programs until the
+/// runtime has restarted (`--programs`).
 #[test]
 fn uninstall_host_leaves_a_hookless_spec_and_removes_the_programs() {
     let root = tempdir("host-remove");
@@ -92,19 +95,29 @@ fn uninstall_host_leaves_a_hookless_spec_and_removes_the_programs() {
     let mut expect = installed;
     expect.as_object_mut().unwrap().remove("hooks");
     assert_eq!(json(&root.join(SPEC)), expect);
+    assert!(!root
+        .join("usr/share/containers/oci/hooks.d/devgate.json")
+        .exists());
+    // A containerd that has not restarted still runs the hooks it read: they stay.
+    assert!(root.join("usr/local/bin/devgate-hook").is_file(), "{said}");
+    assert!(said.contains("--programs"), "{said}");
+
+    let said = ok_on(&root, "uninstall-host --programs");
     for gone in [
         "usr/local/bin/devgate",
         "usr/local/bin/devgate-hook",
         "usr/local/bin/devgate-runtime",
-        "usr/share/containers/oci/hooks.d/devgate.json",
     ] {
         assert!(!root.join(gone).exists(), "{gone} left: {said}");
     }
+    assert_eq!(json(&root.join(SPEC)), expect);
     // The operator's config and quarantine marks stay, as a package's remove keeps them.
     assert!(root.join("etc/devgate/config.json").is_file());
     assert!(root.join("var/lib/devgate/quarantine").is_dir());
-    // Removing again is a no-op that succeeds.
-    ok_on(&root, "uninstall-host");
+    // Removing again is a no-op that succeeds; reinstalling lays the hooks again.
+    ok_on(&root, "uninstall-host --programs");
+    ok_on(&root, "install-host");
+    assert!(json(&root.join(SPEC))["hooks"]["prestart"].is_array());
 }
 
 /// An edited spec may still name the hook front: removal keeps both and says so.
@@ -118,7 +131,9 @@ fn uninstall_host_keeps_the_hook_front_an_edited_spec_names() {
         .replace("\"timeout\": 30", "\"timeout\": 20");
     fs::write(&spec, &mine).unwrap();
     let said = ok_on(&root, "uninstall-host");
-    assert_eq!(fs::read_to_string(&spec).unwrap(), mine);
-    assert!(root.join("usr/local/bin/devgate-hook").is_file(), "{said}");
     assert!(said.contains("kept edited"), "{said}");
+    let out = devgate_on(&root, "uninstall-host --programs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(fs::read_to_string(&spec).unwrap(), mine);
+    assert!(root.join("usr/local/bin/devgate-hook").is_file());
 }
