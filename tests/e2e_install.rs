@@ -307,12 +307,17 @@ fn daemonset_manifest_matches_the_installer() {
     let host = root.join("host");
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     for line in said.lines() {
-        let Some(p) = line.split(' ').find(|w| w.starts_with(host.to_str().unwrap())) else {
+        let Some(p) = line
+            .split(' ')
+            .find(|w| w.starts_with(host.to_str().unwrap()))
+        else {
             continue;
         };
         let p = format!("/host{}", &p[host.to_str().unwrap().len()..]);
         assert!(
-            mounts.iter().any(|m| p.starts_with(&format!("{m}/")) || p == *m),
+            mounts
+                .iter()
+                .any(|m| p.starts_with(&format!("{m}/")) || p == *m),
             "{p} is not under a mount of the DaemonSet: {mounts:?}"
         );
     }
