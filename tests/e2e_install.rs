@@ -298,15 +298,28 @@ fn daemonset_manifest_matches_the_installer() {
     let out = Command::new(devgate_bin()).args(&argv).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert!(root.join("host/usr/local/bin/devgate").is_file());
-    // Every host path install-host wrote is one the DaemonSet mounts.
-    for p in [
-        "/host/usr/local/bin",
-        "/host/usr/share/containers/oci/hooks.d",
-        "/host/etc/containerd",
-        "/host/etc/devgate",
-        "/host/var/lib/devgate",
-    ] {
-        assert!(yaml.contains(&format!("mountPath: {p} ")), "{p}");
+    // Every host path install-host wrote is under one the DaemonSet mounts.
+    let mounts: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.split("mountPath: ").nth(1))
+        .filter_map(|m| m.split([' ', ',']).next())
+        .collect();
+    let host = root.join("host");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in said.lines() {
+        let Some(p) = line
+            .split(' ')
+            .find(|w| w.starts_with(host.to_str().unwrap()))
+        else {
+            continue;
+        };
+        let p = format!("/host{}", &p[host.to_str().unwrap().len()..]);
+        assert!(
+            mounts
+                .iter()
+                .any(|m| p.starts_with(&format!("{m}/")) || p == *m),
+            "{p} is not under a mount of the DaemonSet: {mounts:?}"
+        );
     }
 }
 

@@ -259,6 +259,8 @@ pub(super) struct Opts {
     pub(super) command: Option<String>,
     /// The runtime wrapper's configuration instead of the hooks' (cli/wrapper_config.rs).
     pub(super) wrapper: bool,
+    /// uninstall-host's second step: remove the programs (cli/uninstall.rs).
+    pub(super) programs: bool,
 }
 
 fn parse(argv: &[String]) -> Result<Opts> {
@@ -274,7 +276,7 @@ fn parse(argv: &[String]) -> Result<Opts> {
             "--config-file",
             "--hooks-dir",
         ],
-        &["--wrapper"],
+        &["--wrapper", "--programs"],
     )?;
     if let Some(extra) = p.positional.get(1) {
         return Err(Error::Usage(format!("unexpected argument {extra:?}")));
@@ -291,18 +293,21 @@ fn parse(argv: &[String]) -> Result<Opts> {
         hooks_dir: path("--hooks-dir"),
         command: p.positional.first().cloned(),
         wrapper: p.flag("--wrapper"),
+        programs: p.flag("--programs"),
     })
 }
 
-/// The command this module runs, if `argv` names one: `hooks-config` or `install-host`.
+/// The command this module runs, if `argv` names one: `hooks-config`, `install-host` or
+/// `uninstall-host`.
 /// Returns the exit status; `None` leaves the command line to the rest of the CLI.
 pub fn cli(argv: &[String]) -> Option<i32> {
     let command = super::args::command(argv)?;
-    if command != "hooks-config" && command != "install-host" {
+    if !["hooks-config", "install-host", "uninstall-host"].contains(&command) {
         return None;
     }
     let result = parse(argv).and_then(|o| match o.command.as_deref() {
         Some("install-host") => super::install::install_host(&o),
+        Some("uninstall-host") => super::uninstall::uninstall_host(&o),
         _ => hooks_config(&o),
     });
     Some(match result {
@@ -552,7 +557,7 @@ mod tests {
         );
         let e = err("install-host --root /host --runtime crio");
         assert!(
-            e.starts_with("--runtime, --bin, --out and --wrapper are hooks-config's options; "),
+            e.starts_with("--runtime, --bin, --out, --wrapper and --programs are not install-host's options; "),
             "{e}"
         );
         for e in [e, err("hooks-config"), err("install-host")] {

@@ -1,6 +1,8 @@
 //! `devgate install-host`: copies devgate, its hook files and its config onto a host
 //! mounted at `--root` (the Kubernetes DaemonSet installer).
 
+use super::conffile::{say_laid, Conffile, RECORD_DIR};
+use super::hooks_config::File;
 use super::hooks_config::{
     absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
     HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
@@ -11,7 +13,63 @@ use crate::error::{Error, Result};
 use crate::fsutil::{ensure_private_dir, write_atomic};
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Where containerd's config and devgate's base spec live on the host.
+pub(super) const CONTAINERD_DIR: &str = "/etc/containerd";
+/// Where the containerd config snippets go on the host (named by the DaemonSet's notes).
+const SNIPPET_DIR: &str = "/usr/share/devgate/containerd";
+
+/// `p` (absolute, on the host) under the host root.
+pub(super) fn under(root: &Path, p: &Path) -> PathBuf {
+    root.join(p.strip_prefix("/").unwrap_or(p))
+}
+
+/// The base spec `name` on the host at `root`, with its install record.
+pub(super) struct BaseSpec {
+    pub path: PathBuf,
+    pub record: PathBuf,
+}
+
+impl BaseSpec {
+    pub(super) fn lay(&self, ours: &[u8]) -> Result<super::conffile::Laid> {
+        self.conffile().lay(ours)
+    }
+
+    pub(super) fn conffile(&self) -> Conffile<'_> {
+        Conffile {
+            path: &self.path,
+            record: &self.record,
+        }
+    }
+}
+
+pub(super) fn base_spec(root: &Path, name: &str) -> BaseSpec {
+    BaseSpec {
+        path: under(root, Path::new(CONTAINERD_DIR)).join(name),
+        record: under(root, Path::new(RECORD_DIR)).join(name),
+    }
+}
+
+/// containerd's config snippets (versions 2 and 3), as the repository ships them.
+fn snippets() -> Vec<File> {
+    [
+        (
+            "config.toml",
+            include_str!("../../hooks/containerd/config.toml"),
+        ),
+        (
+            "config-v3.toml",
+            include_str!("../../hooks/containerd/config-v3.toml"),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, content)| File {
+        name: name.into(),
+        content: content.into(),
+    })
+    .collect()
+}
 
 const INSTALL_HOST_USAGE: &str =
     "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]";
@@ -53,9 +111,10 @@ fn install_companion(what: &str, dst: &Path) -> Result<()> {
 /// Long because it is the installer's script, step after step, each with its own message;
 /// split, the order of the steps would be harder to read.
 pub(super) fn install_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.programs {
         return Err(Error::Usage(format!(
-            "--runtime, --bin, --out and --wrapper are hooks-config's options; {INSTALL_HOST_USAGE}"
+            "--runtime, --bin, --out, --wrapper and --programs are not install-host's options; \
+             {INSTALL_HOST_USAGE}"
         )));
     }
     let root = o
@@ -64,7 +123,7 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         .ok_or_else(|| Error::Usage(format!("--root is required; {INSTALL_HOST_USAGE}")))?;
     absolute("--root", root)?;
     let target = target_of(o, "/usr/local")?;
-    let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    let under = |p: &Path| under(root, p);
 
     // A config from --config-file is checked before anything on the host changes.
     let given = match &o.config_file {
@@ -113,10 +172,14 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
             say!("devgate: installed {}", p.display());
         }
     }
-    for p in write_files(
-        &under(Path::new("/etc/containerd")),
-        &files(Runtime::Containerd, &target)?,
-    )? {
+    // The base spec last, after the programs its hooks name: a containerd that names it
+    // and restarts now runs programs that are there.
+    for f in files(Runtime::Containerd, &target)? {
+        ensure_dir(&under(Path::new(CONTAINERD_DIR)))?;
+        say_laid(&base_spec(root, &f.name).lay(f.content.as_bytes())?);
+    }
+    // The snippets the operator or the node image merges into containerd's config.
+    for p in write_files(&under(Path::new(SNIPPET_DIR)), &snippets())? {
         say!("devgate: installed {}", p.display());
     }
 

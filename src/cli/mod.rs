@@ -9,10 +9,12 @@ macro_rules! say {
 }
 
 mod args;
+mod conffile;
 mod doctor;
 pub(crate) mod hooks_config;
 mod install;
 mod node;
+mod uninstall;
 mod wrapper_config;
 
 use crate::error::{Error, Result};
@@ -46,6 +48,9 @@ commands:
                              hooks, or with --wrapper devgate-runtime
   install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]
                              copy devgate and its configuration onto a host (Kubernetes installer)
+  uninstall-host --root DIR [--prefix DIR] [--hooks-dir DIR] [--programs]
+                             take devgate's hooks off a host (base spec without hooks); after
+                             the runtime restarts, --programs removes the programs
   doctor [--bin PATH] [--hooks-dir DIR]... [--crio-config FILE] [--containerd BIN]
          [--containerd-config FILE] [--nvidia-runtime-config FILE] [--kubelet-config FILE]
                              check the install: one ✓/✗ line per check, each ✗ with its fix;

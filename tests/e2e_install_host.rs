@@ -1,0 +1,139 @@
+//! `devgate install-host` and `devgate uninstall-host` against a scratch host root: a
+//! reinstall keeps an operator's edit of the base spec, the containerd snippets land on the
+//! node, and removal leaves a base spec containerd can still load with no hook to run.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+const SPEC: &str = "etc/containerd/devgate-base-spec.json";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn devgate_on(root: &Path, command: &str) -> Output {
+    let mut words = command.split(' ');
+    Command::new(devgate_bin())
+        .arg(words.next().unwrap())
+        .arg("--root")
+        .arg(root)
+        .args(words)
+        .env_remove("DEVGATE_CONFIG")
+        .output()
+        .unwrap()
+}
+
+fn ok_on(root: &Path, command: &str) -> String {
+    let out = devgate_on(root, command);
+    assert!(out.status.success(), "{command}: {}", text(&out));
+    text(&out)
+}
+
+fn json(p: &Path) -> Value {
+    serde_json::from_str(&fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap()
+}
+
+#[test]
+fn install_host_keeps_an_edited_base_spec_and_writes_new() {
+    let root = tempdir("host-edit");
+    ok_on(&root, "install-host");
+    let spec = root.join(SPEC);
+    let shipped = fs::read_to_string(&spec).unwrap();
+
+    // An unedited spec is replaced on a rerun (upgrade), with no .new beside it.
+    ok_on(&root, "install-host");
+    assert_eq!(fs::read_to_string(&spec).unwrap(), shipped);
+    assert!(!root.join(format!("{SPEC}.new")).exists());
+
+    // An operator's edit is kept; the installer's version goes to .new, and it says so.
+    let mine = shipped.replace("\"timeout\": 30", "\"timeout\": 20");
+    assert_ne!(mine, shipped);
+    fs::write(&spec, &mine).unwrap();
+    let said = ok_on(&root, "install-host");
+    assert_eq!(fs::read_to_string(&spec).unwrap(), mine);
+    let new = root.join(format!("{SPEC}.new"));
+    assert_eq!(fs::read_to_string(&new).unwrap(), shipped);
+    assert!(
+        said.contains(&format!("devgate: kept edited {}", spec.display())),
+        "{said}"
+    );
+
+    // Once the operator takes the new one, reruns replace it again.
+    fs::rename(&new, &spec).unwrap();
+    ok_on(&root, "install-host");
+    assert!(!new.exists());
+}
+
+#[test]
+fn install_host_puts_the_containerd_snippets_on_the_node() {
+    let root = tempdir("host-snippet");
+    ok_on(&root, "install-host");
+    for name in ["config.toml", "config-v3.toml"] {
+        assert_eq!(
+            fs::read_to_string(root.join("usr/share/devgate/containerd").join(name)).unwrap(),
+            fs::read_to_string(repo().join("hooks/containerd").join(name)).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+/// containerd keeps naming the base spec (its config is the operator's) and reads it at
+/// start, so removal takes the hooks out of the spec first, keeping the programs until the
+/// runtime has restarted (`--programs`).
+#[test]
+fn uninstall_host_leaves_a_hookless_spec_and_removes_the_programs() {
+    let root = tempdir("host-remove");
+    ok_on(&root, "install-host");
+    let installed = json(&root.join(SPEC));
+    let said = ok_on(&root, "uninstall-host");
+
+    let mut expect = installed;
+    expect.as_object_mut().unwrap().remove("hooks");
+    assert_eq!(json(&root.join(SPEC)), expect);
+    assert!(!root
+        .join("usr/share/containers/oci/hooks.d/devgate.json")
+        .exists());
+    // A containerd that has not restarted still runs the hooks it read: they stay.
+    assert!(root.join("usr/local/bin/devgate-hook").is_file(), "{said}");
+    assert!(said.contains("--programs"), "{said}");
+
+    let said = ok_on(&root, "uninstall-host --programs");
+    for gone in [
+        "usr/local/bin/devgate",
+        "usr/local/bin/devgate-hook",
+        "usr/local/bin/devgate-runtime",
+    ] {
+        assert!(!root.join(gone).exists(), "{gone} left: {said}");
+    }
+    assert_eq!(json(&root.join(SPEC)), expect);
+    // The operator's config and quarantine marks stay, as a package's remove keeps them.
+    assert!(root.join("etc/devgate/config.json").is_file());
+    assert!(root.join("var/lib/devgate/quarantine").is_dir());
+    // Removing again is a no-op that succeeds; reinstalling lays the hooks again.
+    ok_on(&root, "uninstall-host --programs");
+    ok_on(&root, "install-host");
+    assert!(json(&root.join(SPEC))["hooks"]["prestart"].is_array());
+}
+
+/// An edited spec may still name the hook front: removal keeps both and says so.
+#[test]
+fn uninstall_host_keeps_the_hook_front_an_edited_spec_names() {
+    let root = tempdir("host-remove-edited");
+    ok_on(&root, "install-host");
+    let spec = root.join(SPEC);
+    let mine = fs::read_to_string(&spec)
+        .unwrap()
+        .replace("\"timeout\": 30", "\"timeout\": 20");
+    fs::write(&spec, &mine).unwrap();
+    let said = ok_on(&root, "uninstall-host");
+    assert!(said.contains("kept edited"), "{said}");
+    let out = devgate_on(&root, "uninstall-host --programs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(fs::read_to_string(&spec).unwrap(), mine);
+    assert!(root.join("usr/local/bin/devgate-hook").is_file());
+}
