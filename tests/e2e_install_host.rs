@@ -137,3 +137,34 @@ fn uninstall_host_keeps_the_hook_front_an_edited_spec_names() {
     assert_eq!(fs::read_to_string(&spec).unwrap(), mine);
     assert!(root.join("usr/local/bin/devgate-hook").is_file());
 }
+
+/// A runtime whose config still names devgate's runtime wrapper (containerd's
+/// `BinaryName`, CRI-O's `runtime_path`) would fail every start once it is gone: the
+/// programs stay, and the line names the file.
+#[test]
+fn uninstall_host_keeps_the_programs_a_runtime_config_names() {
+    let root = tempdir("host-remove-wrapper");
+    ok_on(&root, "install-host");
+    let conf = root.join("etc/containerd/config.toml");
+    fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    fs::write(
+        &conf,
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  \
+         BinaryName = \"/usr/local/bin/devgate-runtime\"\n",
+    )
+    .unwrap();
+    ok_on(&root, "uninstall-host");
+    let out = devgate_on(&root, "uninstall-host --programs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("/etc/containerd/config.toml names /usr/local/bin/devgate-runtime"),
+        "{}",
+        text(&out)
+    );
+    assert!(root.join("usr/local/bin/devgate-runtime").exists());
+    // once the operator takes it out, the programs go
+    fs::write(&conf, "version = 2\n").unwrap();
+    ok_on(&root, "uninstall-host --programs");
+    assert!(!root.join("usr/local/bin/devgate-runtime").exists());
+    assert!(!root.join("usr/local/bin/devgate").exists());
+}
