@@ -70,16 +70,21 @@ fn remove(p: &Path) -> Result<()> {
     }
 }
 
-/// The programs install-host lays for `target`, on the host.
-fn programs(root: &Path, target: &Target) -> Vec<PathBuf> {
+/// The programs install-host lays for `target`, as the host names them.
+fn host_programs(target: &Target) -> [PathBuf; 3] {
     [
         target.hook.clone(),
         wrapper_config::wrapper_path(target),
         target.bin.clone(),
     ]
-    .iter()
-    .map(|p| under(root, p))
-    .collect()
+}
+
+/// [`host_programs`], under `root`.
+fn programs(root: &Path, target: &Target) -> Vec<PathBuf> {
+    host_programs(target)
+        .iter()
+        .map(|p| under(root, p))
+        .collect()
 }
 
 /// Step one: the spec loses its hooks, the oci-hooks files go. Returns whether the
@@ -122,6 +127,60 @@ fn unhook(root: &Path, o: &Opts, target: &Target) -> Result<bool> {
     Ok(free)
 }
 
+/// The runtime configs that can name a program of devgate's: containerd's (and the
+/// drop-in directory its shipped config imports), CRI-O's, podman's.
+const RUNTIME_CONFIGS: [&str; 3] = ["/etc/containerd", "/etc/crio", "/etc/containers"];
+
+/// The first runtime config file under `root` whose text names one of `progs` (by its path
+/// on the host), with that program. A plain text search, so a comment counts too: the
+/// programs then stay, which is the safe way to be wrong.
+fn named_by_runtime_config(root: &Path, progs: &[PathBuf]) -> Option<(PathBuf, PathBuf)> {
+    for dir in RUNTIME_CONFIGS {
+        for file in config_files(&under(root, Path::new(dir))) {
+            let Ok(bytes) = crate::fsutil::read_regular_file(&file, 1 << 20, "runtime config")
+            else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&bytes);
+            if let Some(p) = progs.iter().find(|p| text.contains(&*p.to_string_lossy())) {
+                let shown = Path::new("/").join(file.strip_prefix(root).unwrap_or(&file));
+                return Some((shown, p.clone()));
+            }
+        }
+    }
+    None
+}
+
+/// The `.toml` and `.conf` files in `dir` and in its directories one level down
+/// (`conf.d`, `crio.conf.d`, `containers.conf.d`).
+fn config_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => {
+                if let Ok(inner) = fs::read_dir(&p) {
+                    out.extend(inner.flatten().map(|e| e.path()).filter(|p| is_config(p)));
+                }
+            }
+            Ok(t) if t.is_file() && is_config(&p) => out.push(p),
+            _ => {}
+        }
+    }
+    out.sort();
+    out
+}
+
+fn is_config(p: &Path) -> bool {
+    matches!(
+        p.extension().and_then(|e| e.to_str()),
+        Some("toml" | "conf")
+    )
+}
+
 pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper {
         return Err(Error::Usage(format!(
@@ -147,6 +206,17 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
         return Err(Error::invalid(
             "--programs",
             "the base spec is an operator's edit that may name them; take devgate's hooks out of it first",
+        ));
+    }
+    if let Some((file, prog)) = named_by_runtime_config(root, &host_programs(&target)) {
+        return Err(Error::invalid(
+            "--programs",
+            format!(
+                "{} names {}: every start through that runtime would fail without it; take it \
+                 out, restart the runtime, then rerun",
+                file.display(),
+                prog.display()
+            ),
         ));
     }
     for p in programs(root, &target) {
