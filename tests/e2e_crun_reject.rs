@@ -75,7 +75,10 @@ fn podman_reject(json_log: bool) {
         .unwrap();
     let all = text(&out);
     assert!(!out.status.success(), "{all}");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"), "{all}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("ran"),
+        "{all}"
+    );
     // podman's own error line (stderr's last) carries devgate's line
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr.lines().last().unwrap_or_default();
@@ -83,7 +86,10 @@ fn podman_reject(json_log: bool) {
     assert!(last.contains(REJECT_LINE), "{all}");
     // the log podman asked for, or none
     let calls = fs::read_to_string(format!("{}.calls", runtime.display())).unwrap();
-    let create = calls.lines().find(|l| l.contains(" create ")).unwrap_or_default();
+    let create = calls
+        .lines()
+        .find(|l| l.contains(" create "))
+        .unwrap_or_default();
     assert_eq!(create.contains("--log-format=json"), json_log, "{calls}");
     let decisions = env.decisions();
     assert_eq!(decisions.len(), 1, "{decisions:?}");

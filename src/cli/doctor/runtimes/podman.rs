@@ -95,6 +95,25 @@ fn drop_ins(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// podman's runtime as far as devgate's reject line goes: crun sends a hook's output to
+/// /dev/null, so where podman runs crun only devgate's runtime wrapper gets the line to
+/// podman's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PodmanRuntime {
+    /// The runtime's path is devgate's wrapper.
+    Wrapper(PathBuf),
+    /// crun (podman's default) without the wrapper: hooks alone.
+    Crun(String),
+    /// Another runtime (runc passes a hook's stderr on).
+    Other(String),
+}
+
+/// containers.conf's `[engine] runtime` (default crun) and its `[engine.runtimes]` paths,
+/// a later file's value replacing an earlier one's.
+pub(crate) fn podman_runtime(_files: &[(PathBuf, String)]) -> Result<PodmanRuntime, String> {
+    Ok(PodmanRuntime::Other(String::new()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +207,43 @@ mod tests {
             ["o"]
         );
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// podman's default is crun; a runtime named in `[engine.runtimes]` whose path is
+    /// devgate-runtime is the wrapper; runc is another runtime; a later file wins.
+    #[test]
+    fn the_runtime_podman_runs() {
+        use PodmanRuntime::*;
+        assert_eq!(podman_runtime(&[]).unwrap(), Crun("crun".into()));
+        let debian = conf(
+            "/usr/share/containers/containers.conf",
+            "[engine]\n#runtime = \"crun\"\n",
+        );
+        assert_eq!(podman_runtime(&[debian]).unwrap(), Crun("crun".into()));
+        let runc = conf(
+            "/etc/containers/containers.conf",
+            "[engine]\nruntime = \"runc\"\n",
+        );
+        assert_eq!(
+            podman_runtime(&[runc.clone()]).unwrap(),
+            Other("runc".into())
+        );
+        let wrapper = conf(
+            "/etc/containers/containers.conf.d/devgate-runtime.conf",
+            "[engine]\nruntime = \"devgate\"\n[engine.runtimes]\ndevgate = [\"/usr/bin/devgate-runtime\"]\n",
+        );
+        assert_eq!(
+            podman_runtime(&[runc.clone(), wrapper]).unwrap(),
+            Wrapper("/usr/bin/devgate-runtime".into())
+        );
+        // a name with no paths of its own, or paths to crun, is crun
+        let named = conf(
+            "/etc/containers/containers.conf",
+            "[engine]\nruntime = \"fast\"\n[engine.runtimes]\nfast = [\"/opt/crun/bin/crun\"]\n",
+        );
+        assert_eq!(podman_runtime(&[named]).unwrap(), Crun("fast".into()));
+        let bad = conf("/etc/containers/containers.conf", "[engine]\nruntime = 3\n");
+        let e = podman_runtime(&[bad]).unwrap_err();
+        assert!(e.starts_with("/etc/containers/containers.conf: "), "{e}");
     }
 }
