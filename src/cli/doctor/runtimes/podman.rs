@@ -110,8 +110,57 @@ pub(crate) enum PodmanRuntime {
 
 /// containers.conf's `[engine] runtime` (default crun) and its `[engine.runtimes]` paths,
 /// a later file's value replacing an earlier one's.
-pub(crate) fn podman_runtime(_files: &[(PathBuf, String)]) -> Result<PodmanRuntime, String> {
-    Ok(PodmanRuntime::Other(String::new()))
+pub(crate) fn podman_runtime(files: &[(PathBuf, String)]) -> Result<PodmanRuntime, String> {
+    let mut name = "crun".to_string();
+    let mut paths: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for (path, text) in files {
+        let bad = |what: &str| format!("{}: [engine] {what}", path.display());
+        let v: toml::Value = toml::from_str(text)
+            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let Some(engine) = v.get("engine") else {
+            continue;
+        };
+        if let Some(r) = engine.get("runtime") {
+            name = r
+                .as_str()
+                .ok_or_else(|| bad("runtime is not a name"))?
+                .into();
+        }
+        let Some(t) = engine.get("runtimes").and_then(toml::Value::as_table) else {
+            continue;
+        };
+        for (k, list) in t {
+            let list = list
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|p| p.as_str().map(PathBuf::from))
+                        .collect()
+                })
+                .ok_or_else(|| bad("runtimes holds a value that is not a list of paths"))?;
+            paths.retain(|(n, _)| n != k);
+            paths.push((k.clone(), list));
+        }
+    }
+    Ok(judge_runtime(name, &paths))
+}
+
+/// podman resolves a runtime name to the first of its `[engine.runtimes]` paths that
+/// exists; doctor asks whether any of them is devgate's wrapper or crun.
+fn judge_runtime(name: String, paths: &[(String, Vec<PathBuf>)]) -> PodmanRuntime {
+    let file_is = |p: &Path, want: &str| p.file_name().is_some_and(|f| f == want);
+    let own: Vec<PathBuf> = paths
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| vec![PathBuf::from(&name)]);
+    if let Some(w) = own.iter().find(|p| file_is(p, crate::wrapper::PROGRAM)) {
+        return PodmanRuntime::Wrapper(w.clone());
+    }
+    if own.iter().any(|p| file_is(p, "crun")) {
+        return PodmanRuntime::Crun(name);
+    }
+    PodmanRuntime::Other(name)
 }
 
 #[cfg(test)]
