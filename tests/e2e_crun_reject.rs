@@ -113,3 +113,143 @@ fn podman_error_carries_the_reject_line_from_the_wrappers_json_log() {
     require_cmd("crun", "crun");
     podman_reject(true);
 }
+
+/// `ctr run --runc-binary WRAPPER`: the runc.v2 shim reads the last `level:"error"` entry
+/// of the runtime's JSON `--log` into "OCI runtime create failed: …", which ctr prints.
+/// crun never runs for a reject, so this holds on any cgroup layout.
+#[test]
+fn ctr_error_carries_the_reject_line() {
+    require_root!();
+    require_cmd("crun", "crun");
+    let cd = Containerd::start(
+        "crun-ctr",
+        "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]",
+        "",
+    );
+    const NS: &str = "devgate";
+    cd.import_test_image(NS);
+    let rootfs = cd.dir.join("rootfs");
+    fs::create_dir_all(&rootfs).unwrap();
+    cd.ctr_ok(
+        NS,
+        &[
+            "images",
+            "mount",
+            "--rw",
+            TEST_IMAGE,
+            rootfs.to_str().unwrap(),
+        ],
+    );
+    let env = crun_env("crun-ctr-env");
+    let runtime = wrapper_script(&env.dir, "devgate-runtime", &env);
+    let mut spec = base_spec(&["echo", "ran"]);
+    spec["root"] = serde_json::json!({"path": rootfs});
+    spec["linux"]["devices"] = serde_json::json!([{"path": "/dev/zero", "type": "c",
+        "major": 1, "minor": 5, "fileMode": 0o666, "uid": 0, "gid": 0}]);
+    let spec_path = cd.dir.join("spec.json");
+    fs::write(&spec_path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    let out = cd.ctr(
+        NS,
+        &[
+            "run",
+            "--rm",
+            "--runc-binary",
+            runtime.to_str().unwrap(),
+            "--config",
+            spec_path.to_str().unwrap(),
+            "cordoned",
+        ],
+    );
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("ran"),
+        "{all}"
+    );
+    assert!(
+        all.contains(&format!("OCI runtime create failed: {REJECT_LINE}")),
+        "{all}\n{}",
+        cd.log()
+    );
+    let decisions = env.decisions();
+    assert_eq!(
+        decisions.last().unwrap()["action"],
+        "reject",
+        "{decisions:?}"
+    );
+    let _ = cd.ctr(NS, &["containers", "rm", "cordoned"]);
+    let _ = cd.ctr(NS, &["images", "unmount", rootfs.to_str().unwrap()]);
+}
+
+/// containerd's CRI with devgate's wrapper as the runc.v2 shim's `BinaryName` in front of
+/// crun and devgate's hooks in the base spec: StartContainer fails with devgate's line, and
+/// ContainerStatus (what kubelet shows) says StartError with it. crun 1.8 refuses this
+/// host's hybrid layout, so containerd, its shims and crun run where /sys/fs/cgroup has
+/// the v1 controllers only; the pod sandbox itself runs under crun through the wrapper.
+#[test]
+fn cri_start_error_carries_the_reject_line() {
+    use common::cri::{self, Cri, PodGuard};
+    require_root!();
+    require_cmd("crun", "crun");
+    if let Some(why) = node::unified_without("cpu") {
+        eprintln!("skipped: {why}: a CRI pod sandbox sets cpu.weight");
+        return;
+    }
+    if !fake::v1_devices_or_skip() {
+        return;
+    }
+    let work = tempdir("crun-cri");
+    let env = crun_env("crun-cri-env");
+    let runtime = wrapper_script(&work, "devgate-runtime", &env);
+    let base_spec = work.join("devgate-base-spec.json");
+    fs::write(&base_spec, containerd_base_spec_for(&env)).unwrap();
+    let runc = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]";
+    let config = format!(
+        "{runc}\n  runtime_type = \"io.containerd.runc.v2\"\n  base_runtime_spec = \"{}\"\n\
+         {}.options]\n  BinaryName = \"{}\"\n  Root = \"{}\"\n\n{}",
+        base_spec.display(),
+        runc.trim_end_matches(']'),
+        runtime.display(),
+        work.join("runtime-root").display(),
+        cri::cri_plugin_settings(TEST_IMAGE)
+    );
+    let v1_only = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "umount /sys/fs/cgroup/unified && exec \"$0\" \"$@\"",
+    ];
+    let cd = Containerd::start_under("crun-cri", "version = 2", &config, &v1_only);
+    cd.import_test_image("k8s.io");
+    let mut c = Cri::connect(&cd.socket);
+    let uid = "crun-cri-uid";
+    let pod = cri::host_network_pod("gpu-pod", uid, "ml", &work.join("pods").join(uid));
+    let pod_id = c
+        .run_pod_sandbox(&pod)
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", cd.log()));
+    let _guard = PodGuard {
+        socket: cd.socket.clone(),
+        id: pod_id.clone(),
+    };
+    let spec = cri::container("trainer", TEST_IMAGE, &["echo", "ran"], &["/dev/zero"]);
+    let cid = c
+        .create_container(&pod_id, spec, &pod)
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", cd.log()));
+    let err = c
+        .start_container(&cid)
+        .expect_err("StartContainer must fail for a cordoned device");
+    assert!(err.message().contains(REJECT_LINE), "{err}");
+    let st = c.container_status(&cid).unwrap();
+    assert_eq!(st.reason, "StartError", "{st:?}");
+    assert!(st.message.contains(REJECT_LINE), "{st:?}");
+    let last = env.decisions().last().cloned().unwrap();
+    assert_eq!(last["action"], "reject");
+    assert_eq!(last["stage"], "create", "the wrapper decided: {last}");
+    assert_eq!(last["container_id"], cid.as_str());
+    c.remove_container(&cid).unwrap();
+    c.stop_pod_sandbox(&pod_id).unwrap();
+    c.remove_pod_sandbox(&pod_id).unwrap();
+}
