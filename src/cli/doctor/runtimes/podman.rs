@@ -274,7 +274,7 @@ mod tests {
             "[engine]\nruntime = \"runc\"\n",
         );
         assert_eq!(
-            podman_runtime(&[runc.clone()]).unwrap(),
+            podman_runtime(std::slice::from_ref(&runc)).unwrap(),
             Other("runc".into())
         );
         let wrapper = conf(
@@ -282,7 +282,7 @@ mod tests {
             "[engine]\nruntime = \"devgate\"\n[engine.runtimes]\ndevgate = [\"/usr/bin/devgate-runtime\"]\n",
         );
         assert_eq!(
-            podman_runtime(&[runc.clone(), wrapper]).unwrap(),
+            podman_runtime(&[runc, wrapper]).unwrap(),
             Wrapper("/usr/bin/devgate-runtime".into())
         );
         // a name with no paths of its own, or paths to crun, is crun
