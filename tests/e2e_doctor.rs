@@ -67,6 +67,11 @@ impl Node {
             .args(args)
             .env_remove("DEVGATE_CONFIG")
             .env("PATH", &self.path_dir);
+        // podman's runtime from the test's containers.conf, not the host's (crun by
+        // default, which doctor fails with hooks alone); a test's own CONTAINERS_CONF wins.
+        let conf = self.dir().join("containers-runc.conf");
+        fs::write(&conf, "[engine]\nruntime = \"runc\"\n").unwrap();
+        cmd.env("CONTAINERS_CONF", &conf);
         for (k, v) in envs {
             cmd.env(k, v);
         }
@@ -286,7 +291,10 @@ fn podman_line_agrees_with_what_podman_runs() {
     let conf = podman.dir.join("containers.conf");
     let base = fs::read_to_string(&conf).unwrap();
     let set_hooks_dir = |dir: &Path| {
-        let line = format!("[engine]\nhooks_dir = [\"{}\"]\n", dir.display());
+        let line = format!(
+            "[engine]\nruntime = \"runc\"\nhooks_dir = [\"{}\"]\n",
+            dir.display()
+        );
         fs::write(&conf, base.replacen("[engine]\n", &line, 1)).unwrap();
     };
     let run = || {
@@ -1085,4 +1093,44 @@ fn containerd_versions_parse_to_their_major() {
     assert_eq!(common::node::parse_containerd_major(v2), 2);
     assert_eq!(common::node::parse_containerd_major(v1), 1);
     assert_eq!(common::node::parse_containerd_major("containerd\n"), 0);
+}
+
+/// Where podman runs crun (its default) with devgate's hooks alone, crun discards the
+/// hook's reject line: doctor says ✗ with the wrapper as the fix, and ✓ once
+/// containers.conf names devgate's wrapper as podman's runtime.
+#[test]
+fn podman_on_crun_with_hooks_alone_fails_and_the_wrapper_passes() {
+    require_cmd("podman", "podman");
+    let node = Node::new("doc-crun", &["podman"], json!({}));
+    let hooks = node.hooks_dir(&devgate_bin());
+    let conf = node.dir().join("crun.conf");
+    fs::write(&conf, "[engine]\n#runtime = \"crun\"\n").unwrap();
+    let args = ["--hooks-dir", hooks.to_str().unwrap()];
+    let (code, lines) = node.doctor_with(&args, &[("CONTAINERS_CONF", &conf)]);
+    let fail = lines
+        .iter()
+        .position(|l| l.starts_with("✗ podman: ") && l.contains("its runtime \"crun\" is crun"))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(
+        lines[fail].ends_with("so a reject reaches podman without devgate's line"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[fail + 1].contains("--runtime podman --wrapper --bin "),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+
+    let wired = node.dir().join("devgate-runtime.conf");
+    fs::write(
+        &wired,
+        "[engine]\nruntime = \"devgate\"\n[engine.runtimes]\ndevgate = [\"/usr/bin/devgate-runtime\"]\n",
+    )
+    .unwrap();
+    let (_, lines) = node.doctor_with(&args, &[("CONTAINERS_CONF", &wired)]);
+    assert!(
+        lines.iter().any(|l| l.starts_with("✓ podman: ")
+            && l.ends_with("; its runtime is devgate's wrapper /usr/bin/devgate-runtime")),
+        "{lines:#?}"
+    );
 }

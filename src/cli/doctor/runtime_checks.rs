@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 /// older installs wrote /etc/containers/oci/hooks.d, which podman reads only where
 /// hooks_dir lists it.
 fn podman_line(opts: &Options, fix: &FixCmd, is_devgate: &dyn Fn(&Path) -> bool) -> Line {
+    let confs = podman::read_containers_confs();
     let dirs = if opts.hooks_dirs.is_empty() {
-        match podman::podman_hook_dirs(&podman::read_containers_confs()) {
+        match podman::podman_hook_dirs(&confs) {
             Ok(d) => d,
             Err(e) => {
                 return Line::fail(
@@ -32,7 +33,7 @@ fn podman_line(opts: &Options, fix: &FixCmd, is_devgate: &dyn Fn(&Path) -> bool)
     };
     let files = hooks::read_hook_dirs(&dirs);
     match hooks::judge_hook_files(&files, &dirs, is_devgate) {
-        Ok(t) => Line::pass("podman", t),
+        Ok(t) => podman_runtime_line(&confs, t, fix),
         Err(e) => Line::fail(
             "podman",
             format!("{e}{}", unread_devgate_hooks(&dirs, "podman", is_devgate)),
@@ -42,6 +43,37 @@ fn podman_line(opts: &Options, fix: &FixCmd, is_devgate: &dyn Fn(&Path) -> bool)
                     .map(PathBuf::as_path)
                     .unwrap_or(Path::new(PACKAGE_HOOKS_DIR)),
             ),
+        ),
+    }
+}
+
+/// podman's line once its hooks run devgate: crun discards a hook's output, so where
+/// podman runs crun without devgate's wrapper a reject reaches podman's error only as
+/// ``error executing hook `…` (exit code: 1)``.
+fn podman_runtime_line(confs: &[(PathBuf, String)], hooks: String, fix: &FixCmd) -> Line {
+    match podman::podman_runtime(confs) {
+        Ok(podman::PodmanRuntime::Crun(name)) => Line::fail(
+            "podman",
+            format!(
+                "{hooks}, but its runtime {name:?} is crun with devgate's hooks alone: crun \
+                 discards a hook's output, so a reject reaches podman without devgate's line"
+            ),
+            format!(
+                "{} --runtime podman --wrapper --bin {} --out /etc/containers/containers.conf.d \
+                 (keep the hooks)",
+                fix.prefix,
+                fix.bin.display()
+            ),
+        ),
+        Ok(podman::PodmanRuntime::Wrapper(w)) => Line::pass(
+            "podman",
+            format!("{hooks}; its runtime is devgate's wrapper {}", w.display()),
+        ),
+        Ok(podman::PodmanRuntime::Other(_)) => Line::pass("podman", hooks),
+        Err(e) => Line::fail(
+            "podman",
+            e,
+            "correct containers.conf (podman fails on it too)",
         ),
     }
 }

@@ -95,6 +95,74 @@ fn drop_ins(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// podman's runtime as far as devgate's reject line goes: crun sends a hook's output to
+/// /dev/null, so where podman runs crun only devgate's runtime wrapper gets the line to
+/// podman's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PodmanRuntime {
+    /// The runtime's path is devgate's wrapper.
+    Wrapper(PathBuf),
+    /// crun (podman's default) without the wrapper: hooks alone.
+    Crun(String),
+    /// Another runtime (runc passes a hook's stderr on).
+    Other(String),
+}
+
+/// containers.conf's `[engine] runtime` (default crun) and its `[engine.runtimes]` paths,
+/// a later file's value replacing an earlier one's.
+pub(crate) fn podman_runtime(files: &[(PathBuf, String)]) -> Result<PodmanRuntime, String> {
+    let mut name = "crun".to_string();
+    let mut paths: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for (path, text) in files {
+        let bad = |what: &str| format!("{}: [engine] {what}", path.display());
+        let v: toml::Value = toml::from_str(text)
+            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let Some(engine) = v.get("engine") else {
+            continue;
+        };
+        if let Some(r) = engine.get("runtime") {
+            name = r
+                .as_str()
+                .ok_or_else(|| bad("runtime is not a name"))?
+                .into();
+        }
+        let Some(t) = engine.get("runtimes").and_then(toml::Value::as_table) else {
+            continue;
+        };
+        for (k, list) in t {
+            let list = list
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|p| p.as_str().map(PathBuf::from))
+                        .collect()
+                })
+                .ok_or_else(|| bad("runtimes holds a value that is not a list of paths"))?;
+            paths.retain(|(n, _)| n != k);
+            paths.push((k.clone(), list));
+        }
+    }
+    Ok(judge_runtime(name, &paths))
+}
+
+/// podman resolves a runtime name to the first of its `[engine.runtimes]` paths that
+/// exists; doctor asks whether any of them is devgate's wrapper or crun.
+fn judge_runtime(name: String, paths: &[(String, Vec<PathBuf>)]) -> PodmanRuntime {
+    let file_is = |p: &Path, want: &str| p.file_name().is_some_and(|f| f == want);
+    let own: Vec<PathBuf> = paths
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| vec![PathBuf::from(&name)]);
+    if let Some(w) = own.iter().find(|p| file_is(p, crate::wrapper::PROGRAM)) {
+        return PodmanRuntime::Wrapper(w.clone());
+    }
+    if own.iter().any(|p| file_is(p, "crun")) {
+        return PodmanRuntime::Crun(name);
+    }
+    PodmanRuntime::Other(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +256,43 @@ mod tests {
             ["o"]
         );
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// podman's default is crun; a runtime named in `[engine.runtimes]` whose path is
+    /// devgate-runtime is the wrapper; runc is another runtime; a later file wins.
+    #[test]
+    fn the_runtime_podman_runs() {
+        use PodmanRuntime::*;
+        assert_eq!(podman_runtime(&[]).unwrap(), Crun("crun".into()));
+        let debian = conf(
+            "/usr/share/containers/containers.conf",
+            "[engine]\n#runtime = \"crun\"\n",
+        );
+        assert_eq!(podman_runtime(&[debian]).unwrap(), Crun("crun".into()));
+        let runc = conf(
+            "/etc/containers/containers.conf",
+            "[engine]\nruntime = \"runc\"\n",
+        );
+        assert_eq!(
+            podman_runtime(std::slice::from_ref(&runc)).unwrap(),
+            Other("runc".into())
+        );
+        let wrapper = conf(
+            "/etc/containers/containers.conf.d/devgate-runtime.conf",
+            "[engine]\nruntime = \"devgate\"\n[engine.runtimes]\ndevgate = [\"/usr/bin/devgate-runtime\"]\n",
+        );
+        assert_eq!(
+            podman_runtime(&[runc, wrapper]).unwrap(),
+            Wrapper("/usr/bin/devgate-runtime".into())
+        );
+        // a name with no paths of its own, or paths to crun, is crun
+        let named = conf(
+            "/etc/containers/containers.conf",
+            "[engine]\nruntime = \"fast\"\n[engine.runtimes]\nfast = [\"/opt/crun/bin/crun\"]\n",
+        );
+        assert_eq!(podman_runtime(&[named]).unwrap(), Crun("fast".into()));
+        let bad = conf("/etc/containers/containers.conf", "[engine]\nruntime = 3\n");
+        let e = podman_runtime(&[bad]).unwrap_err();
+        assert!(e.starts_with("/etc/containers/containers.conf: "), "{e}");
     }
 }
