@@ -295,20 +295,15 @@ mod tests {
                    "fileMode": 438, "uid": 0, "gid": 44})
         );
         assert_eq!(doc["linux"]["devices"][1], before["linux"]["devices"][1]);
-        let rules = doc["linux"]["resources"]["devices"].as_array().unwrap();
-        assert_eq!(rules.len(), 5);
+        // A deny-all, the spec's allows without the bad device, the spare (with what the
+        // bad device was given): the one shape every runtime and cgroup driver accepts.
         assert_eq!(
-            rules[..3],
-            before["linux"]["resources"]["devices"].as_array().unwrap()[..]
-        );
-        assert_eq!(
-            rules[3],
-            json!({"allow": false, "type": "c", "major": 195, "minor": 1, "access": "rwm"})
-        );
-        // the spare gets what the bad device was given
-        assert_eq!(
-            rules[4],
-            json!({"allow": true, "type": "c", "major": 195, "minor": 7, "access": "rw"})
+            doc["linux"]["resources"]["devices"],
+            json!([
+                {"allow": false, "type": "a", "access": "rwm"},
+                {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"},
+                {"allow": true, "type": "c", "major": 195, "minor": 7, "access": "rw"}
+            ])
         );
         for k in ["process", "annotations", "someFutureField", "ociVersion"] {
             assert_eq!(doc[k], before[k], "{k}");
@@ -324,16 +319,48 @@ mod tests {
                 nodes: vec![
                     "linux.devices /dev/nvidia1 is now c 195:7 (mode 666, uid 0, gid 44)".into()
                 ],
-                rules: "linux.resources.devices: deny c 195:1 rwm, allow c 195:7 rw".into(),
+                rules: "linux.resources.devices: deny all first, allows without c 195:1, \
+                        allow c 195:7 rw"
+                    .into(),
             }]
         );
     }
 
+    /// Under the systemd driver without bpffs crun turns the rules into DeviceAllow=: it
+    /// starts from its last deny-all, refuses a deny after it ("systemd does not support
+    /// deny rules for devices") and writes `c 195:*` as `char-195`, which systemd reads as
+    /// a driver name. So: a deny-all first, no deny after, no wildcard over a bad device.
+    fn systemd_fallback_accepts(rules: &Value) -> std::result::Result<(), String> {
+        let rules: Vec<LinuxDeviceCgroup> = serde_json::from_value(rules.clone()).unwrap();
+        let first = rules.first().ok_or("no rules")?;
+        let all = |r: &LinuxDeviceCgroup| {
+            matches!(r.typ(), None | Some(LinuxDeviceType::A))
+                && r.major().is_none()
+                && r.minor().is_none()
+        };
+        if first.allow() || !all(first) {
+            return Err(format!("first rule is not a deny-all: {first:?}"));
+        }
+        match rules[1..].iter().find(|r| !r.allow()) {
+            Some(r) => Err(format!("a deny after the deny-all: {r:?}")),
+            None => Ok(()),
+        }
+    }
+
+    fn program(doc: &Value) -> Vec<crate::action::cgroup::bpf::Insn> {
+        use crate::action::cgroup::bpf;
+        let rules: Vec<LinuxDeviceCgroup> =
+            serde_json::from_value(doc["linux"]["resources"]["devices"].clone()).unwrap();
+        bpf::program(&rules).unwrap()
+    }
+
     #[test]
-    fn a_wildcard_allow_cannot_readmit_the_bad_device() {
-        use crate::action::cgroup::bpf::{self, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C};
+    fn a_wildcard_minor_allow_is_split_without_the_bad_device() {
+        use crate::action::cgroup::bpf::{emulate, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C};
         let mut doc = json!({"linux": {"resources": {"devices": [
-            {"allow": true, "access": "rwm"}
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "major": 195, "access": "rw"},
+            {"allow": true, "type": "c", "access": "m"}
         ]}}});
         rewrite(
             &mut doc,
@@ -341,16 +368,78 @@ mod tests {
             Path::new("/dev"),
         )
         .unwrap();
-        let rules: Vec<LinuxDeviceCgroup> =
-            serde_json::from_value(doc["linux"]["resources"]["devices"].clone()).unwrap();
-        let p = bpf::program(&rules).unwrap();
-        assert_eq!(bpf::emulate(&p, C, R | W, 195, 1), Some(0), "bad denied");
-        assert_eq!(bpf::emulate(&p, C, R | W, 195, 7), Some(1), "spare allowed");
-        assert_eq!(
-            bpf::emulate(&p, C, R | W, 195, 2),
-            Some(1),
-            "others as before"
-        );
+        let rules = &doc["linux"]["resources"]["devices"];
+        systemd_fallback_accepts(rules).unwrap();
+        let has = |major: u32, minor: u32| {
+            rules.as_array().unwrap().iter().any(|r| {
+                r["allow"] == true && r["major"] == major && r["minor"] == minor
+            })
+        };
+        assert!(!has(195, 1), "{rules}");
+        for m in [0, 2, 7, 253, 254, 255] {
+            assert!(has(195, m), "195:{m} {rules}");
+        }
+        assert!(rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r.get("major").is_some() || r["access"] != "rw"));
+        let p = program(&doc);
+        assert_eq!(emulate(&p, C, R | W, 195, 1), Some(0), "bad denied");
+        assert_eq!(emulate(&p, C, R | W, 195, 7), Some(1), "spare allowed");
+        assert_eq!(emulate(&p, C, R | W, 195, 255), Some(1), "nvidiactl kept");
+        assert_eq!(emulate(&p, C, R | W, 195, 254), Some(1), "nvidia-modeset kept");
+        assert_eq!(emulate(&p, C, R | W, 10, 1), Some(0), "others as before");
+    }
+
+    /// A privileged container's spec allows every device: no list of allows can leave one
+    /// out, and crun hands systemd DevicePolicy=auto for it. The remap is refused.
+    #[test]
+    fn an_allow_all_spec_is_refused_saying_why() {
+        for all in [
+            json!({"allow": true, "access": "rwm"}),
+            json!({"allow": true, "type": "a", "access": "rwm"}),
+            json!({"allow": true, "type": "c", "access": "rwm"}),
+        ] {
+            let mut doc = json!({"linux": {"resources": {"devices": [all.clone()]}}});
+            let e = rewrite(
+                &mut doc,
+                &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")],
+                Path::new("/dev"),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("allows every c device"), "{all}: {e}");
+            assert!(e.contains("privileged"), "{all}: {e}");
+        }
+    }
+
+    /// A deny of the spec's own after its allows is folded into them, so none follows the
+    /// deny-all; the runtimes' `c *:* m` stays as it was.
+    #[test]
+    fn the_specs_own_denies_are_folded_into_its_allows() {
+        use crate::action::cgroup::bpf::{emulate, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C};
+        let mut doc = json!({"linux": {"resources": {"devices": [
+            {"allow": true, "access": "rwm"},
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "access": "m"},
+            {"allow": true, "type": "c", "major": 10, "access": "rwm"},
+            {"allow": false, "type": "c", "major": 10, "minor": 201, "access": "rw"},
+            {"allow": true, "type": "c", "major": 10, "minor": 229, "access": "rwm"}
+        ]}}});
+        rewrite(
+            &mut doc,
+            &[swap(c(10, 229), c(10, 237), "/dev/loop-control")],
+            Path::new("/dev"),
+        )
+        .unwrap();
+        systemd_fallback_accepts(&doc["linux"]["resources"]["devices"]).unwrap();
+        let p = program(&doc);
+        assert_eq!(emulate(&p, C, R | W, 10, 229), Some(0), "bad denied");
+        assert_eq!(emulate(&p, C, R | W, 10, 201), Some(0), "the spec's deny kept");
+        assert_eq!(emulate(&p, C, R | W, 10, 237), Some(1), "spare allowed");
+        assert_eq!(emulate(&p, C, R | W, 10, 1), Some(1), "others as before");
+        assert_eq!(emulate(&p, C, R | W, 1, 1), Some(0), "others as before");
     }
 
     #[test]
@@ -365,7 +454,7 @@ mod tests {
         assert_eq!(
             doc["linux"]["resources"]["devices"],
             json!([
-                {"allow": false, "type": "c", "major": 10, "minor": 229, "access": "rwm"},
+                {"allow": false, "type": "a", "access": "rwm"},
                 {"allow": true, "type": "c", "major": 10, "minor": 237, "access": "rwm"}
             ])
         );
@@ -404,7 +493,7 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .len(),
-            4
+            3
         );
     }
 
