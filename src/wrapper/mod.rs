@@ -14,6 +14,7 @@
 //! poststop). Everything else is exec'd as it came.
 
 pub mod argv;
+pub mod device_rules;
 pub mod remap_spec;
 pub mod runtime;
 pub mod spec_rewrite;

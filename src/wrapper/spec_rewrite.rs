@@ -8,15 +8,15 @@
 //! - `linux.devices` entries with the bad device's number get the spare's number (path,
 //!   mode, uid and gid stay: the container sees the same name);
 //! - device bind mounts whose source is the bad device's node get the spare's node;
-//! - `linux.resources.devices` ends with a deny rule for the bad device and an allow rule
-//!   for the spare, after every rule of the spec, so a wildcard allow cannot re-admit it.
+//! - `linux.resources.devices` becomes a deny-all, the spec's allows without the bad
+//!   device, and an allow for the spare: no deny after an allow, the one shape crun accepts
+//!   under the systemd driver without bpffs (device_rules.rs).
 //!
 //! The same rule edit is applied to the resources `update` passes on (see update.rs).
 
-use crate::action::cgroup;
+use super::device_rules;
 use crate::error::{Error, Result};
 use crate::model::device::{DevNum, DevType};
-use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -47,65 +47,32 @@ fn dev_type(letter: &str) -> Option<DevType> {
     }
 }
 
-fn rule_type(t: LinuxDeviceType) -> Option<DevType> {
-    match t {
-        LinuxDeviceType::C | LinuxDeviceType::U => Some(DevType::Char),
-        LinuxDeviceType::B => Some(DevType::Block),
-        _ => None,
-    }
-}
-
-/// Whether a device rule names exactly `num` (no wildcard).
-fn names_exactly(r: &LinuxDeviceCgroup, num: DevNum) -> bool {
-    r.typ().and_then(rule_type) == Some(num.typ)
-        && r.major() == Some(i64::from(num.major))
-        && r.minor() == Some(i64::from(num.minor))
-}
-
-/// The access the spec gave the bad device by name (`rw`, `rwm`), for the spare; `rwm`
-/// when no rule names it (a `linux.devices` entry alone is granted `rwm` by runtimes).
-fn access_of(rules: &[Value], bad: DevNum) -> String {
-    let mut access = String::new();
-    for r in rules {
-        let Ok(r) = serde_json::from_value::<LinuxDeviceCgroup>(r.clone()) else {
-            continue;
-        };
-        if r.allow() && names_exactly(&r, bad) {
-            for c in r.access().as_deref().unwrap_or("rwm").chars() {
-                if "rwm".contains(c) && !access.contains(c) {
-                    access.push(c);
-                }
-            }
-        }
-    }
-    if access.is_empty() {
-        "rwm".into()
-    } else {
-        // the order runtimes and the kernel print
-        "rwm".chars().filter(|c| access.contains(*c)).collect()
-    }
-}
-
-fn rule_value(r: LinuxDeviceCgroup) -> Value {
-    // A rule built from numbers always serializes.
-    serde_json::to_value(r).unwrap_or(Value::Null)
-}
-
-/// Appends, for each swap, deny-bad and allow-spare to a device rule list.
-pub fn remap_rules(rules: &mut Vec<Value>, swaps: &[Swap]) -> Vec<String> {
+/// Rewrites a device rule list for `swaps`: a deny-all, the spec's allows without each
+/// bad device, and each spare with the access the bad device had (device_rules.rs says why
+/// this shape). Fails on a rule no runtime accepts, or one that cannot leave a device out
+/// (an allow-all: a privileged container).
+pub fn remap_rules(
+    rules: &mut Vec<Value>,
+    swaps: &[Swap],
+) -> std::result::Result<Vec<String>, String> {
+    let mut allows = device_rules::effective_allows(rules)?;
+    let mut spares = Vec::new();
     let mut said = Vec::new();
     for s in swaps {
-        let access = access_of(rules, s.bad);
-        rules.push(rule_value(cgroup::device_rule(false, s.bad, "rwm")));
-        rules.push(rule_value(cgroup::device_rule(true, s.spare, &access)));
+        let bits = device_rules::granted(&allows, s.bad);
+        let access = device_rules::access_text(bits);
+        allows = device_rules::without(allows, s.bad)?;
+        spares.push(device_rules::Rule::exact(true, s.spare, bits));
         said.push(format!(
-            "deny {t} {} rwm, allow {t} {} {access}",
+            "deny all first, allows without {t} {}, allow {t} {} {access}",
             s.bad,
             s.spare,
             t = s.bad.typ.letter()
         ));
     }
-    said
+    allows.extend(spares);
+    *rules = device_rules::to_values(&allows);
+    Ok(said)
 }
 
 fn num_of(entry: &Value) -> Option<DevNum> {
@@ -209,7 +176,9 @@ pub fn rewrite(
         .or_insert_with(|| Value::Array(Vec::new()))
         .as_array_mut()
         .ok_or("config.json linux.resources.devices is not an array")?;
-    for (said, changed) in remap_rules(rules, swaps).into_iter().zip(out.iter_mut()) {
+    let said = remap_rules(rules, swaps)
+        .map_err(|e| format!("config.json linux.resources.devices: {e}"))?;
+    for (said, changed) in said.into_iter().zip(out.iter_mut()) {
         changed.rules = format!("linux.resources.devices: {said}");
     }
     Ok(out)
@@ -233,6 +202,7 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
     use serde_json::json;
     use std::os::unix::fs::PermissionsExt;
 
@@ -371,9 +341,11 @@ mod tests {
         let rules = &doc["linux"]["resources"]["devices"];
         systemd_fallback_accepts(rules).unwrap();
         let has = |major: u32, minor: u32| {
-            rules.as_array().unwrap().iter().any(|r| {
-                r["allow"] == true && r["major"] == major && r["minor"] == minor
-            })
+            rules
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["allow"] == true && r["major"] == major && r["minor"] == minor)
         };
         assert!(!has(195, 1), "{rules}");
         for m in [0, 2, 7, 253, 254, 255] {
@@ -388,7 +360,11 @@ mod tests {
         assert_eq!(emulate(&p, C, R | W, 195, 1), Some(0), "bad denied");
         assert_eq!(emulate(&p, C, R | W, 195, 7), Some(1), "spare allowed");
         assert_eq!(emulate(&p, C, R | W, 195, 255), Some(1), "nvidiactl kept");
-        assert_eq!(emulate(&p, C, R | W, 195, 254), Some(1), "nvidia-modeset kept");
+        assert_eq!(
+            emulate(&p, C, R | W, 195, 254),
+            Some(1),
+            "nvidia-modeset kept"
+        );
         assert_eq!(emulate(&p, C, R | W, 10, 1), Some(0), "others as before");
     }
 
@@ -436,7 +412,11 @@ mod tests {
         systemd_fallback_accepts(&doc["linux"]["resources"]["devices"]).unwrap();
         let p = program(&doc);
         assert_eq!(emulate(&p, C, R | W, 10, 229), Some(0), "bad denied");
-        assert_eq!(emulate(&p, C, R | W, 10, 201), Some(0), "the spec's deny kept");
+        assert_eq!(
+            emulate(&p, C, R | W, 10, 201),
+            Some(0),
+            "the spec's deny kept"
+        );
         assert_eq!(emulate(&p, C, R | W, 10, 237), Some(1), "spare allowed");
         assert_eq!(emulate(&p, C, R | W, 10, 1), Some(1), "others as before");
         assert_eq!(emulate(&p, C, R | W, 1, 1), Some(0), "others as before");
