@@ -717,3 +717,39 @@ fn the_handoff_runs_only_a_root_owned_devgate_beside_the_wrapper() {
         format!("runtime --config=/nonexistent create --bundle {b} hand-1\n")
     );
 }
+
+/// A pod with `hostUsers: false` has a user namespace of its own: runc and crun bind the
+/// host's node named by the container's path instead of making the spare's, so the spec's
+/// remap would hand the container the bad device's node. The wrapper refuses it in one line.
+#[test]
+fn a_user_namespaced_container_is_not_remapped_and_says_why() {
+    require_root!();
+    if !have_devices() {
+        return;
+    }
+    let env = remap_env("wr-userns", "runc");
+    let mut b = bundle("wr-userns", &["true"]);
+    b.spec["linux"]["namespaces"] = serde_json::json!([{"type": "mount"}, {"type": "user"}]);
+    b.spec["linux"]["uidMappings"] =
+        serde_json::json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+    b.spec["linux"]["gidMappings"] = b.spec["linux"]["uidMappings"].clone();
+    b.write();
+    let before = fs::read(b.dir.join("config.json")).unwrap();
+    let w = Wrapper::new(&env);
+    let id = unique_id("wr-userns");
+    let out = w.run(&["create", "--bundle", s(&b.dir), &id]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let why = "remap impossible: the container has its own user namespace (hostUsers: false)";
+    let line = all.lines().find(|l| l.contains(why));
+    assert!(
+        line.is_some_and(|l| l.starts_with("devgate: rejected /dev/fuse (10:229)")),
+        "{all}"
+    );
+    assert_eq!(
+        fs::read(b.dir.join("config.json")).unwrap(),
+        before,
+        "spec untouched"
+    );
+    assert_eq!(leases(&env), vec![]);
+}
