@@ -219,6 +219,7 @@ fn gate(
         bytes,
         runtime_state: witness,
         systemd,
+        user_namespace: spec.user_namespace(),
     };
     let reply = pipeline::gate_with(name, &state, &spec, config, started, &mut |cfg, l, g, d| {
         remap.apply(cfg, l, g, d)
