@@ -307,6 +307,47 @@ fn runc_remap_without_spare_configured_is_rejected() {
     }
 }
 
+/// `hostUsers: false`: the container's /dev belongs to its user namespace, where a node the
+/// hook makes cannot be opened. The hook refuses the remap in one line, before touching it.
+#[test]
+fn runc_user_namespaced_container_is_not_remapped() {
+    require_root!();
+    for node in Node::ALL {
+        if !node_ready(node) {
+            continue;
+        }
+        let env = remap_env(&format!("rm-userns-{}", node.name()), &[SPARE]);
+        env.ok(&["cordon", "/dev/zero", "--reason", "x"]);
+        let mut b = Bundle::new("rm-userns", &["sh", "-c", "echo ran > /out/ran"]);
+        b.add_device("/dev/zero", "c", 1, 5);
+        b.add_hooks(&env, &["prestart", "poststop"]);
+        // A network namespace too: sysfs is mounted only by its netns's owner.
+        let ns = b.spec["linux"]["namespaces"].as_array_mut().unwrap();
+        ns.push(json!({"type": "user"}));
+        ns.push(json!({"type": "network"}));
+        let map = json!([{"containerID": 0, "hostID": 0, "size": 65536}]);
+        b.spec["linux"]["uidMappings"] = map.clone();
+        b.spec["linux"]["gidMappings"] = map;
+        let rt = Runtime {
+            node,
+            ..Runtime::RUNC
+        };
+        let out = runtime_run_on(rt, &b, &unique_id("rm-userns"));
+        let all = text(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(
+            says(
+                &all,
+                r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "x"; remap impossible: the container has its own user namespace (hostUsers: false)"#
+            ),
+            "{}: {all}",
+            rt.name()
+        );
+        assert!(!b.marker().exists());
+        assert!(lease_files(&env).is_empty(), "no spare taken");
+    }
+}
+
 #[test]
 fn runc_rootfs_with_dev_symlink_is_rejected_and_host_untouched() {
     require_root!();

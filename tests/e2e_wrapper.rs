@@ -57,17 +57,20 @@ fn runc_run_through_the_wrapper_remaps_in_the_spec_and_the_hooks_skip() {
         ),
         "{all}"
     );
-    // The spec the runtime read: the entry keeps its path and mode, the rules end with
-    // deny-bad, allow-spare.
+    // The spec the runtime read: the entry keeps its path and mode, the rules are a
+    // deny-all, the allows without the bad device, the spare.
     let spec: Value =
         serde_json::from_slice(&fs::read(b.dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(spec["linux"]["devices"][0]["path"], BAD);
     assert_eq!(spec["linux"]["devices"][0]["minor"], SPARE_NUM.1);
     assert_eq!(spec["linux"]["devices"][0]["fileMode"], 0o666);
     let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
-    assert_eq!(rules[rules.len() - 2]["allow"], false);
-    assert_eq!(rules[rules.len() - 2]["minor"], BAD_NUM.1);
-    assert_eq!(rules[rules.len() - 1]["allow"], true);
+    assert_eq!(
+        rules[0],
+        serde_json::json!({"allow": false, "type": "a", "access": "rwm"})
+    );
+    assert!(rules[1..].iter().all(|r| r["allow"] == true), "{rules:?}");
+    assert!(rules.iter().all(|r| r["minor"] != BAD_NUM.1), "{rules:?}");
     assert_eq!(rules[rules.len() - 1]["minor"], SPARE_NUM.1);
 
     // One decision, the wrapper's: prestart found the marker and neither probed nor
@@ -82,7 +85,7 @@ fn runc_run_through_the_wrapper_remaps_in_the_spec_and_the_hooks_skip() {
     assert_eq!(mine[0]["action"], "remap");
     assert_eq!(
         mine[0]["remaps"][0]["cgroup"],
-        "config.json linux.resources.devices: deny c 10:229 rwm, allow c 10:237 rwm, applied by the runtime"
+        "config.json linux.resources.devices: deny all first, allows without c 10:229, allow c 10:237 rwm, applied by the runtime"
     );
     assert_eq!(
         mine[0]["remaps"][0]["node"],
@@ -713,4 +716,40 @@ fn the_handoff_runs_only_a_root_owned_devgate_beside_the_wrapper() {
         fs::read_to_string(&ran).unwrap(),
         format!("runtime --config=/nonexistent create --bundle {b} hand-1\n")
     );
+}
+
+/// A pod with `hostUsers: false` has a user namespace of its own: runc and crun bind the
+/// host's node named by the container's path instead of making the spare's, so the spec's
+/// remap would hand the container the bad device's node. The wrapper refuses it in one line.
+#[test]
+fn a_user_namespaced_container_is_not_remapped_and_says_why() {
+    require_root!();
+    if !have_devices() {
+        return;
+    }
+    let env = remap_env("wr-userns", "runc");
+    let mut b = bundle("wr-userns", &["true"]);
+    b.spec["linux"]["namespaces"] = serde_json::json!([{"type": "mount"}, {"type": "user"}]);
+    b.spec["linux"]["uidMappings"] =
+        serde_json::json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+    b.spec["linux"]["gidMappings"] = b.spec["linux"]["uidMappings"].clone();
+    b.write();
+    let before = fs::read(b.dir.join("config.json")).unwrap();
+    let w = Wrapper::new(&env);
+    let id = unique_id("wr-userns");
+    let out = w.run(&["create", "--bundle", s(&b.dir), &id]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let why = "remap impossible: the container has its own user namespace (hostUsers: false)";
+    let line = all.lines().find(|l| l.contains(why));
+    assert!(
+        line.is_some_and(|l| l.contains("devgate: rejected /dev/fuse (10:229): ")),
+        "{all}"
+    );
+    assert_eq!(
+        fs::read(b.dir.join("config.json")).unwrap(),
+        before,
+        "spec untouched"
+    );
+    assert_eq!(leases(&env), vec![]);
 }

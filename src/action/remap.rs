@@ -248,6 +248,13 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
 }
 
 /// Every device to remap becomes Reject, saying why (the runtime wrapper's remap too).
+/// Why no remap is made for a container with a user namespace of its own (Kubernetes
+/// `hostUsers: false`): its /dev belongs to that namespace, where a node devgate makes
+/// cannot be opened, and runtimes bind the host's node by the container's path there
+/// instead of making the spare's. Gating still works: the container is rejected.
+pub(crate) const USERNS: &str = "the container has its own user namespace (hostUsers: \
+    false): its /dev cannot hold a spare's node, so the bad device cannot be swapped";
+
 pub(crate) fn fail_all(decisions: &mut [DeviceDecision], why: &str) {
     for d in decisions
         .iter_mut()
@@ -314,6 +321,10 @@ pub fn apply(
     decisions: &mut [DeviceDecision],
 ) -> Applied {
     if !wanted(decisions) {
+        return Applied::default();
+    }
+    if spec.user_namespace() {
+        fail_all(decisions, USERNS);
         return Applied::default();
     }
     let Some(process) = process else {

@@ -122,12 +122,24 @@ pub struct Linux {
     pub devices: Vec<LinuxDevice>,
     pub resources: Option<Resources>,
     pub cgroups_path: Option<String>,
+    pub namespaces: Vec<Namespace>,
 }
 
 go_object!(Linux at "linux" {
     devices: "devices" as Vec<LinuxDevice>,
     resources: "resources" as Option<Resources>,
     cgroups_path: "cgroupsPath" as Option<String>,
+    namespaces: "namespaces" as Vec<Namespace>,
+});
+
+/// A `linux.namespaces` entry; only its type matters here.
+#[derive(Debug, Default, Clone)]
+pub struct Namespace {
+    pub typ: String,
+}
+
+go_object!(Namespace at "linux.namespaces[*]" {
+    typ: "type" as String,
 });
 
 /// A `linux.devices` entry. Numbers are read wide so that an absurd value becomes a clear
@@ -230,6 +242,13 @@ impl Spec {
         self.linux.as_ref().map(|l| &l.devices[..]).unwrap_or(&[])
     }
 
+    /// The container gets a user namespace of its own (Kubernetes `hostUsers: false`).
+    pub fn user_namespace(&self) -> bool {
+        self.linux
+            .as_ref()
+            .is_some_and(|l| l.namespaces.iter().any(|n| n.typ == "user"))
+    }
+
     pub(crate) fn device_rules(&self) -> &[LinuxDeviceCgroup] {
         self.linux
             .as_ref()
@@ -315,6 +334,18 @@ impl Spec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_user_namespace_is_seen() {
+        let s = |j: &str| Spec::parse(j.as_bytes(), Path::new("c.json")).unwrap();
+        assert!(s(r#"{"linux":{"namespaces":[{"type":"pid"},{"type":"user"}]}}"#).user_namespace());
+        assert!(
+            !s(r#"{"linux":{"namespaces":[{"type":"pid","path":"/proc/1/ns/pid"}]}}"#)
+                .user_namespace()
+        );
+        assert!(!s(r#"{"linux":{}}"#).user_namespace());
+        assert!(!s("{}").user_namespace());
+    }
 
     #[test]
     fn tolerates_unknown_capabilities_namespaces_and_fields() {

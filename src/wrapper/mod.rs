@@ -14,6 +14,7 @@
 //! poststop). Everything else is exec'd as it came.
 
 pub mod argv;
+pub mod device_rules;
 pub mod remap_spec;
 pub mod runtime;
 pub mod spec_rewrite;
@@ -218,6 +219,7 @@ fn gate(
         bytes,
         runtime_state: witness,
         systemd,
+        user_namespace: spec.user_namespace(),
     };
     let reply = pipeline::gate_with(name, &state, &spec, config, started, &mut |cfg, l, g, d| {
         remap.apply(cfg, l, g, d)

@@ -23,6 +23,8 @@ pub struct SpecRemap<'a> {
     pub runtime_state: Option<PathBuf>,
     /// The runtime hands the device policy to systemd (`--systemd-cgroup`).
     pub systemd: bool,
+    /// The spec gives the container a user namespace of its own.
+    pub user_namespace: bool,
 }
 
 /// Under the systemd cgroup driver runc passes each allowed device to systemd as
@@ -153,6 +155,10 @@ impl SpecRemap<'_> {
         decisions: &mut [DeviceDecision],
     ) -> Applied {
         if !wanted(decisions) {
+            return Applied::default();
+        }
+        if self.user_namespace {
+            fail_all(decisions, crate::action::remap::USERNS);
             return Applied::default();
         }
         let leases = Leases::new(&config.state_dir);

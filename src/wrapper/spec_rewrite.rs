@@ -8,15 +8,15 @@
 //! - `linux.devices` entries with the bad device's number get the spare's number (path,
 //!   mode, uid and gid stay: the container sees the same name);
 //! - device bind mounts whose source is the bad device's node get the spare's node;
-//! - `linux.resources.devices` ends with a deny rule for the bad device and an allow rule
-//!   for the spare, after every rule of the spec, so a wildcard allow cannot re-admit it.
+//! - `linux.resources.devices` becomes a deny-all, the spec's allows without the bad
+//!   device, and an allow for the spare: no deny after an allow, the one shape crun accepts
+//!   under the systemd driver without bpffs (device_rules.rs).
 //!
 //! The same rule edit is applied to the resources `update` passes on (see update.rs).
 
-use crate::action::cgroup;
+use super::device_rules;
 use crate::error::{Error, Result};
 use crate::model::device::{DevNum, DevType};
-use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -47,65 +47,32 @@ fn dev_type(letter: &str) -> Option<DevType> {
     }
 }
 
-fn rule_type(t: LinuxDeviceType) -> Option<DevType> {
-    match t {
-        LinuxDeviceType::C | LinuxDeviceType::U => Some(DevType::Char),
-        LinuxDeviceType::B => Some(DevType::Block),
-        _ => None,
-    }
-}
-
-/// Whether a device rule names exactly `num` (no wildcard).
-fn names_exactly(r: &LinuxDeviceCgroup, num: DevNum) -> bool {
-    r.typ().and_then(rule_type) == Some(num.typ)
-        && r.major() == Some(i64::from(num.major))
-        && r.minor() == Some(i64::from(num.minor))
-}
-
-/// The access the spec gave the bad device by name (`rw`, `rwm`), for the spare; `rwm`
-/// when no rule names it (a `linux.devices` entry alone is granted `rwm` by runtimes).
-fn access_of(rules: &[Value], bad: DevNum) -> String {
-    let mut access = String::new();
-    for r in rules {
-        let Ok(r) = serde_json::from_value::<LinuxDeviceCgroup>(r.clone()) else {
-            continue;
-        };
-        if r.allow() && names_exactly(&r, bad) {
-            for c in r.access().as_deref().unwrap_or("rwm").chars() {
-                if "rwm".contains(c) && !access.contains(c) {
-                    access.push(c);
-                }
-            }
-        }
-    }
-    if access.is_empty() {
-        "rwm".into()
-    } else {
-        // the order runtimes and the kernel print
-        "rwm".chars().filter(|c| access.contains(*c)).collect()
-    }
-}
-
-fn rule_value(r: LinuxDeviceCgroup) -> Value {
-    // A rule built from numbers always serializes.
-    serde_json::to_value(r).unwrap_or(Value::Null)
-}
-
-/// Appends, for each swap, deny-bad and allow-spare to a device rule list.
-pub fn remap_rules(rules: &mut Vec<Value>, swaps: &[Swap]) -> Vec<String> {
+/// Rewrites a device rule list for `swaps`: a deny-all, the spec's allows without each
+/// bad device, and each spare with the access the bad device had (device_rules.rs says why
+/// this shape). Fails on a rule no runtime accepts, or one that cannot leave a device out
+/// (an allow-all: a privileged container).
+pub fn remap_rules(
+    rules: &mut Vec<Value>,
+    swaps: &[Swap],
+) -> std::result::Result<Vec<String>, String> {
+    let mut allows = device_rules::effective_allows(rules)?;
+    let mut spares = Vec::new();
     let mut said = Vec::new();
     for s in swaps {
-        let access = access_of(rules, s.bad);
-        rules.push(rule_value(cgroup::device_rule(false, s.bad, "rwm")));
-        rules.push(rule_value(cgroup::device_rule(true, s.spare, &access)));
+        let bits = device_rules::granted(&allows, s.bad);
+        let access = device_rules::access_text(bits);
+        allows = device_rules::without(allows, s.bad)?;
+        spares.push(device_rules::Rule::exact(true, s.spare, bits));
         said.push(format!(
-            "deny {t} {} rwm, allow {t} {} {access}",
+            "deny all first, allows without {t} {}, allow {t} {} {access}",
             s.bad,
             s.spare,
             t = s.bad.typ.letter()
         ));
     }
-    said
+    allows.extend(spares);
+    *rules = device_rules::to_values(&allows);
+    Ok(said)
 }
 
 fn num_of(entry: &Value) -> Option<DevNum> {
@@ -209,7 +176,9 @@ pub fn rewrite(
         .or_insert_with(|| Value::Array(Vec::new()))
         .as_array_mut()
         .ok_or("config.json linux.resources.devices is not an array")?;
-    for (said, changed) in remap_rules(rules, swaps).into_iter().zip(out.iter_mut()) {
+    let said = remap_rules(rules, swaps)
+        .map_err(|e| format!("config.json linux.resources.devices: {e}"))?;
+    for (said, changed) in said.into_iter().zip(out.iter_mut()) {
         changed.rules = format!("linux.resources.devices: {said}");
     }
     Ok(out)
@@ -233,6 +202,7 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
     use serde_json::json;
     use std::os::unix::fs::PermissionsExt;
 
@@ -295,20 +265,15 @@ mod tests {
                    "fileMode": 438, "uid": 0, "gid": 44})
         );
         assert_eq!(doc["linux"]["devices"][1], before["linux"]["devices"][1]);
-        let rules = doc["linux"]["resources"]["devices"].as_array().unwrap();
-        assert_eq!(rules.len(), 5);
+        // A deny-all, the spec's allows without the bad device, the spare (with what the
+        // bad device was given): the one shape every runtime and cgroup driver accepts.
         assert_eq!(
-            rules[..3],
-            before["linux"]["resources"]["devices"].as_array().unwrap()[..]
-        );
-        assert_eq!(
-            rules[3],
-            json!({"allow": false, "type": "c", "major": 195, "minor": 1, "access": "rwm"})
-        );
-        // the spare gets what the bad device was given
-        assert_eq!(
-            rules[4],
-            json!({"allow": true, "type": "c", "major": 195, "minor": 7, "access": "rw"})
+            doc["linux"]["resources"]["devices"],
+            json!([
+                {"allow": false, "type": "a", "access": "rwm"},
+                {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"},
+                {"allow": true, "type": "c", "major": 195, "minor": 7, "access": "rw"}
+            ])
         );
         for k in ["process", "annotations", "someFutureField", "ociVersion"] {
             assert_eq!(doc[k], before[k], "{k}");
@@ -324,16 +289,48 @@ mod tests {
                 nodes: vec![
                     "linux.devices /dev/nvidia1 is now c 195:7 (mode 666, uid 0, gid 44)".into()
                 ],
-                rules: "linux.resources.devices: deny c 195:1 rwm, allow c 195:7 rw".into(),
+                rules: "linux.resources.devices: deny all first, allows without c 195:1, \
+                        allow c 195:7 rw"
+                    .into(),
             }]
         );
     }
 
+    /// Under the systemd driver without bpffs crun turns the rules into DeviceAllow=: it
+    /// starts from its last deny-all, refuses a deny after it ("systemd does not support
+    /// deny rules for devices") and writes `c 195:*` as `char-195`, which systemd reads as
+    /// a driver name. So: a deny-all first, no deny after, no wildcard over a bad device.
+    fn systemd_fallback_accepts(rules: &Value) -> std::result::Result<(), String> {
+        let rules: Vec<LinuxDeviceCgroup> = serde_json::from_value(rules.clone()).unwrap();
+        let first = rules.first().ok_or("no rules")?;
+        let all = |r: &LinuxDeviceCgroup| {
+            matches!(r.typ(), None | Some(LinuxDeviceType::A))
+                && r.major().is_none()
+                && r.minor().is_none()
+        };
+        if first.allow() || !all(first) {
+            return Err(format!("first rule is not a deny-all: {first:?}"));
+        }
+        match rules[1..].iter().find(|r| !r.allow()) {
+            Some(r) => Err(format!("a deny after the deny-all: {r:?}")),
+            None => Ok(()),
+        }
+    }
+
+    fn program(doc: &Value) -> Vec<crate::action::cgroup::bpf::Insn> {
+        use crate::action::cgroup::bpf;
+        let rules: Vec<LinuxDeviceCgroup> =
+            serde_json::from_value(doc["linux"]["resources"]["devices"].clone()).unwrap();
+        bpf::program(&rules).unwrap()
+    }
+
     #[test]
-    fn a_wildcard_allow_cannot_readmit_the_bad_device() {
-        use crate::action::cgroup::bpf::{self, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C};
+    fn a_wildcard_minor_allow_is_split_without_the_bad_device() {
+        use crate::action::cgroup::bpf::{emulate, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C};
         let mut doc = json!({"linux": {"resources": {"devices": [
-            {"allow": true, "access": "rwm"}
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "major": 195, "access": "rw"},
+            {"allow": true, "type": "c", "access": "m"}
         ]}}});
         rewrite(
             &mut doc,
@@ -341,16 +338,88 @@ mod tests {
             Path::new("/dev"),
         )
         .unwrap();
-        let rules: Vec<LinuxDeviceCgroup> =
-            serde_json::from_value(doc["linux"]["resources"]["devices"].clone()).unwrap();
-        let p = bpf::program(&rules).unwrap();
-        assert_eq!(bpf::emulate(&p, C, R | W, 195, 1), Some(0), "bad denied");
-        assert_eq!(bpf::emulate(&p, C, R | W, 195, 7), Some(1), "spare allowed");
+        let rules = &doc["linux"]["resources"]["devices"];
+        systemd_fallback_accepts(rules).unwrap();
+        let has = |major: u32, minor: u32| {
+            rules
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["allow"] == true && r["major"] == major && r["minor"] == minor)
+        };
+        assert!(!has(195, 1), "{rules}");
+        for m in [0, 2, 7, 253, 254, 255] {
+            assert!(has(195, m), "195:{m} {rules}");
+        }
+        assert!(rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r.get("major").is_some() || r["access"] != "rw"));
+        let p = program(&doc);
+        assert_eq!(emulate(&p, C, R | W, 195, 1), Some(0), "bad denied");
+        assert_eq!(emulate(&p, C, R | W, 195, 7), Some(1), "spare allowed");
+        assert_eq!(emulate(&p, C, R | W, 195, 255), Some(1), "nvidiactl kept");
         assert_eq!(
-            bpf::emulate(&p, C, R | W, 195, 2),
+            emulate(&p, C, R | W, 195, 254),
             Some(1),
-            "others as before"
+            "nvidia-modeset kept"
         );
+        assert_eq!(emulate(&p, C, R | W, 10, 1), Some(0), "others as before");
+    }
+
+    /// A privileged container's spec allows every device: no list of allows can leave one
+    /// out, and crun hands systemd DevicePolicy=auto for it. The remap is refused.
+    #[test]
+    fn an_allow_all_spec_is_refused_saying_why() {
+        for all in [
+            json!({"allow": true, "access": "rwm"}),
+            json!({"allow": true, "type": "a", "access": "rwm"}),
+            json!({"allow": true, "type": "c", "access": "rwm"}),
+        ] {
+            let mut doc = json!({"linux": {"resources": {"devices": [all.clone()]}}});
+            let e = rewrite(
+                &mut doc,
+                &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")],
+                Path::new("/dev"),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("allows every c device"), "{all}: {e}");
+            assert!(e.contains("privileged"), "{all}: {e}");
+        }
+    }
+
+    /// A deny of the spec's own after its allows is folded into them, so none follows the
+    /// deny-all; the runtimes' `c *:* m` stays as it was.
+    #[test]
+    fn the_specs_own_denies_are_folded_into_its_allows() {
+        use crate::action::cgroup::bpf::{emulate, ACC_READ as R, ACC_WRITE as W, DEV_CHAR as C};
+        let mut doc = json!({"linux": {"resources": {"devices": [
+            {"allow": true, "access": "rwm"},
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "access": "m"},
+            {"allow": true, "type": "c", "major": 10, "access": "rwm"},
+            {"allow": false, "type": "c", "major": 10, "minor": 201, "access": "rw"},
+            {"allow": true, "type": "c", "major": 10, "minor": 229, "access": "rwm"}
+        ]}}});
+        rewrite(
+            &mut doc,
+            &[swap(c(10, 229), c(10, 237), "/dev/loop-control")],
+            Path::new("/dev"),
+        )
+        .unwrap();
+        systemd_fallback_accepts(&doc["linux"]["resources"]["devices"]).unwrap();
+        let p = program(&doc);
+        assert_eq!(emulate(&p, C, R | W, 10, 229), Some(0), "bad denied");
+        assert_eq!(
+            emulate(&p, C, R | W, 10, 201),
+            Some(0),
+            "the spec's deny kept"
+        );
+        assert_eq!(emulate(&p, C, R | W, 10, 237), Some(1), "spare allowed");
+        assert_eq!(emulate(&p, C, R | W, 10, 1), Some(1), "others as before");
+        assert_eq!(emulate(&p, C, R | W, 1, 1), Some(0), "others as before");
     }
 
     #[test]
@@ -365,7 +434,7 @@ mod tests {
         assert_eq!(
             doc["linux"]["resources"]["devices"],
             json!([
-                {"allow": false, "type": "c", "major": 10, "minor": 229, "access": "rwm"},
+                {"allow": false, "type": "a", "access": "rwm"},
                 {"allow": true, "type": "c", "major": 10, "minor": 237, "access": "rwm"}
             ])
         );
@@ -404,7 +473,7 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .len(),
-            4
+            3
         );
     }
 
