@@ -197,6 +197,25 @@ EOF
     return "$rc"
 }
 
+# A new cgroup below this shell's own on the unified hierarchy (/sys/fs/cgroup/unified on
+# a hybrid host); prints nothing where there is none.
+own_cgroup() {
+    local base rel
+    for base in /sys/fs/cgroup/unified /sys/fs/cgroup; do
+        [ -e "$base/cgroup.subtree_control" ] && break
+        base=
+    done
+    [ -n "$base" ] || return 0
+    rel=$(sed -n 's/^0:://p' /proc/self/cgroup)
+    mkdir -p "$base$rel/$1" 2>/dev/null && echo "$base$rel/$1"
+    return 0
+}
+
+# Removes a cgroup tree, deepest first; what still holds a process stays.
+remove_cgroup() {
+    find "$1" -depth -type d -exec rmdir {} + 2>/dev/null || true
+}
+
 boot() {
     local root=$1
     command -v systemd-nspawn >/dev/null || die "systemd-nspawn is not installed (apt-get install systemd-container)"
@@ -212,10 +231,16 @@ Description=devgate forky stack: report that systemd booted, then power off
 Type=exec
 ExecStart=/bin/sh -c 'timeout 60 systemctl is-system-running --wait >/out/state 2>&1; cat /proc/1/comm >>/out/state; stat -fc %%T /sys/fs/cgroup >>/out/state; systemctl --version | head -n1 >>/out/state; systemctl poweroff'
 EOF
-    SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 timeout 120 systemd-nspawn --quiet --boot --register=no \
+    # nspawn --keep-unit makes payload/ and supervisor/ beside itself: in a cgroup of its own,
+    # removed after, so that no run collides with what another left (EBUSY at the next boot).
+    local cg; cg=$(own_cgroup "forky-boot-$$")
+    SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 timeout 120 sh -c \
+        '[ -z "$0" ] || echo $$ >"$0/cgroup.procs"; shift; exec "$@"' "$cg" _ \
+        systemd-nspawn --quiet --boot --register=no \
         --keep-unit --volatile=overlay --directory="$root" --bind="$out:/out" \
         --bind-ro="$out/forky-check.service:/etc/systemd/system/forky-check.service" \
         systemd.wants=forky-check.service >"$out/console" 2>&1 || true
+    [ -z "$cg" ] || remove_cgroup "$cg"
     log "boot: $(tr '\n' ' ' <"$out/state" 2>/dev/null || echo 'no report')"
     if ! grep -qx systemd "$out/state" 2>/dev/null || ! grep -qx cgroup2fs "$out/state"; then
         tail -n 20 "$out/console" >&2
