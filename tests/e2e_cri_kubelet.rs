@@ -164,6 +164,8 @@ fn cri_fallback_to_logs_keeps_the_apps_log_lines() {
         "{shown}\n{exit}"
     );
     assert_eq!(fs::metadata(kubelet::host_file(&st)).unwrap().len(), 0);
+    let explained = n.env.ok(&["explain", &cid]);
+    assert!(explained.contains("container log: appended"), "{explained}");
     n.env.ok(&["uncordon", "/dev/zero"]);
     let (_, st) = n.faulted_run("file", 0, Policy::File, app);
     let shown = kubelet::describe_message(&st, Policy::File, 2);
