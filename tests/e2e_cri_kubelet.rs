@@ -42,7 +42,10 @@ fn cluster(tag: &str) -> Cluster {
     let kubelet_pods = work.join("kubelet/pods");
     let env = Env::with(
         &format!("{tag}-env"),
-        serde_json::json!({"kubelet_pods_dir": kubelet_pods}),
+        serde_json::json!({
+            "kubelet_pods_dir": kubelet_pods,
+            "kubelet_pod_logs_dir": work.join("pods"),
+        }),
     );
     let base_spec = work.join("devgate-base-spec.json");
     fs::write(&base_spec, containerd_base_spec_for(&env)).unwrap();
@@ -137,8 +140,9 @@ fn cri_fault_line_survives_kubelets_cuts_in_a_pod_of_four() {
 }
 
 /// FallbackToLogsOnError and an app that wrote no message: kubelet shows the app's own
-/// last log lines, as it would without devgate. A `File` pod gets devgate's line and
-/// never log text.
+/// last log lines, as it would without devgate, then devgate's line, which poststop
+/// appended to the container's log. A `File` pod gets devgate's line and never log text,
+/// and its log is left as the app wrote it.
 #[test]
 fn cri_fallback_to_logs_keeps_the_apps_log_lines() {
     require_root!();
@@ -147,16 +151,27 @@ fn cri_fallback_to_logs_keeps_the_apps_log_lines() {
     }
     let mut n = cluster("kfallback");
     let app = "echo 'app: CUDA error: an illegal memory access was encountered'";
-    let (_, st) = n.faulted_run("logs", 0, Policy::FallbackToLogsOnError, app);
+    let (cid, st) = n.faulted_run("logs", 0, Policy::FallbackToLogsOnError, app);
     let shown = kubelet::describe_message(&st, Policy::FallbackToLogsOnError, 2);
     assert!(
-        shown.contains("app: CUDA error: an illegal memory access was encountered"),
+        shown.contains("app: CUDA error: an illegal memory access was encountered\n"),
         "{shown}"
     );
+    let exit = n.env.dir.join(format!("state/exits/{cid}.json"));
+    let exit = fs::read_to_string(exit).unwrap_or_default();
+    assert!(
+        shown.contains(&format!("{FAULT_LINE}\n")),
+        "{shown}\n{exit}"
+    );
+    assert_eq!(fs::metadata(kubelet::host_file(&st)).unwrap().len(), 0);
+    let explained = n.env.ok(&["explain", &cid]);
+    assert!(explained.contains("container log: appended"), "{explained}");
     n.env.ok(&["uncordon", "/dev/zero"]);
     let (_, st) = n.faulted_run("file", 0, Policy::File, app);
     let shown = kubelet::describe_message(&st, Policy::File, 2);
     assert_eq!(shown, format!("{FAULT_LINE}\n"));
+    let log = fs::read_to_string(&st.log_path).unwrap();
+    assert!(!log.contains("devgate"), "{log}");
     n.env.ok(&["uncordon", "/dev/zero"]);
 }
 

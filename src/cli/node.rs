@@ -247,6 +247,9 @@ pub(super) fn explain(args: &Args, id: &str) -> Result<()> {
                     .map(|p| p.display().to_string())
                     .unwrap_or_default();
                 outln!("    termination message {path}: {}", t.note);
+                if let Some(log) = &t.log {
+                    outln!("    container log: {log}");
+                }
             }
         }
     }

@@ -51,6 +51,8 @@ pub struct Config {
     pub gpu: GpuConfig,
     /// Only termination-message files under this directory are ever written.
     pub kubelet_pods_dir: PathBuf,
+    /// Only container log files under this directory are ever appended to.
+    pub kubelet_pod_logs_dir: PathBuf,
     /// How many exit records state_dir/exits keeps.
     pub exits_keep: usize,
     /// The runtime `devgate runtime` (the OCI runtime wrapper) runs once it has decided.
@@ -121,6 +123,7 @@ impl Default for Config {
             kmsg_path: "/dev/kmsg".into(),
             gpu: GpuConfig::default(),
             kubelet_pods_dir: "/var/lib/kubelet/pods".into(),
+            kubelet_pod_logs_dir: "/var/log/pods".into(),
             exits_keep: 1000,
             runtime: RuntimeConfig::default(),
             source: None,
@@ -231,6 +234,7 @@ impl Config {
             ("proc_root", &self.proc_root),
             ("kmsg_path", &self.kmsg_path),
             ("kubelet_pods_dir", &self.kubelet_pods_dir),
+            ("kubelet_pod_logs_dir", &self.kubelet_pod_logs_dir),
         ] {
             if !p.is_absolute() {
                 return Err(Error::invalid(
@@ -399,6 +403,10 @@ mod tests {
             e.contains("dev_root \"dev\" is not an absolute path"),
             "{e}"
         );
+        let e = Config::parse(br#"{"kubelet_pod_logs_dir":"logs"}"#, Path::new("/c.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kubelet_pod_logs_dir \"logs\" is not"), "{e}");
     }
 
     #[test]

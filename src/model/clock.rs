@@ -9,6 +9,15 @@ pub fn now() -> (u64, String) {
     (secs, rfc3339(secs))
 }
 
+/// Now as RFC 3339 UTC with nanoseconds (Go's RFC3339Nano, as CRI log records carry it).
+pub fn now_rfc3339_nano() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = rfc3339(d.as_secs());
+    format!("{}.{:09}Z", secs.trim_end_matches('Z'), d.subsec_nanos())
+}
+
 /// Howard Hinnant's civil-from-days, so devgate needs no date crate for one format.
 pub fn rfc3339(secs: u64) -> String {
     let days = (secs / 86_400) as i64;

@@ -13,9 +13,10 @@ use crate::oci::state::State;
 use crate::probe::counters::{self, DeviceSnapshot};
 use crate::probe::nvidia::GpuContext;
 use crate::report::fault::{self, Fault};
+use crate::report::pod_log;
 use crate::report::prior;
 use crate::report::record::{self, ExitRecord, StopLine};
-use crate::report::termination;
+use crate::report::termination::{self, Delivery};
 use crate::store::marker;
 use crate::store::quarantine::Ledger;
 use std::path::Path;
@@ -87,8 +88,8 @@ fn poststop_here(
     let faults = fault::diff(start, &now, &xids);
     let lines: Vec<String> = faults.iter().map(Fault::line).collect();
 
-    let termination_message = (!faults.is_empty())
-        .then(|| termination::deliver(spec, &state.annotations, &config.kubelet_pods_dir, &lines));
+    let termination_message =
+        (!faults.is_empty()).then(|| deliver_message(spec, state, &config, &lines));
     let (stopped_unix, stopped) = clock::now();
     let exit = ExitRecord {
         container_id: state.id.clone(),
@@ -131,4 +132,20 @@ fn poststop_here(
         stderr: lines,
         ..Reply::default()
     })
+}
+
+/// The termination message, and under FallbackToLogsOnError with a file the app left
+/// empty devgate's lines appended to the container's log instead, where kubelet then reads.
+fn deliver_message(
+    spec: Option<&Spec>,
+    state: &State,
+    config: &Config,
+    lines: &[String],
+) -> Delivery {
+    let mut d = termination::deliver(spec, &state.annotations, &config.kubelet_pods_dir, lines);
+    if let (true, Some(spec)) = (d.left_for_logs, spec) {
+        let logs = &config.kubelet_pod_logs_dir;
+        d.log = Some(pod_log::deliver(spec, &state.annotations, logs, lines));
+    }
+    d
 }

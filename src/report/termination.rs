@@ -25,8 +25,9 @@ pub const KUBELET_LIMIT: usize = 4096;
 /// key, CRI-O's key). Each runtime sets its own after any pass-through annotations, but a
 /// pod can write the other runtime's (CRI-O copies every pod annotation into the spec), so
 /// both are read and a disagreement names no file (`Spec::cri_annotation`).
-const UID_KEYS: (&str, &str) = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid");
-const NAME_KEYS: (&str, &str) = (
+pub(crate) const UID_KEYS: (&str, &str) =
+    ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid");
+pub(crate) const NAME_KEYS: (&str, &str) = (
     "io.kubernetes.cri.container-name",
     "io.kubernetes.container.name",
 );
@@ -38,10 +39,17 @@ pub struct Delivery {
     pub host_path: Option<PathBuf>,
     pub written: bool,
     pub note: String,
+    /// Under FallbackToLogsOnError with the file left empty: what was appended to the
+    /// container's log (`report::pod_log`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// The file was left empty for kubelet to read the log instead.
+    #[serde(skip)]
+    pub left_for_logs: bool,
 }
 
 /// One path component kubelet could have made: not empty, no '/', not '.' or '..'.
-fn plain_name(s: &str) -> bool {
+pub(crate) fn plain_name(s: &str) -> bool {
     !s.is_empty() && s != "." && s != ".." && !s.contains('/') && !s.contains('\0')
 }
 
@@ -131,10 +139,10 @@ pub fn compose(lines: &[String], app_tail: &[u8]) -> Vec<u8> {
     out
 }
 
-fn open_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+fn open_error(what: &str, root_key: &str, path: &Path, e: std::io::Error) -> Error {
     let why = match e.raw_os_error() {
         Some(libc::ELOOP) => "a component is a symlink".to_string(),
-        Some(libc::EXDEV) => "it crosses a mount point or leaves kubelet_pods_dir".to_string(),
+        Some(libc::EXDEV) => format!("it crosses a mount point or leaves {root_key}"),
         Some(libc::ENOSYS) => "openat2 is not available (Linux 5.6 or later)".to_string(),
         _ => return Error::io(what, path, e),
     };
@@ -145,17 +153,19 @@ fn open_error(what: &str, path: &Path, e: std::io::Error) -> Error {
 /// reached without any symlink. `root` itself is the operator's configuration and may be
 /// a symlink (kubelet's directory often is).
 pub fn open_below(root: &Path, path: &Path) -> Result<File> {
+    open_below_in(root, "kubelet_pods_dir", path)
+}
+
+/// [`open_below`] for the root named `root_key` in the config, for messages.
+pub fn open_below_in(root: &Path, root_key: &str, path: &Path) -> Result<File> {
     let rel = path.strip_prefix(root).map_err(|_| {
-        Error::unsafe_path(
-            path,
-            format!("not below kubelet_pods_dir {}", root.display()),
-        )
+        Error::unsafe_path(path, format!("not below {root_key} {}", root.display()))
     })?;
     if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(Error::unsafe_path(path, "has a '..' or '.' component"));
     }
     if rel.as_os_str().is_empty() {
-        return Err(Error::unsafe_path(path, "is kubelet_pods_dir itself"));
+        return Err(Error::unsafe_path(path, format!("is {root_key} itself")));
     }
     let dir = File::open(root).map_err(|e| Error::io("cannot open", root, e))?;
     let c = CString::new(rel.as_os_str().as_bytes())
@@ -173,7 +183,7 @@ pub fn open_below(root: &Path, path: &Path) -> Result<File> {
         | libc::RESOLVE_NO_MAGICLINKS;
     let f = File::from(
         crate::fsutil::openat2(&dir, &c, flags, resolve)
-            .map_err(|e| open_error("cannot open", path, e))?,
+            .map_err(|e| open_error("cannot open", root_key, path, e))?,
     );
     let meta = f
         .metadata()
@@ -201,6 +211,8 @@ pub fn deliver(
         host_path: None,
         written: false,
         note: format!("not written: {why}"),
+        log: None,
+        left_for_logs: false,
     };
     let Some(spec) = spec else {
         return not_written("no bundle spec".into());
@@ -229,6 +241,8 @@ pub fn write(root: &Path, host: &Path, lines: &[String], policy: MessagePolicy) 
         host_path: Some(host.to_path_buf()),
         written: false,
         note: String::new(),
+        log: None,
+        left_for_logs: false,
     };
     let mut f = match open_below(root, host) {
         Ok(f) => f,
@@ -256,6 +270,7 @@ pub fn write(root: &Path, host: &Path, lines: &[String], policy: MessagePolicy) 
         outcome.note = "not written: FallbackToLogsOnError and the application wrote no \
                         message: kubelet shows the log's last lines"
             .into();
+        outcome.left_for_logs = true;
         return outcome;
     }
     let text = compose(lines, &tail);

@@ -172,7 +172,9 @@ pub struct Pod {
 
 impl Pod {
     pub fn run(c: &mut cri::Cri, name: &str, uid: &str, work: &Path, kubelet_pods: &Path) -> Pod {
-        let config = cri::host_network_pod(name, uid, "ml", &work.join("pods").join(uid));
+        // kubelet's pod log directory: `<namespace>_<pod name>_<uid>` (BuildPodLogsDirectory).
+        let logs = work.join("pods").join(format!("ml_{name}_{uid}"));
+        let config = cri::host_network_pod(name, uid, "ml", &logs);
         let id = c
             .run_pod_sandbox(&config)
             .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"));
