@@ -205,10 +205,7 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     for l in node_checks::nvml_checks(&config, &nvml) {
         push(l);
     }
-    if let Some(l) = toolkit::toolkit_check(&config) {
-        push(l);
-    }
-    if let Some(l) = toolkit::swarm_check(&config) {
+    for l in toolkit::toolkit_checks(&config) {
         push(l);
     }
     for l in node_checks::spare_checks(&config, &config_path, &nvml) {

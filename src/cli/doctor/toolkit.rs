@@ -9,20 +9,22 @@ use std::path::Path;
 
 const CHECK: &str = "NVIDIA toolkit config";
 
-/// The line for this node; none where `gpu.env_selectors` is set (the file is not read)
-/// or no file the toolkit may read is there (nothing to tell).
-pub(crate) fn toolkit_check(config: &Config) -> Option<Line> {
-    if config.gpu.env_selectors.is_some() {
-        return None;
-    }
-    toolkit_line(&config.toolkit_reading())
+/// The toolkit's lines for this node, from one reading of its files: which file decides
+/// `gpu.env_selectors` (none where that key is set, so no file is read for it, or no file
+/// the toolkit may read is there), and a `swarm-resource` devgate does not read.
+pub(crate) fn toolkit_checks(config: &Config) -> Vec<Line> {
+    let r = config.toolkit_reading();
+    let selectors = match config.gpu.env_selectors {
+        Some(_) => None,
+        None => toolkit_line(&r),
+    };
+    selectors.into_iter().chain(swarm_line(&r)).collect()
 }
 
 /// A fail for a toolkit file whose `swarm-resource` names a variable devgate does not read
 /// (only `DOCKER_RESOURCE_<KIND>` ones): the toolkit then hands over the GPUs a container
 /// names by it, unchecked.
-pub(crate) fn swarm_check(config: &Config) -> Option<Line> {
-    let r = config.toolkit_reading();
+fn swarm_line(r: &Reading) -> Option<Line> {
     let unread: Vec<String> = r
         .files
         .iter()
@@ -162,16 +164,20 @@ mod tests {
             nvidia_toolkit_config: Some(file.clone()),
             ..Config::default()
         };
-        assert_eq!(swarm_check(&config), None, "no file");
+        assert_eq!(swarm_line(&config.toolkit_reading()), None, "no file");
         std::fs::write(&file, "swarm-resource = \"DOCKER_RESOURCE_GPU\"\n").unwrap();
-        assert_eq!(swarm_check(&config), None, "a name devgate reads");
+        assert_eq!(
+            swarm_line(&config.toolkit_reading()),
+            None,
+            "a name devgate reads"
+        );
         std::fs::write(&file, "swarm-resource = \"DOCKER_RESOURCE_GPU,GPUS\"\n").unwrap();
-        let l = swarm_check(&config).unwrap();
+        let l = swarm_line(&config.toolkit_reading()).unwrap();
         assert_eq!(l.mark, Mark::Fail);
         assert!(l.text.contains("names GPUS"), "{}", l.text);
         assert!(!l.text.contains("DOCKER_RESOURCE_GPU,"), "{}", l.text);
         config.nvidia_toolkit_config = Some(dir.join("none.toml"));
-        assert_eq!(swarm_check(&config), None);
+        assert_eq!(swarm_line(&config.toolkit_reading()), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
