@@ -106,6 +106,7 @@ const LINUX: &[(&str, Shape)] = &[
     ("devices", Each(DEVICE)),
     ("resources", Obj(&[("devices", Each(RULE))])),
     ("cgroupsPath", Leaf),
+    ("namespaces", Each(&[("type", Leaf)])),
 ];
 /// The paths of config.json that devgate reads.
 const SPEC: &[(&str, Shape)] = &[
