@@ -286,7 +286,9 @@ fn daemonset_manifest_matches_the_installer() {
             "--prefix",
             "/usr/local",
             "--config-file",
-            "/etc/devgate-configmap/config.json"
+            "/etc/devgate-configmap/config.json",
+            "--enable",
+            "--restart"
         ]
     );
     let root = tempdir("ds-host");
@@ -295,12 +297,27 @@ fn daemonset_manifest_matches_the_installer() {
     let mut argv: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     argv[2] = root.join("host").display().to_string();
     argv[6] = cm_file.display().to_string();
+    // A scratch root runs no systemd: the restart is the booted node's test
+    // (tests/e2e_install_enable.rs); here, what the installer writes.
+    argv.retain(|a| a != "--restart");
+    // With containerd's config there, so that --enable writes it too.
+    let conf = root.join("host/etc/containerd/config.toml");
+    fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    fs::write(&conf, "version = 2\n").unwrap();
     let out = Command::new(devgate_bin()).args(&argv).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert!(root.join("host/usr/local/bin/devgate").is_file());
-    // Every host path install-host wrote is under one the DaemonSet mounts.
+    assert!(
+        fs::read_to_string(&conf)
+            .unwrap()
+            .contains("# devgate install-host"),
+        "{}",
+        text(&out)
+    );
+    // Every host path install-host wrote is under one the DaemonSet mounts writable.
     let mounts: Vec<&str> = lines
         .iter()
+        .filter(|l| !l.contains("readOnly: true"))
         .filter_map(|l| l.split("mountPath: ").nth(1))
         .filter_map(|m| m.split([' ', ',']).next())
         .collect();

@@ -82,13 +82,18 @@ fn install_host_puts_the_containerd_snippets_on_the_node() {
     }
 }
 
-/// containerd keeps naming the base spec (its config is the operator's) and reads it at
-/// start, so removal takes the hooks out of the spec first, keeping the programs until the
+/// A containerd config the operator wrote by hand, naming devgate's base spec.
+const OPERATORS_CONFIG: &str = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n  base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\"\n";
+
+/// containerd keeps naming the base spec where the operator's config does (it reads it at
+/// start), so removal takes the hooks out of the spec first, keeping the programs until the
 /// runtime has restarted (`--programs`).
 #[test]
 fn uninstall_host_leaves_a_hookless_spec_and_removes_the_programs() {
     let root = tempdir("host-remove");
     ok_on(&root, "install-host");
+    let conf = root.join("etc/containerd/config.toml");
+    fs::write(&conf, OPERATORS_CONFIG).unwrap();
     let installed = json(&root.join(SPEC));
     let said = ok_on(&root, "uninstall-host");
 
@@ -111,6 +116,8 @@ fn uninstall_host_leaves_a_hookless_spec_and_removes_the_programs() {
         assert!(!root.join(gone).exists(), "{gone} left: {said}");
     }
     assert_eq!(json(&root.join(SPEC)), expect);
+    // Not devgate's lines: the operator's config is left as it is.
+    assert_eq!(fs::read_to_string(&conf).unwrap(), OPERATORS_CONFIG);
     // The operator's config and quarantine marks stay, as a package's remove keeps them.
     assert!(root.join("etc/devgate/config.json").is_file());
     assert!(root.join("var/lib/devgate/quarantine").is_dir());
@@ -167,4 +174,104 @@ fn uninstall_host_keeps_the_programs_a_runtime_config_names() {
     ok_on(&root, "uninstall-host --programs");
     assert!(!root.join("usr/local/bin/devgate-runtime").exists());
     assert!(!root.join("usr/local/bin/devgate").exists());
+}
+
+/// A spec no containerd config names goes with the rest: the node is as it was.
+#[test]
+fn uninstall_host_removes_a_spec_no_config_names() {
+    let root = tempdir("host-remove-unnamed");
+    ok_on(&root, "install-host");
+    let said = ok_on(&root, "uninstall-host");
+    assert!(!root.join(SPEC).exists(), "{said}");
+    assert!(!root
+        .join("var/lib/devgate/installed/devgate-base-spec.json")
+        .exists());
+    ok_on(&root, "uninstall-host --programs");
+    assert!(!root.join("usr/local/bin/devgate").exists());
+}
+
+/// `--enable` points containerd's default runtime at the base spec with marked lines,
+/// after everything the spec names is laid; removal gives the file back byte for byte.
+/// `--restart` on a host without systemd fails before anything changes.
+#[test]
+fn install_host_enable_marks_containerds_config_and_removal_restores_it() {
+    let root = tempdir("host-enable");
+    let conf = root.join("etc/containerd/config.toml");
+    fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    let debian = "version = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n    [plugins.\"io.containerd.grpc.v1.cri\".cni]\n      bin_dir = \"/usr/lib/cni\"\n";
+    fs::write(&conf, debian).unwrap();
+
+    // No /run/systemd/system under this root: refused, and nothing laid.
+    let out = devgate_on(&root, "install-host --enable --restart");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("does not run systemd"),
+        "{}",
+        text(&out)
+    );
+    assert!(!root.join(SPEC).exists());
+    assert!(!root.join("usr/local/bin/devgate").exists());
+    assert_eq!(fs::read_to_string(&conf).unwrap(), debian);
+    let out = devgate_on(&root, "install-host --restart");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--restart goes with --enable"),
+        "{}",
+        text(&out)
+    );
+
+    let said = ok_on(&root, "install-host --enable");
+    assert!(
+        said.contains("restart it (or rerun with --restart)"),
+        "{said}"
+    );
+    let enabled = fs::read_to_string(&conf).unwrap();
+    let toml: toml::Table = enabled.parse().unwrap();
+    let runc = &toml["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
+    assert_eq!(
+        runc["base_runtime_spec"].as_str(),
+        Some("/etc/containerd/devgate-base-spec.json")
+    );
+    assert_eq!(
+        runc["container_annotations"][0].as_str(),
+        Some("io.kubernetes.container.terminationMessagePolicy")
+    );
+    assert!(enabled.starts_with(debian), "{enabled}");
+    for l in enabled[debian.len()..].lines() {
+        assert!(
+            l.ends_with("# devgate install-host") || l.starts_with("# devgate install-host"),
+            "{l}"
+        );
+    }
+    // Twice is once: nothing changes, nothing to restart.
+    let said = ok_on(&root, "install-host --enable");
+    assert!(said.contains("already names devgate's base spec"), "{said}");
+    assert!(!said.contains("restart it"), "{said}");
+    assert_eq!(fs::read_to_string(&conf).unwrap(), enabled);
+
+    // A config devgate cannot edit safely is refused, naming what to do.
+    fs::write(&conf, "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  base_runtime_spec = \"/etc/mine.json\"\n").unwrap();
+    let out = devgate_on(&root, "install-host --enable");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("already starts from base spec"),
+        "{}",
+        text(&out)
+    );
+    fs::write(&conf, &enabled).unwrap();
+
+    let said = ok_on(&root, "uninstall-host");
+    assert_eq!(fs::read_to_string(&conf).unwrap(), debian, "{said}");
+    assert!(said.contains("removed devgate's lines from"), "{said}");
+    // Nothing names the spec now: it goes; the programs wait for the restart.
+    assert!(!root.join(SPEC).exists(), "{said}");
+    assert!(root.join("usr/local/bin/devgate-hook").is_file());
+    let out = devgate_on(&root, "uninstall-host --enable");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+
+    // A node without containerd (CRI-O, podman) gets no containerd config.
+    let crio = tempdir("host-enable-crio");
+    let said = ok_on(&crio, "install-host --enable");
+    assert!(said.contains("nothing to enable"), "{said}");
+    assert!(!crio.join("etc/containerd/config.toml").exists());
 }

@@ -261,6 +261,10 @@ pub(super) struct Opts {
     pub(super) wrapper: bool,
     /// uninstall-host's second step: remove the programs (cli/uninstall.rs).
     pub(super) programs: bool,
+    /// install-host: also point containerd's config at the base spec (cli/install.rs).
+    pub(super) enable: bool,
+    /// install-host --enable, uninstall-host: restart containerd through systemd.
+    pub(super) restart: bool,
 }
 
 fn parse(argv: &[String]) -> Result<Opts> {
@@ -276,7 +280,7 @@ fn parse(argv: &[String]) -> Result<Opts> {
             "--config-file",
             "--hooks-dir",
         ],
-        &["--wrapper", "--programs"],
+        &["--wrapper", "--programs", "--enable", "--restart"],
     )?;
     if let Some(extra) = p.positional.get(1) {
         return Err(Error::Usage(format!("unexpected argument {extra:?}")));
@@ -294,6 +298,8 @@ fn parse(argv: &[String]) -> Result<Opts> {
         command: p.positional.first().cloned(),
         wrapper: p.flag("--wrapper"),
         programs: p.flag("--programs"),
+        enable: p.flag("--enable"),
+        restart: p.flag("--restart"),
     })
 }
 
@@ -342,9 +348,10 @@ pub(super) fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
 }
 
 fn hooks_config(o: &Opts) -> Result<()> {
-    if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() {
+    if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() || o.enable || o.restart
+    {
         return Err(Error::Usage(format!(
-            "--root, --config-file and --hooks-dir are install-host's options; {HOOKS_CONFIG_USAGE}"
+            "--root, --config-file, --hooks-dir, --enable and --restart are install-host's options; {HOOKS_CONFIG_USAGE}"
         )));
     }
     let runtime =
@@ -547,7 +554,7 @@ mod tests {
         assert_eq!(e, format!("--runtime is required; {HOOKS_CONFIG_USAGE}"));
         let e = err("hooks-config --runtime crio --root /host");
         assert!(
-            e.starts_with("--root, --config-file and --hooks-dir are install-host's options; "),
+            e.starts_with("--root, --config-file, --hooks-dir, --enable and --restart are install-host's options; "),
             "{e}"
         );
         let e = err("install-host");

@@ -2,10 +2,11 @@
 //! mounted at `--root` (the Kubernetes DaemonSet installer).
 
 use super::conffile::{say_laid, Conffile, RECORD_DIR};
+use super::enable::{self, Changes};
 use super::hooks_config::File;
 use super::hooks_config::{
-    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, DEFAULT_CONFIG,
-    HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
+    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, CONTAINERD_BASE_SPEC_NAME,
+    DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
 };
 use super::wrapper_config;
 use crate::config::{self, Config};
@@ -71,8 +72,8 @@ fn snippets() -> Vec<File> {
     .collect()
 }
 
-const INSTALL_HOST_USAGE: &str =
-    "usage: devgate install-host --root DIR [--prefix DIR] [--config-file PATH] [--hooks-dir DIR]";
+const INSTALL_HOST_USAGE: &str = "usage: devgate install-host --root DIR [--prefix DIR] \
+[--config-file PATH] [--hooks-dir DIR] [--enable [--restart]]";
 
 /// Copies the program at `src` (`what`, for the error) to `dst` (mode 0755, atomically)
 /// and says so.
@@ -122,6 +123,15 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         .as_deref()
         .ok_or_else(|| Error::Usage(format!("--root is required; {INSTALL_HOST_USAGE}")))?;
     absolute("--root", root)?;
+    if o.restart && !o.enable {
+        return Err(Error::Usage(format!(
+            "--restart goes with --enable; {INSTALL_HOST_USAGE}"
+        )));
+    }
+    if o.restart {
+        // A host that cannot restart containerd is told so before anything changes.
+        enable::check_restart(root)?;
+    }
     let target = target_of(o, "/usr/local")?;
     let under = |p: &Path| under(root, p);
 
@@ -174,9 +184,14 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     }
     // The base spec last, after the programs its hooks name: a containerd that names it
     // and restarts now runs programs that are there.
+    // What a restart may have to put back: the spec, its record, containerd's config.
+    let mut changes = Changes::default();
     for f in files(Runtime::Containerd, &target)? {
         ensure_dir(&under(Path::new(CONTAINERD_DIR)))?;
-        say_laid(&base_spec(root, &f.name).lay(f.content.as_bytes())?);
+        let spec = base_spec(root, &f.name);
+        changes.keep(&spec.path)?;
+        changes.keep(&spec.record)?;
+        say_laid(&spec.lay(f.content.as_bytes())?);
     }
     // The snippets the operator or the node image merges into containerd's config.
     for p in write_files(&under(Path::new(SNIPPET_DIR)), &snippets())? {
@@ -221,5 +236,16 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     let quarantine = under(&config.quarantine_dir);
     ensure_private_dir(&quarantine)?;
     say!("devgate: quarantine directory {}", quarantine.display());
-    Ok(())
+    // Last: containerd is pointed at the spec only once everything it names is there.
+    if o.enable {
+        let spec = Path::new(CONTAINERD_DIR).join(CONTAINERD_BASE_SPEC_NAME);
+        enable::edit_config(root, Some(&spec), &mut changes)?;
+    }
+    if o.restart {
+        enable::restart(root, &changes)
+    } else if o.enable {
+        enable::say_restart_needed(&changes)
+    } else {
+        Ok(())
+    }
 }

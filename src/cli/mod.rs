@@ -10,10 +10,13 @@ macro_rules! say {
 
 mod args;
 mod conffile;
+mod containerd_config;
 mod doctor;
+mod enable;
 pub(crate) mod hooks_config;
 mod install;
 mod node;
+mod systemd;
 mod uninstall;
 mod wrapper_config;
 

@@ -5,11 +5,12 @@
 //! restarted, `--programs` removes the programs.
 
 use super::conffile::read_opt;
+use super::enable::{self, Changes};
 use super::hooks_config::{
     absolute, files, target_of, Opts, Runtime, Target, CONTAINERD_BASE_SPEC_NAME, HOST_HOOKS_DIR,
     OCI_HOOKS_FILE_NAME, PACKAGE_HOOKS_DIR,
 };
-use super::install::{base_spec, under, BaseSpec};
+use super::install::{base_spec, under, BaseSpec, CONTAINERD_DIR};
 use super::wrapper_config;
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
@@ -18,8 +19,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-const USAGE: &str =
-    "usage: devgate uninstall-host --root DIR [--prefix DIR] [--hooks-dir DIR] [--programs]";
+const USAGE: &str = "usage: devgate uninstall-host --root DIR [--prefix DIR] [--hooks-dir DIR] \
+[--restart] [--programs]";
 
 /// What the host's base spec is, for removal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,15 +90,26 @@ fn programs(root: &Path, target: &Target) -> Vec<PathBuf> {
 
 /// Step one: the spec loses its hooks, the oci-hooks files go. Returns whether the
 /// programs may go once the runtime restarts (not where an edited spec may name them).
-fn unhook(root: &Path, o: &Opts, target: &Target) -> Result<bool> {
+fn unhook(root: &Path, o: &Opts, target: &Target, changes: &mut Changes) -> Result<bool> {
     let ours = files(Runtime::Containerd, target)?;
     let ours = ours
         .first()
         .map(|f| f.content.as_bytes())
         .unwrap_or_default();
     let spec = base_spec(root, CONTAINERD_BASE_SPEC_NAME);
+    changes.keep(&spec.path)?;
+    changes.keep(&spec.record)?;
+    let host_spec = Path::new(CONTAINERD_DIR).join(CONTAINERD_BASE_SPEC_NAME);
+    let named = named_by_runtime_config(root, &[host_spec]).is_some();
     let free = match spec_state(&spec, ours)? {
-        SpecState::Absent | SpecState::Hookless => true,
+        SpecState::Absent => true,
+        // No config names it any more: the node is as it was before devgate.
+        SpecState::Hookless | SpecState::Ours(_) if !named => {
+            remove(&spec.path)?;
+            remove(&spec.record)?;
+            true
+        }
+        SpecState::Hookless => true,
         SpecState::Ours(v) => {
             let bytes = hookless(v);
             write_atomic(&spec.path, &bytes, 0o644)?;
@@ -182,9 +194,10 @@ fn is_config(p: &Path) -> bool {
 }
 
 pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.enable {
         return Err(Error::Usage(format!(
-            "--runtime, --bin, --out and --wrapper are not uninstall-host's options; {USAGE}"
+            "--runtime, --bin, --out, --wrapper and --enable are not uninstall-host's options; \
+             {USAGE}"
         )));
     }
     let root = o
@@ -192,12 +205,24 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
         .as_deref()
         .ok_or_else(|| Error::Usage(format!("--root is required; {USAGE}")))?;
     absolute("--root", root)?;
+    if o.restart {
+        // A host that cannot restart containerd is told so before anything changes.
+        enable::check_restart(root)?;
+    }
     let target = target_of(o, "/usr/local")?;
-    let free = unhook(root, o, &target)?;
+    // containerd's config first: it stops naming the spec, which then goes too.
+    let mut changes = Changes::default();
+    enable::edit_config(root, None, &mut changes)?;
+    let free = unhook(root, o, &target, &mut changes)?;
+    if o.restart {
+        enable::restart(root, &changes)?;
+    } else {
+        enable::say_restart_needed(&changes)?;
+    }
     if !o.programs {
         if free {
             say!(
-                "devgate: after the runtime restarts, rerun with --programs to remove the programs"
+                "devgate: once the runtime has restarted, rerun with --programs to remove the programs"
             );
         }
         return Ok(());

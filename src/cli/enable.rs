@@ -1,0 +1,207 @@
+//! `install-host --enable`, `--restart` and their undoing in `uninstall-host`: containerd's
+//! config.toml names devgate's base spec (marked lines, so removal gives the file back byte
+//! for byte), and containerd restarts through the host's own systemd, since it reads both
+//! files only at start. Every host file a step changes is kept first: a containerd that
+//! does not come back gets them back as they were and is restarted again, so no step
+//! leaves a node that cannot start containers.
+
+use super::conffile::read_opt;
+use super::containerd_config::{self, Edit};
+use super::systemd;
+use crate::error::{Error, Result};
+use crate::fsutil::write_atomic;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// containerd's config file on the host at `root`.
+pub(super) fn config_file(root: &Path) -> PathBuf {
+    root.join("etc/containerd/config.toml")
+}
+
+/// One host file as it was before a step wrote it.
+struct Kept {
+    path: PathBuf,
+    before: Option<Vec<u8>>,
+    mode: u32,
+}
+
+/// The host files a step changes, each kept as it was, to be put back.
+#[derive(Default)]
+pub(super) struct Changes(Vec<Kept>);
+
+impl Changes {
+    /// Keeps `path` as it is now, before the step writes it.
+    pub(super) fn keep(&mut self, path: &Path) -> Result<()> {
+        if self.0.iter().any(|k| k.path == path) {
+            return Ok(());
+        }
+        let mode = fs::symlink_metadata(path)
+            .map(|m| m.permissions().mode() & 0o7777)
+            .unwrap_or(0o644);
+        self.0.push(Kept {
+            path: path.to_path_buf(),
+            before: read_opt(path)?,
+            mode,
+        });
+        Ok(())
+    }
+
+    /// Whether any kept file now reads otherwise.
+    fn any_changed(&self) -> Result<bool> {
+        for k in &self.0 {
+            if read_opt(&k.path)? != k.before {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Every kept file back as it was.
+    fn put_back(&self) -> Result<()> {
+        for k in &self.0 {
+            match &k.before {
+                Some(bytes) => write_atomic(&k.path, bytes, k.mode)?,
+                None => match fs::remove_file(&k.path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(Error::io("cannot remove", &k.path, e))
+                    }
+                    _ => {}
+                },
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where containerd's packages and release tarballs put it.
+const CONTAINERD_PROGRAMS: [&str; 3] = [
+    "usr/bin/containerd",
+    "usr/local/bin/containerd",
+    "usr/sbin/containerd",
+];
+
+fn has_containerd(root: &Path) -> bool {
+    CONTAINERD_PROGRAMS
+        .iter()
+        .any(|p| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_file()))
+}
+
+fn text_of(file: &Path) -> Result<String> {
+    let bytes = read_opt(file)?.unwrap_or_default();
+    String::from_utf8(bytes).map_err(|_| Error::invalid(file.display().to_string(), "not UTF-8"))
+}
+
+/// Edits containerd's config on the host at `root`: devgate's lines in (`spec`, the base
+/// spec as the host names it) or, with `None`, out. Keeps the file in `changes` first.
+pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Changes) -> Result<()> {
+    let file = config_file(root);
+    if spec.is_none() && !fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
+        // Removal: only a file devgate could have written holds its lines.
+        return Ok(());
+    }
+    if spec.is_some() && read_opt(&file)?.is_none() && !has_containerd(root) {
+        // A CRI-O or podman node: they read the hooks directory, with nothing to enable.
+        say!(
+            "devgate: no containerd here ({} is not there): nothing to enable",
+            file.display()
+        );
+        return Ok(());
+    }
+    let text = text_of(&file)?;
+    let edit = match spec {
+        Some(spec) => containerd_config::enable(&text, spec),
+        None => containerd_config::disable(&text),
+    }
+    .map_err(|e| Error::invalid(file.display().to_string(), e.to_string()))?;
+    match (edit, spec) {
+        (Edit::Unchanged, Some(_)) => {
+            say!(
+                "devgate: {} already names devgate's base spec",
+                file.display()
+            )
+        }
+        (Edit::Unchanged, None) => {}
+        (Edit::Changed(new), _) => {
+            changes.keep(&file)?;
+            let mode = fs::symlink_metadata(&file)
+                .map(|m| m.permissions().mode() & 0o7777)
+                .unwrap_or(0o644);
+            write_atomic(&file, new.as_bytes(), mode)?;
+            match spec {
+                Some(_) => say!(
+                    "devgate: {} names devgate's base spec now (lines marked \"{}\")",
+                    file.display(),
+                    containerd_config::MARK
+                ),
+                None => say!("devgate: removed devgate's lines from {}", file.display()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fails, before anything on the host changes, where `--restart` could not restart.
+pub(super) fn check_restart(root: &Path) -> Result<()> {
+    systemd::check(root)
+}
+
+/// Restarts containerd on the host at `root` where `changes` changed a file. Where it does
+/// not come back, puts the files back, restarts it again, and fails saying both.
+pub(super) fn restart(root: &Path, changes: &Changes) -> Result<()> {
+    if !changes.any_changed()? {
+        say!("devgate: containerd needs no restart");
+        return Ok(());
+    }
+    let Err(e) = systemd::restart(root, systemd::CONTAINERD_UNIT) else {
+        say!("devgate: restarted {}", systemd::CONTAINERD_UNIT);
+        return Ok(());
+    };
+    changes.put_back()?;
+    let again = match systemd::restart(root, systemd::CONTAINERD_UNIT) {
+        Ok(()) => "containerd runs as before".to_string(),
+        Err(e2) => format!("containerd did not restart either: {e2}"),
+    };
+    Err(Error::invalid(
+        "--restart",
+        format!("{e}; the files devgate changed are back as they were, and {again}"),
+    ))
+}
+
+/// Says what is left to do where `--restart` was not given and a file changed.
+pub(super) fn say_restart_needed(changes: &Changes) -> Result<()> {
+    if changes.any_changed()? {
+        say!("devgate: containerd reads these files only at start: restart it (or rerun with --restart)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_back_restores_bytes_mode_and_absence() {
+        let dir = crate::fsutil::tests::tempdir("enable-put-back");
+        let a = dir.join("a");
+        let b = dir.join("b");
+        fs::write(&a, "before").unwrap();
+        fs::set_permissions(&a, fs::Permissions::from_mode(0o600)).unwrap();
+        let mut c = Changes::default();
+        c.keep(&a).unwrap();
+        c.keep(&b).unwrap();
+        assert!(!c.any_changed().unwrap());
+        write_atomic(&a, b"after", 0o644).unwrap();
+        fs::write(&b, "new").unwrap();
+        assert!(c.any_changed().unwrap());
+        c.put_back().unwrap();
+        assert_eq!(fs::read_to_string(&a).unwrap(), "before");
+        assert_eq!(
+            fs::metadata(&a).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(!b.exists());
+        assert!(!c.any_changed().unwrap());
+    }
+}
