@@ -196,7 +196,7 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
         assert!(!log.contains(" stdout F nofile 1024"), "{log}");
         assert!(log.contains(" stdout F nofile "), "{log}");
     } else {
-        eprintln!("skip: the open-file hard limit here is {ours}, no more than 1024");
+        eprintln!("skipped: the open-file hard limit here is {ours}, no more than 1024");
     }
     assert_eq!(env.decisions().last().unwrap()["action"], "allow");
     // No fault during that run: kubelet's termination file is untouched.
