@@ -878,12 +878,35 @@ fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
     fs::write(
         &crio,
         format!(
-            "[crio.runtime]\ncgroup_manager = \"cgroupfs\"\nhooks_dir = [\"{}\"]\n",
+            "[crio.runtime]\ncgroup_manager = \"cgroupfs\"\ndefault_runtime = \"runc\"\n\
+             hooks_dir = [\"{}\"]\n",
             hooks.display()
         ),
     )
     .unwrap();
     let args = ["--crio-config", crio.to_str().unwrap()];
+
+    // crun (CRI-O's default since 1.31) with the hooks alone: a reject would reach kubelet
+    // without devgate's line, so the line fails and names the wrapper.
+    fs::create_dir(node.dir().join("crio.conf.d")).unwrap();
+    let crun = node.dir().join("crio.conf.d/05-crun.conf");
+    fs::write(&crun, "[crio.runtime]\ndefault_runtime = \"crun\"\n").unwrap();
+    let (code, lines) = node.doctor(&args);
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("✗ cri-o: "))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(
+        lines[at].contains("crun discards a hook's output"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[at + 1].contains("--runtime crio --wrapper"),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+    fs::remove_file(&crun).unwrap();
+
     let (code, lines) = node.doctor(&args);
     assert!(
         lines.contains(&format!(
@@ -904,7 +927,6 @@ fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
     // systemd.
     let empty = node.dir().join("other-hooks.d");
     fs::create_dir(&empty).unwrap();
-    fs::create_dir(node.dir().join("crio.conf.d")).unwrap();
     fs::write(
         node.dir().join("crio.conf.d/10-hooks.conf"),
         format!("[crio.runtime]\nhooks_dir = [\"{}\"]\n", empty.display()),

@@ -102,6 +102,67 @@ fn unread_devgate_hooks(
         .collect()
 }
 
+/// CRI-O's line: a hook in its hooks directories, or its default runtime being devgate's
+/// wrapper, runs devgate. With hooks alone, a default runtime of crun (CRI-O's default
+/// since 1.31, and what its packages set) fails: crun discards a hook's output, so a reject
+/// shows as CreateContainerError without devgate's line.
+fn crio_line(
+    crio: &crio::CrioConfig,
+    dirs: &[PathBuf],
+    id: &Identity,
+    fix: &FixCmd,
+    nvidia_config: &Path,
+) -> Line {
+    let is_devgate = |p: &Path| id.is_devgate(p);
+    let files = hooks::read_hook_dirs(dirs);
+    let hooks = hooks::judge_hook_files(&files, dirs, &is_devgate);
+    let (name, path) = crio::default_runtime_binary(crio);
+    let binary = binary::classify_binary(&path, id, nvidia_config);
+    let wrapper = binary
+        .runs_devgate()
+        .then(|| format!("default runtime {name}: {path}"));
+    match (hooks, wrapper) {
+        (Ok(_), Some(w)) => Line::pass("cri-o", format!("{w} is devgate's runtime wrapper")),
+        // The wrapper gates and remaps; only the poststop hook reports faults.
+        (Err(_), Some(w)) => Line::pass(
+            "cri-o",
+            format!(
+                "{w} is devgate's runtime wrapper; no oci-hooks file runs devgate at poststop, \
+                 so faults during a run go unreported"
+            ),
+        ),
+        (Ok(t), None) if binary.runs_crun() => Line::fail(
+            "cri-o",
+            format!(
+                "{t}, but its default runtime {name:?} {} with devgate's hooks alone: crun \
+                 discards a hook's output, so a reject shows as CreateContainerError without \
+                 devgate's line",
+                binary.describe()
+            ),
+            format!(
+                "{} --runtime crio --wrapper --bin {} --out /etc/crio/crio.conf.d, set \
+                 runtime.path to crun in devgate's config, restart CRI-O (keep the hooks)",
+                fix.prefix,
+                fix.bin.display()
+            ),
+        ),
+        (Ok(t), None) => Line::pass("cri-o", t),
+        (Err(e), None) => Line::fail(
+            "cri-o",
+            format!("{e}{}", unread_devgate_hooks(dirs, "CRI-O", &is_devgate)),
+            format!(
+                "{} (a directory in CRI-O's hooks_dir), then restart CRI-O",
+                fix.hooks_config(
+                    "crio",
+                    dirs.first()
+                        .map(PathBuf::as_path)
+                        .unwrap_or(Path::new(crio::CRIO_DEFAULT_HOOKS_DIR))
+                )
+            ),
+        ),
+    }
+}
+
 /// How the fix lines spell `devgate hooks-config` for this node.
 pub(crate) struct FixCmd {
     /// `devgate [--config PATH] hooks-config`.
@@ -178,41 +239,7 @@ pub(crate) fn runtime_checks(
                         .clone()
                         .unwrap_or_else(|| vec![crio::CRIO_DEFAULT_HOOKS_DIR.into()])
                 };
-                let files = hooks::read_hook_dirs(&dirs);
-                let hooks = hooks::judge_hook_files(&files, &dirs, &is_devgate);
-                let wrapper = crio.default_runtime.as_ref().and_then(|name| {
-                    let path = crio.runtime_paths.get(name)?;
-                    let b = binary::classify_binary(path, id, &nvidia_config);
-                    b.runs_devgate()
-                        .then(|| format!("default runtime {name}: {path}"))
-                });
-                lines.push(match (hooks, wrapper) {
-                    (Ok(_), Some(w)) => {
-                        Line::pass("cri-o", format!("{w} is devgate's runtime wrapper"))
-                    }
-                    // The wrapper gates and remaps; only the poststop hook reports faults.
-                    (Err(_), Some(w)) => Line::pass(
-                        "cri-o",
-                        format!(
-                            "{w} is devgate's runtime wrapper; no oci-hooks file runs devgate \
-                             at poststop, so faults during a run go unreported"
-                        ),
-                    ),
-                    (Ok(t), None) => Line::pass("cri-o", t),
-                    (Err(e), None) => Line::fail(
-                        "cri-o",
-                        format!("{e}{}", unread_devgate_hooks(&dirs, "CRI-O", &is_devgate)),
-                        format!(
-                            "{} (a directory in CRI-O's hooks_dir), then restart CRI-O",
-                            fix.hooks_config(
-                                "crio",
-                                dirs.first()
-                                    .map(PathBuf::as_path)
-                                    .unwrap_or(Path::new(crio::CRIO_DEFAULT_HOOKS_DIR))
-                            )
-                        ),
-                    ),
-                });
+                lines.push(crio_line(&crio, &dirs, id, fix, &nvidia_config));
                 let vote = match crio.cgroup_manager.as_deref() {
                     Some(m) => DriverVote {
                         source: format!("CRI-O cgroup_manager = {m:?}"),

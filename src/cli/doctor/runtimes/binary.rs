@@ -231,6 +231,17 @@ pub(crate) fn classify_binary(name: &str, id: &Identity, nvidia_config: &Path) -
 }
 
 impl Binary {
+    /// Whether the runtime that finally runs the container is crun, which discards a hook's
+    /// output (directly, or behind NVIDIA's runtime).
+    pub(crate) fn runs_crun(&self) -> bool {
+        let is_crun = |p: &Path| p.file_name().is_some_and(|n| n == "crun");
+        match self {
+            Binary::Other(p) => is_crun(p),
+            Binary::Nvidia { runs: Ok(r), .. } => is_crun(r),
+            _ => false,
+        }
+    }
+
     pub(crate) fn runs_devgate(&self) -> bool {
         match self {
             Binary::DevgateWrapper(_) => true,

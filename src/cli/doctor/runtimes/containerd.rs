@@ -363,6 +363,12 @@ pub(crate) fn judge_containerd_runtime(
         return Ok(format!("runtime {name} {}{note}", binary.describe()));
     }
     match hooks {
+        Some((true, true)) if binary.runs_crun() => Err(format!(
+            "runtime {name} starts from {spec_path}, whose hooks run devgate, but it {} with \
+             them alone: crun discards a hook's output, so a reject reaches kubelet without \
+             devgate's line",
+            binary.describe()
+        )),
         Some((true, true)) => Ok(format!(
             "runtime {name} starts from {spec_path}, a complete spec whose hooks run devgate at \
              start and poststop"
@@ -384,8 +390,23 @@ pub(crate) fn judge_containerd_runtime(
     }
 }
 
-/// The fix line for an unwired containerd.
+/// The fix line for an unwired containerd, or for one that runs crun with hooks alone.
 pub(crate) fn containerd_fix(cri: &ContainerdCri, runtime: &str, fix: &FixCmd) -> String {
+    let crun = cri.runtimes.get(runtime).is_some_and(|rt| {
+        Path::new(&rt.binary_name)
+            .file_name()
+            .is_some_and(|n| n == "crun")
+    });
+    if crun {
+        return format!(
+            "{} --runtime containerd --wrapper --bin {} --out DIR, merge it (BinaryName = \
+             devgate-runtime under [plugins.\"{}\".containerd.runtimes.{runtime}.options]), \
+             set runtime.path to crun in devgate's config, restart containerd (keep the hooks)",
+            fix.prefix,
+            fix.bin.display(),
+            cri.plugin
+        );
+    }
     format!(
         "{}, set base_runtime_spec = \"/etc/containerd/devgate-base-spec.json\" under \
          [plugins.\"{}\".containerd.runtimes.{runtime}], and restart containerd",
@@ -654,5 +675,18 @@ disabled_plugins = ["cri"]
         };
         let e = judge_containerd_runtime("nvidia", &rt, &BaseSpec::NotSet, &nv).unwrap_err();
         assert!(e.ends_with("which runs /usr/bin/runc"), "{e}");
+        // crun with the hooks alone: the reject line never reaches kubelet.
+        let crun = Binary::Other("/usr/bin/crun".into());
+        let e = judge_containerd_runtime("runc", &rt, &ok, &crun).unwrap_err();
+        assert!(e.contains("crun discards a hook's output"), "{e}");
+        let nv_crun = Binary::Nvidia {
+            path: "/usr/bin/nvidia-container-runtime".into(),
+            runs: Ok("/usr/bin/crun".into()),
+            runs_devgate: false,
+        };
+        assert!(judge_containerd_runtime("nvidia", &rt, &ok, &nv_crun).is_err());
+        // crun behind the wrapper passes.
+        assert!(judge_containerd_runtime("runc", &rt, &ok, &wrapper).is_ok());
+        assert!(judge_containerd_runtime("runc", &rt, &ok, &nv).is_ok());
     }
 }

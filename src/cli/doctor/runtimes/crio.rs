@@ -48,6 +48,24 @@ struct CrioRuntimeHandler {
     runtime_path: Option<String>,
 }
 
+/// CRI-O's built-in default runtime since 1.31 (its packages set it since 1.28).
+pub(crate) const CRIO_DEFAULT_RUNTIME: &str = "crun";
+
+/// The default runtime's name and the binary CRI-O runs for it: its `runtime_path`, else
+/// its name, which CRI-O looks up in PATH.
+pub(crate) fn default_runtime_binary(c: &CrioConfig) -> (String, String) {
+    let name = c
+        .default_runtime
+        .clone()
+        .unwrap_or_else(|| CRIO_DEFAULT_RUNTIME.into());
+    let path = c
+        .runtime_paths
+        .get(&name)
+        .cloned()
+        .unwrap_or_else(|| name.clone());
+    (name, path)
+}
+
 /// Merges CRI-O's files in the order CRI-O reads them (crio.conf, then the drop-ins sorted).
 pub(crate) fn parse_crio(files: &[(PathBuf, String)]) -> Result<CrioConfig, String> {
     let mut c = CrioConfig::default();
@@ -121,6 +139,14 @@ mod tests {
             Some(vec![PathBuf::from("/b"), PathBuf::from("/c")])
         );
         assert_eq!(c.runtime_paths["dg"], "/usr/bin/devgate-runc");
+        assert_eq!(
+            default_runtime_binary(&c),
+            ("dg".to_string(), "/usr/bin/devgate-runc".to_string())
+        );
+        assert_eq!(
+            default_runtime_binary(&CrioConfig::default()),
+            ("crun".to_string(), "crun".to_string())
+        );
         assert!(parse_crio(&[("/x".into(), "[crio\n".into())])
             .unwrap_err()
             .starts_with("/x: "));
