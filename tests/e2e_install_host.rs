@@ -80,6 +80,20 @@ fn install_host_puts_the_containerd_snippets_on_the_node() {
             "{name}"
         );
     }
+    // The runtime wrapper's snippets too, naming the wrapper where install-host put it.
+    for (dir, name) in [
+        ("containerd", "containerd-runtime-wrapper.toml"),
+        ("containerd", "containerd-runtime-wrapper-v3.toml"),
+        ("crio", "10-devgate-runtime.conf"),
+        ("podman", "devgate-runtime.conf"),
+    ] {
+        let text = fs::read_to_string(root.join("usr/share/devgate").join(dir).join(name))
+            .unwrap_or_else(|e| panic!("{dir}/{name}: {e}"));
+        assert!(
+            text.contains("/usr/local/bin/devgate-runtime"),
+            "{dir}/{name}: {text}"
+        );
+    }
 }
 
 /// A containerd config the operator wrote by hand, naming devgate's base spec.
@@ -115,6 +129,7 @@ fn uninstall_host_leaves_a_hookless_spec_and_removes_the_programs() {
     ] {
         assert!(!root.join(gone).exists(), "{gone} left: {said}");
     }
+    assert!(!root.join("usr/share/devgate").exists(), "{said}");
     assert_eq!(json(&root.join(SPEC)), expect);
     // Not devgate's lines: the operator's config is left as it is.
     assert_eq!(fs::read_to_string(&conf).unwrap(), OPERATORS_CONFIG);

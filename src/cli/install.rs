@@ -5,8 +5,8 @@ use super::conffile::{say_laid, Conffile, RECORD_DIR};
 use super::enable::{self, Changes};
 use super::hooks_config::File;
 use super::hooks_config::{
-    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, CONTAINERD_BASE_SPEC_NAME,
-    DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
+    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, Target,
+    CONTAINERD_BASE_SPEC_NAME, DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
 };
 use super::wrapper_config;
 use crate::config::{self, Config};
@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 
 /// Where containerd's config and devgate's base spec live on the host.
 pub(super) const CONTAINERD_DIR: &str = "/etc/containerd";
-/// Where the containerd config snippets go on the host (named by the DaemonSet's notes).
+/// Where the snippets go on the host, as the packages lay them.
+pub(super) const SHARE_DIR: &str = "/usr/share/devgate";
+/// containerd's config snippets among them (named by the DaemonSet's notes).
 const SNIPPET_DIR: &str = "/usr/share/devgate/containerd";
 
 /// `p` (absolute, on the host) under the host root.
@@ -70,6 +72,20 @@ fn snippets() -> Vec<File> {
         content: content.into(),
     })
     .collect()
+}
+
+/// The snippets install-host lays under [`SHARE_DIR`], by directory (on the host).
+pub(super) fn shared_files(target: &Target) -> Result<Vec<(PathBuf, Vec<File>)>> {
+    let mut out = vec![(PathBuf::from(SNIPPET_DIR), snippets())];
+    for (runtime, dir) in [
+        (Runtime::Containerd, "containerd"),
+        (Runtime::Crio, "crio"),
+        (Runtime::Podman, "podman"),
+    ] {
+        let files = wrapper_config::files(runtime, target)?;
+        out.push((Path::new(SHARE_DIR).join(dir), files));
+    }
+    Ok(out)
 }
 
 const INSTALL_HOST_USAGE: &str = "usage: devgate install-host --root DIR [--prefix DIR] \
@@ -193,9 +209,13 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         changes.keep(&spec.record)?;
         say_laid(&spec.lay(f.content.as_bytes())?);
     }
-    // The snippets the operator or the node image merges into containerd's config.
-    for p in write_files(&under(Path::new(SNIPPET_DIR)), &snippets())? {
-        say!("devgate: installed {}", p.display());
+    // The snippets the operator or the node image merges into containerd's config, and
+    // the runtime wrapper's for each manager (crun discards a hook's output: where crun
+    // runs, the wrapper carries devgate's line; docs/install.md), named for this prefix.
+    for (dir, files) in shared_files(&target)? {
+        for p in write_files(&under(&dir), &files)? {
+            say!("devgate: installed {}", p.display());
+        }
     }
 
     let cfg_path = under(

@@ -10,7 +10,7 @@ use super::hooks_config::{
     absolute, files, target_of, Opts, Runtime, Target, CONTAINERD_BASE_SPEC_NAME, HOST_HOOKS_DIR,
     OCI_HOOKS_FILE_NAME, PACKAGE_HOOKS_DIR,
 };
-use super::install::{base_spec, under, BaseSpec, CONTAINERD_DIR};
+use super::install::{base_spec, shared_files, under, BaseSpec, CONTAINERD_DIR, SHARE_DIR};
 use super::wrapper_config;
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
@@ -247,6 +247,15 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     for p in programs(root, &target) {
         remove(&p)?;
     }
+    // The snippets install-host laid beside them, and their directories where empty.
+    for (dir, files) in shared_files(&target)? {
+        let dir = under(root, &dir);
+        for f in files {
+            remove(&dir.join(&f.name))?;
+        }
+        let _ = fs::remove_dir(&dir);
+    }
+    let _ = fs::remove_dir(under(root, Path::new(SHARE_DIR)));
     say!("devgate: the config and quarantine marks under /etc/devgate and /var/lib/devgate stay");
     Ok(())
 }
