@@ -1,5 +1,6 @@
-//! devgate under containerd's CRI plugin configured with the shipped snippet
-//! (hooks/containerd/config.toml: base_runtime_spec for the runc runtime), driven as kubelet
+//! devgate under containerd's CRI plugin configured with the shipped snippet for its version
+//! (hooks/containerd/config.toml for 1.6 and 1.7, config-v3.toml for 2.x: base_runtime_spec
+//! for the runc runtime; tests/common/cri.rs `containerd_with_snippet`), driven as kubelet
 //! drives it: RunPodSandbox (host network), CreateContainer with a device and a
 //! termination-message mount, StartContainer, ContainerStatus. The CRI client is k8s-cri's
 //! typed runtime.v1 client (tests/common/cri.rs).
@@ -8,38 +9,12 @@ mod common;
 use common::cri::{self, ContainerState, Cri, PodGuard};
 use common::*;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const REJECT_LINE: &str =
     r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "cri test"; policy reject"#;
 const TERMINATION_PATH: &str = "/dev/termination-log";
-
-/// containerd's config: the shipped snippet with the base spec path of this test, and the
-/// CRI settings a node without a registry needs.
-fn start_containerd(base_spec: &Path) -> Containerd {
-    let snippet = fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks/containerd/config.toml"),
-    )
-    .unwrap();
-    assert!(
-        snippet.contains(r#"base_runtime_spec = "/etc/containerd/devgate-base-spec.json""#),
-        "{snippet}"
-    );
-    let (version, tables): (Vec<&str>, Vec<&str>) = snippet
-        .lines()
-        .partition(|l| l.trim_start().starts_with("version ="));
-    assert_eq!(version, ["version = 2"]);
-    let tables = tables.join("\n").replace(
-        "/etc/containerd/devgate-base-spec.json",
-        base_spec.to_str().unwrap(),
-    );
-    Containerd::start(
-        "cri",
-        "version = 2",
-        &format!("{tables}\n\n{}", cri::cri_plugin_settings(TEST_IMAGE)),
-    )
-}
 
 struct Pod {
     id: String,
@@ -111,7 +86,7 @@ fn cri_start_error_carries_devgate_line_and_healthy_container_runs() {
     );
     let base_spec = work.join("devgate-base-spec.json");
     fs::write(&base_spec, containerd_base_spec_for(&env)).unwrap();
-    let cd = start_containerd(&base_spec);
+    let cd = cri::containerd_with_snippet("cri", &base_spec);
     cd.import_test_image("k8s.io");
     let mut c = Cri::connect(&cd.socket);
     assert_eq!(c.version().unwrap().runtime_api_version, "v1");

@@ -49,7 +49,7 @@ fn cluster(tag: &str) -> Cluster {
     );
     let base_spec = work.join("devgate-base-spec.json");
     fs::write(&base_spec, containerd_base_spec_for(&env)).unwrap();
-    let cd = kubelet::containerd_with_snippet(tag, &base_spec);
+    let cd = cri::containerd_with_snippet(tag, &base_spec);
     cd.import_test_image("k8s.io");
     let mut c = Cri::connect(&cd.socket);
     let uid = format!("{tag}-uid");

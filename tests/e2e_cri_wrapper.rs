@@ -1,10 +1,11 @@
 //! containerd's CRI plugin with devgate's runtime wrapper as the runc.v2 shim's
 //! `BinaryName` (the snippet `hooks-config --runtime containerd --wrapper` generates, config
-//! version 2) and devgate's hooks in the base runtime spec, driven as kubelet drives it
-//! through the typed CRI client (tests/common/cri.rs): a pod, a container with a device
-//! the operator cordoned, the remap, then UpdateContainerResources (kubelet's CPU manager),
-//! and the spare still opens and the bad device is still denied. Under runc on this host's
-//! v1, and under crun with a v1-only cgroup view, where `update` rewrites device rules.
+//! version 2 or 3 by the containerd under test: tests/common/cri.rs `Config`) and devgate's
+//! hooks in the base runtime spec, driven as kubelet drives it through the typed CRI client
+//! (tests/common/cri.rs): a pod, a container with a device the operator cordoned, the
+//! remap, then UpdateContainerResources (kubelet's CPU manager), and the spare still opens
+//! and the bad device is still denied. Under runc on this host's v1, and under crun with a
+//! v1-only cgroup view, where `update` rewrites device rules.
 
 mod common;
 use common::cri::{self, Cri, PodGuard};
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// (a script that records its arguments, then runs the devgate-runtime program with the
 /// test's config), and
 /// the runtime's state root under the test's directory instead of /run/containerd/runc.
-fn wrapper_config(work: &Path, env: &Env) -> (String, PathBuf) {
+fn wrapper_config(work: &Path, env: &Env, config: cri::Config) -> (String, PathBuf) {
     let base_spec = work.join("devgate-base-spec.json");
     fs::write(&base_spec, containerd_base_spec_for(env)).unwrap();
     let bin = work.join("bin");
@@ -50,7 +51,12 @@ fn wrapper_config(work: &Path, env: &Env) -> (String, PathBuf) {
         "--out",
         snippets.to_str().unwrap(),
     ]);
-    let snippet = fs::read_to_string(snippets.join("containerd-runtime-wrapper.toml")).unwrap();
+    let snippet = fs::read_to_string(snippets.join(config.wrapper_snippet())).unwrap();
+    assert!(
+        snippet.contains(&format!("\n{}\n", config.top())),
+        "{snippet}"
+    );
+    config.say_loaded(&format!("the generated {}", config.wrapper_snippet()));
     let binary_name = format!("  BinaryName = \"{}\"\n", wrapper.display());
     assert!(snippet.contains(&binary_name), "{snippet}");
     let tables: Vec<&str> = snippet
@@ -72,7 +78,7 @@ fn wrapper_config(work: &Path, env: &Env) -> (String, PathBuf) {
             ),
         );
     (
-        format!("{tables}\n\n{}", cri::cri_plugin_settings(TEST_IMAGE)),
+        format!("{tables}\n\n{}", config.plugin_settings(TEST_IMAGE)),
         trace,
     )
 }
@@ -85,8 +91,9 @@ fn remap_survives_update_over_cri(runtime: &str, under: &[&str]) {
     let tag = format!("cri-wr-{runtime}");
     let work = tempdir(&tag);
     let env = remap_env(&format!("{tag}-env"), runtime);
-    let (config, trace) = wrapper_config(&work, &env);
-    let cd = Containerd::start_under(&tag, "version = 2", &config, under);
+    let version = cri::Config::of_containerd();
+    let (config, trace) = wrapper_config(&work, &env, version);
+    let cd = Containerd::start_under(&tag, version.top(), &config, under);
     cd.import_test_image("k8s.io");
     let mut c = Cri::connect(&cd.socket);
     assert_eq!(c.version().unwrap().runtime_api_version, "v1");

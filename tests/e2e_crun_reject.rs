@@ -203,7 +203,8 @@ fn cri_start_error_carries_the_reject_line() {
     let runtime = wrapper_script(&work, "devgate-runtime", &env);
     let base_spec = work.join("devgate-base-spec.json");
     fs::write(&base_spec, containerd_base_spec_for(&env)).unwrap();
-    let runc = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]";
+    let version = cri::Config::of_containerd();
+    let runc = version.runc_table();
     let config = format!(
         "{runc}\n  runtime_type = \"io.containerd.runc.v2\"\n  base_runtime_spec = \"{}\"\n\
          {}.options]\n  BinaryName = \"{}\"\n  Root = \"{}\"\n\n{}",
@@ -211,7 +212,7 @@ fn cri_start_error_carries_the_reject_line() {
         runc.trim_end_matches(']'),
         runtime.display(),
         work.join("runtime-root").display(),
-        cri::cri_plugin_settings(TEST_IMAGE)
+        version.plugin_settings(TEST_IMAGE)
     );
     let v1_only = [
         "unshare",
@@ -222,7 +223,7 @@ fn cri_start_error_carries_the_reject_line() {
         "-c",
         "umount /sys/fs/cgroup/unified && exec \"$0\" \"$@\"",
     ];
-    let cd = Containerd::start_under("crun-cri", "version = 2", &config, &v1_only);
+    let cd = Containerd::start_under("crun-cri", version.top(), &config, &v1_only);
     cd.import_test_image("k8s.io");
     let mut c = Cri::connect(&cd.socket);
     let uid = "crun-cri-uid";

@@ -249,14 +249,131 @@ pub fn container(name: &str, image: &str, command: &[&str], devices: &[&str]) ->
     }
 }
 
-/// The CRI plugin settings (containerd config version 2) a node without a registry needs:
-/// the sandbox image is the imported busybox, and restrict_oom_score_adj because this
-/// machine (itself a container) may not lower oom_score_adj as the sandbox's -998 would.
-pub fn cri_plugin_settings(image: &str) -> String {
-    format!(
-        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{image}\"\n  \
-         restrict_oom_score_adj = true\n\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"runc\"\n  \
-         snapshotter = \"overlayfs\"\n"
+/// The containerd config the CRI tests write, by the containerd under test. containerd 2.x
+/// still starts from a version 2 config (it migrates it), so with config.toml loaded
+/// everywhere the CRI tests passed on 2.x while config-v3.toml, the snippet a 2.x node
+/// installs, never started a container in any test. So each version loads its own snippet
+/// with its own CRI settings: 2.x split 1.x's `io.containerd.grpc.v1.cri` into
+/// `io.containerd.cri.v1.images` (the sandbox image, now `pinned_images.sandbox`, and the
+/// snapshotter) and `io.containerd.cri.v1.runtime` (the runtimes, restrict_oom_score_adj),
+/// as containerd 2.1's `containerd config default` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Config {
+    /// containerd 1.6 and 1.7: config version 2.
+    V2,
+    /// containerd 2.x: config version 3.
+    V3,
+}
+
+impl Config {
+    /// The config of the containerd on PATH, by its major version (`containerd --version`).
+    pub fn of_containerd() -> Config {
+        if super::node::containerd_major() >= 2 {
+            Config::V3
+        } else {
+            Config::V2
+        }
+    }
+
+    /// What goes before any table.
+    pub fn top(self) -> &'static str {
+        match self {
+            Config::V2 => "version = 2",
+            Config::V3 => "version = 3",
+        }
+    }
+
+    /// The shipped snippet under hooks/containerd.
+    pub fn snippet(self) -> &'static str {
+        match self {
+            Config::V2 => "config.toml",
+            Config::V3 => "config-v3.toml",
+        }
+    }
+
+    /// The runtime wrapper's snippet `hooks-config --runtime containerd --wrapper` writes.
+    pub fn wrapper_snippet(self) -> &'static str {
+        match self {
+            Config::V2 => "containerd-runtime-wrapper.toml",
+            Config::V3 => "containerd-runtime-wrapper-v3.toml",
+        }
+    }
+
+    /// The snippet's base_runtime_spec line, as the snippet quotes it.
+    pub fn base_spec_line(self) -> &'static str {
+        match self {
+            Config::V2 => r#"base_runtime_spec = "/etc/containerd/devgate-base-spec.json""#,
+            Config::V3 => "base_runtime_spec = '/etc/containerd/devgate-base-spec.json'",
+        }
+    }
+
+    /// The CRI plugin that holds the runtimes.
+    pub fn runtime_plugin(self) -> &'static str {
+        match self {
+            Config::V2 => "io.containerd.grpc.v1.cri",
+            Config::V3 => "io.containerd.cri.v1.runtime",
+        }
+    }
+
+    /// The runc runtime's table.
+    pub fn runc_table(self) -> String {
+        format!(
+            "[plugins.\"{}\".containerd.runtimes.runc]",
+            self.runtime_plugin()
+        )
+    }
+
+    /// Says in the test's output which snippet the containerd under test loads.
+    pub fn say_loaded(self, snippet: &str) {
+        eprintln!(
+            "containerd {}.x: CRI config from {snippet} ({})",
+            super::node::containerd_major(),
+            self.top()
+        );
+    }
+
+    /// The CRI plugin settings a node without a registry needs: the sandbox image is the
+    /// imported busybox, and restrict_oom_score_adj because this machine (itself a
+    /// container) may not lower oom_score_adj as the sandbox's -998 would.
+    pub fn plugin_settings(self, image: &str) -> String {
+        match self {
+            Config::V2 => format!(
+                "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{image}\"\n  \
+                 restrict_oom_score_adj = true\n\n\
+                 [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  \
+                 default_runtime_name = \"runc\"\n  snapshotter = \"overlayfs\"\n"
+            ),
+            Config::V3 => format!(
+                "[plugins.'io.containerd.cri.v1.images']\n  snapshotter = 'overlayfs'\n\n\
+                 [plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = '{image}'\n\n\
+                 [plugins.'io.containerd.cri.v1.runtime']\n  restrict_oom_score_adj = true\n\n\
+                 [plugins.'io.containerd.cri.v1.runtime'.containerd]\n  \
+                 default_runtime_name = 'runc'\n"
+            ),
+        }
+    }
+}
+
+/// containerd with the shipped snippet for its version (`Config`), the snippet's base spec
+/// path pointed at `base_spec`, and the CRI settings a node without a registry needs.
+pub fn containerd_with_snippet(tag: &str, base_spec: &Path) -> super::Containerd {
+    let config = Config::of_containerd();
+    let name = format!("hooks/containerd/{}", config.snippet());
+    let snippet = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&name))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(snippet.contains(config.base_spec_line()), "{snippet}");
+    let (version, tables): (Vec<&str>, Vec<&str>) = snippet
+        .lines()
+        .partition(|l| l.trim_start().starts_with("version ="));
+    assert_eq!(version, [config.top()], "{name}");
+    let tables = tables.join("\n").replace(
+        "/etc/containerd/devgate-base-spec.json",
+        base_spec.to_str().unwrap(),
+    );
+    config.say_loaded(&name);
+    super::Containerd::start(
+        tag,
+        config.top(),
+        &format!("{tables}\n\n{}", config.plugin_settings(super::TEST_IMAGE)),
     )
 }

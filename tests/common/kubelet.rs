@@ -59,27 +59,6 @@ pub fn stack() -> String {
     codename
 }
 
-/// containerd with the shipped snippet (hooks/containerd/config.toml), its base spec path
-/// pointed at `base_spec`, and the CRI settings a node without a registry needs.
-pub fn containerd_with_snippet(tag: &str, base_spec: &Path) -> Containerd {
-    let snippet = fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks/containerd/config.toml"),
-    )
-    .unwrap();
-    let (_, tables): (Vec<&str>, Vec<&str>) = snippet
-        .lines()
-        .partition(|l| l.trim_start().starts_with("version ="));
-    let tables = tables.join("\n").replace(
-        "/etc/containerd/devgate-base-spec.json",
-        base_spec.to_str().unwrap(),
-    );
-    Containerd::start(
-        tag,
-        "version = 2",
-        &format!("{tables}\n\n{}", cri::cri_plugin_settings(TEST_IMAGE)),
-    )
-}
-
 /// The last `FILE_LIMIT` bytes of `path`, as `tail.ReadAtMost` reads them.
 pub fn file_tail(path: &Path) -> Vec<u8> {
     let mut f = fs::File::open(path).unwrap();

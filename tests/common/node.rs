@@ -218,11 +218,7 @@ pub fn parse_containerd_major(version: &str) -> u32 {
 /// The CRI runtime plugin's table name in the config containerd runs with: containerd 2.x
 /// (config version 3) renamed the 1.x one, and doctor names the daemon's own.
 pub fn cri_runtime_plugin() -> &'static str {
-    if containerd_major() >= 2 {
-        "io.containerd.cri.v1.runtime"
-    } else {
-        "io.containerd.grpc.v1.cri"
-    }
+    super::cri::Config::of_containerd().runtime_plugin()
 }
 
 /// Why a container with resources cannot start here, when /sys/fs/cgroup is a unified
