@@ -677,6 +677,50 @@ impl Containerd {
         panic!("containerd did not come up: {}", c.log());
     }
 
+    /// containerd on a config file the test wrote itself (`config`, its path as `under`
+    /// sees it), whose `[grpc] address` is `socket`; its log goes to `dir/containerd.log`.
+    /// For tests that stop and start containerd on one config (an installer edits it), as
+    /// an operator restarts it on a node without systemd.
+    pub fn start_on_config(dir: &Path, config: &Path, socket: &Path, under: &[&str]) -> Containerd {
+        require_cmd("containerd", "containerd");
+        require_cmd("ctr", "containerd");
+        let log = fs::File::create(dir.join("containerd.log")).unwrap();
+        let private = in_private_mounts("containerd");
+        let mut cmd = match under.split_first() {
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args)
+                    .arg(private.get_program())
+                    .args(private.get_args());
+                c
+            }
+            None => private,
+        };
+        let child = cmd
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut c = Containerd {
+            dir: dir.to_path_buf(),
+            socket: socket.to_path_buf(),
+            child,
+        };
+        for _ in 0..400 {
+            if c.ctr("default", &["version"]).status.success() {
+                return c;
+            }
+            if let Ok(Some(st)) = c.child.try_wait() {
+                panic!("containerd exited ({st}): {}", c.log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("containerd did not come up: {}", c.log());
+    }
+
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
     }

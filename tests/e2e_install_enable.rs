@@ -1,0 +1,853 @@
+//! `devgate install-host --enable [--restart]` and `uninstall-host [--restart]` on real
+//! nodes, as the DaemonSet runs them:
+//!
+//! - A booted 2026 node: the forky image under systemd-nspawn, systemd as PID 1 and
+//!   containerd 2.1 as its `containerd.service`. install-host edits containerd's own
+//!   config.toml (Debian's), restarts containerd through the node's systemctl, and the CRI
+//!   plugin comes back loaded; a rerun restarts nothing; a containerd that cannot start with
+//!   the edit gets the node's files back and is restarted again; uninstall-host gives the
+//!   config back byte for byte; and all of it through `--root /host` (an rbind of the node's
+//!   root in a private mount namespace, the DaemonSet's view), where systemctl runs chrooted.
+//!   It boots the image itself from the host's pass (scripts/forky-stack.sh builds or finds
+//!   it) and skips inside the forky pass, where there is no systemd.
+//! - A node without systemd (this machine; the forky pass on the host's cgroups): `--restart`
+//!   is refused before anything changes, and `--enable` followed by a restart by hand turns
+//!   devgate on for CRI pods; uninstall-host and a restart turn it off again.
+
+mod common;
+use common::cri::{self, ContainerState, Cri};
+use common::kubelet;
+use common::*;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+/// What ends every line install-host adds to containerd's config.
+const MARK: &str = "# devgate install-host";
+const SPEC_LINE: &str = r#"base_runtime_spec = "/etc/containerd/devgate-base-spec.json""#;
+const ANNOTATIONS_LINE: &str =
+    r#"container_annotations = ["io.kubernetes.container.terminationMessagePolicy"]"#;
+const PROGRAMS: [&str; 3] = ["devgate", "devgate-hook", "devgate-runtime"];
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `text` without the lines install-host marks as its own.
+fn unmarked(text: &str) -> String {
+    text.split_inclusive('\n')
+        .filter(|l| !l.trim_end().ends_with(MARK) && !l.trim_start().starts_with(MARK))
+        .collect()
+}
+
+/// `edited` is `orig` plus marked lines that set devgate's two keys, and nothing else.
+fn assert_enabled(orig: &str, edited: &str, what: &str) {
+    assert_eq!(
+        unmarked(edited),
+        orig,
+        "{what}: only marked lines added:\n{edited}"
+    );
+    for key in [SPEC_LINE, ANNOTATIONS_LINE] {
+        assert!(
+            edited
+                .lines()
+                .any(|l| l.trim_start().starts_with(key) && l.trim_end().ends_with(MARK)),
+            "{what}: no marked `{key}`:\n{edited}"
+        );
+    }
+}
+
+// ---- The booted node -------------------------------------------------------------------
+
+/// The forky image's root, or why there is none (as tests/e2e_systemd_remap.rs finds it).
+fn forky_image() -> Result<PathBuf, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/forky-stack.sh");
+    let out = Command::new(&script)
+        .arg("image")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().last() {
+        Some(l) if out.status.success() && Path::new(l).is_dir() => Ok(PathBuf::from(l)),
+        _ => Err(format!(
+            "scripts/forky-stack.sh image failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        )),
+    }
+}
+
+/// A cgroup of the test's own on the unified hierarchy for systemd-nspawn, which makes
+/// `payload` and `supervisor` beside itself (see tests/e2e_systemd_remap.rs).
+fn own_cgroup(tag: &str) -> Option<PathBuf> {
+    let base = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())?;
+    let me = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = me.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = base
+        .join(rel.trim_start_matches('/'))
+        .join(format!("{tag}-{}", std::process::id()));
+    fs::create_dir_all(&dir).ok()?;
+    Some(dir)
+}
+
+fn remove_cgroup(dir: &Path) {
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Boots the image with `out/run.sh` as a unit that powers the machine off when done; the
+/// build dir is bound at its own path. containerd's root is a tmpfs: the image's root is an
+/// overlay (`--volatile=overlay`), which overlayfs snapshots cannot sit on.
+fn boot(root: &Path, out: &Path) -> String {
+    fs::write(
+        out.join("dgtest.service"),
+        "[Unit]\nDescription=devgate install-host --enable test\nAfter=basic.target\n\
+         [Service]\nType=exec\n\
+         ExecStart=/bin/sh -c 'timeout 60 systemctl is-system-running --wait >/dgout/state 2>&1; \
+         timeout 400 sh -x /dgout/run.sh >/dgout/run.log 2>&1; systemctl poweroff'\n",
+    )
+    .unwrap();
+    let cg = own_cgroup("dg-enable");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("[ -z \"$0\" ] || echo $$ >\"$0/cgroup.procs\" && exec \"$@\"")
+        .arg(cg.as_deref().map(s).unwrap_or(""));
+    cmd.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
+        .args(["timeout", "540", "systemd-nspawn", "--quiet", "--boot"])
+        .args([
+            "--register=no",
+            "--keep-unit",
+            "--volatile=overlay",
+            "--capability=all",
+        ])
+        .arg("--system-call-filter=bpf keyctl add_key")
+        .arg("--tmpfs=/var/lib/containerd")
+        .arg(format!("--directory={}", root.display()))
+        .arg(format!("--bind={}:/dgout", out.display()))
+        .arg(format!(
+            "--bind-ro={}:/etc/systemd/system/dgtest.service",
+            out.join("dgtest.service").display()
+        ))
+        .arg(format!(
+            "--bind-ro={}",
+            devgate_bin().parent().unwrap().display()
+        ))
+        .arg("systemd.wants=dgtest.service")
+        .stdin(Stdio::null());
+    let o = cmd.output().unwrap();
+    if let Some(cg) = &cg {
+        remove_cgroup(cg);
+    }
+    let console = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let run = fs::read_to_string(out.join("run.log")).unwrap_or_default();
+    format!(
+        "console (tail): {}\nrun.log (tail):\n{}",
+        tail(&console, 20),
+        tail(&run, 60)
+    )
+}
+
+/// The script the booted node runs. Each step `NAME` leaves `NAME.rc`, `NAME.out`,
+/// `NAME.err` (devgate's), and what the node is after it: containerd's `MainPID`, whether
+/// it is active, its plugins, config.toml (or `NAME.noconfig`), the base spec (or
+/// `NAME.nospec`) and the programs under /usr/local/bin.
+fn node_script(image: &str) -> String {
+    let dg = s(&devgate_bin()).to_string();
+    format!(
+        r#"O=/dgout
+DG={dg}
+unit=containerd.service
+snap() {{
+  systemctl show -p MainPID --value $unit >$O/$1.pid
+  systemctl is-active $unit >$O/$1.active 2>&1
+  ctr plugins ls >$O/$1.plugins 2>&1
+  if [ -e /etc/containerd/config.toml ]; then cp /etc/containerd/config.toml $O/$1.config; else : >$O/$1.noconfig; fi
+  if [ -e /etc/containerd/devgate-base-spec.json ]; then cp /etc/containerd/devgate-base-spec.json $O/$1.spec; else : >$O/$1.nospec; fi
+  ls /usr/local/bin >$O/$1.bin 2>&1
+}}
+# The test restarts containerd faster than any operator: systemd's start rate limit
+# (5 starts in 10 s by default) is reset before each step, so that it never refuses one.
+step() {{
+  s=$1; shift
+  systemctl reset-failed $unit
+  "$@" >$O/$s.out 2>$O/$s.err; echo $? >$O/$s.rc
+  snap $s
+}}
+# ctr runs a busybox container from the imported image, mounted once (ctr does not use the
+# CRI base spec: this says containerd, its snapshots and runc still work). Its spec is the
+# tests' own: ctr's default one asks for cpu.weight, which this host's cgroup2 lacks.
+runs() {{
+  ctr -n default run --rm --config $O/spec.json dg-$1 >$O/$1.ctr 2>&1
+}}
+# The DaemonSet's view: the node's root at /host in a mount namespace of its own.
+at_host() {{
+  unshare -m --propagation private sh -c 'mount --rbind / /host && exec "$0" "$@"' "$@"
+}}
+systemctl is-enabled $unit >$O/enabled 2>&1
+systemctl start $unit
+snap orig
+ctr -n default images import $O/image.tar >$O/import.out 2>&1 &&
+  mkdir -p /run/dg-rootfs && ctr -n default images mount --rw {image} /run/dg-rootfs >>$O/import.out 2>&1
+echo $? >$O/import.rc
+runs orig
+step install $DG install-host --root / --prefix /usr/local --enable --restart
+runs install
+step again $DG install-host --root / --prefix /usr/local --enable --restart
+step uninstall $DG uninstall-host --root / --restart
+runs uninstall
+# A containerd that cannot start while its config holds devgate's lines.
+mkdir -p /run/systemd/system/$unit.d
+cat >/run/systemd/system/$unit.d/x.conf <<'EOF'
+[Service]
+ExecStartPre=/bin/sh -c '! grep -q "devgate install-host" /etc/containerd/config.toml'
+EOF
+systemctl daemon-reload
+snap prefail
+step fail $DG install-host --root / --prefix /usr/local --enable --restart
+runs fail
+rm -r /run/systemd/system/$unit.d
+systemctl daemon-reload
+step reinstall $DG install-host --root / --prefix /usr/local --enable --restart
+step remove $DG uninstall-host --root / --restart --programs
+runs remove
+mkdir -p /host
+step hostinstall at_host $DG install-host --root /host --prefix /usr/local --enable --restart
+runs hostinstall
+step hostagain at_host $DG install-host --root /host --prefix /usr/local --enable --restart
+step hostremove at_host $DG uninstall-host --root /host --restart --programs
+runs hostremove
+echo done >$O/done
+"#
+    )
+}
+
+/// The booted node's record of one step.
+struct Step<'a> {
+    out: &'a Path,
+    name: &'static str,
+    log: &'a str,
+}
+
+impl Step<'_> {
+    fn read(&self, ext: &str) -> String {
+        fs::read_to_string(self.out.join(format!("{}.{ext}", self.name))).unwrap_or_default()
+    }
+    fn has(&self, ext: &str) -> bool {
+        self.out.join(format!("{}.{ext}", self.name)).exists()
+    }
+    fn said(&self) -> String {
+        format!(
+            "step {}: rc {} \nstdout:\n{}stderr:\n{}\n{}",
+            self.name,
+            self.read("rc").trim(),
+            self.read("out"),
+            self.read("err"),
+            self.log
+        )
+    }
+    fn rc(&self) -> String {
+        self.read("rc").trim().to_string()
+    }
+    fn pid(&self) -> u32 {
+        let p = self.read("pid");
+        p.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("step {}: MainPID {p:?}\n{}", self.name, self.log))
+    }
+    fn config(&self) -> String {
+        assert!(
+            self.has("config"),
+            "step {}: no config.toml\n{}",
+            self.name,
+            self.log
+        );
+        self.read("config")
+    }
+    /// containerd is active, its CRI plugins loaded.
+    fn assert_running(&self) {
+        assert_eq!(self.read("active").trim(), "active", "{}", self.said());
+        assert_ne!(self.pid(), 0, "{}", self.said());
+        assert_cri_loaded(&self.read("plugins"), &self.said());
+    }
+    fn assert_ran_container(&self) {
+        let ctr = self.read("ctr");
+        assert!(
+            ctr.lines().any(|l| l.trim() == "ran"),
+            "step {}: ctr run: {ctr}\n{}",
+            self.name,
+            self.log
+        );
+    }
+    fn assert_no_programs(&self) {
+        let bin = self.read("bin");
+        for p in PROGRAMS {
+            assert!(
+                !bin.lines().any(|l| l == p),
+                "{p} left: {bin}\n{}",
+                self.said()
+            );
+        }
+    }
+}
+
+/// `ctr plugins ls` shows containerd 2.x's CRI plugins `ok`: the runtime plugin
+/// (`io.containerd.cri.v1 runtime`, which reads the config's runtimes) and the CRI service
+/// (`io.containerd.grpc.v1 cri`, which loads the base specs at start and fails on one it
+/// cannot read).
+fn assert_cri_loaded(plugins: &str, ctx: &str) {
+    for (typ, id) in [
+        ("io.containerd.cri.v1", "runtime"),
+        ("io.containerd.grpc.v1", "cri"),
+    ] {
+        let line = plugins.lines().find(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.first() == Some(&typ) && w.get(1) == Some(&id)
+        });
+        assert!(
+            line.is_some_and(|l| l.split_whitespace().last() == Some("ok")),
+            "{typ} {id} not ok: {line:?}\n{plugins}\n{ctx}"
+        );
+    }
+}
+
+#[test]
+fn enable_and_restart_on_a_booted_systemd_node() {
+    require_root!();
+    if std::env::var("DEVGATE_STACK").as_deref() == Ok("forky") {
+        eprintln!(
+            "skipped: boots the forky image under systemd-nspawn itself, from the host's pass"
+        );
+        return;
+    }
+    if Command::new("systemd-nspawn")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: systemd-nspawn is not installed (apt-get install systemd-container)");
+        return;
+    }
+    let root = match forky_image() {
+        Ok(r) => r,
+        Err(why) => {
+            eprintln!("skipped: no forky image: {why}");
+            return;
+        }
+    };
+    let out = tempdir("enable-sd-out");
+    // The busybox image, for ctr inside (no registry is reachable).
+    Podman::new("enable-sd-img").save(&out.join("image.tar"));
+    let mut spec = base_spec(&["sh", "-c", "echo ran"]);
+    spec["root"]["path"] = "/run/dg-rootfs".into();
+    fs::write(out.join("spec.json"), spec.to_string()).unwrap();
+    fs::write(out.join("run.sh"), node_script(TEST_IMAGE)).unwrap();
+    let log = boot(&root, &out);
+    let state = fs::read_to_string(out.join("state")).unwrap_or_default();
+    assert!(
+        state.starts_with("running") || state.starts_with("degraded"),
+        "systemd did not boot: {state}\n{log}"
+    );
+    assert!(
+        out.join("done").exists(),
+        "the script did not finish\n{log}"
+    );
+    let step = |name| Step {
+        out: &out,
+        name,
+        log: &log,
+    };
+
+    // The node as booted: Debian's config.toml, containerd enabled and running.
+    let orig = step("orig");
+    eprintln!(
+        "containerd.service is {}",
+        fs::read_to_string(out.join("enabled"))
+            .unwrap_or_default()
+            .trim()
+    );
+    orig.assert_running();
+    let orig_config = orig.config();
+    assert!(orig.has("nospec"), "{}", orig.said());
+    let import = fs::read_to_string(out.join("import.out")).unwrap_or_default();
+    assert_eq!(
+        fs::read_to_string(out.join("import.rc"))
+            .unwrap_or_default()
+            .trim(),
+        "0",
+        "ctr images import: {import}\n{log}"
+    );
+    orig.assert_ran_container();
+
+    // install-host --enable --restart: the marked lines, a new containerd, its CRI loaded.
+    let install = step("install");
+    assert_eq!(install.rc(), "0", "{}", install.said());
+    assert_enabled(&orig_config, &install.config(), "install");
+    assert!(install.has("spec"), "{}", install.said());
+    install.assert_running();
+    assert_ne!(
+        install.pid(),
+        orig.pid(),
+        "containerd restarted\n{}",
+        install.said()
+    );
+    install.assert_ran_container();
+    for p in PROGRAMS {
+        assert!(
+            install.read("bin").lines().any(|l| l == p),
+            "{p}: {}",
+            install.said()
+        );
+    }
+
+    // Twice is once: nothing changes, nothing restarts.
+    let again = step("again");
+    assert_eq!(again.rc(), "0", "{}", again.said());
+    assert!(
+        again
+            .read("out")
+            .contains("devgate: containerd needs no restart"),
+        "{}",
+        again.said()
+    );
+    assert_eq!(again.config(), install.config());
+    assert_eq!(again.read("spec"), install.read("spec"));
+    assert_eq!(again.pid(), install.pid(), "{}", again.said());
+    again.assert_running();
+
+    // uninstall-host --restart: the config byte for byte, the spec gone (nothing names it),
+    // containerd restarted without devgate.
+    let uninstall = step("uninstall");
+    assert_eq!(uninstall.rc(), "0", "{}", uninstall.said());
+    assert!(
+        uninstall
+            .read("out")
+            .contains("restarted containerd.service"),
+        "{}",
+        uninstall.said()
+    );
+    assert_eq!(uninstall.config(), orig_config, "{}", uninstall.said());
+    assert!(uninstall.has("nospec"), "{}", uninstall.said());
+    uninstall.assert_running();
+    assert_ne!(uninstall.pid(), again.pid(), "{}", uninstall.said());
+    uninstall.assert_ran_container();
+
+    // containerd cannot start with devgate's lines: exit 2, one line, the files back as
+    // they were, containerd running again.
+    let prefail = step("prefail");
+    let fail = step("fail");
+    assert_eq!(fail.rc(), "2", "{}", fail.said());
+    let err = fail.read("err");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {}", fail.said());
+    assert!(lines[0].contains("containerd.service"), "{}", fail.said());
+    assert_eq!(fail.config(), prefail.config(), "{}", fail.said());
+    assert_eq!(fail.config(), orig_config, "{}", fail.said());
+    assert_eq!(fail.has("nospec"), prefail.has("nospec"), "{}", fail.said());
+    assert_eq!(fail.read("spec"), prefail.read("spec"), "{}", fail.said());
+    fail.assert_running();
+    assert_ne!(fail.pid(), prefail.pid(), "{}", fail.said());
+    fail.assert_ran_container();
+
+    // Without the drop-in: on again, then off with the programs in one run.
+    let reinstall = step("reinstall");
+    assert_eq!(reinstall.rc(), "0", "{}", reinstall.said());
+    assert_enabled(&orig_config, &reinstall.config(), "reinstall");
+    reinstall.assert_running();
+    assert_ne!(reinstall.pid(), fail.pid(), "{}", reinstall.said());
+    let remove = step("remove");
+    assert_eq!(remove.rc(), "0", "{}", remove.said());
+    assert_eq!(remove.config(), orig_config, "{}", remove.said());
+    assert!(remove.has("nospec"), "{}", remove.said());
+    remove.assert_running();
+    assert_ne!(remove.pid(), reinstall.pid(), "{}", remove.said());
+    remove.assert_no_programs();
+    remove.assert_ran_container();
+
+    // The same through /host, as the DaemonSet's init container runs it: systemctl runs
+    // chrooted into /host and restarts the node's containerd.
+    let hostinstall = step("hostinstall");
+    assert_eq!(hostinstall.rc(), "0", "{}", hostinstall.said());
+    assert_enabled(&orig_config, &hostinstall.config(), "install through /host");
+    hostinstall.assert_running();
+    assert_ne!(hostinstall.pid(), remove.pid(), "{}", hostinstall.said());
+    hostinstall.assert_ran_container();
+    let hostagain = step("hostagain");
+    assert_eq!(hostagain.rc(), "0", "{}", hostagain.said());
+    assert!(
+        hostagain
+            .read("out")
+            .contains("containerd needs no restart"),
+        "{}",
+        hostagain.said()
+    );
+    assert_eq!(hostagain.pid(), hostinstall.pid(), "{}", hostagain.said());
+    let hostremove = step("hostremove");
+    assert_eq!(hostremove.rc(), "0", "{}", hostremove.said());
+    assert_eq!(hostremove.config(), orig_config, "{}", hostremove.said());
+    assert!(hostremove.has("nospec"), "{}", hostremove.said());
+    hostremove.assert_running();
+    assert_ne!(hostremove.pid(), hostagain.pid(), "{}", hostremove.said());
+    hostremove.assert_no_programs();
+    hostremove.assert_ran_container();
+
+    // Last, so that a wording slip does not hide what the node did: an install that
+    // restarted containerd says devgate is on.
+    for on in [&install, &reinstall, &hostinstall] {
+        assert!(
+            on.read("out")
+                .contains("devgate: restarted containerd.service; devgate is on"),
+            "{}",
+            on.said()
+        );
+    }
+}
+
+// ---- The node without systemd ----------------------------------------------------------
+
+/// A private mount namespace that stands for the node's root: `/etc`, `/usr` and
+/// `/var/lib` are overlays whose upper layers live on a tmpfs of its own (what install-host
+/// writes there stays in it), and `/run` is a fresh tmpfs: no `/run/systemd/system`, as on
+/// a node without systemd (whatever runs this machine, nothing here can restart it). A
+/// process holds it; commands enter it with nsenter, and the test reads its files through
+/// `/proc/PID/root`.
+struct NodeNs {
+    child: Child,
+    upper: PathBuf,
+}
+
+impl NodeNs {
+    fn new(work: &Path) -> NodeNs {
+        let upper = work.join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        let ready = work.join("ns-ready");
+        let script = r#"set -e
+mount -t tmpfs -o mode=0755 tmpfs "$0"
+for d in /etc /usr /var/lib; do
+  n=$(echo "$d" | tr / _)
+  mkdir "$0/$n.up" "$0/$n.work"
+  mount -t overlay overlay -o "lowerdir=$d,upperdir=$0/$n.up,workdir=$0/$n.work" "$d"
+done
+mount -t tmpfs -o mode=0755 tmpfs /run
+: >"$1"
+exec sleep 100000"#;
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", script])
+            .arg(&upper)
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for("the node's mount namespace", || {
+            ready.exists() || child.try_wait().unwrap().is_some()
+        });
+        if !ready.exists() {
+            let out = child.wait_with_output().unwrap();
+            panic!("mount namespace: {}", text(&out));
+        }
+        NodeNs { child, upper }
+    }
+
+    /// `p` (a path on the node) as the test reaches it.
+    fn path(&self, p: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root", self.child.id())).join(p.trim_start_matches('/'))
+    }
+
+    fn enter(&self) -> Vec<String> {
+        vec![
+            "nsenter".into(),
+            format!("--mount=/proc/{}/ns/mnt", self.child.id()),
+        ]
+    }
+
+    /// devgate ARGS on the node.
+    fn devgate(&self, args: &[&str]) -> Output {
+        let e = self.enter();
+        Command::new(&e[0])
+            .args(&e[1..])
+            .arg(devgate_bin())
+            .args(args)
+            .env_remove("DEVGATE_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn devgate_ok(&self, args: &[&str]) -> String {
+        let out = self.devgate(args);
+        assert!(out.status.success(), "devgate {args:?}: {}", text(&out));
+        text(&out)
+    }
+
+    /// Everything written to the node since it was made: each file of the overlays' upper
+    /// layers, by path, with its bytes (a link's target, a whiteout's device).
+    fn writes(&self) -> BTreeMap<String, String> {
+        fn walk(dir: &Path, rel: &str, out: &mut BTreeMap<String, String>) {
+            let mut entries: Vec<_> = fs::read_dir(dir).unwrap().flatten().collect();
+            entries.sort_by_key(|e| e.file_name());
+            for e in entries {
+                let name = format!("{rel}/{}", e.file_name().to_string_lossy());
+                let m = e.path().symlink_metadata().unwrap();
+                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                let mode = m.permissions().mode();
+                if m.is_dir() {
+                    out.insert(name.clone(), format!("dir {mode:o}"));
+                    walk(&e.path(), &name, out);
+                } else if m.is_file() {
+                    let bytes = fs::read(e.path()).unwrap();
+                    out.insert(
+                        name,
+                        format!("{mode:o} {}", String::from_utf8_lossy(&bytes)),
+                    );
+                } else if m.file_type().is_symlink() {
+                    out.insert(name, format!("-> {:?}", fs::read_link(e.path()).unwrap()));
+                } else {
+                    out.insert(name, format!("other {mode:o} {}", m.rdev()));
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        for d in ["_etc", "_usr", "_var_lib"] {
+            let up = self.path(s(&self.upper.join(format!("{d}.up"))));
+            walk(&up, d, &mut out);
+        }
+        out
+    }
+
+    /// containerd on the node, on its /etc/containerd/config.toml.
+    fn containerd(&self, work: &Path) -> Containerd {
+        let e = self.enter();
+        let e: Vec<&str> = e.iter().map(String::as_str).collect();
+        Containerd::start_on_config(
+            work,
+            Path::new("/etc/containerd/config.toml"),
+            &work.join("c.sock"),
+            &e,
+        )
+    }
+}
+
+impl Drop for NodeNs {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A pod on the node, removed when dropped (before containerd stops: fields drop in order).
+struct PodOn {
+    c: Cri,
+    id: String,
+    config: cri::PodSandboxConfig,
+}
+
+impl PodOn {
+    fn run(cd: &Containerd, work: &Path, name: &str) -> PodOn {
+        let mut c = Cri::connect(&cd.socket);
+        let uid = format!("{name}-uid");
+        let config = cri::host_network_pod(name, &uid, "ml", &work.join("pods").join(&uid));
+        let id = c
+            .run_pod_sandbox(&config)
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", cd.log()));
+        PodOn { c, id, config }
+    }
+
+    fn create(&mut self, name: &str, devices: &[&str]) -> String {
+        let req = cri::container(name, TEST_IMAGE, &["sh", "-c", "echo ran"], devices);
+        self.c
+            .create_container(&self.id, req, &self.config)
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}"))
+    }
+
+    /// The container starts, runs and exits 0.
+    fn runs(&mut self, name: &str, devices: &[&str], cd: &Containerd) {
+        let id = self.create(name, devices);
+        if let Err(e) = self.c.start_container(&id) {
+            panic!("StartContainer {name} ({devices:?}): {e}\n{}", cd.log());
+        }
+        let st = kubelet::wait_exited(&mut self.c, &id);
+        assert_eq!(st.state, ContainerState::ContainerExited as i32, "{st:?}");
+        assert_eq!(st.exit_code, 0, "{name}: {st:?}");
+        let log = fs::read_to_string(&st.log_path).unwrap_or_default();
+        assert!(log.contains(" stdout F ran"), "{name}: {log}");
+        self.c.remove_container(&id).unwrap();
+    }
+
+    /// StartContainer fails with `line`, and ContainerStatus carries it as kubelet shows it.
+    fn rejected(&mut self, name: &str, devices: &[&str], line: &str) {
+        let id = self.create(name, devices);
+        let err = self
+            .c
+            .start_container(&id)
+            .expect_err("StartContainer must fail for a cordoned device");
+        assert!(err.message().contains(line), "{err}");
+        let st = self.c.container_status(&id).unwrap();
+        assert_eq!(st.reason, "StartError", "{st:?}");
+        assert!(st.message.contains(line), "{st:?}");
+        self.c.remove_container(&id).unwrap();
+    }
+}
+
+impl Drop for PodOn {
+    fn drop(&mut self) {
+        let _ = self.c.stop_pod_sandbox(&self.id);
+        let _ = self.c.remove_pod_sandbox(&self.id);
+    }
+}
+
+#[test]
+fn enable_on_a_node_without_systemd_then_restart_by_hand() {
+    require_root!();
+    if let Some(why) = node::unified_without("cpu") {
+        eprintln!("skipped: {why}: a CRI pod sandbox sets cpu.weight");
+        return;
+    }
+    require_cmd("containerd", "containerd");
+    kubelet::stack();
+    let work = tempdir("enable-nosd");
+    // The ConfigMap's config: devgate's state, quarantine and log in the test's dir.
+    let env = Env::new("enable-nosd-env");
+    let host = NodeNs::new(&work);
+    let sock = work.join("c.sock");
+    // The operator's config: the CRI settings of a node without a registry, and a runc
+    // runtime of its own, under whose header install-host adds its lines.
+    let config = format!(
+        "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
+         [ttrpc]\n  address = \"{sock}.ttrpc\"\n\n[debug]\n  address = \"\"\n\n\
+         [metrics]\n  address = \"\"\n\n{cri}\n# the operator's runc\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
+         runtime_type = \"io.containerd.runc.v2\"\n",
+        root = work.join("root").display(),
+        state = work.join("state").display(),
+        sock = sock.display(),
+        cri = cri::cri_plugin_settings(TEST_IMAGE),
+    );
+    let file = host.path("/etc/containerd/config.toml");
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, &config).unwrap();
+
+    // No devgate on the node yet: a container starts.
+    let cd = host.containerd(&work);
+    cd.import_test_image("k8s.io");
+    {
+        let mut pod = PodOn::run(&cd, &work, "before");
+        pod.runs("plain", &[], &cd);
+    }
+
+    // --restart on a node without systemd: refused, and nothing on the node changed.
+    let before = host.writes();
+    let out = host.devgate(&[
+        "install-host",
+        "--root",
+        "/",
+        "--prefix",
+        "/usr/local",
+        "--config-file",
+        s(&env.config),
+        "--enable",
+        "--restart",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not run systemd"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        host.writes(),
+        before,
+        "--restart without systemd changed the node"
+    );
+
+    // --enable alone: the config names the spec; the operator restarts containerd (this
+    // node has no systemd for devgate to do it through).
+    let said = host.devgate_ok(&[
+        "install-host",
+        "--root",
+        "/",
+        "--prefix",
+        "/usr/local",
+        "--config-file",
+        s(&env.config),
+        "--enable",
+    ]);
+    let edited = fs::read_to_string(&file).unwrap();
+    assert_enabled(&config, &edited, "install-host --enable");
+    assert!(said.contains("rerun with --restart"), "{said}");
+    assert!(host
+        .path("/etc/containerd/devgate-base-spec.json")
+        .is_file());
+    // Run twice, it changes nothing.
+    host.devgate_ok(&[
+        "install-host",
+        "--root",
+        "/",
+        "--prefix",
+        "/usr/local",
+        "--config-file",
+        s(&env.config),
+        "--enable",
+    ]);
+    assert_eq!(fs::read_to_string(&file).unwrap(), edited);
+    drop(cd);
+    let cd = host.containerd(&work);
+
+    // devgate is on: a cordoned device is rejected with devgate's line, a container
+    // without devices starts.
+    env.ok(&["cordon", "/dev/zero", "--reason", "enable test"]);
+    let reject = r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "enable test"; policy reject"#;
+    {
+        let mut pod = PodOn::run(&cd, &work, "on");
+        pod.rejected("gpu", &["/dev/zero"], reject);
+        pod.runs("plain", &[], &cd);
+    }
+    let decisions = env.decisions();
+    assert!(
+        decisions.iter().any(|d| d["action"] == "reject"),
+        "{decisions:?}"
+    );
+
+    // uninstall-host: the config byte for byte; the operator restarts containerd; then the
+    // programs go, and the device devgate rejected starts (devgate is off).
+    let said = host.devgate_ok(&["uninstall-host", "--root", "/"]);
+    assert_eq!(fs::read_to_string(&file).unwrap(), config, "{said}");
+    assert!(said.contains("--programs"), "{said}");
+    drop(cd);
+    let cd = host.containerd(&work);
+    let said = host.devgate_ok(&["uninstall-host", "--root", "/", "--programs"]);
+    for p in PROGRAMS {
+        assert!(
+            !host.path(&format!("/usr/local/bin/{p}")).exists(),
+            "{p} left: {said}"
+        );
+    }
+    assert_eq!(fs::read_to_string(&file).unwrap(), config);
+    {
+        let mut pod = PodOn::run(&cd, &work, "off");
+        pod.runs("gpu", &["/dev/zero"], &cd);
+        pod.runs("plain", &[], &cd);
+    }
+    env.ok(&["uncordon", "/dev/zero"]);
+    drop(cd);
+}
