@@ -730,18 +730,22 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     let env = Env::new("enable-nosd-env");
     let host = NodeNs::new(&work);
     let sock = work.join("c.sock");
-    // The operator's config: the CRI settings of a node without a registry, and a runc
-    // runtime of its own, under whose header install-host adds its lines.
+    // The operator's config, in the version of the containerd under test (version 3 on
+    // 2.x): the CRI settings of a node without a registry, and a runc runtime of its own,
+    // under whose header install-host adds its lines.
+    let version = cri::Config::of_containerd();
+    version.say_loaded("the test's config.toml");
     let config = format!(
-        "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
+        "{top}\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
          [ttrpc]\n  address = \"{sock}.ttrpc\"\n\n[debug]\n  address = \"\"\n\n\
          [metrics]\n  address = \"\"\n\n{cri}\n# the operator's runc\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
-         runtime_type = \"io.containerd.runc.v2\"\n",
+         {runc}\n  runtime_type = \"io.containerd.runc.v2\"\n",
+        top = version.top(),
         root = work.join("root").display(),
         state = work.join("state").display(),
         sock = sock.display(),
-        cri = cri::cri_plugin_settings(TEST_IMAGE),
+        cri = version.plugin_settings(TEST_IMAGE),
+        runc = version.runc_table(),
     );
     let file = host.path("/etc/containerd/config.toml");
     fs::create_dir_all(file.parent().unwrap()).unwrap();
