@@ -23,6 +23,49 @@ struct Node {
     kmsg: PathBuf,
 }
 
+/// doctor's exit status and lines; it writes nothing to stderr.
+fn doctor_lines(out: std::process::Output) -> (i32, Vec<String>) {
+    assert!(
+        out.stderr.is_empty(),
+        "doctor wrote to stderr: {}",
+        text(&out)
+    );
+    let lines = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    (out.status.code().unwrap(), lines)
+}
+
+/// `cmd` in a private mount namespace whose /usr/share/containers is a copy of the host's
+/// with `hook` added in oci/hooks.d: podman's and CRI-O's default hooks directory, where
+/// install-host and the packages put devgate's hook, and where a test may not write.
+fn with_hook_in_package_dir(cmd: &Command, hook: &Path, save: &Path) -> Command {
+    // `cmd` may set its own PATH (doctor's names only the runtimes): the setup uses the
+    // system's, and `cmd` gets its own back.
+    let mut c = Command::new("/usr/bin/unshare");
+    c.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+        .arg(
+            r#"p=$PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin; d=/usr/share/containers
+            mkdir -p "$2" && cp -a "$d/." "$2/" &&
+            mount -t tmpfs -o mode=0755 tmpfs "$d" && cp -a "$2/." "$d/" &&
+            mkdir -p "$d/oci/hooks.d" && cp "$1" "$d/oci/hooks.d/" || exit 97
+            PATH=$p; shift 2; exec "$0" "$@""#,
+        )
+        .arg(cmd.get_program())
+        .arg(hook)
+        .arg(save)
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
 impl Node {
     fn new(tag: &str, runtimes: &[&str], extra: Value) -> Node {
         let env = Env::new(tag);
@@ -60,6 +103,10 @@ impl Node {
     }
 
     fn doctor_with(&self, args: &[&str], envs: &[(&str, &Path)]) -> (i32, Vec<String>) {
+        doctor_lines(self.doctor_cmd(args, envs).output().unwrap())
+    }
+
+    fn doctor_cmd(&self, args: &[&str], envs: &[(&str, &Path)]) -> Command {
         let mut cmd = Command::new(devgate_bin());
         cmd.arg("--config")
             .arg(&self.env.config)
@@ -75,18 +122,7 @@ impl Node {
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.stderr.is_empty(),
-            "doctor wrote to stderr: {}",
-            text(&out)
-        );
-        let lines = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect();
-        (out.status.code().unwrap(), lines)
+        cmd
     }
 
     /// A podman hooks directory as `hooks-config` writes it, for `bin`.
@@ -334,6 +370,65 @@ fn podman_line_agrees_with_what_podman_runs() {
     let out = run();
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
+
+/// With no hooks_dir anywhere, podman reads /usr/share/containers/oci/hooks.d alone: the
+/// hook install-host and the packages put there runs, and doctor's ✓ says so.
+#[test]
+fn podman_without_hooks_dir_runs_the_hook_in_the_package_directory() {
+    require_root!();
+    if !Path::new("/usr/share/containers").is_dir() {
+        eprintln!("skipped: no /usr/share/containers here (podman's package makes it)");
+        return;
+    }
+    let podman = Podman::new("doc-podman-default");
+    let node = Node::new("doc-podman-default-node", &["podman"], json!({}));
+    let hook = node.hooks_dir(&devgate_bin()).join("devgate.json");
+    let save = node.dir().join("share-containers");
+    let conf = podman.dir.join("containers.conf");
+    let base = fs::read_to_string(&conf).unwrap();
+    assert!(!base.contains("hooks_dir"), "{base}");
+    fs::write(
+        &conf,
+        base.replacen("[engine]\n", "[engine]\nruntime = \"runc\"\n", 1),
+    )
+    .unwrap();
+    node.env
+        .ok(&["cordon", "/dev/zero", "--reason", "doctor test"]);
+
+    let envs = [("CONTAINERS_CONF", conf.as_path())];
+    let (code, lines) = doctor_lines(
+        with_hook_in_package_dir(&node.doctor_cmd(&[], &envs), &hook, &save)
+            .output()
+            .unwrap(),
+    );
+    let pass = "✓ podman: /usr/share/containers/oci/hooks.d/devgate.json runs ";
+    assert!(lines.iter().any(|l| l.starts_with(pass)), "{lines:#?}");
+    assert_ne!(code, 97, "{lines:#?}");
+
+    let mut run = podman.cmd();
+    run.args(["run", "--rm", "--network", "none", "--device", "/dev/zero"])
+        .arg(TEST_IMAGE)
+        .args(["echo", "ran"]);
+    let out = with_hook_in_package_dir(&run, &hook, &save)
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(97), "{}", text(&out));
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("devgate: rejected /dev/zero (1:5)"),
+        "{}",
+        text(&out)
+    );
+    // Without the hook there, the same container starts: it was the hook that refused.
+    let out = podman
+        .cmd()
+        .args(["run", "--rm", "--network", "none", "--device", "/dev/zero"])
+        .arg(TEST_IMAGE)
+        .args(["echo", "ran"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 /// containerd reads `imports` drop-ins; doctor sees them because it reads the dump. And a
