@@ -147,15 +147,16 @@ pub(super) fn check_restart(root: &Path) -> Result<()> {
     systemd::check(root)
 }
 
-/// Restarts containerd on the host at `root` where `changes` changed a file. Where it does
-/// not come back, puts the files back, restarts it again, and fails saying both.
-pub(super) fn restart(root: &Path, changes: &Changes) -> Result<()> {
+/// Restarts containerd on the host at `root` where `changes` changed a file, saying `now`
+/// (what the restart turned devgate into) after it. Where it does not come back, puts the
+/// files back, restarts it again, and fails saying both.
+pub(super) fn restart(root: &Path, changes: &Changes, now: &str) -> Result<()> {
     if !changes.any_changed()? {
         say!("devgate: containerd needs no restart");
         return Ok(());
     }
     let Err(e) = systemd::restart(root, systemd::CONTAINERD_UNIT) else {
-        say!("devgate: restarted {}", systemd::CONTAINERD_UNIT);
+        say!("devgate: restarted {}; {now}", systemd::CONTAINERD_UNIT);
         return Ok(());
     };
     changes.put_back()?;

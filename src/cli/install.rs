@@ -262,7 +262,7 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         enable::edit_config(root, Some(&spec), &mut changes)?;
     }
     if o.restart {
-        enable::restart(root, &changes)
+        enable::restart(root, &changes, "devgate is on")
     } else if o.enable {
         enable::say_restart_needed(&changes)
     } else {

@@ -215,7 +215,7 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     enable::edit_config(root, None, &mut changes)?;
     let free = unhook(root, o, &target, &mut changes)?;
     if o.restart {
-        enable::restart(root, &changes)?;
+        enable::restart(root, &changes, "devgate is off")?;
     } else {
         enable::say_restart_needed(&changes)?;
     }
