@@ -167,6 +167,16 @@ fn cri_fallback_to_logs_keeps_the_apps_log_lines() {
     let explained = n.env.ok(&["explain", &cid]);
     assert!(explained.contains("container log: appended"), "{explained}");
     n.env.ok(&["uncordon", "/dev/zero"]);
+    // An app whose last 80 lines hold far more than kubelet's 2048 bytes: kubelet keeps
+    // their end, where devgate's line is.
+    let long = "i=0; while [ $i -lt 100 ]; do echo \"app: step $i of a long and chatty \
+                training loop\"; i=$((i+1)); done";
+    let (_, st) = n.faulted_run("long", 0, Policy::FallbackToLogsOnError, long);
+    let shown = kubelet::describe_message(&st, Policy::FallbackToLogsOnError, 2);
+    assert!(shown.contains("app: step 99 of"), "{shown}");
+    assert!(!shown.contains("app: step 20 of"), "{shown}");
+    assert!(shown.ends_with(&format!("{FAULT_LINE}\n")), "{shown}");
+    n.env.ok(&["uncordon", "/dev/zero"]);
     let (_, st) = n.faulted_run("file", 0, Policy::File, app);
     let shown = kubelet::describe_message(&st, Policy::File, 2);
     assert_eq!(shown, format!("{FAULT_LINE}\n"));

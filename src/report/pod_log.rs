@@ -1,5 +1,5 @@
 //! The container's CRI log, where kubelet looks under FallbackToLogsOnError when the
-//! termination file is empty: its last 80 lines, at most 2048 bytes. devgate appends its
+//! termination file is empty: the last 2048 bytes of its last 80 lines. devgate appends its
 //! fault lines there, in the CRI log format, so that kubelet shows the app's last lines
 //! and then devgate's. Only devgate's own lines are written, never log text elsewhere.
 //!

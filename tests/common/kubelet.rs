@@ -71,7 +71,8 @@ pub fn file_tail(path: &Path) -> Vec<u8> {
 }
 
 /// The text of a CRI log (`<time> <stream> <P|F> <text>` lines): the last `LOG_LINES`
-/// lines, cut to their first `LOG_LIMIT` bytes (ReadLogs' Tail then LimitBytes).
+/// lines, of which the last `LOG_LIMIT` bytes (readLastStringFromContainerLogs reads the
+/// tail into a circbuf of that size, which keeps the newest bytes).
 pub fn log_tail(path: &Path) -> String {
     let log = fs::read_to_string(path).unwrap_or_default();
     let mut text = String::new();
@@ -84,12 +85,11 @@ pub fn log_tail(path: &Path) -> String {
             text.push('\n');
         }
     }
-    let mut cut = text.len().min(LOG_LIMIT);
+    let mut cut = text.len().saturating_sub(LOG_LIMIT);
     while !text.is_char_boundary(cut) {
-        cut -= 1;
+        cut += 1;
     }
-    text.truncate(cut);
-    text
+    text.split_off(cut)
 }
 
 /// The termination-message file's host path: the mount whose container path is the
