@@ -28,8 +28,9 @@ pub const HANDED_ON_ENV: &str = "DEVGATE_HANDED_ON";
 
 /// Set in the real runtime's environment by the runtime wrapper: a devgate wrapper that
 /// finds it was started, through some chain of wrappers, by itself. The one mark that
-/// leaves devgate on purpose: the loop it guards against runs through programs that are
-/// not devgate (another wrapper, a link, a script) and keep only the environment.
+/// leaves devgate on purpose, and only where the runtime is not runc or crun themselves:
+/// the loop it guards against runs through programs that are not devgate (another
+/// wrapper, a script) and keep only the environment.
 pub const WRAPPED_ENV: &str = "DEVGATE_RUNTIME_WRAPPED";
 
 /// A mark one devgate process leaves in the environment of the next.

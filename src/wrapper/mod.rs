@@ -293,11 +293,11 @@ fn delete(config: &Config, global: &Global, id: &str, real: &Path, args: &[Strin
     if held.is_empty() && !decided {
         return exec(global, real, args);
     }
-    let status = match std::process::Command::new(real)
-        .args(args)
-        .env(runtime::WRAPPED_ENV, "1")
-        .status()
-    {
+    let mut cmd = std::process::Command::new(real);
+    if runtime::may_lead_back(real) {
+        cmd.env(runtime::WRAPPED_ENV, "1");
+    }
+    let status = match cmd.args(args).status() {
         Ok(s) => s,
         Err(e) => return fail(global, &Error::io("cannot run", real, e)),
     };
@@ -336,7 +336,9 @@ fn exec(global: &Global, real: &Path, args: &[String]) -> i32 {
     // rather than through `Command::env`: that copies the whole environment into a map and
     // back on every call, some 70k instructions, a fifth of the wrapper's own cost. The
     // wrapper has no other thread that could read the environment meanwhile.
-    std::env::set_var(runtime::WRAPPED_ENV, "1");
+    if runtime::may_lead_back(real) {
+        std::env::set_var(runtime::WRAPPED_ENV, "1");
+    }
     let e = std::process::Command::new(real).args(args).exec();
     fail(global, &Error::io("cannot run", real, e))
 }

@@ -64,6 +64,15 @@ pub fn resolve(configured: &Path) -> Result<PathBuf> {
     ))
 }
 
+/// Whether the runtime at `real` may run devgate's wrapper again, so that it needs the loop
+/// mark ([`WRAPPED_ENV`]): anything but runc or crun themselves (another wrapper such as
+/// NVIDIA's, a script). runc passes its environment to every hook entry that sets no
+/// `env`, so the mark goes only where a loop can be; a link to devgate named runc is
+/// refused by inode in [`resolve`].
+pub fn may_lead_back(real: &Path) -> bool {
+    !real.file_name().is_some_and(|n| n == "runc" || n == "crun")
+}
+
 fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     // This program, or the devgate beside it (devgate-runtime's): either would start the
     // wrapper again instead of a runtime.
@@ -95,6 +104,16 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn only_a_runtime_that_is_not_runc_or_crun_gets_the_loop_mark() {
+        assert!(!may_lead_back(Path::new("/usr/bin/runc")));
+        assert!(!may_lead_back(Path::new("/usr/libexec/crio/crun")));
+        assert!(may_lead_back(Path::new(
+            "/usr/bin/nvidia-container-runtime"
+        )));
+        assert!(may_lead_back(Path::new("/opt/bin/runc-wrapper")));
+    }
 
     #[test]
     fn bare_name_is_found_in_system_dirs_only() {
