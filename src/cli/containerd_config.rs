@@ -480,6 +480,21 @@ mod tests {
         assert_eq!(spec_of(&out, &V2_RUNC).as_deref(), Some(SPEC));
     }
 
+    /// containerd 1.6 and 1.7 replace a whole plugin section from an imported file (and
+    /// 2.x may take `default_runtime_name` from one): devgate's lines in config.toml would
+    /// then name the spec for no runtime containerd uses, while enable said it was done.
+    #[test]
+    fn a_config_that_imports_drop_ins_is_refused() {
+        let text = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n";
+        let e = enable(text, Path::new(SPEC)).unwrap_err();
+        assert!(e.to_string().contains("imports"), "{e}");
+        let v3 = "version = 3\nimports = ['conf.d/99-nvidia.toml']\n";
+        assert!(enable(v3, Path::new(SPEC)).is_err());
+        // An empty list imports nothing.
+        let none = "version = 2\nimports = []\n";
+        assert_eq!(spec_of(&on(none), &V2_RUNC).as_deref(), Some(SPEC));
+    }
+
     #[test]
     fn removal_drops_only_marked_lines() {
         assert_eq!(disable(DEBIAN).unwrap(), Edit::Unchanged);
