@@ -52,6 +52,9 @@ pub(super) enum EditError {
     NotToml(String),
     /// Version 1 (no `version` key): its plugin names differ again.
     Version1,
+    /// `imports` names drop-ins: containerd 1.6 and 1.7 replace a whole plugin section from
+    /// one, and one may set the default runtime, so devgate's lines may reach no runtime.
+    Imports,
     /// The default runtime already starts from another base spec.
     OtherSpec {
         runtime: String,
@@ -78,6 +81,12 @@ impl fmt::Display for EditError {
             EditError::Version1 => f.write_str(
                 "config version 1 (no `version` key); migrate it first \
                  (`containerd config migrate`)",
+            ),
+            EditError::Imports => f.write_str(
+                "it imports drop-ins (`imports`), which may replace the CRI plugin's section \
+                 (containerd 1.6, 1.7) or set its default runtime; add base_runtime_spec and \
+                 container_annotations where that runtime's table is, by hand \
+                 (docs/install.md)",
             ),
             EditError::OtherSpec { runtime, spec } => write!(
                 f,
@@ -201,6 +210,19 @@ fn header_path(line: &str) -> Option<Vec<String>> {
     }
 }
 
+/// Fails where `imports` names any file: what containerd makes of the merge is not this
+/// file's text, so an edit here could say done and reach no runtime.
+fn no_imports(t: &Table) -> Result<()> {
+    match t.get("imports") {
+        None => Ok(()),
+        Some(Value::Array(a)) if a.is_empty() => Ok(()),
+        Some(Value::Array(_)) => Err(EditError::Imports),
+        Some(_) => Err(EditError::BadValue {
+            key: "imports".into(),
+        }),
+    }
+}
+
 /// What the default runtime's table already holds of devgate's two keys.
 struct Present {
     spec: bool,
@@ -253,6 +275,7 @@ fn present(rt: Option<&Value>, path: &[String], spec: &str) -> Result<Present> {
 pub(super) fn enable(text: &str, spec: &Path) -> Result<Edit> {
     let before = parse(text)?;
     let v = version(&before)?;
+    no_imports(&before)?;
     let path = runtime_path(&before, v)?;
     let spec_s = spec.to_string_lossy();
     let has = present(lookup(&before, &path), &path, &spec_s)?;
