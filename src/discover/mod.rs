@@ -717,6 +717,28 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
     }
 
+    /// crun's device filter (cgroup v2, eBPF) reads a rule's type by its first letter: `b`
+    /// is a block rule, `a` any device, and every other letter a char rule, so an allow of
+    /// type `p` (a FIFO, which the filter never sees) opens the char device of its numbers.
+    #[test]
+    fn a_fifo_type_allow_rule_opens_char_devices_as_crun_reads_it() {
+        let d = disc(
+            r#"{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"},
+                {"allow":true,"type":"p","major":195,"minor":3,"access":"rw"}]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].name(), "c 195:3");
+        assert_eq!(d[0].class, "nvidia-gpu");
+        let wild = spec(
+            r#"{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"},
+                {"allow":true,"type":"p","major":195,"access":"rw"}]}}}"#,
+        );
+        assert!(may_have_devices(&wild));
+        assert!(may_name_nvidia(&wild));
+        assert!(wild.device_rules().iter().any(wildcard_reaches_nvidia));
+    }
+
     #[test]
     fn no_devices_fast_test() {
         assert!(!may_have_devices(&spec(
