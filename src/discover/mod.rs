@@ -141,7 +141,8 @@ fn wildcard_reaches_nvidia(r: &LinuxDeviceCgroup) -> bool {
     r.allow()
         && match r.typ() {
             None | Some(T::A) => true,
-            Some(T::C) | Some(T::U) if opens => {
+            // crun's device filter takes every type but `a` and `b` for char (`p` too)
+            Some(T::C) | Some(T::U) | Some(T::P) if opens => {
                 let major = r.major();
                 (any(major) || major == Some(i64::from(class::NVIDIA_MAJOR)))
                     && (any(major) || any(r.minor()))
@@ -200,7 +201,8 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
             continue;
         }
         let typ = match r.typ() {
-            Some(T::C) | Some(T::U) => DevType::Char,
+            // `p` as crun's device filter reads it: a char rule (runc refuses it)
+            Some(T::C) | Some(T::U) | Some(T::P) => DevType::Char,
             Some(T::B) => DevType::Block,
             _ => continue,
         };
