@@ -141,7 +141,8 @@ fn wildcard_reaches_nvidia(r: &LinuxDeviceCgroup) -> bool {
     r.allow()
         && match r.typ() {
             None | Some(T::A) => true,
-            Some(T::C) | Some(T::U) if opens => {
+            // crun's device filter takes every type but `a` and `b` for char (`p` too)
+            Some(T::C) | Some(T::U) | Some(T::P) if opens => {
                 let major = r.major();
                 (any(major) || major == Some(i64::from(class::NVIDIA_MAJOR)))
                     && (any(major) || any(r.minor()))
@@ -200,7 +201,8 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
             continue;
         }
         let typ = match r.typ() {
-            Some(T::C) | Some(T::U) => DevType::Char,
+            // `p` as crun's device filter reads it: a char rule (runc refuses it)
+            Some(T::C) | Some(T::U) | Some(T::P) => DevType::Char,
             Some(T::B) => DevType::Block,
             _ => continue,
         };
@@ -715,6 +717,28 @@ mod tests {
             assert!(got.is_empty(), "{r}: {got:?}");
         }
         let _ = fs::remove_dir_all(&d);
+    }
+
+    /// crun's device filter (cgroup v2, eBPF) reads a rule's type by its first letter: `b`
+    /// is a block rule, `a` any device, and every other letter a char rule, so an allow of
+    /// type `p` (a FIFO, which the filter never sees) opens the char device of its numbers.
+    #[test]
+    fn a_fifo_type_allow_rule_opens_char_devices_as_crun_reads_it() {
+        let d = disc(
+            r#"{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"},
+                {"allow":true,"type":"p","major":195,"minor":3,"access":"rw"}]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].name(), "c 195:3");
+        assert_eq!(d[0].class, "nvidia-gpu");
+        let wild = spec(
+            r#"{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"},
+                {"allow":true,"type":"p","major":195,"access":"rw"}]}}}"#,
+        );
+        assert!(may_have_devices(&wild));
+        assert!(may_name_nvidia(&wild));
+        assert!(wild.device_rules().iter().any(wildcard_reaches_nvidia));
     }
 
     #[test]
