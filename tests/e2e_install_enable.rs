@@ -784,6 +784,77 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
         "--restart without systemd changed the node"
     );
 
+    // A drop-in with a CRI table (as nvidia-ctk writes one): containerd 1.x replaces the
+    // whole plugin section with it, so devgate's lines in config.toml would reach no
+    // runtime. install-host asks the node's containerd; it installs only where containerd
+    // itself reads the spec on its default runtime, and else puts config.toml back.
+    let dropins = host.path("/etc/containerd/conf.d");
+    fs::create_dir_all(&dropins).unwrap();
+    fs::write(
+        dropins.join("99-nvidia.toml"),
+        format!(
+            "{}\n{}\n  runtime_type = \"io.containerd.runc.v2\"\n",
+            version.top(),
+            version
+                .runc_table()
+                .replace("runtimes.runc", "runtimes.nvidia")
+        ),
+    )
+    .unwrap();
+    let importing = config.replacen(
+        &version.top(),
+        &format!(
+            "{}\nimports = [\"/etc/containerd/conf.d/*.toml\"]",
+            version.top()
+        ),
+        1,
+    );
+    assert_ne!(importing, config);
+    fs::write(&file, &importing).unwrap();
+    let out = host.devgate(&[
+        "install-host",
+        "--root",
+        "/",
+        "--prefix",
+        "/usr/local",
+        "--config-file",
+        s(&env.config),
+        "--enable",
+    ]);
+    let e = host.enter();
+    let dump = Command::new(&e[0])
+        .args(&e[1..])
+        .args([
+            "containerd",
+            "--config",
+            "/etc/containerd/config.toml",
+            "config",
+            "dump",
+        ])
+        .output()
+        .unwrap();
+    let dumped = String::from_utf8_lossy(&dump.stdout).into_owned();
+    if out.status.success() {
+        // This containerd merges the drop-in into the section: it reads the spec.
+        eprintln!("{version:?}: the drop-in merges; install-host went ahead");
+        assert!(
+            dumped.contains("devgate-base-spec.json"),
+            "install-host said yes, containerd no: {dumped}"
+        );
+    } else {
+        eprintln!("{version:?}: the drop-in replaces the section; refused");
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains("an imported drop-in"), "{}", text(&out));
+        assert_eq!(
+            fs::read_to_string(&file).unwrap(),
+            importing,
+            "not put back"
+        );
+        assert!(!dumped.contains("devgate-base-spec.json"), "{dumped}");
+    }
+    fs::remove_dir_all(&dropins).unwrap();
+    fs::write(&file, &config).unwrap();
+
     // --enable alone: the config names the spec; the operator restarts containerd (this
     // node has no systemd for devgate to do it through).
     let said = host.devgate_ok(&[

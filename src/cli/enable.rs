@@ -7,6 +7,7 @@
 
 use super::conffile::read_opt;
 use super::containerd_config::{self, Edit};
+use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
 use super::systemd;
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
@@ -82,10 +83,58 @@ const CONTAINERD_PROGRAMS: [&str; 3] = [
     "usr/sbin/containerd",
 ];
 
-fn has_containerd(root: &Path) -> bool {
+/// The host's containerd program, as the host names it.
+fn containerd_program(root: &Path) -> Option<PathBuf> {
     CONTAINERD_PROGRAMS
         .iter()
-        .any(|p| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_file()))
+        .find(|p| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_file()))
+        .map(|p| Path::new("/").join(p))
+}
+
+fn has_containerd(root: &Path) -> bool {
+    containerd_program(root).is_some()
+}
+
+/// What the host's containerd makes of its config, its `imports` included: its CRI
+/// plugin's default runtime must start from `spec`. containerd 1.6 and 1.7 replace a whole
+/// plugin section from an imported drop-in (nvidia-ctk's, a registry mirror's), and one
+/// may set the default runtime, so the file's own text cannot say. A host without a
+/// containerd program has nothing to ask.
+fn check_effective(root: &Path, spec: &Path) -> Result<()> {
+    let Some(bin) = containerd_program(root) else {
+        return Ok(());
+    };
+    let file = config_file(root);
+    let bad = |why: String| Error::invalid(file.display().to_string(), why);
+    let conf = Path::new("/etc/containerd/config.toml");
+    let cri = containerd_dump_in(root, &bin, Some(conf))
+        .and_then(|dump| parse_containerd_dump(&dump))
+        .map_err(bad)?;
+    if cri.disabled {
+        say!("devgate: containerd's CRI plugin is disabled here: kubelet does not use it");
+        return Ok(());
+    }
+    let name = &cri.default_runtime;
+    let effective = cri
+        .runtimes
+        .get(name)
+        .map(|r| r.base_runtime_spec.as_str())
+        .unwrap_or("");
+    if Path::new(effective) == spec {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "containerd reads it (with its imports) as starting its default runtime {name:?} \
+         from {}, not {}: an imported drop-in may replace the CRI plugin's section or set \
+         the default runtime; add base_runtime_spec and container_annotations where that \
+         runtime's table is, by hand (docs/install.md)",
+        if effective.is_empty() {
+            "no base spec"
+        } else {
+            effective
+        },
+        spec.display()
+    )))
 }
 
 fn text_of(file: &Path) -> Result<String> {
@@ -109,6 +158,7 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
         );
         return Ok(());
     }
+    let existed = fs::symlink_metadata(&file).is_ok();
     let text = text_of(&file)?;
     let edit = match spec {
         Some(spec) => containerd_config::enable(&text, spec),
@@ -129,6 +179,16 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
                 .map(|m| m.permissions().mode() & 0o7777)
                 .unwrap_or(0o644);
             write_atomic(&file, new.as_bytes(), mode)?;
+            if let Some(spec) = spec {
+                if let Err(e) = check_effective(root, spec) {
+                    // As it was: no restart would pick up lines that reach no runtime.
+                    write_atomic(&file, text.as_bytes(), mode)?;
+                    if text.is_empty() && !existed {
+                        fs::remove_file(&file).map_err(|e| Error::io("cannot remove", &file, e))?;
+                    }
+                    return Err(e);
+                }
+            }
             match spec {
                 Some(_) => say!(
                     "devgate: {} names devgate's base spec now (lines marked \"{}\")",

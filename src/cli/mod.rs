@@ -14,6 +14,7 @@ mod containerd_config;
 mod doctor;
 mod enable;
 pub(crate) mod hooks_config;
+mod host;
 mod install;
 mod node;
 mod systemd;

@@ -5,10 +5,7 @@
 //! running containers and their shims, the installer's own among them, stay.
 
 use crate::error::{Error, Result};
-use std::ffi::CString;
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -58,19 +55,7 @@ fn run(root: &Path, args: &[&str], deadline: Duration) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if root != Path::new("/") {
-        let dir = CString::new(root.as_os_str().as_bytes())
-            .map_err(|_| Error::invalid("--root", "holds a NUL byte"))?;
-        // SAFETY: chroot and chdir are async-signal-safe; the path was made before fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::chroot(dir.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    super::host::run_inside(&mut cmd, root).map_err(|e| Error::invalid("--root", e))?;
     let shown = format!("systemctl {}", args.join(" "));
     let mut child = cmd
         .spawn()

@@ -148,7 +148,19 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String>
 /// would stop containerd), a polled wait, a kill at the deadline, and the last stderr line
 /// for the error.
 pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, String> {
+    containerd_dump_in(Path::new("/"), bin, config)
+}
+
+/// [`containerd_dump`] of the host whose root is at `root` (its containerd, run inside it,
+/// with `bin` and `config` as the host names them): install-host reads what the host's
+/// containerd makes of its config before restarting it.
+pub(crate) fn containerd_dump_in(
+    root: &Path,
+    bin: &Path,
+    config: Option<&Path>,
+) -> Result<String, String> {
     let mut cmd = Command::new(bin);
+    crate::cli::host::run_inside(&mut cmd, root)?;
     // The daemon's working directory (systemd's default): containerd 1.x globs a relative
     // `imports` entry from there, so the dump must read the drop-ins the daemon reads.
     cmd.current_dir("/");
