@@ -802,7 +802,7 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     )
     .unwrap();
     let importing = config.replacen(
-        &version.top(),
+        version.top(),
         &format!(
             "{}\nimports = [\"/etc/containerd/conf.d/*.toml\"]",
             version.top()
