@@ -5,18 +5,17 @@
 
 use super::cgroup::{self, Location};
 use super::nsdev::{self, ContainerProcess};
-use super::spare::healthy_spares;
+use super::spare::{self, give_back, Grant, Holder, Leased, SpareRequest};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::model::class::Class;
-use crate::model::clock;
 use crate::model::device::{DevNum, Device};
 use crate::model::text::one_line;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
 use crate::policy::{DeviceDecision, Disposition};
 use crate::probe::nvidia::GpuContext;
-use crate::store::lease::{self, Lease, Leases, Outcome};
+use crate::store::lease::{self, Leases};
 use crate::store::quarantine::Ledger;
 use serde::{Deserialize, Serialize};
 use std::os::fd::RawFd;
@@ -121,51 +120,6 @@ struct Ctx<'a> {
     taken: Vec<DevNum>,
 }
 
-/// Leases a healthy free spare for `d`, or says why there is none.
-fn lease_spare(cx: &mut Ctx, d: &Device) -> std::result::Result<(Lease, Option<Lease>), String> {
-    if !cx.config.spares.contains_key(d.class.as_str()) {
-        return Err(format!("no spare configured for class {}", d.class));
-    }
-    let mut exclude = cx.taken.clone();
-    exclude.push(d.num);
-    let (cands, mut why) = healthy_spares(cx.config, cx.ledger, &d.class, &exclude, cx.gpu);
-    let (time_unix, time) = clock::now();
-    let want = Lease {
-        spare: d.num,
-        spare_path: PathBuf::new(),
-        class: d.class.clone(),
-        container_id: cx.state.id.clone(),
-        pid: cx.pid,
-        pid_start: cx.pid_start,
-        replaces: d.num,
-        container_path: d.container_path.clone(),
-        runtime_state: None,
-        since: time,
-        since_unix: time_unix,
-    };
-    let outcome = cx
-        .leases
-        .acquire(&cands, &want)
-        .map_err(|e| format!("cannot lease a spare: {e}"))?;
-    match outcome {
-        Outcome::Leased {
-            lease, reclaimed, ..
-        } => Ok((lease, reclaimed)),
-        Outcome::NoneFree(busy) => {
-            why.extend(busy);
-            let detail = if why.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", why.join("; "))
-            };
-            Err(format!(
-                "no free healthy spare of class {}{detail}",
-                d.class
-            ))
-        }
-    }
-}
-
 /// Denies `bad` and allows `spare` in the container's device cgroup; says what was edited.
 fn edit_cgroup(cx: &Ctx, bad: DevNum, spare: DevNum) -> std::result::Result<String, String> {
     match &cx.loc {
@@ -220,7 +174,21 @@ fn edit_node(cx: &Ctx, d: &Device, spare: DevNum) -> std::result::Result<String,
 /// failure gives the spare back.
 fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRecord, String> {
     let d = &dec.device;
-    let (lease, reclaimed) = lease_spare(cx, d)?;
+    let req = SpareRequest {
+        device: d,
+        container_id: &cx.state.id,
+        holder: Holder {
+            pid: cx.pid,
+            pid_start: cx.pid_start,
+            runtime_state: None,
+        },
+        taken: &cx.taken,
+        // A systemd unit's cgroup was refused before any spare was asked for.
+        grant: Grant::Cgroup,
+    };
+    let Leased { lease, reclaimed } =
+        spare::lease_spare(cx.config, cx.ledger, cx.gpu, &cx.leases, &req)
+            .map_err(|e| e.to_string())?;
     cx.taken.push(lease.spare);
     let spare = lease.spare;
     let edited = edit_cgroup(cx, d.num, spare)
@@ -239,9 +207,7 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
             reclaimed_from: reclaimed.map(|l| l.container_id),
         }),
         Err(m) => {
-            if let Err(e) = cx.leases.release(spare, &cx.state.id) {
-                log::error!("cannot give back spare {spare} of {}: {e}", cx.state.id);
-            }
+            give_back(&cx.leases, spare, &cx.state.id);
             Err(m)
         }
     }
@@ -397,9 +363,7 @@ pub fn apply(
     if let Some((i, why)) = failed {
         // The container will not start: give back every spare taken for it.
         for r in &out.remaps {
-            if let Err(e) = cx.leases.release(r.spare, &state.id) {
-                log::error!("cannot give back spare {} of {}: {e}", r.spare, state.id);
-            }
+            give_back(&cx.leases, r.spare, &state.id);
         }
         abandon(decisions, i, why);
         return Applied::default();

@@ -5,12 +5,12 @@
 
 use super::spec_rewrite::{self, Swap};
 use crate::action::remap::{abandon, fail_all, wanted, Applied, RemapRecord};
-use crate::action::spare::healthy_spares;
+use crate::action::spare::{self, give_back, Grant, Holder, Leased, SpareRequest};
 use crate::config::Config;
 use crate::model::device::{self, DevNum};
 use crate::policy::{DeviceDecision, Disposition};
 use crate::probe::nvidia::GpuContext;
-use crate::store::lease::{self, Lease, Leases, Outcome};
+use crate::store::lease::{self, Leases};
 use crate::store::quarantine::Ledger;
 use std::path::{Path, PathBuf};
 
@@ -27,30 +27,6 @@ pub struct SpecRemap<'a> {
     pub user_namespace: bool,
 }
 
-/// Under the systemd cgroup driver runc passes each allowed device to systemd as
-/// `DeviceAllow=/dev/char/MAJ:MIN` (`/dev/block/…`) and leaves out a device whose link is
-/// missing: systemd's next daemon-reload would then take the spare away. The link must
-/// exist and name the spare.
-pub fn systemd_can_grant(dev_root: &Path, num: DevNum) -> Result<(), String> {
-    let link = dev_root
-        .join(num.typ.sysfs_dir())
-        .join(format!("{}:{}", num.major, num.minor));
-    match std::fs::metadata(&link) {
-        Ok(m) if DevNum::from_metadata(&m) == Some(num) => Ok(()),
-        Ok(_) => Err(format!(
-            "{} is not {} {num}",
-            link.display(),
-            num.typ.letter()
-        )),
-        Err(e) => Err(format!(
-            "{} is missing ({e}); under the systemd cgroup driver runc grants a device \
-             through DeviceAllow= on that path and skips it when absent, so systemd would \
-             take the spare away at its next daemon-reload",
-            link.display()
-        )),
-    }
-}
-
 impl SpecRemap<'_> {
     fn lease_one(
         &self,
@@ -60,7 +36,7 @@ impl SpecRemap<'_> {
         leases: &Leases,
         taken: &[DevNum],
         dec: &DeviceDecision,
-    ) -> Result<(Lease, Option<Lease>), String> {
+    ) -> Result<Leased, String> {
         let d = &dec.device;
         if device::is_default_device(d.num) {
             // runc and crun append their default rules after the spec's: a deny in the
@@ -72,61 +48,26 @@ impl SpecRemap<'_> {
                 d.num
             ));
         }
-        if !config.spares.contains_key(d.class.as_str()) {
-            return Err(format!("no spare configured for class {}", d.class));
-        }
-        let mut exclude = taken.to_vec();
-        exclude.push(d.num);
-        let (mut cands, mut why) = healthy_spares(config, ledger, &d.class, &exclude, gpu);
-        if self.systemd {
-            cands.retain(
-                |(num, path)| match systemd_can_grant(&config.dev_root, *num) {
-                    Ok(()) => true,
-                    Err(m) => {
-                        why.push(format!("{}: {m}", path.display()));
-                        false
-                    }
-                },
-            );
-        }
-        let (since_unix, since) = crate::model::clock::now();
         // No container process exists yet: the lease names this process (the runtime's
         // once exec'd, alive until the container is created) and the runtime's state
         // directory, which lasts as long as the container does. The hook repoints it.
         let pid = std::process::id() as i32;
-        let want = Lease {
-            spare: d.num,
-            spare_path: PathBuf::new(),
-            class: d.class.clone(),
-            container_id: self.id.to_string(),
-            pid,
-            pid_start: lease::pid_start(pid),
-            replaces: d.num,
-            container_path: d.container_path.clone(),
-            runtime_state: self.runtime_state.clone(),
-            since,
-            since_unix,
+        let req = SpareRequest {
+            device: d,
+            container_id: self.id,
+            holder: Holder {
+                pid,
+                pid_start: lease::pid_start(pid),
+                runtime_state: self.runtime_state.clone(),
+            },
+            taken,
+            grant: if self.systemd {
+                Grant::SystemdDeviceAllow
+            } else {
+                Grant::Cgroup
+            },
         };
-        match leases
-            .acquire(&cands, &want)
-            .map_err(|e| format!("cannot lease a spare: {e}"))?
-        {
-            Outcome::Leased {
-                lease, reclaimed, ..
-            } => Ok((lease, reclaimed)),
-            Outcome::NoneFree(busy) => {
-                why.extend(busy);
-                let detail = if why.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", why.join("; "))
-                };
-                Err(format!(
-                    "no free healthy spare of class {}{detail}",
-                    d.class
-                ))
-            }
-        }
+        spare::lease_spare(config, ledger, gpu, leases, &req).map_err(|e| e.to_string())
     }
 
     fn write(
@@ -162,15 +103,15 @@ impl SpecRemap<'_> {
             return Applied::default();
         }
         let leases = Leases::new(&config.state_dir);
-        let mut held: Vec<(usize, Lease, Option<Lease>)> = Vec::new();
+        let mut held: Vec<(usize, Leased)> = Vec::new();
         let mut failed = None;
         for (i, dec) in decisions.iter().enumerate() {
             if dec.disposition != Disposition::Remap {
                 continue;
             }
-            let taken: Vec<_> = held.iter().map(|(_, l, _)| l.spare).collect();
+            let taken: Vec<_> = held.iter().map(|(_, l)| l.lease.spare).collect();
             match self.lease_one(config, ledger, gpu, &leases, &taken, dec) {
-                Ok((l, reclaimed)) => held.push((i, l, reclaimed)),
+                Ok(l) => held.push((i, l)),
                 Err(m) => {
                     failed = Some((i, format!("remap impossible: {m}")));
                     break;
@@ -179,10 +120,10 @@ impl SpecRemap<'_> {
         }
         let swaps: Vec<Swap> = held
             .iter()
-            .map(|(i, l, _)| Swap {
+            .map(|(i, l)| Swap {
                 bad: decisions[*i].device.num,
-                spare: l.spare,
-                spare_path: l.spare_path.clone(),
+                spare: l.lease.spare,
+                spare_path: l.lease.spare_path.clone(),
             })
             .collect();
         let changed = match failed {
@@ -191,8 +132,8 @@ impl SpecRemap<'_> {
                 Ok(c) => c,
                 Err(m) => {
                     // Every device fails alike: none of them was written.
-                    for (_, l, _) in &held {
-                        give_back(&leases, l);
+                    for (_, l) in &held {
+                        give_back(&leases, l.lease.spare, self.id);
                     }
                     fail_all(decisions, &m);
                     return Applied::default();
@@ -200,14 +141,24 @@ impl SpecRemap<'_> {
             },
         };
         if let Some((i, why)) = failed {
-            for (_, l, _) in &held {
-                give_back(&leases, l);
+            for (_, l) in &held {
+                give_back(&leases, l.lease.spare, self.id);
             }
             abandon(decisions, i, why);
             return Applied::default();
         }
         let mut out = Applied::default();
-        for ((i, l, reclaimed), c) in held.into_iter().zip(changed) {
+        for (
+            (
+                i,
+                Leased {
+                    lease: l,
+                    reclaimed,
+                },
+            ),
+            c,
+        ) in held.into_iter().zip(changed)
+        {
             let dec = &decisions[i];
             let d = &dec.device;
             let node = if c.nodes.is_empty() {
@@ -231,43 +182,5 @@ impl SpecRemap<'_> {
             out.remaps.push(r);
         }
         out
-    }
-}
-
-fn give_back(leases: &Leases, l: &Lease) {
-    if let Err(e) = leases.release(l.spare, &l.container_id) {
-        log::error!(
-            "cannot give back spare {} of {}: {e}",
-            l.spare,
-            l.container_id
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::device::DevType;
-
-    #[test]
-    fn systemd_needs_the_dev_char_link_to_the_spare() {
-        let d = std::env::temp_dir().join(format!("devgate-devchar-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(d.join("char")).unwrap();
-        let full = DevNum {
-            typ: DevType::Char,
-            major: 1,
-            minor: 7,
-        };
-        let e = systemd_can_grant(&d, full).unwrap_err();
-        assert!(e.contains("char/1:7 is missing"), "{e}");
-        assert!(e.contains("daemon-reload"), "{e}");
-        std::os::unix::fs::symlink("/dev/null", d.join("char/1:7")).unwrap();
-        let e = systemd_can_grant(&d, full).unwrap_err();
-        assert!(e.ends_with("char/1:7 is not c 1:7"), "{e}");
-        std::fs::remove_file(d.join("char/1:7")).unwrap();
-        std::os::unix::fs::symlink("/dev/full", d.join("char/1:7")).unwrap();
-        assert_eq!(systemd_can_grant(&d, full), Ok(()));
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }
