@@ -4,11 +4,11 @@
 //! /run/systemd. containerd's unit kills only containerd itself (KillMode=process), so the
 //! running containers and their shims, the installer's own among them, stay.
 
+use super::host::{self, RunError};
 use crate::error::{Error, Result};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// containerd's unit, as its packages name it.
 pub(super) const CONTAINERD_UNIT: &str = "containerd.service";
@@ -51,53 +51,14 @@ fn run(root: &Path, args: &[&str], deadline: Duration) -> Result<()> {
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         // Inside a pod, systemctl may take the chroot for one and then ignore `restart`
         // without an error; the chroot here is the host's own root.
-        .env("SYSTEMD_IGNORE_CHROOT", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    super::host::run_inside(&mut cmd, root).map_err(|e| Error::invalid("--root", e))?;
+        .env("SYSTEMD_IGNORE_CHROOT", "1");
+    host::run_inside(&mut cmd, root).map_err(|e| Error::invalid("--root", e))?;
     let shown = format!("systemctl {}", args.join(" "));
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::io(format!("cannot run {shown}"), &prog, e))?;
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error::invalid(
-                    shown,
-                    format!("did not finish within {} s", deadline.as_secs()),
-                ));
-            }
-            Err(e) => return Err(Error::io(format!("cannot wait for {shown}"), &prog, e)),
-        }
-    };
-    if status.success() {
-        return Ok(());
+    match host::output_within(cmd, deadline, MAX_OUTPUT) {
+        Ok(_) => Ok(()),
+        Err(RunError::Spawn(e)) => Err(Error::io(format!("cannot run {shown}"), &prog, e)),
+        Err(e) => Err(Error::invalid(shown, e.to_string())),
     }
-    let mut out = String::new();
-    for pipe in [
-        child.stderr.take().map(|p| Box::new(p) as Box<dyn Read>),
-        child.stdout.take().map(|p| Box::new(p) as Box<dyn Read>),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let mut buf = Vec::new();
-        let _ = pipe.take(MAX_OUTPUT).read_to_end(&mut buf);
-        out.push_str(&String::from_utf8_lossy(&buf));
-    }
-    Err(Error::invalid(
-        shown,
-        format!(
-            "failed ({status}): {}",
-            crate::model::text::one_line(out.trim())
-        ),
-    ))
 }
 
 /// Fails where the host at `root` has no systemd to restart a unit with.

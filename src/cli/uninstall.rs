@@ -193,6 +193,34 @@ fn is_config(p: &Path) -> bool {
     )
 }
 
+/// Step two: the programs, where no runtime config names one, and the snippets beside them.
+fn remove_programs(root: &Path, target: &Target) -> Result<()> {
+    if let Some((file, prog)) = named_by_runtime_config(root, &host_programs(target)) {
+        return Err(Error::invalid(
+            "--programs",
+            format!(
+                "{} names {}: every start through that runtime would fail without it; take it \
+                 out, restart the runtime, then rerun",
+                file.display(),
+                prog.display()
+            ),
+        ));
+    }
+    for p in programs(root, target) {
+        remove(&p)?;
+    }
+    // The snippets install-host laid beside them, and their directories where empty.
+    for (dir, files) in shared_files(target)? {
+        let dir = under(root, &dir);
+        for f in files {
+            remove(&dir.join(&f.name))?;
+        }
+        let _ = fs::remove_dir(&dir);
+    }
+    let _ = fs::remove_dir(under(root, Path::new(SHARE_DIR)));
+    Ok(())
+}
+
 pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.enable {
         return Err(Error::Usage(format!(
@@ -233,29 +261,7 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
             "the base spec is an operator's edit that may name them; take devgate's hooks out of it first",
         ));
     }
-    if let Some((file, prog)) = named_by_runtime_config(root, &host_programs(&target)) {
-        return Err(Error::invalid(
-            "--programs",
-            format!(
-                "{} names {}: every start through that runtime would fail without it; take it \
-                 out, restart the runtime, then rerun",
-                file.display(),
-                prog.display()
-            ),
-        ));
-    }
-    for p in programs(root, &target) {
-        remove(&p)?;
-    }
-    // The snippets install-host laid beside them, and their directories where empty.
-    for (dir, files) in shared_files(&target)? {
-        let dir = under(root, &dir);
-        for f in files {
-            remove(&dir.join(&f.name))?;
-        }
-        let _ = fs::remove_dir(&dir);
-    }
-    let _ = fs::remove_dir(under(root, Path::new(SHARE_DIR)));
+    remove_programs(root, &target)?;
     say!("devgate: the config and quarantine marks under /etc/devgate and /var/lib/devgate stay");
     Ok(())
 }

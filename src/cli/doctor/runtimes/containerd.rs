@@ -7,12 +7,12 @@ use super::hooks::runs_devgate_hook;
 use super::one_line_toml;
 use crate::cli::doctor::runtime_checks::FixCmd;
 use crate::cli::hooks_config::NODE_WIDE_SETTINGS;
+use crate::cli::host::{self, RunError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// containerd's dump is some tens of KiB; a runaway one is cut here.
 const MAX_DUMP: u64 = 8 << 20;
@@ -160,7 +160,7 @@ pub(crate) fn containerd_dump_in(
     config: Option<&Path>,
 ) -> Result<String, String> {
     let mut cmd = Command::new(bin);
-    crate::cli::host::run_inside(&mut cmd, root)?;
+    host::run_inside(&mut cmd, root)?;
     // The daemon's working directory (systemd's default): containerd 1.x globs a relative
     // `imports` entry from there, so the dump must read the drop-ins the daemon reads.
     cmd.current_dir("/");
@@ -172,70 +172,12 @@ pub(crate) fn containerd_dump_in(
         };
         cmd.arg("--config").arg(c);
     }
-    let mut child = cmd
-        .args(["config", "dump"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
-    let out = child.stdout.take();
-    let err = child.stderr.take();
-    let reader = |pipe: Option<std::process::ChildStdout>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(p) = pipe {
-                let _ = p.take(MAX_DUMP + 1).read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let stdout = reader(out);
-    let stderr = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(p) = err {
-            let _ = p.take(64 << 10).read_to_end(&mut buf);
-        }
-        buf
-    });
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if started.elapsed() < DUMP_DEADLINE => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} config dump did not finish in {} s",
-                    bin.display(),
-                    DUMP_DEADLINE.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("cannot wait for {}: {e}", bin.display())),
-        }
-    };
-    let stdout = stdout.join().unwrap_or_default();
-    let stderr = stderr.join().unwrap_or_default();
-    if !status.success() {
-        let said = String::from_utf8_lossy(&stderr);
-        let last = said
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        return Err(format!(
-            "{} config dump failed ({status}): {}",
-            bin.display(),
-            last.trim()
-        ));
-    }
-    if stdout.len() as u64 > MAX_DUMP {
-        return Err(format!("containerd's dump is larger than {MAX_DUMP} bytes"));
-    }
-    String::from_utf8(stdout).map_err(|_| "containerd's dump is not UTF-8".into())
+    cmd.args(["config", "dump"]);
+    let out = host::output_within(cmd, DUMP_DEADLINE, MAX_DUMP).map_err(|e| match e {
+        RunError::TooLarge(_) => format!("containerd's dump is larger than {MAX_DUMP} bytes"),
+        e => format!("{} config dump {e}", bin.display()),
+    })?;
+    String::from_utf8(out).map_err(|_| "containerd's dump is not UTF-8".into())
 }
 
 /// What a base runtime spec file holds, as far as devgate cares.
