@@ -2,7 +2,7 @@
 // (oci-hooks.d, containerd's base spec). build.rs links it statically (static-pie): no
 // dynamic loader binding libc's symbols and no libc to map and relocate, which inside
 // `runc run` was most of what a hook of a container with no devices cost over /bin/true
-// (docs/performance.md). It runs `devgate hook STAGE` itself for every container whose
+// (docs/changelog.md). It runs `devgate hook STAGE` itself for every container whose
 // spec names no NVIDIA device. A static glibc program cannot load NVML, so a container
 // that may have one, and every other command, goes to the dynamically linked devgate
 // beside it, with the same arguments (and the state it read, as its stdin).

@@ -1,5 +1,5 @@
 // devgate runs on every container start, where a few hundred microseconds matter (issue 9,
-// docs/performance.md). Rust's runtime start (`fn main` through lang_start) sets up a
+// docs/changelog.md). Rust's runtime start (`fn main` through lang_start) sets up a
 // stack-overflow guard for the main thread, and glibc finds that thread's stack by reading
 // and sscanf-parsing all of /proc/self/maps: a tenth of the hook's instructions. So devgate
 // has a C `main` instead. std still works without lang_start on Linux (arguments come from

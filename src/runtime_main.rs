@@ -4,7 +4,7 @@
 // is what starting it costs. build.rs links it statically (static-pie): no dynamic loader
 // binding a hundred and forty libc symbols and no libc to map, which was most of the
 // wrapper's cost above the floor of any program that execs the runtime
-// (docs/performance.md). A static glibc program cannot load NVML, so a create whose spec
+// (docs/changelog.md). A static glibc program cannot load NVML, so a create whose spec
 // names devices is handed to `devgate runtime` (the dynamically linked devgate, beside
 // this program), which gates it with the hooks' code and execs the runtime itself.
 #![no_main]
