@@ -3,9 +3,9 @@
 //! is devgate's runtime wrapper?
 
 use super::binary::Binary;
+use super::files::one_line_toml;
 use super::hooks::runs_devgate_hook;
-use super::one_line_toml;
-use crate::cli::doctor::runtime_checks::FixCmd;
+use crate::cli::doctor::options::FixCmd;
 use crate::cli::hooks_config::NODE_WIDE_SETTINGS;
 use serde::Deserialize;
 use std::collections::BTreeMap;
