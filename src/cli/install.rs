@@ -5,9 +5,10 @@ use super::conffile::{say_laid, Conffile, RECORD_DIR};
 use super::enable::{self, Changes};
 use super::hooks_config::File;
 use super::hooks_config::{
-    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, Target,
-    CONTAINERD_BASE_SPEC_NAME, DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
+    absolute, ensure_dir, files, write_files, Runtime, Target, CONTAINERD_BASE_SPEC_NAME,
+    DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
 };
+use super::host_opts::{target_of, Opts};
 use super::wrapper_config;
 use crate::config::{self, Config};
 use crate::error::{Error, Result};

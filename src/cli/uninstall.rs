@@ -7,9 +7,10 @@
 use super::conffile::read_opt;
 use super::enable::{self, Changes};
 use super::hooks_config::{
-    absolute, files, target_of, Opts, Runtime, Target, CONTAINERD_BASE_SPEC_NAME, HOST_HOOKS_DIR,
+    absolute, files, Runtime, Target, CONTAINERD_BASE_SPEC_NAME, HOST_HOOKS_DIR,
     OCI_HOOKS_FILE_NAME, PACKAGE_HOOKS_DIR,
 };
+use super::host_opts::{target_of, Opts};
 use super::install::{base_spec, shared_files, under, BaseSpec, CONTAINERD_DIR, SHARE_DIR};
 use super::wrapper_config;
 use crate::error::{Error, Result};
