@@ -48,29 +48,7 @@ fn systemctl(root: &Path) -> Result<PathBuf> {
 /// Runs the host's `systemctl ARGS` inside `root`, within `deadline`; its output on failure.
 fn run(root: &Path, args: &[&str], deadline: Duration) -> Result<()> {
     let prog = systemctl(root)?;
-    let mut cmd = Command::new(&prog);
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        // Inside a pod, systemctl may take the chroot for one and then ignore `restart`
-        // without an error; the chroot here is the host's own root.
-        .env("SYSTEMD_IGNORE_CHROOT", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if root != Path::new("/") {
-        let dir = CString::new(root.as_os_str().as_bytes())
-            .map_err(|_| Error::invalid("--root", "holds a NUL byte"))?;
-        // SAFETY: chroot and chdir are async-signal-safe; the path was made before fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::chroot(dir.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    let mut cmd = command(root, &prog, args)?;
     let shown = format!("systemctl {}", args.join(" "));
     let mut child = cmd
         .spawn()
@@ -94,6 +72,46 @@ fn run(root: &Path, args: &[&str], deadline: Duration) -> Result<()> {
     if status.success() {
         return Ok(());
     }
+    let out = output(&mut child);
+    Err(Error::invalid(
+        shown,
+        format!(
+            "failed ({status}): {}",
+            crate::model::text::one_line(out.trim())
+        ),
+    ))
+}
+
+/// The `systemctl ARGS` command, in the host's root when `root` is not `/`.
+fn command(root: &Path, prog: &Path, args: &[&str]) -> Result<Command> {
+    let mut cmd = Command::new(prog);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        // Inside a pod, systemctl may take the chroot for one and then ignore `restart`
+        // without an error; the chroot here is the host's own root.
+        .env("SYSTEMD_IGNORE_CHROOT", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if root != Path::new("/") {
+        let dir = CString::new(root.as_os_str().as_bytes())
+            .map_err(|_| Error::invalid("--root", "holds a NUL byte"))?;
+        // SAFETY: chroot and chdir are async-signal-safe; the path was made before fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::chroot(dir.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    Ok(cmd)
+}
+
+/// What a failed systemctl wrote, stderr first, each pipe bounded.
+fn output(child: &mut std::process::Child) -> String {
     let mut out = String::new();
     for pipe in [
         child.stderr.take().map(|p| Box::new(p) as Box<dyn Read>),
@@ -106,13 +124,7 @@ fn run(root: &Path, args: &[&str], deadline: Duration) -> Result<()> {
         let _ = pipe.take(MAX_OUTPUT).read_to_end(&mut buf);
         out.push_str(&String::from_utf8_lossy(&buf));
     }
-    Err(Error::invalid(
-        shown,
-        format!(
-            "failed ({status}): {}",
-            crate::model::text::one_line(out.trim())
-        ),
-    ))
+    out
 }
 
 /// Fails where the host at `root` has no systemd to restart a unit with.

@@ -195,21 +195,7 @@ fn is_config(p: &Path) -> bool {
 }
 
 pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.enable {
-        return Err(Error::Usage(format!(
-            "--runtime, --bin, --out, --wrapper and --enable are not uninstall-host's options; \
-             {USAGE}"
-        )));
-    }
-    let root = o
-        .root
-        .as_deref()
-        .ok_or_else(|| Error::Usage(format!("--root is required; {USAGE}")))?;
-    absolute("--root", root)?;
-    if o.restart {
-        // A host that cannot restart containerd is told so before anything changes.
-        enable::check_restart(root)?;
-    }
+    let root = checked_root(o)?;
     let target = target_of(o, "/usr/local")?;
     // containerd's config first: it stops naming the spec, which then goes too.
     let mut changes = Changes::default();
@@ -259,4 +245,25 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     let _ = fs::remove_dir(under(root, Path::new(SHARE_DIR)));
     say!("devgate: the config and quarantine marks under /etc/devgate and /var/lib/devgate stay");
     Ok(())
+}
+
+/// The host root uninstall-host takes devgate off, once the options are its own and a
+/// host asked to restart containerd can.
+fn checked_root(o: &Opts) -> Result<&Path> {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.enable {
+        return Err(Error::Usage(format!(
+            "--runtime, --bin, --out, --wrapper and --enable are not uninstall-host's options; \
+             {USAGE}"
+        )));
+    }
+    let root = o
+        .root
+        .as_deref()
+        .ok_or_else(|| Error::Usage(format!("--root is required; {USAGE}")))?;
+    absolute("--root", root)?;
+    if o.restart {
+        // A host that cannot restart containerd is told so before anything changes.
+        enable::check_restart(root)?;
+    }
+    Ok(root)
 }
