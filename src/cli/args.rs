@@ -3,6 +3,7 @@
 //! knows; any other `--…` is an error, never silently ignored.
 
 use crate::error::{Error, Result};
+use std::path::PathBuf;
 
 #[derive(Debug, Default)]
 pub(crate) struct Parsed {
@@ -82,6 +83,37 @@ pub(crate) fn parse(
         }
     }
     Ok(p)
+}
+
+/// What the commands here need from the command line.
+#[derive(Debug, Default)]
+pub(crate) struct Args {
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) json: bool,
+    pub(crate) reason: Option<String>,
+    pub(crate) textfile: Option<PathBuf>,
+    pub(crate) positional: Vec<String>,
+}
+
+pub(crate) fn parse_args(argv: &[String]) -> Result<Args> {
+    let p = parse(
+        argv,
+        &["--config", "--reason", "--textfile"],
+        &["--json", "-h", "--help", "-V", "--version"],
+    )?;
+    let mut positional = p.positional.clone();
+    if p.flag("-h") || p.flag("--help") {
+        positional.insert(0, "help".into());
+    } else if p.flag("-V") || p.flag("--version") {
+        positional.insert(0, "version".into());
+    }
+    Ok(Args {
+        config: p.value("--config").map(PathBuf::from),
+        json: p.flag("--json"),
+        reason: p.value("--reason").map(str::to_string),
+        textfile: p.value("--textfile").map(PathBuf::from),
+        positional,
+    })
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 //!   (rlimits, seccomp, AppArmor), with devgate's hooks added.
 //!
 //! `devgate hooks-config` prints or writes these; `devgate install-host` (the Kubernetes
-//! installer's entrypoint) lays them, the binary and a default config onto a host root.
+//! installer's entrypoint) lays them, the binary and a default config onto a host root
+//! (both commands in `host.rs`). A leaf: the commands import it, never the other way.
 
 use crate::error::{Error, Result};
 use crate::fsutil::{program, write_atomic};
@@ -241,147 +242,6 @@ pub(super) fn ensure_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("cannot create directory", dir, e))
 }
 
-const HOOKS_CONFIG_USAGE: &str =
-    "usage: devgate [--config PATH] hooks-config --runtime crio|podman|containerd \
-[--wrapper] [--prefix DIR | --bin PATH] [--out DIR]";
-
-/// Options of the two commands in this module; `--config` is devgate's global option.
-#[derive(Debug, Default)]
-pub(super) struct Opts {
-    pub(super) config: Option<PathBuf>,
-    pub(super) runtime: Option<String>,
-    pub(super) prefix: Option<PathBuf>,
-    pub(super) bin: Option<PathBuf>,
-    pub(super) out: Option<PathBuf>,
-    pub(super) root: Option<PathBuf>,
-    pub(super) config_file: Option<PathBuf>,
-    pub(super) hooks_dir: Option<PathBuf>,
-    pub(super) command: Option<String>,
-    /// The runtime wrapper's configuration instead of the hooks' (cli/wrapper_config.rs).
-    pub(super) wrapper: bool,
-    /// uninstall-host's second step: remove the programs (cli/uninstall.rs).
-    pub(super) programs: bool,
-    /// install-host: also point containerd's config at the base spec (cli/install.rs).
-    pub(super) enable: bool,
-    /// install-host --enable, uninstall-host: restart containerd through systemd.
-    pub(super) restart: bool,
-}
-
-fn parse(argv: &[String]) -> Result<Opts> {
-    let p = super::args::parse(
-        argv,
-        &[
-            "--config",
-            "--runtime",
-            "--prefix",
-            "--bin",
-            "--out",
-            "--root",
-            "--config-file",
-            "--hooks-dir",
-        ],
-        &["--wrapper", "--programs", "--enable", "--restart"],
-    )?;
-    if let Some(extra) = p.positional.get(1) {
-        return Err(Error::Usage(format!("unexpected argument {extra:?}")));
-    }
-    let path = |name| p.value(name).map(PathBuf::from);
-    Ok(Opts {
-        config: path("--config"),
-        runtime: p.value("--runtime").map(str::to_string),
-        prefix: path("--prefix"),
-        bin: path("--bin"),
-        out: path("--out"),
-        root: path("--root"),
-        config_file: path("--config-file"),
-        hooks_dir: path("--hooks-dir"),
-        command: p.positional.first().cloned(),
-        wrapper: p.flag("--wrapper"),
-        programs: p.flag("--programs"),
-        enable: p.flag("--enable"),
-        restart: p.flag("--restart"),
-    })
-}
-
-/// The command this module runs, if `argv` names one: `hooks-config`, `install-host` or
-/// `uninstall-host`.
-/// Returns the exit status; `None` leaves the command line to the rest of the CLI.
-pub fn cli(argv: &[String]) -> Option<i32> {
-    let command = super::args::command(argv)?;
-    if !["hooks-config", "install-host", "uninstall-host"].contains(&command) {
-        return None;
-    }
-    let result = parse(argv).and_then(|o| match o.command.as_deref() {
-        Some("install-host") => super::install::install_host(&o),
-        Some("uninstall-host") => super::uninstall::uninstall_host(&o),
-        _ => hooks_config(&o),
-    });
-    Some(match result {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!(
-                "{}",
-                crate::model::text::one_line(&format!("devgate: error: {e}"))
-            );
-            2
-        }
-    })
-}
-
-pub(super) fn target_of(o: &Opts, default_prefix: &str) -> Result<Target> {
-    let mut t = match (&o.bin, &o.prefix) {
-        (Some(_), Some(_)) => {
-            return Err(Error::Usage("give --prefix or --bin, not both".to_string()))
-        }
-        (Some(b), None) => {
-            absolute("--bin", b)?;
-            Target::for_bin(b)
-        }
-        (None, Some(p)) => Target::for_prefix(p)?,
-        (None, None) => Target::for_prefix(Path::new(default_prefix))?,
-    };
-    if let Some(c) = &o.config {
-        absolute("--config", c)?;
-        t.config = Some(c.clone());
-    }
-    Ok(t)
-}
-
-fn hooks_config(o: &Opts) -> Result<()> {
-    if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() || o.enable || o.restart
-    {
-        return Err(Error::Usage(format!(
-            "--root, --config-file, --hooks-dir, --enable and --restart are install-host's options; {HOOKS_CONFIG_USAGE}"
-        )));
-    }
-    let runtime =
-        Runtime::parse(o.runtime.as_deref().ok_or_else(|| {
-            Error::Usage(format!("--runtime is required; {HOOKS_CONFIG_USAGE}"))
-        })?)?;
-    let target = target_of(o, "/usr")?;
-    let all = if o.wrapper {
-        super::wrapper_config::files(runtime, &target)?
-    } else {
-        files(runtime, &target)?
-    };
-    match &o.out {
-        Some(dir) => {
-            for p in write_files(dir, &all)? {
-                say!("{}", p.display());
-            }
-        }
-        None => {
-            for f in &all {
-                if all.len() > 1 {
-                    say!("# ---- {} ----", f.name);
-                }
-                super::write_stdout(&f.content);
-            }
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,30 +348,6 @@ mod tests {
         assert!(c.log_file.is_some());
     }
 
-    fn argv(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
-
-    #[test]
-    fn command_line() {
-        assert_eq!(cli(&argv("status --json")), None);
-        assert_eq!(cli(&argv("--config /x.json hook prestart")), None);
-        let o = parse(&argv(
-            "--config /c.json hooks-config --runtime=podman --prefix /opt",
-        ))
-        .unwrap();
-        assert_eq!(o.command.as_deref(), Some("hooks-config"));
-        assert_eq!(o.runtime.as_deref(), Some("podman"));
-        let t = target_of(&o, "/usr").unwrap();
-        assert_eq!(t.bin, Path::new("/opt/bin/devgate"));
-        assert_eq!(t.config.as_deref(), Some(Path::new("/c.json")));
-        assert!(parse(&argv("hooks-config --runtime")).is_err());
-        assert!(parse(&argv("hooks-config --bogus x")).is_err());
-        let o = parse(&argv("hooks-config --prefix /a --bin /b/devgate")).unwrap();
-        assert!(target_of(&o, "/usr").is_err());
-        assert!(Runtime::parse("docker").is_err());
-    }
-
     #[test]
     fn a_bin_without_a_front_beside_it_is_what_the_hooks_run() {
         let dir = crate::fsutil::tests::tempdir("hc-front");
@@ -537,39 +373,6 @@ mod tests {
         fs::write(&bin, "").unwrap();
         std::os::unix::fs::symlink("/nonexistent/devgate-hook", dir.join("devgate-hook")).unwrap();
         assert_eq!(Target::for_bin(&bin).hook, bin);
-    }
-
-    #[test]
-    fn usage_errors_are_one_line_and_name_the_wrong_option() {
-        let err = |line: &str| {
-            let o = parse(&argv(line)).unwrap();
-            match o.command.as_deref() {
-                Some("install-host") => super::super::install::install_host(&o),
-                _ => hooks_config(&o),
-            }
-            .unwrap_err()
-            .to_string()
-        };
-        let e = err("hooks-config");
-        assert_eq!(e, format!("--runtime is required; {HOOKS_CONFIG_USAGE}"));
-        let e = err("hooks-config --runtime crio --root /host");
-        assert!(
-            e.starts_with("--root, --config-file, --hooks-dir, --enable and --restart are install-host's options; "),
-            "{e}"
-        );
-        let e = err("install-host");
-        assert!(
-            e.starts_with("--root is required; usage: devgate install-host"),
-            "{e}"
-        );
-        let e = err("install-host --root /host --runtime crio");
-        assert!(
-            e.starts_with("--runtime, --bin, --out, --wrapper and --programs are not install-host's options; "),
-            "{e}"
-        );
-        for e in [e, err("hooks-config"), err("install-host")] {
-            assert!(!e.contains('\n'), "{e}");
-        }
     }
 
     #[test]

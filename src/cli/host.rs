@@ -1,115 +1,136 @@
-//! Running a host's own program inside the host root the installer is given (`--root`),
-//! as the DaemonSet does from its pod: the host's systemctl, the host's containerd.
+//! `hooks-config`, `install-host` and `uninstall-host`: the commands that lay devgate's
+//! runtime configuration onto a node. This module only dispatches; the files are
+//! generated in `hooks_config`, laid in `install` and taken off in `uninstall`.
 
-use crate::model::text::one_line;
-use std::ffi::CString;
-use std::io::Read;
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use super::hooks_config::{files, write_files, Runtime};
+use super::host_opts::{self, target_of, Opts};
+use super::{install, out, uninstall, wrapper_config};
+use crate::error::{Error, Result};
 
-/// Makes `cmd` run inside `root` (chroot, then `/` as its directory), where `root` is not
-/// already `/`; its program and arguments are then paths as the host names them.
-pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), String> {
-    if root == Path::new("/") {
-        return Ok(());
+const HOOKS_CONFIG_USAGE: &str =
+    "usage: devgate [--config PATH] hooks-config --runtime crio|podman|containerd \
+[--wrapper] [--prefix DIR | --bin PATH] [--out DIR]";
+
+/// The command this module runs, if `argv` names one: `hooks-config`, `install-host` or
+/// `uninstall-host`.
+/// Returns the exit status; `None` leaves the command line to the rest of the CLI.
+pub fn cli(argv: &[String]) -> Option<i32> {
+    let command = super::args::command(argv)?;
+    if !["hooks-config", "install-host", "uninstall-host"].contains(&command) {
+        return None;
     }
-    let dir = CString::new(root.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("{} holds a NUL byte", root.display()))?;
-    // SAFETY: chroot and chdir are async-signal-safe; the path was made before fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::chroot(dir.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
-                return Err(std::io::Error::last_os_error());
+    let result = host_opts::parse(argv).and_then(|o| match o.command.as_deref() {
+        Some("install-host") => install::install_host(&o),
+        Some("uninstall-host") => uninstall::uninstall_host(&o),
+        _ => hooks_config(&o),
+    });
+    Some(match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!(
+                "{}",
+                crate::model::text::one_line(&format!("devgate: error: {e}"))
+            );
+            2
+        }
+    })
+}
+
+fn hooks_config(o: &Opts) -> Result<()> {
+    if o.root.is_some() || o.config_file.is_some() || o.hooks_dir.is_some() || o.enable || o.restart
+    {
+        return Err(Error::Usage(format!(
+            "--root, --config-file, --hooks-dir, --enable and --restart are install-host's options; {HOOKS_CONFIG_USAGE}"
+        )));
+    }
+    let runtime =
+        Runtime::parse(o.runtime.as_deref().ok_or_else(|| {
+            Error::Usage(format!("--runtime is required; {HOOKS_CONFIG_USAGE}"))
+        })?)?;
+    let target = target_of(o, "/usr")?;
+    let all = if o.wrapper {
+        wrapper_config::files(runtime, &target)?
+    } else {
+        files(runtime, &target)?
+    };
+    match &o.out {
+        Some(dir) => {
+            for p in write_files(dir, &all)? {
+                say!("{}", p.display());
             }
-            Ok(())
-        });
+        }
+        None => {
+            for f in &all {
+                if all.len() > 1 {
+                    say!("# ---- {} ----", f.name);
+                }
+                out::write_stdout(&f.content);
+            }
+        }
     }
     Ok(())
 }
 
-/// How a host program run with [`output_within`] fell short.
-#[derive(Debug)]
-pub(crate) enum RunError {
-    Spawn(std::io::Error),
-    Wait(std::io::Error),
-    Deadline(Duration),
-    /// Its exit status, and the last line it wrote on stderr (else stdout).
-    Failed(ExitStatus, String),
-    TooLarge(u64),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use host_opts::parse;
+    use std::path::Path;
 
-impl std::fmt::Display for RunError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RunError::Spawn(e) => write!(f, "cannot run: {e}"),
-            RunError::Wait(e) => write!(f, "cannot wait for it: {e}"),
-            RunError::Deadline(d) => write!(f, "did not finish in {} s", d.as_secs()),
-            RunError::Failed(status, said) => write!(f, "failed ({status}): {said}"),
-            RunError::TooLarge(max) => write!(f, "wrote more than {max} bytes"),
-        }
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
     }
-}
 
-/// Reads at most `max` bytes of `pipe` on a thread of its own, so that a program writing
-/// more than a pipe holds never blocks on it while it is waited for.
-fn drain<R: Read + Send + 'static>(pipe: Option<R>, max: u64) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(p) = pipe {
-            let _ = p.take(max).read_to_end(&mut buf);
-        }
-        buf
-    })
-}
+    #[test]
+    fn command_line() {
+        assert_eq!(cli(&argv("status --json")), None);
+        assert_eq!(cli(&argv("--config /x.json hook prestart")), None);
+        let o = parse(&argv(
+            "--config /c.json hooks-config --runtime=podman --prefix /opt",
+        ))
+        .unwrap();
+        assert_eq!(o.command.as_deref(), Some("hooks-config"));
+        assert_eq!(o.runtime.as_deref(), Some("podman"));
+        let t = target_of(&o, "/usr").unwrap();
+        assert_eq!(t.bin, Path::new("/opt/bin/devgate"));
+        assert_eq!(t.config.as_deref(), Some(Path::new("/c.json")));
+        assert!(parse(&argv("hooks-config --runtime")).is_err());
+        assert!(parse(&argv("hooks-config --bogus x")).is_err());
+        let o = parse(&argv("hooks-config --prefix /a --bin /b/devgate")).unwrap();
+        assert!(target_of(&o, "/usr").is_err());
+        assert!(Runtime::parse("docker").is_err());
+    }
 
-/// Runs `cmd` to its end within `deadline` (killed past it), with stdin on /dev/null; its
-/// stdout, at most `max_out` bytes, where it succeeds.
-pub(crate) fn output_within(
-    mut cmd: Command,
-    deadline: Duration,
-    max_out: u64,
-) -> Result<Vec<u8>, RunError> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(RunError::Spawn)?;
-    let stdout = drain(child.stdout.take(), max_out + 1);
-    let stderr = drain(child.stderr.take(), 64 << 10);
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if started.elapsed() < deadline => {
-                std::thread::sleep(Duration::from_millis(10))
+    #[test]
+    fn usage_errors_are_one_line_and_name_the_wrong_option() {
+        let err = |line: &str| {
+            let o = parse(&argv(line)).unwrap();
+            match o.command.as_deref() {
+                Some("install-host") => super::super::install::install_host(&o),
+                _ => hooks_config(&o),
             }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(RunError::Deadline(deadline));
-            }
-            Err(e) => return Err(RunError::Wait(e)),
-        }
-    };
-    let stdout = stdout.join().unwrap_or_default();
-    let stderr = stderr.join().unwrap_or_default();
-    if !status.success() {
-        let last = |b: &[u8]| {
-            String::from_utf8_lossy(b)
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .map(|l| one_line(l.trim()))
+            .unwrap_err()
+            .to_string()
         };
-        let said = last(&stderr).or_else(|| last(&stdout)).unwrap_or_default();
-        return Err(RunError::Failed(status, said));
+        let e = err("hooks-config");
+        assert_eq!(e, format!("--runtime is required; {HOOKS_CONFIG_USAGE}"));
+        let e = err("hooks-config --runtime crio --root /host");
+        assert!(
+            e.starts_with("--root, --config-file, --hooks-dir, --enable and --restart are install-host's options; "),
+            "{e}"
+        );
+        let e = err("install-host");
+        assert!(
+            e.starts_with("--root is required; usage: devgate install-host"),
+            "{e}"
+        );
+        let e = err("install-host --root /host --runtime crio");
+        assert!(
+            e.starts_with("--runtime, --bin, --out, --wrapper and --programs are not install-host's options; "),
+            "{e}"
+        );
+        for e in [e, err("hooks-config"), err("install-host")] {
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
-    if stdout.len() as u64 > max_out {
-        return Err(RunError::TooLarge(max_out));
-    }
-    Ok(stdout)
 }

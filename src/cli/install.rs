@@ -5,9 +5,10 @@ use super::conffile::{say_laid, Conffile, RECORD_DIR};
 use super::enable::{self, Changes};
 use super::hooks_config::File;
 use super::hooks_config::{
-    absolute, ensure_dir, files, target_of, write_files, Opts, Runtime, Target,
-    CONTAINERD_BASE_SPEC_NAME, DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
+    absolute, ensure_dir, files, write_files, Runtime, Target, CONTAINERD_BASE_SPEC_NAME,
+    DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
 };
+use super::host_opts::{target_of, Opts};
 use super::wrapper_config;
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
@@ -124,10 +125,37 @@ fn install_companion(what: &str, dst: &Path) -> Result<()> {
 /// ROOT/etc/containerd/devgate-base-spec.json, the quarantine directory, and the config:
 /// `--config-file` replaces ROOT/etc/devgate/config.json (a ConfigMap is the operator's
 /// config); without it the default is written only where none exists.
-///
-/// Long because it is the installer's script, step after step, each with its own message;
-/// split, the order of the steps would be harder to read.
 pub(super) fn install_host(o: &Opts) -> Result<()> {
+    let root = checked_root(o)?;
+    let target = target_of(o, "/usr/local")?;
+    // A config from --config-file is checked before anything on the host changes.
+    let given = given_config(o)?;
+    install_programs(root, &target)?;
+    install_hook_files(root, o, &target)?;
+    // What a restart may have to put back: the spec, its record, containerd's config.
+    let mut changes = Changes::default();
+    install_containerd_files(root, &target, &mut changes)?;
+    let config = install_config(root, &target, given)?;
+    let quarantine = under(root, &config.quarantine_dir);
+    ensure_private_dir(&quarantine)?;
+    say!("devgate: quarantine directory {}", quarantine.display());
+    // Last: containerd is pointed at the spec only once everything it names is there.
+    if o.enable {
+        let spec = Path::new(CONTAINERD_DIR).join(CONTAINERD_BASE_SPEC_NAME);
+        enable::edit_config(root, Some(&spec), &mut changes)?;
+    }
+    if o.restart {
+        enable::restart(root, &changes, "devgate is on")
+    } else if o.enable {
+        enable::say_restart_needed(&changes)
+    } else {
+        Ok(())
+    }
+}
+
+/// The host root install-host lays onto, once the options are install-host's and a host
+/// asked to restart containerd can.
+fn checked_root(o: &Opts) -> Result<&Path> {
     if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.programs {
         return Err(Error::Usage(format!(
             "--runtime, --bin, --out, --wrapper and --programs are not install-host's options; \
@@ -148,20 +176,22 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         // A host that cannot restart containerd is told so before anything changes.
         enable::check_restart(root)?;
     }
-    let target = target_of(o, "/usr/local")?;
-    let under = |p: &Path| under(root, p);
+    Ok(root)
+}
 
-    // A config from --config-file is checked before anything on the host changes.
-    let given = match &o.config_file {
-        Some(src) => {
-            let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
-            let parsed = Config::parse(&text, src)?;
-            Some((src, text, parsed))
-        }
-        None => None,
+/// The config `--config-file` names, read and parsed: its path, its bytes, the config.
+fn given_config(o: &Opts) -> Result<Option<(&Path, Vec<u8>, Config)>> {
+    let Some(src) = &o.config_file else {
+        return Ok(None);
     };
+    let text = fs::read(src).map_err(|e| Error::io("cannot read config", src, e))?;
+    let parsed = Config::parse(&text, src)?;
+    Ok(Some((src, text, parsed)))
+}
 
-    let bin = under(&target.bin);
+/// devgate itself, then the runtime wrapper and the hook front beside it.
+fn install_programs(root: &Path, target: &Target) -> Result<()> {
+    let bin = under(root, &target.bin);
     if let Some(dir) = bin.parent() {
         ensure_dir(dir)?;
     }
@@ -171,25 +201,28 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     // else links to devgate, which does their jobs when started by their names.
     install_companion(
         "the wrapper program",
-        &under(&wrapper_config::wrapper_path(&target)),
+        &under(root, &wrapper_config::wrapper_path(target)),
     )?;
-    install_companion("the hook front", &under(&target.hook))?;
+    install_companion("the hook front", &under(root, &target.hook))
+}
 
+/// The oci-hooks files, into `--hooks-dir` (default: the packages' directory).
+fn install_hook_files(root: &Path, o: &Opts, target: &Target) -> Result<()> {
     let hooks_dir = o
         .hooks_dir
         .as_deref()
         .unwrap_or(Path::new(PACKAGE_HOOKS_DIR));
     absolute("--hooks-dir", hooks_dir)?;
-    let hook_files = files(Runtime::Crio, &target)?;
+    let hook_files = files(Runtime::Crio, target)?;
     // Older installs wrote HOST_HOOKS_DIR, which runtimes read only where hooks_dir names
     // it; where such a file is there, it is refreshed too (the same name: a runtime reading
     // both directories runs it once).
-    let old = under(Path::new(HOST_HOOKS_DIR));
+    let old = under(root, Path::new(HOST_HOOKS_DIR));
     let refresh_old = o.hooks_dir.is_none()
         && hook_files
             .iter()
             .any(|f| fs::symlink_metadata(old.join(&f.name)).is_ok());
-    let mut dirs = vec![under(hooks_dir)];
+    let mut dirs = vec![under(root, hooks_dir)];
     if refresh_old {
         dirs.push(old);
     }
@@ -198,12 +231,15 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
             say!("devgate: installed {}", p.display());
         }
     }
+    Ok(())
+}
+
+/// The base spec, and the snippets for containerd's config and the runtime wrapper.
+fn install_containerd_files(root: &Path, target: &Target, changes: &mut Changes) -> Result<()> {
     // The base spec last, after the programs its hooks name: a containerd that names it
     // and restarts now runs programs that are there.
-    // What a restart may have to put back: the spec, its record, containerd's config.
-    let mut changes = Changes::default();
-    for f in files(Runtime::Containerd, &target)? {
-        ensure_dir(&under(Path::new(CONTAINERD_DIR)))?;
+    for f in files(Runtime::Containerd, target)? {
+        ensure_dir(&under(root, Path::new(CONTAINERD_DIR)))?;
         let spec = base_spec(root, &f.name);
         changes.keep(&spec.path)?;
         changes.keep(&spec.record)?;
@@ -212,13 +248,23 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     // The snippets the operator or the node image merges into containerd's config, and
     // the runtime wrapper's for each manager (crun discards a hook's output: where crun
     // runs, the wrapper carries devgate's line; docs/install.md), named for this prefix.
-    for (dir, files) in shared_files(&target)? {
-        for p in write_files(&under(&dir), &files)? {
+    for (dir, files) in shared_files(target)? {
+        for p in write_files(&under(root, &dir), &files)? {
             say!("devgate: installed {}", p.display());
         }
     }
+    Ok(())
+}
 
+/// The config: the given one replaces the host's, else the host's is kept, else the
+/// default is written. Returns the config the host now has.
+fn install_config(
+    root: &Path,
+    target: &Target,
+    given: Option<(&Path, Vec<u8>, Config)>,
+) -> Result<Config> {
     let cfg_path = under(
+        root,
         target
             .config
             .as_deref()
@@ -228,7 +274,7 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
         .parent()
         .ok_or_else(|| Error::invalid("config path", "has no parent"))?;
     ensure_dir(cfg_dir)?;
-    let config = match given {
+    Ok(match given {
         Some((src, text, parsed)) => {
             write_atomic(&cfg_path, &text, 0o644)?;
             say!(
@@ -252,20 +298,5 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
             }
             Err(e) => return Err(Error::io("cannot stat config", &cfg_path, e)),
         },
-    };
-    let quarantine = under(&config.quarantine_dir);
-    ensure_private_dir(&quarantine)?;
-    say!("devgate: quarantine directory {}", quarantine.display());
-    // Last: containerd is pointed at the spec only once everything it names is there.
-    if o.enable {
-        let spec = Path::new(CONTAINERD_DIR).join(CONTAINERD_BASE_SPEC_NAME);
-        enable::edit_config(root, Some(&spec), &mut changes)?;
-    }
-    if o.restart {
-        enable::restart(root, &changes, "devgate is on")
-    } else if o.enable {
-        enable::say_restart_needed(&changes)
-    } else {
-        Ok(())
-    }
+    })
 }

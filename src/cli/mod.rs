@@ -1,10 +1,10 @@
 //! The command line: `devgate hook STAGE` for runtimes, and a few operator commands.
 //! Thin over the library; every failure is one `devgate: error: ...` line.
 
-/// println! for the operator commands: see [`write_stdout`].
+/// println! for the operator commands: see [`out::write_stdout`].
 macro_rules! say {
     ($($arg:tt)*) => {
-        $crate::cli::write_stdout(&format!("{}\n", format_args!($($arg)*)))
+        $crate::cli::out::write_stdout(&format!("{}\n", format_args!($($arg)*)))
     };
 }
 
@@ -15,8 +15,11 @@ mod doctor;
 mod enable;
 pub(crate) mod hooks_config;
 mod host;
+mod host_exec;
+mod host_opts;
 mod install;
 mod node;
+mod out;
 mod systemd;
 mod uninstall;
 mod wrapper_config;
@@ -27,8 +30,9 @@ use crate::model::text::one_line;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::pipeline::{self, Outcome};
-use std::io::Write;
-use std::path::PathBuf;
+use args::{parse_args, Args};
+pub use out::exit;
+use out::{fail, print_error};
 use std::time::Instant;
 
 pub(crate) const USAGE: &str = "\
@@ -65,37 +69,6 @@ commands:
 --config PATH (or DEVGATE_CONFIG) names the config file; default /etc/devgate/config.json.
 DEVGATE_LOG sets the log level (error, warn, info, debug, trace). help, -h or --help prints
 this text.";
-
-/// What the commands here need from the command line.
-#[derive(Debug, Default)]
-pub(crate) struct Args {
-    pub(crate) config: Option<PathBuf>,
-    pub(crate) json: bool,
-    pub(crate) reason: Option<String>,
-    pub(crate) textfile: Option<PathBuf>,
-    positional: Vec<String>,
-}
-
-fn parse_args(argv: &[String]) -> Result<Args> {
-    let p = args::parse(
-        argv,
-        &["--config", "--reason", "--textfile"],
-        &["--json", "-h", "--help", "-V", "--version"],
-    )?;
-    let mut positional = p.positional.clone();
-    if p.flag("-h") || p.flag("--help") {
-        positional.insert(0, "help".into());
-    } else if p.flag("-V") || p.flag("--version") {
-        positional.insert(0, "version".into());
-    }
-    Ok(Args {
-        config: p.value("--config").map(PathBuf::from),
-        json: p.flag("--json"),
-        reason: p.value("--reason").map(str::to_string),
-        textfile: p.value("--textfile").map(PathBuf::from),
-        positional,
-    })
-}
 
 /// A command line no command matches, as one line: the command's own synopsis from USAGE
 /// when the word is a command (wrong or missing arguments), else where the list is. The
@@ -150,7 +123,7 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         return code;
     }
     // hooks-config and install-host parse their own options (src/hooks_config.rs).
-    if let Some(code) = hooks_config::cli(&argv) {
+    if let Some(code) = host::cli(&argv) {
         return code;
     }
     if let Some(code) = doctor::cli(&argv) {
@@ -275,48 +248,6 @@ fn panic_line(
         .unwrap_or("(no message)");
     let at = at.map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
     format!("devgate: error: internal error, please report: {msg}{at}")
-}
-
-/// Ends the process with `code`.
-pub fn exit(code: i32) -> ! {
-    if doctor::nvml::nvml_abandoned() {
-        // doctor's NVML call is still stuck on its thread: exit() would run the library's
-        // destructors under it, and those may wait on it forever. Nothing devgate wrote
-        // needs atexit: records are fsynced, stdout and stderr are flushed here. (The hook
-        // never loads NVML: its queries run in processes of their own.)
-        let _ = std::io::stdout().flush();
-        let _ = std::io::stderr().flush();
-        // SAFETY: _exit ends the process at once; no Rust state is used after it.
-        unsafe { libc::_exit(code) }
-    }
-    std::process::exit(code);
-}
-
-/// Writes to stdout. When the reader is gone (`devgate status | head`), the command ends
-/// with one error line and status 2, like any other failure: println! would panic, and the
-/// panic hook's "internal error, please report" would blame devgate for the reader.
-pub(crate) fn write_stdout(text: &str) {
-    let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        drop(out);
-        fail(&Error::io(
-            "cannot write",
-            std::path::Path::new("stdout"),
-            e,
-        ));
-        exit(2);
-    }
-}
-
-fn fail(e: &Error) -> i32 {
-    print_error(&format!("devgate: error: {e}"));
-    2
-}
-
-/// An error names spec paths and other outside text: printed as one escaped line, like
-/// every other line devgate prints.
-fn print_error(line: &str) {
-    eprintln!("{}", one_line(line));
 }
 
 fn run_hook(stage: &str, args: &Args, argv: &[String], started: Instant) -> i32 {

@@ -1,7 +1,7 @@
 //! The operator commands: cordon and uncordon a device, and the views of the node and of
 //! one container (`status`, `check`, `metrics`, `explain`).
 
-use super::Args;
+use super::args::Args;
 use crate::config::policy::Action;
 use crate::config::Config;
 use crate::discover::devnode::parse_device_arg;

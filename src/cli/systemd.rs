@@ -4,7 +4,7 @@
 //! /run/systemd. containerd's unit kills only containerd itself (KillMode=process), so the
 //! running containers and their shims, the installer's own among them, stay.
 
-use super::host::{self, RunError};
+use super::host_exec::{self as host, RunError};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -7,9 +7,10 @@
 use super::conffile::read_opt;
 use super::enable::{self, Changes};
 use super::hooks_config::{
-    absolute, files, target_of, Opts, Runtime, Target, CONTAINERD_BASE_SPEC_NAME, HOST_HOOKS_DIR,
+    absolute, files, Runtime, Target, CONTAINERD_BASE_SPEC_NAME, HOST_HOOKS_DIR,
     OCI_HOOKS_FILE_NAME, PACKAGE_HOOKS_DIR,
 };
+use super::host_opts::{target_of, Opts};
 use super::install::{base_spec, shared_files, under, BaseSpec, CONTAINERD_DIR, SHARE_DIR};
 use super::wrapper_config;
 use crate::error::{Error, Result};
@@ -222,21 +223,7 @@ fn remove_programs(root: &Path, target: &Target) -> Result<()> {
 }
 
 pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
-    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.enable {
-        return Err(Error::Usage(format!(
-            "--runtime, --bin, --out, --wrapper and --enable are not uninstall-host's options; \
-             {USAGE}"
-        )));
-    }
-    let root = o
-        .root
-        .as_deref()
-        .ok_or_else(|| Error::Usage(format!("--root is required; {USAGE}")))?;
-    absolute("--root", root)?;
-    if o.restart {
-        // A host that cannot restart containerd is told so before anything changes.
-        enable::check_restart(root)?;
-    }
+    let root = checked_root(o)?;
     let target = target_of(o, "/usr/local")?;
     // containerd's config first: it stops naming the spec, which then goes too.
     let mut changes = Changes::default();
@@ -264,4 +251,25 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     remove_programs(root, &target)?;
     say!("devgate: the config and quarantine marks under /etc/devgate and /var/lib/devgate stay");
     Ok(())
+}
+
+/// The host root uninstall-host takes devgate off, once the options are its own and a
+/// host asked to restart containerd can.
+fn checked_root(o: &Opts) -> Result<&Path> {
+    if o.runtime.is_some() || o.bin.is_some() || o.out.is_some() || o.wrapper || o.enable {
+        return Err(Error::Usage(format!(
+            "--runtime, --bin, --out, --wrapper and --enable are not uninstall-host's options; \
+             {USAGE}"
+        )));
+    }
+    let root = o
+        .root
+        .as_deref()
+        .ok_or_else(|| Error::Usage(format!("--root is required; {USAGE}")))?;
+    absolute("--root", root)?;
+    if o.restart {
+        // A host that cannot restart containerd is told so before anything changes.
+        enable::check_restart(root)?;
+    }
+    Ok(root)
 }

@@ -3,7 +3,7 @@
 //! covers the accelerators and fabrics devgate knows; `device_classes` in the config adds
 //! more rules, which are tried before the built-in ones.
 
-use crate::model::device::DevType;
+use crate::model::devtype::DevType;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::Path;

@@ -3,50 +3,16 @@
 
 use crate::error::{Error, Result};
 use crate::model::class::Class;
+pub use crate::model::devtype::DevType;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The kernel's dev_t keeps 12 bits of major and 20 of minor.
 pub(crate) const MAX_MAJOR: i64 = (1 << 12) - 1;
 pub(crate) const MAX_MINOR: i64 = (1 << 20) - 1;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum DevType {
-    #[serde(rename = "c")]
-    Char,
-    #[serde(rename = "b")]
-    Block,
-}
-
-impl DevType {
-    pub(crate) fn letter(self) -> char {
-        match self {
-            DevType::Char => 'c',
-            DevType::Block => 'b',
-        }
-    }
-
-    pub(crate) fn sysfs_dir(self) -> &'static str {
-        match self {
-            DevType::Char => "char",
-            DevType::Block => "block",
-        }
-    }
-
-    pub(crate) fn of_metadata(meta: &fs::Metadata) -> Option<DevType> {
-        let ft = meta.file_type();
-        if ft.is_char_device() {
-            Some(DevType::Char)
-        } else if ft.is_block_device() {
-            Some(DevType::Block)
-        } else {
-            None
-        }
-    }
-}
 
 /// Type plus major:minor: what the kernel and the device cgroup know a device by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -5,6 +5,7 @@
 pub mod class;
 pub(crate) mod clock;
 pub mod device;
+pub(crate) mod devtype;
 pub mod recovery;
 pub(crate) mod text;
 pub(crate) mod verdict;

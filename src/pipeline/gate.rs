@@ -1,7 +1,7 @@
 //! The gate (prestart / createRuntime, and the runtime wrapper through [`gate_with`]):
 //! spec → devices → probes → policy → remap → record.
 
-use super::{Outcome, Remapper, Reply};
+use super::outcome::{Outcome, Remapper, Reply};
 use crate::action::nsdev::ContainerProcess;
 use crate::action::remap;
 use crate::config::policy::Action;

@@ -1,7 +1,7 @@
 //! Poststop: the start record and the devices read again → the fault diff → the
 //! termination message and the exit record.
 
-use super::{Outcome, Reply};
+use super::outcome::{Outcome, Reply};
 use crate::action::spare;
 use crate::config::Config;
 use crate::discover;

@@ -4,8 +4,10 @@
 use crate::config::Config;
 use crate::model::class::Class;
 use crate::model::device::{DevNum, Device};
+use crate::probe::findings::Findings;
+pub use crate::probe::nvidia::nvml::GpuCounters;
 use crate::probe::nvidia::GpuContext;
-use crate::probe::{pcie, Findings};
+use crate::probe::pcie;
 use crate::store::quarantine::{Ledger, Lookup};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -26,23 +28,6 @@ pub struct DeviceCounters {
     pub aer_nonfatal: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuCounters>,
-}
-
-/// What NVML reports for a GPU that can change during a run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuCounters {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uuid: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pci_bus_id: Option<String>,
-    /// NVML answered and the GPU was reachable.
-    pub reachable: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ecc_volatile_uncorrectable: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remapped_rows_uncorrectable: Option<u64>,
-    #[serde(default)]
-    pub remap_failure: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@
 //! the remap probed on its own) reads it itself.
 
 pub(crate) mod counters;
+mod findings;
 pub(crate) mod node;
 pub mod nvidia;
 pub(crate) mod pcie;
@@ -17,8 +18,9 @@ pub(crate) mod sysfs;
 
 use crate::config::Config;
 use crate::model::device::Device;
-use crate::model::verdict::{ProbeResult, Verdict};
+use crate::model::verdict::ProbeResult;
 use crate::store::quarantine::Ledger;
+pub use findings::{Findings, Probe};
 pub use node::HostNodes;
 use node::NodeProbe;
 use nvidia::gpu::NvmlProbe;
@@ -26,29 +28,7 @@ use nvidia::xid::XidProbe;
 use nvidia::GpuContext;
 use pcie::PcieProbe;
 use quarantine::QuarantineProbe;
-use std::path::PathBuf;
 use sysfs::SysfsProbe;
-
-pub trait Probe {
-    fn name(&self) -> &'static str;
-    /// The verdict on `device`; what the probe read that later stages use goes into
-    /// `found`, and what an earlier probe put there may be used instead of reading again.
-    fn check(&self, device: &Device, found: &mut Findings) -> Verdict;
-}
-
-/// What the probes read about one device. Each field is None until the probe that reads
-/// it ran on the device.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Findings {
-    /// The node probe: the host node is there and is this device's.
-    pub node_present: Option<bool>,
-    /// The sysfs probe: the PCI function behind the device by the kernel's device model
-    /// (`Some(None)`: none, a virtual device or no sysfs entry).
-    pub device_pci: Option<Option<PathBuf>>,
-    /// The pcie probe: the functions it judged, the device's own first, then its upstream
-    /// port; empty when the device has no PCI function.
-    pub pcie: Option<Vec<pcie::FunctionSeen>>,
-}
 
 /// The probes' verdicts per device, and beside them what they read, in device order.
 #[derive(Debug, Default)]

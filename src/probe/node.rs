@@ -3,7 +3,7 @@
 
 use crate::model::device::{DevNum, Device};
 use crate::model::verdict::Verdict;
-use crate::probe::{Findings, Probe};
+use crate::probe::findings::{Findings, Probe};
 use std::io;
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 use crate::model::device::Device;
 use crate::model::text::one_line;
 use crate::model::verdict::Verdict;
-use crate::probe::{Findings, Probe};
+use crate::probe::findings::{Findings, Probe};
 use crate::store::quarantine::{Ledger, Lookup};
 
 pub struct QuarantineProbe<'a> {

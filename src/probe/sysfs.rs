@@ -6,7 +6,7 @@
 use crate::fsutil::read_attr;
 use crate::model::device::{DevType, Device};
 use crate::model::verdict::Verdict;
-use crate::probe::{Findings, Probe};
+use crate::probe::findings::{Findings, Probe};
 use std::fs;
 use std::path::{Path, PathBuf};
 

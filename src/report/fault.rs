@@ -4,7 +4,7 @@
 use crate::config::xid::describe_xid;
 use crate::model::device::DevNum;
 use crate::model::text::one_line;
-use crate::probe::counters::{DeviceSnapshot, Snapshot};
+use crate::probe::counters::{DeviceCounters, DeviceSnapshot, Snapshot};
 use crate::probe::nvidia::pci::PciAddr;
 use crate::probe::nvidia::GpuContext;
 use serde::{Deserialize, Serialize};
@@ -64,102 +64,125 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
             .as_ref()
             .and_then(|g| g.uuid.clone())
             .or_else(|| b.gpu.as_ref().and_then(|g| g.uuid.clone()));
-        let mut push = |code: String, message: String| {
-            faults.push(Fault {
-                code,
-                device: before.name.clone(),
-                num: before.num,
-                gpu_uuid: uuid.clone(),
-                message,
-            })
-        };
-
-        // XIDs for this device's GPU, by PCI bus id, reported during the run.
-        let pci = b
-            .gpu
-            .as_ref()
-            .and_then(|g| g.pci_bus_id.as_deref())
-            .or(b.pci.as_deref())
-            .and_then(PciAddr::parse);
-        if let (Some(pci), Some(from)) = (pci, start.kmsg_seq) {
-            let mut seen = Vec::new();
-            for x in xids
-                .iter()
-                .filter(|x| x.critical && PciAddr::parse(&x.pci).is_some_and(|a| a.same_slot(&pci)))
-            {
-                if x.seq < from || seen.contains(&x.xid) {
-                    continue;
-                }
-                seen.push(x.xid);
-                // XID 154 says what the GPU needs; the catalog's words say only that it changed.
-                let recovery = crate::probe::nvidia::xid::parse_recovery_change(&x.text)
-                    .filter(|_| x.xid == crate::probe::nvidia::xid::XID_RECOVERY_ACTION)
-                    .map(|(_, to)| format!("the driver's recovery action is {}", to.describe()));
-                push(
-                    format!("DeviceFault/XID{}", x.xid),
-                    recovery.unwrap_or_else(|| {
-                        describe_xid(x.xid)
-                            .unwrap_or("GPU error reported by the driver")
-                            .to_string()
-                    }),
-                );
-            }
-        }
-        if let (Some(gb), Some(ga)) = (&b.gpu, &a.gpu) {
-            if gb.reachable && !ga.reachable {
-                push(
-                    "DeviceFault/GPULost".into(),
-                    "GPU is lost: NVML cannot reach it".into(),
-                );
-            }
-            if let (Some(x), Some(y)) =
-                (gb.ecc_volatile_uncorrectable, ga.ecc_volatile_uncorrectable)
-            {
-                if y > x {
-                    push(
-                        "DeviceFault/ECCUncorrectable".into(),
-                        format!(
-                            "{} new volatile uncorrectable ECC errors ({x} -> {y})",
-                            y - x
-                        ),
-                    );
-                }
-            }
-            if !gb.remap_failure && ga.remap_failure {
-                push(
-                    "DeviceFault/RowRemapFailure".into(),
-                    "row remapping failed".into(),
-                );
-            }
-        }
-        if let (Some(x), Some(y)) = (b.aer_fatal, a.aer_fatal) {
-            if y > x {
-                push(
-                    "DeviceFault/AERFatal".into(),
-                    format!(
-                        "{} new PCIe AER fatal errors on {} ({x} -> {y})",
-                        y - x,
-                        a.pci.as_deref().unwrap_or("its PCI function")
-                    ),
-                );
-            }
-        }
-        if b.node_present && !a.node_present {
-            push(
-                "DeviceFault/NodeGone".into(),
-                "device node disappeared".into(),
-            );
-        }
-        if !b.quarantined && a.quarantined {
-            let why = a
-                .quarantine_reason
-                .as_deref()
-                .map(|r| format!("cordoned by operator during the run: {r:?}"))
-                .unwrap_or_else(|| "cordoned by operator during the run".into());
-            push("DeviceFault/Cordoned".into(), why);
-        }
+        let found = xid_faults(b, start.kmsg_seq, xids)
+            .into_iter()
+            .chain(gpu_faults(b, a))
+            .chain(node_faults(b, a));
+        faults.extend(found.map(|(code, message)| Fault {
+            code,
+            device: before.name.clone(),
+            num: before.num,
+            gpu_uuid: uuid.clone(),
+            message,
+        }));
     }
     faults
+}
+
+/// A fault found on one device, before it is named: its code and its message.
+type Found = (String, String);
+
+/// The critical XIDs the driver reported for the device's GPU (by PCI bus id) during the
+/// run, since the start's kernel log position `from`, each XID once.
+fn xid_faults(b: &DeviceCounters, from: Option<u64>, xids: &[XidReport]) -> Vec<Found> {
+    let mut out = Vec::new();
+    let pci = b
+        .gpu
+        .as_ref()
+        .and_then(|g| g.pci_bus_id.as_deref())
+        .or(b.pci.as_deref())
+        .and_then(PciAddr::parse);
+    let (Some(pci), Some(from)) = (pci, from) else {
+        return out;
+    };
+    let mut seen = Vec::new();
+    for x in xids
+        .iter()
+        .filter(|x| x.critical && PciAddr::parse(&x.pci).is_some_and(|a| a.same_slot(&pci)))
+    {
+        if x.seq < from || seen.contains(&x.xid) {
+            continue;
+        }
+        seen.push(x.xid);
+        // XID 154 says what the GPU needs; the catalog's words say only that it changed.
+        let recovery = crate::probe::nvidia::xid::parse_recovery_change(&x.text)
+            .filter(|_| x.xid == crate::probe::nvidia::xid::XID_RECOVERY_ACTION)
+            .map(|(_, to)| format!("the driver's recovery action is {}", to.describe()));
+        out.push((
+            format!("DeviceFault/XID{}", x.xid),
+            recovery.unwrap_or_else(|| {
+                describe_xid(x.xid)
+                    .unwrap_or("GPU error reported by the driver")
+                    .to_string()
+            }),
+        ));
+    }
+    out
+}
+
+/// What NVML's counters say changed: the GPU lost, new uncorrectable ECC errors, a row
+/// remap that failed.
+fn gpu_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
+    let mut out = Vec::new();
+    let (Some(gb), Some(ga)) = (&b.gpu, &a.gpu) else {
+        return out;
+    };
+    if gb.reachable && !ga.reachable {
+        out.push((
+            "DeviceFault/GPULost".into(),
+            "GPU is lost: NVML cannot reach it".into(),
+        ));
+    }
+    if let (Some(x), Some(y)) = (gb.ecc_volatile_uncorrectable, ga.ecc_volatile_uncorrectable) {
+        if y > x {
+            out.push((
+                "DeviceFault/ECCUncorrectable".into(),
+                format!(
+                    "{} new volatile uncorrectable ECC errors ({x} -> {y})",
+                    y - x
+                ),
+            ));
+        }
+    }
+    if !gb.remap_failure && ga.remap_failure {
+        out.push((
+            "DeviceFault/RowRemapFailure".into(),
+            "row remapping failed".into(),
+        ));
+    }
+    out
+}
+
+/// What any device's counters say changed: new AER fatal errors, its node gone, a cordon.
+fn node_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
+    let mut out = Vec::new();
+    if let (Some(x), Some(y)) = (b.aer_fatal, a.aer_fatal) {
+        if y > x {
+            out.push((
+                "DeviceFault/AERFatal".into(),
+                format!(
+                    "{} new PCIe AER fatal errors on {} ({x} -> {y})",
+                    y - x,
+                    a.pci.as_deref().unwrap_or("its PCI function")
+                ),
+            ));
+        }
+    }
+    if b.node_present && !a.node_present {
+        out.push((
+            "DeviceFault/NodeGone".into(),
+            "device node disappeared".into(),
+        ));
+    }
+    if !b.quarantined && a.quarantined {
+        let why = a
+            .quarantine_reason
+            .as_deref()
+            .map(|r| format!("cordoned by operator during the run: {r:?}"))
+            .unwrap_or_else(|| "cordoned by operator during the run".into());
+        out.push(("DeviceFault/Cordoned".into(), why));
+    }
+    out
 }
 
 /// XID reports in the kernel log, classified by the operator's table.

@@ -5,7 +5,7 @@
 //! A lease file that cannot be read is never overwritten and never reclaimed: it may be
 //! the only record that a container uses the spare. The operator removes it.
 
-use super::{file_name, num_from_file_name, read_json, write_json_volatile};
+use super::json::{file_name, num_from_file_name, read_json, write_json_volatile};
 use crate::error::{Error, Result};
 use crate::fsutil::{ensure_private_dir, remove_volatile};
 use crate::model::class::Class;

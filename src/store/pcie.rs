@@ -5,7 +5,7 @@
 //! forever if judged by its absolute count; devgate judges the change since this baseline
 //! instead.
 
-use super::{read_json, write_json_volatile};
+use super::json::{read_json, write_json_volatile};
 use crate::error::{Error, Result};
 use crate::fsutil::ensure_private_dir;
 use serde::{Deserialize, Serialize};

@@ -3,7 +3,7 @@
 //! and who. A damaged file still quarantines its device — losing an operator's cordon to a
 //! bad write would put a pod back on a broken GPU.
 
-use super::{file_name, num_from_file_name, read_json, write_json};
+use super::json::{file_name, num_from_file_name, read_json, write_json};
 use crate::error::{Error, Result};
 use crate::fsutil::{check_dir, ensure_private_dir, remove_durable};
 use crate::model::clock;

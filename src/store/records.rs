@@ -3,7 +3,7 @@
 //! file layout lives here; what a record holds is `report::record`'s (the marker's is
 //! `store::marker`'s).
 
-use super::{read_json, write_json_volatile};
+use super::json::{read_json, write_json_volatile};
 use crate::error::{Error, Result};
 use crate::fsutil::{ensure_private_dir, is_safe_component, is_temp_name, remove_volatile};
 use crate::model::text::one_line;

@@ -21,6 +21,7 @@ mod line;
 pub(crate) mod node;
 mod node_checks;
 pub(crate) mod nvml;
+mod options;
 pub(crate) mod runtime_checks;
 pub(crate) mod runtimes;
 mod toolkit;
@@ -28,7 +29,7 @@ mod toolkit;
 use crate::config::{self, Config};
 use crate::model::text::one_line;
 use line::{Line, Mark};
-use runtime_checks::FixCmd;
+pub(crate) use options::{FixCmd, Options};
 use runtimes::binary::Identity;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,21 +39,6 @@ pub(crate) const USAGE: &str = "\
 usage: devgate [--config PATH] doctor [--bin PATH] [--hooks-dir DIR]... [--crio-config FILE]
                                        [--containerd BIN] [--containerd-config FILE]
                                        [--nvidia-runtime-config FILE] [--kubelet-config FILE]";
-
-/// Where doctor looks, for tests and unusual installs; each default is the node's own.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Options {
-    pub(crate) config: Option<PathBuf>,
-    /// The devgate the runtimes should run (default: this binary or an installed devgate).
-    pub(crate) bin: Option<PathBuf>,
-    /// Replace the oci-hooks directories CRI-O and podman would read.
-    pub(crate) hooks_dirs: Vec<PathBuf>,
-    pub(crate) crio_config: Option<PathBuf>,
-    pub(crate) containerd: Option<PathBuf>,
-    pub(crate) containerd_config: Option<PathBuf>,
-    pub(crate) nvidia_runtime_config: Option<PathBuf>,
-    pub(crate) kubelet_config: Option<PathBuf>,
-}
 
 fn parse(argv: &[String]) -> Result<Options, String> {
     let p = crate::cli::args::parse(

@@ -3,9 +3,10 @@
 
 use super::cgroup::{self, DriverVerdict, DriverVote};
 use super::line::Line;
+use super::node;
 use super::nvml::{self, NvmlAnswer};
+use super::options::Options;
 use super::runtimes;
-use super::{node, Options};
 use crate::config::Config;
 use std::path::Path;
 

@@ -4,10 +4,10 @@
 
 use super::cgroup::DriverVote;
 use super::line::Line;
+use super::options::{FixCmd, Options};
 use super::runtimes::binary::{self, Identity};
 use super::runtimes::containerd::{self, BaseSpec};
 use super::runtimes::{self, crio, hooks, podman};
-use super::Options;
 use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
 use std::path::{Path, PathBuf};
 
@@ -160,25 +160,6 @@ fn crio_line(
                 )
             ),
         ),
-    }
-}
-
-/// How the fix lines spell `devgate hooks-config` for this node.
-pub(crate) struct FixCmd {
-    /// `devgate [--config PATH] hooks-config`.
-    pub(crate) prefix: String,
-    /// The devgate the hooks should run.
-    pub(crate) bin: PathBuf,
-}
-
-impl FixCmd {
-    pub(crate) fn hooks_config(&self, runtime: &str, out: &Path) -> String {
-        format!(
-            "{} --runtime {runtime} --bin {} --out {}",
-            self.prefix,
-            self.bin.display(),
-            out.display()
-        )
     }
 }
 

@@ -26,7 +26,7 @@ use crate::model::class::Class;
 use crate::model::device::Device;
 use crate::model::recovery::{RecoveryAction, RecoveryEffect};
 use crate::model::verdict::Verdict;
-use crate::probe::{Findings, Probe};
+use crate::probe::findings::{Findings, Probe};
 use std::collections::BTreeMap;
 
 /// The XID whose line carries the driver's recovery action.

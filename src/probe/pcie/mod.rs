@@ -24,20 +24,22 @@
 
 mod aer;
 mod rules;
+pub(crate) mod seen;
 
 pub use aer::{parse_aer, read_aer};
 pub use rules::{advance, judge_aer, judge_replay};
+pub use seen::FunctionSeen;
 
 use crate::fsutil::read_attr;
 use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::model::verdict::Verdict;
+use crate::probe::findings::{Findings, Probe};
 use crate::probe::nvidia::nvml::{Reading, LOST};
 use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
-use crate::probe::{Findings, Probe};
-use crate::store::pcie::{self as baseline, AerCounts, PcieBaseline};
+use crate::store::pcie::{self as baseline};
 use aer::shorten;
 use rules::next_baseline;
 use std::cell::RefCell;
@@ -135,22 +137,6 @@ pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
         ),
         None => format!("PCIe link of {name} is x{cur}, below its maximum x{max}"),
     })
-}
-
-/// What the probe read of one PCI function: the stages after it (the baseline move, the
-/// start snapshot) use this rather than read the files again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FunctionSeen {
-    pub dir: PathBuf,
-    /// The kernel's name, `0000:3b:00.0`.
-    pub name: String,
-    /// None where the kernel reports no AER for the function.
-    pub aer: Option<Result<AerCounts, String>>,
-    /// NVML's PCIe replay counter, for a GPU's own function (None for any other, and when
-    /// NVML gave no answer at all).
-    pub replay: Option<Reading<u32>>,
-    /// The stored baseline, read before the counters; an error names a damaged file.
-    pub baseline: Result<Option<PcieBaseline>, String>,
 }
 
 impl FunctionSeen {
@@ -365,7 +351,7 @@ mod tests {
     use super::*;
     use crate::model::device::{DevNum, DevType};
     use crate::probe::sysfs::tests::Tree;
-    use crate::store::pcie::ReplayCount;
+    use crate::store::pcie::{AerCounts, PcieBaseline, ReplayCount};
     use std::os::unix::fs::symlink;
 
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sysfs-aer");

@@ -1,7 +1,7 @@
 //! The baseline rules, pure: how the counters read at a start are judged against the
 //! baseline stored at the last one, and what is stored next.
 
-use super::FunctionSeen;
+use super::seen::FunctionSeen;
 use crate::model::clock;
 use crate::model::verdict::Verdict;
 use crate::probe::nvidia::nvml::Reading;

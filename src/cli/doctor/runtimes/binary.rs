@@ -3,7 +3,7 @@
 //! NVIDIA's runtime and the runtime that one would run, or another runtime. Identity says
 //! which files are devgate.
 
-use super::{one_line_toml, read_small, which};
+use super::files::{one_line_toml, read_small, which};
 use crate::fsutil::program;
 use crate::wrapper::PROGRAM;
 use serde::Deserialize;

@@ -3,11 +3,11 @@
 //! is devgate's runtime wrapper?
 
 use super::binary::Binary;
+use super::files::one_line_toml;
 use super::hooks::runs_devgate_hook;
-use super::one_line_toml;
-use crate::cli::doctor::runtime_checks::FixCmd;
+use crate::cli::doctor::options::FixCmd;
 use crate::cli::hooks_config::NODE_WIDE_SETTINGS;
-use crate::cli::host::{self, RunError};
+use crate::cli::host_exec::{self as host, RunError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;

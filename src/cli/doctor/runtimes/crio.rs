@@ -1,7 +1,7 @@
 //! CRI-O's configuration: the hooks directories it reads, its cgroup manager, and the
 //! runtime it runs by default.
 
-use super::{one_line_toml, read_small, MAX_HOOK_FILES};
+use super::files::{one_line_toml, read_small, MAX_HOOK_FILES};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fs;

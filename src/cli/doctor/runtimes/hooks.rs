@@ -1,7 +1,7 @@
 //! oci-hooks(5) files, read by CRI-O and podman: does one run devgate at start and at
 //! poststop, for every container?
 
-use super::{read_small, MAX_HOOK_FILES};
+use super::files::{read_small, MAX_HOOK_FILES};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fs;

@@ -8,66 +8,8 @@
 pub(crate) mod binary;
 pub(crate) mod containerd;
 pub(crate) mod crio;
+mod files;
 pub(crate) mod hooks;
 pub(crate) mod podman;
 
-use std::fs;
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-
-/// The most hook files read from one directory, and the bound on each file.
-pub(crate) const MAX_HOOK_FILES: usize = 1000;
-const MAX_SMALL_FILE: u64 = 1 << 20;
-
-/// `name` as the runtime would find it: a path as given, a bare name through PATH.
-pub(crate) fn which(name: &str) -> Option<PathBuf> {
-    if name.contains('/') {
-        let p = PathBuf::from(name);
-        return is_executable(&p).then_some(p);
-    }
-    let path = std::env::var_os("PATH")
-        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
-}
-
-/// Reads a small file, following symlinks as the runtimes do, bounded. Opened
-/// non-blocking, so a FIFO planted under a config name cannot hang doctor.
-pub(crate) fn read_small(path: &Path) -> Result<String, String> {
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| crate::error::Error::io("cannot open", path, e).to_string())?;
-    let meta = f
-        .metadata()
-        .map_err(|e| crate::error::Error::io("cannot stat", path, e).to_string())?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    let mut buf = Vec::new();
-    f.take(MAX_SMALL_FILE + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if buf.len() as u64 > MAX_SMALL_FILE {
-        return Err(format!(
-            "{} is larger than {MAX_SMALL_FILE} bytes",
-            path.display()
-        ));
-    }
-    String::from_utf8(buf).map_err(|_| format!("{} is not UTF-8 text", path.display()))
-}
-
-/// A TOML error on one line: toml prints it over several, with the offending line quoted.
-pub(crate) fn one_line_toml(e: &toml::de::Error) -> String {
-    e.to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
+pub(crate) use files::{read_small, which};

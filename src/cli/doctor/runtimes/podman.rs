@@ -3,7 +3,7 @@
 //! followed by its `.d` drop-ins sorted by name; CONTAINERS_CONF replaces them all. Without
 //! `[engine] hooks_dir` podman (4 and 5) reads /usr/share/containers/oci/hooks.d alone.
 
-use super::{one_line_toml, read_small, MAX_HOOK_FILES};
+use super::files::{one_line_toml, read_small, MAX_HOOK_FILES};
 use crate::cli::hooks_config::PACKAGE_HOOKS_DIR;
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@ use super::recovery;
 use crate::model::class::Class;
 use crate::model::device::Device;
 use crate::model::verdict::Verdict;
-use crate::probe::{Findings, Probe};
+use crate::probe::findings::{Findings, Probe};
 use serde::Serialize;
 
 /// Throttle reasons that mean the hardware is protecting itself, not policy (power cap,
@@ -235,8 +235,8 @@ fn missing_minor(minor: u32, gpus: &[GpuFacts]) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::nvidia::nvml::facts::RemappedRows;
     use crate::probe::nvidia::nvml::tests::healthy;
-    use crate::probe::nvidia::nvml::RemappedRows;
     use nvml_wrapper::error::NvmlError;
 
     const L: Limits = Limits {

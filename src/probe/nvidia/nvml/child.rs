@@ -2,7 +2,7 @@
 //! stdio on /dev/null, asks NVML about its one GPU, writes the answer and `_exit`s; and the
 //! query process ([`serve`]) that forks them for a hook with other threads.
 
-use super::isolate::{Answer, Job};
+use super::isolate::wire::{Answer, Job};
 use super::query;
 use std::ffi::OsString;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};

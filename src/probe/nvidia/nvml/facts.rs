@@ -7,6 +7,9 @@ use nvml_wrapper::error::NvmlError;
 use serde::{Deserialize, Serialize};
 
 /// What every lost GPU's reason says, whichever way NVML showed it.
+/// More GPUs than any node has; a library reporting more is broken or hostile.
+pub(crate) const MAX_GPUS: u32 = 256;
+
 pub const LOST: &str = "GPU is lost (fallen off the bus)";
 
 /// A value read from NVML, or why there is none.
@@ -167,4 +170,21 @@ pub fn display_bus_id(nvml: &str) -> String {
         Some(a) => a.to_string(),
         None => nvml.to_ascii_lowercase(),
     }
+}
+
+/// What NVML reports for a GPU that can change during a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuCounters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// NVML answered and the GPU was reachable.
+    pub reachable: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_volatile_uncorrectable: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows_uncorrectable: Option<u64>,
+    #[serde(default)]
+    pub remap_failure: bool,
 }

@@ -10,22 +10,18 @@
 //! pure and is where every threshold lives.
 
 pub(crate) mod child;
-mod facts;
+pub(crate) mod facts;
 pub(crate) mod isolate;
 pub(crate) mod query;
 pub(crate) mod stuck;
 
-pub use facts::{display_bus_id, GpuFacts, Link, Reading, RemappedRows, LOST};
+pub use facts::{display_bus_id, GpuCounters, GpuFacts, Link, Reading, LOST};
 
 use super::pci::PciAddr;
 use super::procfs::ProcGpu;
-use crate::probe::counters::GpuCounters;
 use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// More GPUs than any node has; a library reporting more is broken or hostile.
-pub(crate) const MAX_GPUS: u32 = 256;
 
 /// How the GPUs in an answer were found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -247,6 +243,7 @@ fn unanswered(index: u32, why: &str) -> GpuFacts {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::facts::{RemappedRows, MAX_GPUS};
     use super::*;
 
     pub fn healthy(index: u32) -> GpuFacts {

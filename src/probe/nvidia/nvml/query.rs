@@ -6,7 +6,7 @@
 //! call devgate makes itself through [`Nvml::lib`] would panic on a missing symbol; it
 //! checks the symbol first. The process ends with `_exit` and never calls nvmlShutdown.
 
-use super::{GpuFacts, Link, Reading, RemappedRows, LOST, MAX_GPUS};
+use super::facts::{GpuFacts, Link, Reading, RemappedRows, LOST, MAX_GPUS};
 use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::enums::device::SampleValue;

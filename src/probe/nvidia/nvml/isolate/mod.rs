@@ -29,64 +29,13 @@
 //! A child still stuck long after the hook left ends itself (see [`super::child`]).
 
 mod pipes;
+pub(super) mod wire;
 
-use super::GpuFacts;
 use pipes::{exec_query_process, fork_groups, make_pipes, may_fork_children, Collected};
-use serde::{Deserialize, Serialize};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// `devgate __nvml-query LIBRARY FD=JOB…`: the query process. Not a command: main.rs hands
-/// it to [`super::child::serve`] before anything else runs.
-pub const QUERY_ARG: &str = "__nvml-query";
-
-/// The most one child may write: an answer is a few hundred bytes per GPU.
-pub const MAX_ANSWER: usize = 1 << 20;
-
-/// What one query child is asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Job {
-    /// One GPU by its PCI address as NVML takes it, and the index to label it with.
-    Gpu { bus_id: String, index: u32 },
-    /// Every GPU by index: only where the driver's list cannot be read.
-    Every,
-}
-
-impl Job {
-    fn arg(&self) -> String {
-        match self {
-            Job::Gpu { bus_id, index } => format!("{index}@{bus_id}"),
-            Job::Every => "every".into(),
-        }
-    }
-
-    pub(super) fn parse(s: &str) -> Option<Job> {
-        if s == "every" {
-            return Some(Job::Every);
-        }
-        let (index, bus_id) = s.split_once('@')?;
-        Some(Job::Gpu {
-            bus_id: bus_id.to_string(),
-            index: index.parse().ok()?,
-        })
-    }
-}
-
-/// What a query child writes on its pipe: one JSON document.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Answer {
-    Gpus {
-        driver_version: Option<String>,
-        gpus: Vec<GpuFacts>,
-        /// How long loading the library and nvmlInit took in the child, in µs.
-        #[serde(default)]
-        init_us: u64,
-    },
-    /// NVML could not be opened (library missing, init failed) or could not count.
-    Failed(String),
-}
+pub use wire::{Answer, Job, MAX_ANSWER, QUERY_ARG};
 
 /// Reads what a child wrote. Anything but one well-formed answer is the child's fault and
 /// says so; no answer is trusted to be smaller than it says.
@@ -102,7 +51,7 @@ pub fn decode(bytes: &[u8]) -> Result<Answer, String> {
     let a: Answer = serde_json::from_slice(bytes)
         .map_err(|e| format!("the NVML query process wrote a malformed answer: {e}"))?;
     if let Answer::Gpus { gpus, .. } = &a {
-        if gpus.len() > super::MAX_GPUS as usize {
+        if gpus.len() > super::facts::MAX_GPUS as usize {
             return Err("the NVML query process answered for too many GPUs".into());
         }
     }

@@ -2,7 +2,7 @@
 //! by the hook itself, or by the query process it execs), and the reading of what they
 //! wrote, up to the deadline.
 
-use super::{Answer, Job, MAX_ANSWER, QUERY_ARG};
+use super::wire::{Answer, Job, MAX_ANSWER, QUERY_ARG};
 use crate::fsutil::program;
 use crate::probe::nvidia::nvml::child::{run_child, write_answer};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

@@ -1,0 +1,115 @@
+//! Running a host's own program inside the host root the installer is given (`--root`),
+//! as the DaemonSet does from its pod: the host's systemctl, the host's containerd.
+
+use crate::model::text::one_line;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Makes `cmd` run inside `root` (chroot, then `/` as its directory), where `root` is not
+/// already `/`; its program and arguments are then paths as the host names them.
+pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), String> {
+    if root == Path::new("/") {
+        return Ok(());
+    }
+    let dir = CString::new(root.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{} holds a NUL byte", root.display()))?;
+    // SAFETY: chroot and chdir are async-signal-safe; the path was made before fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::chroot(dir.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// How a host program run with [`output_within`] fell short.
+#[derive(Debug)]
+pub(crate) enum RunError {
+    Spawn(std::io::Error),
+    Wait(std::io::Error),
+    Deadline(Duration),
+    /// Its exit status, and the last line it wrote on stderr (else stdout).
+    Failed(ExitStatus, String),
+    TooLarge(u64),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Spawn(e) => write!(f, "cannot run: {e}"),
+            RunError::Wait(e) => write!(f, "cannot wait for it: {e}"),
+            RunError::Deadline(d) => write!(f, "did not finish in {} s", d.as_secs()),
+            RunError::Failed(status, said) => write!(f, "failed ({status}): {said}"),
+            RunError::TooLarge(max) => write!(f, "wrote more than {max} bytes"),
+        }
+    }
+}
+
+/// Reads at most `max` bytes of `pipe` on a thread of its own, so that a program writing
+/// more than a pipe holds never blocks on it while it is waited for.
+fn drain<R: Read + Send + 'static>(pipe: Option<R>, max: u64) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(p) = pipe {
+            let _ = p.take(max).read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// Runs `cmd` to its end within `deadline` (killed past it), with stdin on /dev/null; its
+/// stdout, at most `max_out` bytes, where it succeeds.
+pub(crate) fn output_within(
+    mut cmd: Command,
+    deadline: Duration,
+    max_out: u64,
+) -> Result<Vec<u8>, RunError> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(RunError::Spawn)?;
+    let stdout = drain(child.stdout.take(), max_out + 1);
+    let stderr = drain(child.stderr.take(), 64 << 10);
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if started.elapsed() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(RunError::Deadline(deadline));
+            }
+            Err(e) => return Err(RunError::Wait(e)),
+        }
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    if !status.success() {
+        let last = |b: &[u8]| {
+            String::from_utf8_lossy(b)
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(|l| one_line(l.trim()))
+        };
+        let said = last(&stderr).or_else(|| last(&stdout)).unwrap_or_default();
+        return Err(RunError::Failed(status, said));
+    }
+    if stdout.len() as u64 > max_out {
+        return Err(RunError::TooLarge(max_out));
+    }
+    Ok(stdout)
+}
