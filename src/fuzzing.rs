@@ -232,6 +232,47 @@ pub fn toolkit_selectors(data: &[u8]) {
     }
 }
 
+/// A spec with CDI annotations, device-plugin volume mounts and NVIDIA_VISIBLE_DEVICES,
+/// read by devgate and by the reference model of the toolkit's rules
+/// (`toolkit_model::check_sources`). The input is NUL-separated entries, each a tag byte and
+/// its text: `a` a `cdi.k8s.io/` annotation's value, `o` another key's annotation, `m` a
+/// mount of `/dev/null` at the text, `n` one at the plugin's root joined with the text,
+/// `s` a mount `source<TAB>destination`, `e` the variable (the first one).
+pub fn toolkit_sources(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut s = toolkit_model::Sources::default();
+    for (i, entry) in text.split('\0').take(64).enumerate() {
+        let Some(tag) = entry.chars().next() else {
+            continue;
+        };
+        let rest = &entry[tag.len_utf8()..];
+        match tag {
+            'a' => drop(
+                s.annotations
+                    .insert(format!("cdi.k8s.io/{i:02}"), rest.into()),
+            ),
+            'o' => drop(
+                s.annotations
+                    .insert(format!("other.io/{i:02}"), rest.into()),
+            ),
+            'm' => s.mounts.push(("/dev/null".into(), rest.into())),
+            'n' => s.mounts.push((
+                "/dev/null".into(),
+                format!("/var/run/nvidia-container-devices/{rest}"),
+            )),
+            's' => {
+                let (source, dest) = rest.split_once('\t').unwrap_or((rest, ""));
+                s.mounts.push((source.into(), dest.into()));
+            }
+            'e' if s.variable.is_none() => s.variable = Some(rest.into()),
+            _ => {}
+        }
+    }
+    toolkit_model::check_sources(&s);
+}
+
 /// A value of NVIDIA_VISIBLE_DEVICES and of a CDI annotation, as a container sets them.
 pub fn gpu_selector_values(data: &[u8]) {
     let Ok(value) = std::str::from_utf8(data) else {
@@ -407,7 +448,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 16] = [
+        let targets: [(&str, Target); 17] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -420,6 +461,7 @@ mod tests {
             ("mountinfo", super::mountinfo),
             ("gpu_selector_values", super::gpu_selector_values),
             ("toolkit_selectors", super::toolkit_selectors),
+            ("toolkit_sources", super::toolkit_sources),
             ("gpu_at", super::gpu_at),
             ("kmsg_cache", super::kmsg_cache),
             ("nvml_answer", super::nvml_answer),

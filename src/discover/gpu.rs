@@ -23,16 +23,66 @@ pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const SWARM_RESOURCE_PREFIX: &str = "DOCKER_RESOURCE_";
 pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 /// The CDI kinds NVIDIA's specs name GPUs by: nvidia-ctk's, the device plugin's own
-/// (`--device-list-strategy=cdi-annotations`/`cdi-cri`) and the management spec's.
-const CDI_GPU_KINDS: [&str; 3] = [
+/// (`--device-list-strategy=cdi-annotations`/`cdi-cri`), the management spec's, and the
+/// runtime's own `runtime.nvidia.com/gpu`, whose devices its CDI modes generate from the
+/// name (`filterAutomaticDevices`, v1.17.0 on; the default kind of its `jit-cdi` mode,
+/// the default mode since v1.18.0).
+const CDI_GPU_KINDS: [&str; 4] = [
     "nvidia.com/gpu=",
     "k8s.device-plugin.nvidia.com/gpu=",
     "management.nvidia.com/gpu=",
+    "runtime.nvidia.com/gpu=",
 ];
 
 /// The GPU name in a CDI device name of one of [`CDI_GPU_KINDS`].
 fn cdi_gpu_name(name: &str) -> Option<&str> {
     CDI_GPU_KINDS.iter().find_map(|k| name.strip_prefix(k))
+}
+
+/// The CDI library's `IsQualifiedName`: `vendor/class=name`, the vendor and class a letter,
+/// then letters, digits, `_`, `-` or `.`, ending in a letter or digit, the name the same
+/// with `:` too and starting with a letter or digit. ASCII only, as the library compares
+/// bytes. A one-letter vendor or class panics the library (a slice `[1:0]`): the runtime
+/// fails and hands over nothing, so it is taken as a qualified name (of no GPU kind) here.
+fn qualified_cdi_name(device: &str) -> Option<(&str, &str)> {
+    let (kind, name) = device.split_once('=')?;
+    let (vendor, class) = kind.split_once('/')?;
+    let inner = |b: &[u8], extra: &[u8]| {
+        b[1..b.len() - 1]
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+    };
+    let kind_ok = |s: &str| {
+        let b = s.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphabetic()
+            && (b.len() == 1 || (b[b.len() - 1].is_ascii_alphanumeric() && inner(b, b"_-.")))
+    };
+    let n = name.as_bytes();
+    let name_ok = !n.is_empty()
+        && n[0].is_ascii_alphanumeric()
+        && (n.len() == 1 || (n[n.len() - 1].is_ascii_alphanumeric() && inner(n, b"_-.:")));
+    (kind_ok(vendor) && kind_ok(class) && name_ok).then_some((kind, name))
+}
+
+/// The GPU names in one device the toolkit hands on from an annotation or a mount. Its CDI
+/// modes take a qualified name of NVIDIA's GPU kinds as that GPU, of another kind as no
+/// GPU, and since v1.18.0 anything else as a name of the runtime's default kind
+/// (`nvidia.com/gpu`, or `runtime.nvidia.com/gpu` in `jit-cdi` mode: `DeviceRequests` in
+/// `internal/modifier/cdi.go`). Its hook joins the mounts' devices with commas for
+/// nvidia-container-cli, which splits them again: so an unqualified device is read token
+/// by token (an annotation's tokens hold no comma).
+fn device_request_names(device: &str) -> impl Iterator<Item = &str> {
+    let (qualified, names) = match qualified_cdi_name(device) {
+        Some((kind, name)) => {
+            let gpu = CDI_GPU_KINDS
+                .iter()
+                .any(|k| k.strip_suffix('=') == Some(kind));
+            (gpu.then_some(name), None)
+        }
+        None => (None, Some(device.split(','))),
+    };
+    qualified.into_iter().chain(names.into_iter().flatten())
 }
 
 /// More distinct selectors than a node's GPUs could answer to (each GPU has one index, one
@@ -109,10 +159,12 @@ pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
 /// `gpu.env_selectors`'s default), and the toolkit reads them whatever that key says.
 pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSelector, Source)> {
     let mut out = Selectors::default();
-    for name in volume_mount_devices(spec) {
-        if let Some(s) = parse_selector(&name) {
-            if !out.push(s, Source::NvidiaVisibleDevices) {
-                return out.out;
+    for device in volume_mount_devices(spec) {
+        for name in device_request_names(&device) {
+            if let Some(s) = parse_selector(name) {
+                if !out.push(s, Source::NvidiaVisibleDevices) {
+                    return out.out;
+                }
             }
         }
     }
@@ -181,13 +233,13 @@ fn cdi_selectors(spec: &Spec, mut out: Selectors) -> Vec<(GpuSelector, Source)> 
             continue;
         }
         // Split and not trimmed, as the CDI library's `ParseAnnotations` (which refuses
-        // ` nvidia.com/gpu=2`: the start fails) and the toolkit read them.
-        for token in v.split(',') {
-            if let Some(name) = cdi_gpu_name(token) {
-                if let Some(s) = parse_selector(name) {
-                    if !out.push(s, Source::CdiAnnotation) {
-                        return out.out;
-                    }
+        // ` nvidia.com/gpu=2`: the start fails) and the toolkit read them. The toolkit's
+        // runtime since v1.18.0 takes `2` as a GPU of its default kind, and ` nvidia.com/gpu=2`
+        // as a name under that kind that it refuses: an unknown.
+        for name in v.split(',').flat_map(device_request_names) {
+            if let Some(s) = parse_selector(name) {
+                if !out.push(s, Source::CdiAnnotation) {
+                    return out.out;
                 }
             }
         }
@@ -200,7 +252,9 @@ fn cdi_selectors(spec: &Spec, mut out: Selectors) -> Vec<(GpuSelector, Source)> 
 /// (or `cdi/<vendor>/<class>/<name>`) names a CDI device, `imex/…` an IMEX channel (not a
 /// GPU). Read as the toolkit reads them (`DevicesFromMounts`): both paths through Go's
 /// `filepath.Clean`, the destination matched by a plain string prefix (no separator
-/// needed after it: `<root>3` is GPU 3) and the rest trimmed of `/` at both ends.
+/// needed after it: `<root>3` is GPU 3) and the rest trimmed of `/` at both ends; a
+/// `cdi/` request made a qualified name by splitting it at its first two `/`
+/// (`cdiDeviceMountRequest.qualifiedName`). What each device names: [`device_request_names`].
 const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
 
 fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = String> + '_ {
@@ -215,15 +269,15 @@ fn volume_mount_devices(spec: &Spec) -> impl Iterator<Item = String> + '_ {
         if name.is_empty() || name.starts_with("imex/") {
             return None;
         }
-        let name = match name.strip_prefix("cdi/") {
-            Some(cdi) => cdi_gpu_name(cdi).or_else(|| {
-                // `<vendor>/<class>/<name>`
-                let (kind, name) = cdi.rsplit_once('/')?;
-                cdi_gpu_name(&format!("{kind}=")).map(|_| name)
-            })?,
-            None => name,
-        };
-        Some(name.to_string())
+        match name.strip_prefix("cdi/") {
+            Some(cdi) if qualified_cdi_name(cdi).is_some() => Some(cdi.to_string()),
+            // `<vendor>/<class>/<name>`
+            Some(cdi) => match cdi.splitn(3, '/').collect::<Vec<_>>()[..] {
+                [vendor, class, name] => Some(format!("{vendor}/{class}={name}")),
+                _ => None,
+            },
+            None => Some(name.to_string()),
+        }
     })
 }
 
@@ -508,22 +562,31 @@ mod tests {
     }
 
     /// The CDI annotations are split on commas and not trimmed (the CDI library's
-    /// `ParseAnnotations`, and the toolkit's own reading): ` nvidia.com/gpu=2` is a name no
-    /// CDI registry resolves, the start fails, and it names no GPU to check.
+    /// `ParseAnnotations`, and the toolkit's own reading): ` nvidia.com/gpu=2` is no
+    /// qualified name, which the toolkit's runtime since v1.18.0 takes as a name of its
+    /// default kind and refuses (the start fails): an unknown, as is `3\t`, never GPU 2 or 3.
+    /// A name that is not qualified and that NVIDIA reads, `5`, is that GPU of the default
+    /// kind, and `runtime.nvidia.com/gpu` is NVIDIA's kind too.
     #[test]
     fn cdi_annotation_values_are_not_trimmed() {
         let s = spec(
-            r#"{"annotations":{"cdi.k8s.io/a":" nvidia.com/gpu=2,nvidia.com/gpu=3\t,nvidia.com/gpu=4"}}"#,
+            r#"{"annotations":{"cdi.k8s.io/a":" nvidia.com/gpu=2,nvidia.com/gpu=3\t,nvidia.com/gpu=4,5,runtime.nvidia.com/gpu=6"}}"#,
         );
         let cdi = Source::CdiAnnotation;
         assert_eq!(
             gpu_selectors(&s),
             vec![
                 (GpuSelector::Invalid(
-                    "\"3\\t\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void".into()
+                    "\" nvidia.com/gpu=2\" is not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void".into()
                 ), cdi),
                 (GpuSelector::Index(4), cdi),
+                (GpuSelector::Index(5), cdi),
+                (GpuSelector::Index(6), cdi),
             ]
+        );
+        let s = spec(r#"{"annotations":{"cdi.k8s.io/a":"nvidia.com/gpu=3\t"}}"#);
+        assert!(
+            matches!(&gpu_selectors(&s)[..], [(GpuSelector::Invalid(r), _)] if r.contains("3\\t"))
         );
     }
 

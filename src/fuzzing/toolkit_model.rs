@@ -5,11 +5,18 @@
 //! `toolkit_selectors` and the fixed corpus below hold devgate's reading equal to it.
 //! Below the toolkit, nvidia-container-cli reads each device it is handed by glibc's rules:
 //! that grammar is `selector::parse`, checked against glibc itself (`glibc_tests`).
+//!
+//! The other two sources, from the same file (`cdiDeviceRequestsFromAnnotations`,
+//! `requestsFromMounts`, `visibleDevicesFromMounts`, `VisibleDevices`) and from
+//! `internal/modifier/cdi.go` (`DeviceRequests`, v1.18.0 on; `getAnnotationDevices` before):
+//! CDI annotations ([`annotations_model`]) and the device plugin's volume mounts
+//! ([`mounts_model`]), and the precedence the toolkit takes them in ([`chosen`]). The fuzz
+//! target `toolkit_sources` builds specs of all three ([`check_sources`]).
 
 use crate::discover::gpu::{gpu_selectors, MAX_SELECTORS};
 use crate::discover::selector::{parse, GpuSelector};
 use crate::oci::spec::Spec;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What a container's value makes some toolkit version hand over: every GPU (`all`), the
 /// GPUs named, and whether a token no version reads as a GPU was there (an unknown).
@@ -27,6 +34,12 @@ impl Resolution {
             return self.all == other.all;
         }
         self == other
+    }
+
+    /// Every GPU `self` names, `other` names too (and an unknown of `self` is one there).
+    pub fn within(&self, other: &Resolution) -> bool {
+        other.all
+            || (!self.all && self.gpus.is_subset(&other.gpus) && (!self.unknown || other.unknown))
     }
 
     fn add(&mut self, sel: GpuSelector) {
@@ -83,21 +96,79 @@ pub fn v1_12(value: &str) -> Vec<&str> {
     }
 }
 
+/// NVIDIA's CDI kinds of GPUs: nvidia-ctk's, the device plugin's, the management spec's,
+/// and `runtime.nvidia.com/gpu`, the runtime's own, whose devices it makes from the name
+/// (`filterAutomaticDevices`; the default kind of its `jit-cdi` mode).
+const KINDS: [&str; 4] = [
+    "nvidia.com/gpu",
+    "k8s.device-plugin.nvidia.com/gpu",
+    "management.nvidia.com/gpu",
+    "runtime.nvidia.com/gpu",
+];
+
 /// What one handed-on device names: the runtime's CDI mode takes a qualified name of one
 /// of NVIDIA's GPU kinds as that CDI device; anything else goes to the cli.
 fn names(device: &str) -> Option<GpuSelector> {
-    let kinds = [
-        "nvidia.com/gpu=",
-        "k8s.device-plugin.nvidia.com/gpu=",
-        "management.nvidia.com/gpu=",
-    ];
-    parse(
-        kinds
-            .iter()
-            .find_map(|k| device.strip_prefix(k))
-            .unwrap_or(device),
-    )
-    .map(as_named)
+    let name = KINDS.iter().find_map(|k| {
+        device
+            .strip_prefix(k)
+            .and_then(|rest| rest.strip_prefix('='))
+    });
+    parse(name.unwrap_or(device)).map(as_named)
+}
+
+/// One of the CDI library's `validateVendorOrClassName` (`vendor`) and `ValidateDeviceName`
+/// rules, byte by byte as Go indexes a string: a first byte of `first`, a last one
+/// alphanumeric, alphanumerics and `inner` between. Go slices `name[1:len(name)-1]`
+/// for a vendor or class of one letter too, and panics: the runtime fails and hands over
+/// nothing, read here as a qualified name of another kind, which names nothing either.
+fn cdi_part(s: &str, vendor: bool) -> bool {
+    let b = s.as_bytes();
+    let Some((&first, rest)) = b.split_first() else {
+        return false;
+    };
+    let first_ok = if vendor {
+        first.is_ascii_alphabetic()
+    } else {
+        first.is_ascii_alphanumeric()
+    };
+    let inner: &[u8] = if vendor { b"_-." } else { b"_-.:" };
+    match rest.split_last() {
+        None => first_ok,
+        Some((&last, mid)) => {
+            first_ok
+                && last.is_ascii_alphanumeric()
+                && mid
+                    .iter()
+                    .all(|c| c.is_ascii_alphanumeric() || inner.contains(c))
+        }
+    }
+}
+
+/// The CDI library's `ParseQualifiedName` (`pkg/parser`): `vendor/class=name` split at
+/// the first `=` and then the first `/`, each part checked; the kind and name, or `None`
+/// for a device that is not a qualified name.
+fn qualified(device: &str) -> Option<(&str, &str)> {
+    let (kind, name) = device.split_once('=')?;
+    let (vendor, class) = kind.split_once('/')?;
+    (cdi_part(vendor, true) && cdi_part(class, true) && cdi_part(name, false))
+        .then_some((kind, name))
+}
+
+/// What the runtime's CDI modes make of one device request (`DeviceRequests`): a
+/// qualified name of an NVIDIA GPU kind is that GPU, of another kind no GPU; since v1.18.0
+/// anything else is a name of the default kind (`nvidia.com/gpu`, or in `jit-cdi` mode
+/// `runtime.nvidia.com/gpu`; `""` becomes `none`), read here by the cli's grammar like
+/// every CDI name, a superset of the names NVIDIA's specs hold. No CDI name holds a
+/// comma (`ValidateDeviceName`): such a request is refused. v1.17 refuses an annotation
+/// that is not a qualified name (the start fails), so its reading is within this one.
+fn cdi_mode(device: &str) -> Option<GpuSelector> {
+    match qualified(device) {
+        Some((kind, name)) if KINDS.contains(&kind) => parse(name).map(as_named),
+        Some(_) => None,
+        None if device.contains(',') => Some(GpuSelector::Invalid(device.to_string())),
+        None => parse(device).map(as_named),
+    }
 }
 
 /// A UUID token holding white space begins no GPU's UUID (NVML's are hex and dashes), so
@@ -160,6 +231,239 @@ pub fn devgate(value: &str) -> Option<Resolution> {
         r.add(as_named(s));
     }
     Some(r)
+}
+
+/// `cdiDeviceRequestsFromAnnotations`: the values of the keys with the runtime's prefix
+/// (`annotation-prefixes`, default `cdi.k8s.io/`), in key order, each split on commas and
+/// not trimmed, nothing checked or dropped.
+pub fn annotation_devices(annotations: &BTreeMap<String, String>) -> Vec<&str> {
+    annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with("cdi.k8s.io/"))
+        .flat_map(|(_, v)| v.split(','))
+        .collect()
+}
+
+/// The GPUs the annotations name: every device by the CDI modes' rule. The toolkit's hook
+/// (legacy mode) reads no annotations.
+pub fn annotations_model(annotations: &BTreeMap<String, String>) -> Resolution {
+    let mut r = Resolution::default();
+    for d in annotation_devices(annotations) {
+        if let Some(sel) = cdi_mode(d) {
+            r.add(sel);
+        }
+    }
+    r
+}
+
+/// Go's `filepath.Clean` on a Unix path.
+fn clean(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for e in p.split('/') {
+        match e {
+            "" | "." => {}
+            ".." => {
+                if parts.last().is_some_and(|l| *l != "..") {
+                    parts.pop();
+                } else if !p.starts_with('/') {
+                    parts.push("..");
+                }
+            }
+            e => parts.push(e),
+        }
+    }
+    let body = parts.join("/");
+    if p.starts_with('/') {
+        format!("/{body}")
+    } else if body.is_empty() {
+        ".".into()
+    } else {
+        body
+    }
+}
+
+/// `requestsFromMounts` then `visibleDevicesFromMounts`, with the mounts as
+/// (source, destination): a source that cleans to `/dev/null`, a cleaned destination that
+/// begins with the root as a string (no `/` needed after it), the rest trimmed of `/`;
+/// `imex/…` skipped; `cdi/…` a qualified name as it is, else `a/b/c` (split at the first
+/// two `/`) as `a/b=c`, else skipped (`cdiDeviceMountRequest.qualifiedName`).
+pub fn mount_devices(mounts: &[(String, String)]) -> Vec<String> {
+    const ROOT: &str = "/var/run/nvidia-container-devices";
+    let mut out = Vec::new();
+    for (source, destination) in mounts {
+        if clean(source) != "/dev/null" {
+            continue;
+        }
+        let destination = clean(destination);
+        let Some(rest) = destination.strip_prefix(ROOT) else {
+            continue;
+        };
+        let device = rest.trim_matches('/');
+        if device.is_empty() || device.starts_with("imex/") {
+            continue;
+        }
+        let Some(cdi) = device.strip_prefix("cdi/") else {
+            out.push(device.to_string());
+            continue;
+        };
+        if qualified(cdi).is_some() {
+            out.push(cdi.to_string());
+        } else if let [a, b, c] = cdi.splitn(3, '/').collect::<Vec<_>>()[..] {
+            out.push(format!("{a}/{b}={c}"));
+        }
+    }
+    out
+}
+
+/// The GPUs the mounts name: each device as the CDI modes read it, and as the hook hands
+/// the devices to nvidia-container-cli (`--devices=` the list joined with commas, which the
+/// cli splits again, untrimmed: a device `1,2` is GPUs 1 and 2 there), up to `all`, which
+/// ends the cli's list. A device is an unknown only when both refuse it.
+pub fn mounts_model(mounts: &[(String, String)]) -> Resolution {
+    let mut r = Resolution::default();
+    for d in mount_devices(mounts) {
+        // A qualified name holds `=`, which no GPU's index, bus id or UUID does: the cli
+        // refuses it (a UUID prefix that matches no GPU).
+        let qualified = qualified(&d).is_some();
+        let mut cli_refuses = qualified;
+        for token in d.split(',').filter(|_| !qualified) {
+            match parse(token).map(as_named) {
+                Some(GpuSelector::Invalid(_)) => cli_refuses = true,
+                Some(GpuSelector::All) => {
+                    r.add(GpuSelector::All);
+                    break;
+                }
+                Some(sel) => r.add(sel),
+                None => {}
+            }
+        }
+        match cdi_mode(&d) {
+            Some(GpuSelector::Invalid(why)) if cli_refuses => r.add(GpuSelector::Invalid(why)),
+            Some(GpuSelector::Invalid(_)) | None => {}
+            Some(sel) => r.add(sel),
+        }
+    }
+    r
+}
+
+/// A spec's three sources as a container sets them.
+#[derive(Debug, Default, Clone)]
+pub struct Sources {
+    pub annotations: BTreeMap<String, String>,
+    /// (source, destination)
+    pub mounts: Vec<(String, String)>,
+    pub variable: Option<String>,
+}
+
+impl Sources {
+    /// The spec they make, or `None` where config.json would not parse.
+    pub fn spec(&self) -> Option<Spec> {
+        let mounts: Vec<_> = self
+            .mounts
+            .iter()
+            .map(|(s, d)| serde_json::json!({ "source": s, "destination": d, "type": "bind" }))
+            .collect();
+        let env: Vec<_> = self
+            .variable
+            .iter()
+            .map(|v| format!("NVIDIA_VISIBLE_DEVICES={v}"))
+            .collect();
+        let json = serde_json::json!({
+            "annotations": self.annotations,
+            "mounts": mounts,
+            "process": { "env": env },
+        });
+        Spec::parse(
+            json.to_string().as_bytes(),
+            std::path::Path::new("config.json"),
+        )
+        .ok()
+    }
+
+    fn only(&self, which: usize) -> Sources {
+        Sources {
+            annotations: if which == 0 {
+                self.annotations.clone()
+            } else {
+                BTreeMap::new()
+            },
+            mounts: if which == 1 {
+                self.mounts.clone()
+            } else {
+                Vec::new()
+            },
+            variable: if which == 2 {
+                self.variable.clone()
+            } else {
+                None
+            },
+        }
+    }
+}
+
+/// The one source each of the toolkit's readers takes (`VisibleDevices`): the runtime the
+/// annotations when a key has the prefix (a value splits to one device at least), else the
+/// mounts when they hand on a device (`accept-nvidia-visible-devices-as-volume-mounts`),
+/// else the variable; the hook (legacy mode) the mounts, else the variable. The variable
+/// as read when accepted (privileged, or `accept-nvidia-visible-devices-envvar-when-unprivileged`).
+pub fn chosen(s: &Sources) -> [Resolution; 2] {
+    let variable = || s.variable.as_deref().map(model).unwrap_or_default();
+    let from_mounts = || {
+        if mount_devices(&s.mounts).is_empty() {
+            variable()
+        } else {
+            mounts_model(&s.mounts)
+        }
+    };
+    let runtime = if annotation_devices(&s.annotations).is_empty() {
+        from_mounts()
+    } else {
+        annotations_model(&s.annotations)
+    };
+    [runtime, from_mounts()]
+}
+
+/// devgate's reading of a whole spec; `None` past [`MAX_SELECTORS`].
+pub fn devgate_spec(spec: &Spec) -> Option<Resolution> {
+    let selectors = gpu_selectors(spec);
+    if selectors.len() > MAX_SELECTORS {
+        return None;
+    }
+    let mut r = Resolution::default();
+    for (s, _) in selectors {
+        r.add(as_named(s));
+    }
+    Some(r)
+}
+
+/// The differential check over all three sources. Each source alone: devgate names exactly
+/// the GPUs the model does. All together: what either of the toolkit's readers takes by
+/// its precedence is within what devgate names, and not equal to it by design: devgate
+/// reads every source, since which one the toolkit takes turns on its config and mode, and
+/// containerd and CRI-O inject the annotations' devices themselves, so a GPU of any source
+/// may reach the container.
+pub fn check_sources(s: &Sources) {
+    let models: [fn(&Sources) -> Resolution; 3] = [
+        |s| annotations_model(&s.annotations),
+        |s| mounts_model(&s.mounts),
+        |s| s.variable.as_deref().map(model).unwrap_or_default(),
+    ];
+    for (which, m) in models.iter().enumerate() {
+        let alone = s.only(which);
+        let Some(d) = alone.spec().as_ref().and_then(devgate_spec) else {
+            continue;
+        };
+        let m = m(&alone);
+        assert!(
+            m.agrees(&d),
+            "{alone:?}: toolkit model {m:?}, devgate {d:?}"
+        );
+    }
+    if let Some(d) = s.spec().as_ref().and_then(devgate_spec) {
+        for c in chosen(s) {
+            assert!(c.within(&d), "{s:?}: toolkit takes {c:?}, devgate {d:?}");
+        }
+    }
 }
 
 /// The differential check itself: devgate names exactly the GPUs the model does.
@@ -266,6 +570,186 @@ mod tests {
         assert!(model("none, 2 ").gpus.contains("Index(2)"));
     }
 
+    fn sources(annotations: &[&str], mounts: &[&str], variable: Option<&str>) -> Sources {
+        Sources {
+            annotations: annotations
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (format!("cdi.k8s.io/{i}"), v.to_string()))
+                .collect(),
+            mounts: mounts
+                .iter()
+                .map(|d| ("/dev/null".to_string(), d.to_string()))
+                .collect(),
+            variable: variable.map(str::to_string),
+        }
+    }
+
+    /// CDI annotation values each rule turns on: split on commas and not trimmed, other
+    /// vendors' kinds, names not qualified (v1.18's default kind).
+    const ANNOTATIONS: &[&str] = &[
+        "nvidia.com/gpu=2",
+        "nvidia.com/gpu= 2",
+        "nvidia.com/gpu=2 ",
+        " nvidia.com/gpu=2",
+        "nvidia.com/gpu=2	,nvidia.com/gpu=3",
+        "nvidia.com/gpu=1,,nvidia.com/gpu=2",
+        "nvidia.com/gpu=1, nvidia.com/gpu=2",
+        "nvidia.com/gpu=all",
+        "nvidia.com/gpu=+1",
+        "nvidia.com/gpu=GPU-aBc",
+        "nvidia.com/gpu=0:3b:00.0",
+        "nvidia.com/gpu=junk",
+        "nvidia.com/gpu=",
+        "nvidia.com/gpu",
+        "k8s.device-plugin.nvidia.com/gpu=3",
+        "management.nvidia.com/gpu=all",
+        "runtime.nvidia.com/gpu=4",
+        "vendor.com/nic=1",
+        "vendor.com/gpu=1,nvidia.com/gpu=5",
+        "amd.com/gpu=0",
+        "nvidia.com/GPU=1",
+        "NVIDIA.com/gpu=1",
+        "a/gpu=1",
+        "nvidia.com/g=1",
+        "2",
+        "2 ",
+        "all",
+        "none",
+        "void",
+        "",
+        ",",
+        "GPU-aBc",
+        "GPU-x/y=1",
+        "junk",
+    ];
+
+    /// Mount destinations each rule turns on.
+    const MOUNTS: &[&str] = &[
+        "/var/run/nvidia-container-devices/3",
+        "/var/run/nvidia-container-devices3",
+        "/var/run/nvidia-container-devices/",
+        "/var/run/./nvidia-container-devices//GPU-aBc/",
+        "/var/run/nvidia-container-devices/x/../5",
+        "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=1",
+        "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/6",
+        "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/6/7",
+        "/var/run/nvidia-container-devices/cdi/vendor.com/nic/1",
+        "/var/run/nvidia-container-devices/cdi/gpu=1",
+        "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu= 2",
+        "/var/run/nvidia-container-devices/nvidia.com/gpu=2",
+        "/var/run/nvidia-container-devices/vendor.com/nic=1",
+        "/var/run/nvidia-container-devices/imex/channel0",
+        "/var/run/nvidia-container-devices/1,2",
+        "/var/run/nvidia-container-devices/1, 2",
+        "/var/run/nvidia-container-devices/1 ,2",
+        "/var/run/nvidia-container-devices/0:1,junk",
+        "/var/run/nvidia-container-devices/all,junk",
+        "/var/run/nvidia-container-devices/junk,all",
+        "/var/run/nvidia-container-devices/2 ",
+        "/var/run/nvidia-container-devices/none",
+        "/elsewhere/6",
+    ];
+
+    /// Each annotation value, each mount and a few of them together, alone and beside
+    /// the variable: each source alone reads as the model does, together they hold
+    /// every GPU the toolkit's precedence takes.
+    #[test]
+    fn devgate_reads_every_source_as_the_toolkit_model() {
+        for a in ANNOTATIONS {
+            check_sources(&sources(&[a], &[], None));
+            check_sources(&sources(&[a], &[], Some("7")));
+        }
+        for m in MOUNTS {
+            check_sources(&sources(&[], &[m], None));
+            check_sources(&sources(
+                &[],
+                &[m],
+                Some("/var/run/nvidia-container-devices"),
+            ));
+            check_sources(&sources(&["nvidia.com/gpu=1"], &[m], Some("all")));
+        }
+        check_sources(&sources(ANNOTATIONS, MOUNTS, Some("none,2 ")));
+        let other = Sources {
+            annotations: BTreeMap::from([("other.io/x".into(), "nvidia.com/gpu=5".into())]),
+            mounts: vec![(
+                "/tmp/x".into(),
+                "/var/run/nvidia-container-devices/6".into(),
+            )],
+            variable: None,
+        };
+        check_sources(&other);
+        assert_eq!(
+            devgate_spec(&other.spec().unwrap()),
+            Some(Resolution::default())
+        );
+    }
+
+    /// What the model makes of the rules the issue names: annotation values untrimmed,
+    /// other vendors' kinds naming nothing, a mount's commas, and the precedence.
+    #[test]
+    fn the_model_reads_annotations_and_mounts_as_the_toolkit() {
+        let ann = |v: &str| annotations_model(&BTreeMap::from([("cdi.k8s.io/x".into(), v.into())]));
+        let gpus = |r: Resolution| r.gpus.into_iter().collect::<Vec<_>>();
+        // untrimmed: neither is a qualified name, and the default kind's name is refused
+        for v in [
+            "nvidia.com/gpu= 2",
+            "nvidia.com/gpu=2 ",
+            " nvidia.com/gpu=2",
+        ] {
+            let r = ann(v);
+            assert!(r.unknown && r.gpus.is_empty() && !r.all, "{v:?}: {r:?}");
+        }
+        assert_eq!(gpus(ann("nvidia.com/gpu=2")), ["Index(2)"]);
+        assert_eq!(ann("vendor.com/nic=1,amd.com/gpu=0"), Resolution::default());
+        assert_eq!(gpus(ann("2")), ["Index(2)"], "v1.18: the default kind");
+        assert_eq!(gpus(ann("runtime.nvidia.com/gpu=4")), ["Index(4)"]);
+        // a one-letter vendor panics the CDI library: nothing handed over
+        assert_eq!(ann("a/gpu=1"), Resolution::default());
+        let mounts = |d: &[&str]| {
+            let m: Vec<_> = d
+                .iter()
+                .map(|d| {
+                    (
+                        "/dev/null".to_string(),
+                        format!("/var/run/nvidia-container-devices/{d}"),
+                    )
+                })
+                .collect();
+            mounts_model(&m)
+        };
+        assert_eq!(gpus(mounts(&["1,2"])), ["Index(1)", "Index(2)"]);
+        assert!(!mounts(&["1,2"]).unknown);
+        assert_eq!(gpus(mounts(&["cdi/nvidia.com/gpu/6"])), ["Index(6)"]);
+        assert_eq!(
+            mounts(&["cdi/vendor.com/nic/1", "imex/channel0"]),
+            Resolution::default()
+        );
+        assert_eq!(
+            mount_devices(&[(
+                "/dev//null".into(),
+                "/var/run/nvidia-container-devices/cdi/a/b/c/d".into()
+            )]),
+            ["a/b=c/d"]
+        );
+        // precedence: the runtime takes the annotations, the hook the mounts
+        let s = sources(
+            &["nvidia.com/gpu=1"],
+            &["/var/run/nvidia-container-devices/2"],
+            Some("3"),
+        );
+        let [runtime, hook] = chosen(&s);
+        assert_eq!(gpus(runtime), ["Index(1)"]);
+        assert_eq!(gpus(hook), ["Index(2)"]);
+        // an annotation of another vendor's device still takes the runtime's precedence
+        let s = sources(&["vendor.com/nic=1"], &[], Some("3"));
+        assert_eq!(chosen(&s)[0], Resolution::default());
+        assert_eq!(
+            gpus(devgate_spec(&s.spec().unwrap()).unwrap()),
+            ["Index(3)"]
+        );
+    }
+
     /// The check itself fails on a reading that differs: an untrimmed reading of `2 `
     /// (devgate before v1.12's rules) names no GPU where the model names GPU 2.
     #[test]
@@ -274,5 +758,21 @@ mod tests {
         untrimmed.add(GpuSelector::Invalid("2 ".into()));
         assert!(!model("2 ").agrees(&untrimmed));
         assert!(model("2").agrees(&devgate("2").unwrap()));
+        // a trimmed reading of an annotation (`nvidia.com/gpu= 2` as GPU 2) differs from
+        // the model's, and so does one that reads a mount `1,2` as one refused name
+        let s = sources(&["nvidia.com/gpu= 2"], &[], None);
+        let mut trimmed = Resolution::default();
+        trimmed.add(GpuSelector::Index(2));
+        assert!(!annotations_model(&s.annotations).agrees(&trimmed));
+        let s = sources(&[], &["/var/run/nvidia-container-devices/1,2"], None);
+        let mut whole = Resolution::default();
+        whole.add(GpuSelector::Invalid("1,2".into()));
+        assert!(!mounts_model(&s.mounts).agrees(&whole));
+        // and the precedence check fails on a reading that drops the chosen source
+        let s = sources(&["nvidia.com/gpu=1"], &[], Some("3"));
+        let mut variable_only = Resolution::default();
+        variable_only.add(GpuSelector::Index(3));
+        assert!(!chosen(&s)[0].within(&variable_only));
+        assert!(chosen(&s)[0].within(&devgate_spec(&s.spec().unwrap()).unwrap()));
     }
 }
