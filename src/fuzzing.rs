@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 mod toolkit_model;
+mod toolkit_sources;
 
 /// Where no fuzz input can point: discovery looks under these and finds nothing.
 const NOWHERE: &str = "/nonexistent/devgate-fuzz";
@@ -234,43 +235,14 @@ pub fn toolkit_selectors(data: &[u8]) {
 
 /// A spec with CDI annotations, device-plugin volume mounts and NVIDIA_VISIBLE_DEVICES,
 /// read by devgate and by the reference model of the toolkit's rules
-/// (`toolkit_model::check_sources`). The input is NUL-separated entries, each a tag byte and
+/// (`toolkit_sources::check_sources`). The input is NUL-separated entries, each a tag byte and
 /// its text: `a` a `cdi.k8s.io/` annotation's value, `o` another key's annotation, `m` a
 /// mount of `/dev/null` at the text, `n` one at the plugin's root joined with the text,
 /// `s` a mount `source<TAB>destination`, `e` the variable (the first one).
 pub fn toolkit_sources(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    let mut s = toolkit_model::Sources::default();
-    for (i, entry) in text.split('\0').take(64).enumerate() {
-        let Some(tag) = entry.chars().next() else {
-            continue;
-        };
-        let rest = &entry[tag.len_utf8()..];
-        match tag {
-            'a' => drop(
-                s.annotations
-                    .insert(format!("cdi.k8s.io/{i:02}"), rest.into()),
-            ),
-            'o' => drop(
-                s.annotations
-                    .insert(format!("other.io/{i:02}"), rest.into()),
-            ),
-            'm' => s.mounts.push(("/dev/null".into(), rest.into())),
-            'n' => s.mounts.push((
-                "/dev/null".into(),
-                format!("/var/run/nvidia-container-devices/{rest}"),
-            )),
-            's' => {
-                let (source, dest) = rest.split_once('\t').unwrap_or((rest, ""));
-                s.mounts.push((source.into(), dest.into()));
-            }
-            'e' if s.variable.is_none() => s.variable = Some(rest.into()),
-            _ => {}
-        }
+    if let Ok(text) = std::str::from_utf8(data) {
+        toolkit_sources::check_sources(&toolkit_sources::Sources::from_entries(text));
     }
-    toolkit_model::check_sources(&s);
 }
 
 /// A value of NVIDIA_VISIBLE_DEVICES and of a CDI annotation, as a container sets them.

@@ -10,8 +10,8 @@
 //! `requestsFromMounts`, `visibleDevicesFromMounts`, `VisibleDevices`) and from
 //! `internal/modifier/cdi.go` (`DeviceRequests`, v1.18.0 on; `getAnnotationDevices` before):
 //! CDI annotations ([`annotations_model`]) and the device plugin's volume mounts
-//! ([`mounts_model`]), and the precedence the toolkit takes them in ([`chosen`]). The fuzz
-//! target `toolkit_sources` builds specs of all three ([`check_sources`]).
+//! ([`mounts_model`]), and the precedence the toolkit takes them in (`toolkit_sources::chosen`). The fuzz
+//! target `toolkit_sources` builds specs of all three (`toolkit_sources::check_sources`).
 
 use crate::discover::gpu::{gpu_selectors, MAX_SELECTORS};
 use crate::discover::selector::{parse, GpuSelector};
@@ -42,7 +42,7 @@ impl Resolution {
             || (!self.all && self.gpus.is_subset(&other.gpus) && (!self.unknown || other.unknown))
     }
 
-    fn add(&mut self, sel: GpuSelector) {
+    pub(super) fn add(&mut self, sel: GpuSelector) {
         match sel {
             GpuSelector::All => self.all = true,
             GpuSelector::Invalid(_) => self.unknown = true,
@@ -174,7 +174,7 @@ fn cdi_mode(device: &str) -> Option<GpuSelector> {
 /// A UUID token holding white space begins no GPU's UUID (NVML's are hex and dashes), so
 /// the cli refuses it as an unknown device; devgate keeps it as a UUID that NVML then
 /// matches to none, an unknown too. Both sides of the check are read through this.
-fn as_named(sel: GpuSelector) -> GpuSelector {
+pub(super) fn as_named(sel: GpuSelector) -> GpuSelector {
     match &sel {
         GpuSelector::Uuid(u) | GpuSelector::MigUuid(u) if u.contains(go_is_space) => {
             GpuSelector::Invalid(u.clone())
@@ -346,126 +346,6 @@ pub fn mounts_model(mounts: &[(String, String)]) -> Resolution {
     r
 }
 
-/// A spec's three sources as a container sets them.
-#[derive(Debug, Default, Clone)]
-pub struct Sources {
-    pub annotations: BTreeMap<String, String>,
-    /// (source, destination)
-    pub mounts: Vec<(String, String)>,
-    pub variable: Option<String>,
-}
-
-impl Sources {
-    /// The spec they make, or `None` where config.json would not parse.
-    pub fn spec(&self) -> Option<Spec> {
-        let mounts: Vec<_> = self
-            .mounts
-            .iter()
-            .map(|(s, d)| serde_json::json!({ "source": s, "destination": d, "type": "bind" }))
-            .collect();
-        let env: Vec<_> = self
-            .variable
-            .iter()
-            .map(|v| format!("NVIDIA_VISIBLE_DEVICES={v}"))
-            .collect();
-        let json = serde_json::json!({
-            "annotations": self.annotations,
-            "mounts": mounts,
-            "process": { "env": env },
-        });
-        Spec::parse(
-            json.to_string().as_bytes(),
-            std::path::Path::new("config.json"),
-        )
-        .ok()
-    }
-
-    fn only(&self, which: usize) -> Sources {
-        Sources {
-            annotations: if which == 0 {
-                self.annotations.clone()
-            } else {
-                BTreeMap::new()
-            },
-            mounts: if which == 1 {
-                self.mounts.clone()
-            } else {
-                Vec::new()
-            },
-            variable: if which == 2 {
-                self.variable.clone()
-            } else {
-                None
-            },
-        }
-    }
-}
-
-/// The one source each of the toolkit's readers takes (`VisibleDevices`): the runtime the
-/// annotations when a key has the prefix (a value splits to one device at least), else the
-/// mounts when they hand on a device (`accept-nvidia-visible-devices-as-volume-mounts`),
-/// else the variable; the hook (legacy mode) the mounts, else the variable. The variable
-/// as read when accepted (privileged, or `accept-nvidia-visible-devices-envvar-when-unprivileged`).
-pub fn chosen(s: &Sources) -> [Resolution; 2] {
-    let variable = || s.variable.as_deref().map(model).unwrap_or_default();
-    let from_mounts = || {
-        if mount_devices(&s.mounts).is_empty() {
-            variable()
-        } else {
-            mounts_model(&s.mounts)
-        }
-    };
-    let runtime = if annotation_devices(&s.annotations).is_empty() {
-        from_mounts()
-    } else {
-        annotations_model(&s.annotations)
-    };
-    [runtime, from_mounts()]
-}
-
-/// devgate's reading of a whole spec; `None` past [`MAX_SELECTORS`].
-pub fn devgate_spec(spec: &Spec) -> Option<Resolution> {
-    let selectors = gpu_selectors(spec);
-    if selectors.len() > MAX_SELECTORS {
-        return None;
-    }
-    let mut r = Resolution::default();
-    for (s, _) in selectors {
-        r.add(as_named(s));
-    }
-    Some(r)
-}
-
-/// The differential check over all three sources. Each source alone: devgate names exactly
-/// the GPUs the model does. All together: what either of the toolkit's readers takes by
-/// its precedence is within what devgate names, and not equal to it by design: devgate
-/// reads every source, since which one the toolkit takes turns on its config and mode, and
-/// containerd and CRI-O inject the annotations' devices themselves, so a GPU of any source
-/// may reach the container.
-pub fn check_sources(s: &Sources) {
-    let models: [fn(&Sources) -> Resolution; 3] = [
-        |s| annotations_model(&s.annotations),
-        |s| mounts_model(&s.mounts),
-        |s| s.variable.as_deref().map(model).unwrap_or_default(),
-    ];
-    for (which, m) in models.iter().enumerate() {
-        let alone = s.only(which);
-        let Some(d) = alone.spec().as_ref().and_then(devgate_spec) else {
-            continue;
-        };
-        let m = m(&alone);
-        assert!(
-            m.agrees(&d),
-            "{alone:?}: toolkit model {m:?}, devgate {d:?}"
-        );
-    }
-    if let Some(d) = s.spec().as_ref().and_then(devgate_spec) {
-        for c in chosen(s) {
-            assert!(c.within(&d), "{s:?}: toolkit takes {c:?}, devgate {d:?}");
-        }
-    }
-}
-
 /// The differential check itself: devgate names exactly the GPUs the model does.
 pub fn check(value: &str) {
     if let Some(d) = devgate(value) {
@@ -479,6 +359,7 @@ pub fn check(value: &str) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::toolkit_sources::*;
     use super::*;
 
     /// Spellings each rule of the toolkit's reading turns on, and their neighbours.
@@ -687,6 +568,7 @@ mod tests {
 
     /// What the model makes of the rules the issue names: annotation values untrimmed,
     /// other vendors' kinds naming nothing, a mount's commas, and the precedence.
+    /// Long because it is a table of cases, one rule after another.
     #[test]
     fn the_model_reads_annotations_and_mounts_as_the_toolkit() {
         let ann = |v: &str| annotations_model(&BTreeMap::from([("cdi.k8s.io/x".into(), v.into())]));
