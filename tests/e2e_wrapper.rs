@@ -655,12 +655,12 @@ fn the_handoff_runs_only_a_root_owned_devgate_beside_the_wrapper() {
     let args = ["--config=/nonexistent", "create", "--bundle", &b, "hand-1"];
     let start = || {
         let _ = fs::remove_file(&ran);
-        Command::new(&wrapper)
-            .env("DEVGATE_CONFIG", &env.config)
-            .env_remove("DEVGATE_RUNTIME_WRAPPED")
-            .args(args)
-            .output()
-            .unwrap()
+        output_of(
+            Command::new(&wrapper)
+                .env("DEVGATE_CONFIG", &env.config)
+                .env_remove("DEVGATE_RUNTIME_WRAPPED")
+                .args(args),
+        )
     };
     let devgate = dir.join("devgate");
     let refused = |why: &str| {

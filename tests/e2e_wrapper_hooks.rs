@@ -38,11 +38,14 @@ fn hook_without_env(bin: &Path, env: &Env, stage: &str) -> serde_json::Value {
     })
 }
 
-/// The names of the `DEVGATE_*` variables in an `env` dump.
+/// The names of the `DEVGATE_*` variables in an `env` dump that devgate put there: not
+/// the operator's DEVGATE_CONFIG, nor one the test itself runs with (the forky pass sets
+/// DEVGATE_STACK), which every process inherits.
 fn devgate_vars(dump: &str) -> Vec<String> {
     dump.lines()
         .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_string()))
         .filter(|k| k.starts_with("DEVGATE_") && k != "DEVGATE_CONFIG")
+        .filter(|k| std::env::var_os(k).is_none())
         .collect()
 }
 

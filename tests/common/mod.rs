@@ -786,3 +786,19 @@ pub mod cri;
 pub mod fake;
 pub mod kubelet;
 pub mod wrapper;
+
+/// `cmd`'s output. A program a test has just written can be busy for a moment (ETXTBSY):
+/// another test thread that forks while the file is still open for writing holds a copy of
+/// that descriptor until its child execs. Such a spawn is tried again, a few times.
+pub fn output_of(cmd: &mut Command) -> Output {
+    let mut tries = 0;
+    loop {
+        match cmd.output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
