@@ -15,6 +15,7 @@
 //!   devgate on for CRI pods; uninstall-host and a restart turn it off again.
 
 mod common;
+use common::boot::{forky_image, own_cgroup, remove_cgroup, tail};
 use common::cri::{self, ContainerState, Cri};
 use common::kubelet;
 use common::*;
@@ -61,57 +62,8 @@ fn assert_enabled(orig: &str, edited: &str, what: &str) {
 // ---- The booted node -------------------------------------------------------------------
 
 /// The forky image's root, or why there is none (as tests/e2e_systemd_remap.rs finds it).
-fn forky_image() -> Result<PathBuf, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/forky-stack.sh");
-    let out = Command::new(&script)
-        .arg("image")
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    match stdout.lines().last() {
-        Some(l) if out.status.success() && Path::new(l).is_dir() => Ok(PathBuf::from(l)),
-        _ => Err(format!(
-            "scripts/forky-stack.sh image failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        )),
-    }
-}
-
 /// A cgroup of the test's own on the unified hierarchy for systemd-nspawn, which makes
 /// `payload` and `supervisor` beside itself (see tests/e2e_systemd_remap.rs).
-fn own_cgroup(tag: &str) -> Option<PathBuf> {
-    let base = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())?;
-    let me = fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = me.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = base
-        .join(rel.trim_start_matches('/'))
-        .join(format!("{tag}-{}", std::process::id()));
-    fs::create_dir_all(&dir).ok()?;
-    Some(dir)
-}
-
-fn remove_cgroup(dir: &Path) {
-    if let Ok(rd) = fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup(&e.path());
-            }
-        }
-    }
-    let _ = fs::remove_dir(dir);
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 /// Boots the image with `out/run.sh` as a unit that powers the machine off when done; the
 /// build dir is bound at its own path. containerd's root is a tmpfs: the image's root is an
 /// overlay (`--volatile=overlay`), which overlayfs snapshots cannot sit on.

@@ -11,6 +11,7 @@
 //! it); inside the forky stack's own pass it skips.
 
 mod common;
+use common::boot::{forky_image, own_cgroup, remove_cgroup, tail};
 use common::wrapper::*;
 use common::*;
 use serde_json::json;
@@ -24,25 +25,6 @@ fn s(p: &Path) -> &str {
 }
 
 /// The forky image's root, or why there is none.
-fn forky_image() -> Result<PathBuf, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/forky-stack.sh");
-    let out = Command::new(&script)
-        .arg("image")
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    match stdout.lines().last() {
-        Some(l) if out.status.success() && Path::new(l).is_dir() => Ok(PathBuf::from(l)),
-        _ => Err(format!(
-            "scripts/forky-stack.sh image failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        )),
-    }
-}
-
 /// One container: a runtime, bpffs or not, its environment, bundle and wrapper.
 struct Case {
     runtime: &'static str,
@@ -144,32 +126,7 @@ fn show(text: &str) -> BTreeMap<String, Vec<String>> {
 /// A cgroup of the test's own on the unified hierarchy (`/sys/fs/cgroup/unified` on a
 /// hybrid host) for systemd-nspawn, which makes `payload` and `supervisor` beside itself:
 /// in a cgroup shared with other runs they collide.
-fn own_cgroup(tag: &str) -> Option<PathBuf> {
-    let base = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())?;
-    let me = fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = me.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = base
-        .join(rel.trim_start_matches('/'))
-        .join(format!("{tag}-{}", std::process::id()));
-    fs::create_dir_all(&dir).ok()?;
-    Some(dir)
-}
-
 /// Removes a cgroup tree, deepest first; what still holds a process stays.
-fn remove_cgroup(dir: &Path) {
-    if let Ok(rd) = fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup(&e.path());
-            }
-        }
-    }
-    let _ = fs::remove_dir(dir);
-}
-
 /// Boots the image with `script` as a unit that powers the machine off when done.
 fn boot(root: &Path, out: &Path, script: &str, binds: &[PathBuf]) -> String {
     fs::write(out.join("run.sh"), script).unwrap();
@@ -222,11 +179,6 @@ fn boot(root: &Path, out: &Path, script: &str, binds: &[PathBuf]) -> String {
     );
     let run = fs::read_to_string(out.join("run.log")).unwrap_or_default();
     format!("console (tail): {}\nrun.log:\n{run}", tail(&console, 20))
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[test]

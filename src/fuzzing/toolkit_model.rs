@@ -222,7 +222,12 @@ pub fn devgate(value: &str) -> Option<Resolution> {
         std::path::Path::new("config.json"),
     )
     .ok()?;
-    let selectors = gpu_selectors(&spec);
+    devgate_spec(&spec)
+}
+
+/// devgate's reading of a whole spec; `None` past [`MAX_SELECTORS`].
+pub fn devgate_spec(spec: &Spec) -> Option<Resolution> {
+    let selectors = gpu_selectors(spec);
     if selectors.len() > MAX_SELECTORS {
         return None;
     }

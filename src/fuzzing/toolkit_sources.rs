@@ -3,9 +3,8 @@
 //! beside the per-source reference models of [`super::toolkit_model`]. The fuzz target
 //! `toolkit_sources` builds specs of all three ([`check_sources`]).
 
-use super::toolkit_model::{annotation_devices, annotations_model, as_named, model};
+use super::toolkit_model::{annotation_devices, annotations_model, devgate_spec, model};
 use super::toolkit_model::{mount_devices, mounts_model, Resolution};
-use crate::discover::gpu::{gpu_selectors, MAX_SELECTORS};
 use crate::oci::spec::Spec;
 use std::collections::BTreeMap;
 
@@ -118,19 +117,6 @@ pub fn chosen(s: &Sources) -> [Resolution; 2] {
         annotations_model(&s.annotations)
     };
     [runtime, from_mounts()]
-}
-
-/// devgate's reading of a whole spec; `None` past [`MAX_SELECTORS`].
-pub fn devgate_spec(spec: &Spec) -> Option<Resolution> {
-    let selectors = gpu_selectors(spec);
-    if selectors.len() > MAX_SELECTORS {
-        return None;
-    }
-    let mut r = Resolution::default();
-    for (s, _) in selectors {
-        r.add(as_named(s));
-    }
-    Some(r)
 }
 
 /// The differential check over all three sources. Each source alone: devgate names exactly

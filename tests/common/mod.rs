@@ -782,6 +782,7 @@ pub fn unmount_under(dir: &Path) {
         let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+pub mod boot;
 pub mod cri;
 pub mod fake;
 pub mod kubelet;
