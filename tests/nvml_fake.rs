@@ -512,7 +512,7 @@ fn a_query_process_that_crashes_is_unknown_for_its_gpu_alone() {
     );
 }
 
-/// The query process a hook with threads execs (`devgate __nvml-query LIB FD=JOB…`): it
+/// The query process a hook with threads execs (`devgate __nvml-query LIB PROC FD=JOB…`): it
 /// answers each job on the descriptor it names and ends at once, leaving a child stuck on a
 /// hanging GPU behind.
 #[test]
@@ -522,6 +522,8 @@ fn the_query_process_answers_each_gpu_on_its_own_pipe_and_leaves() {
     let dir = tempdir("query-process");
     let pids = dir.join("hung-pids");
     let scenario = with_pid_log(node_with(3, fault::hangs(600_000)), &pids);
+    // the driver's list: each child shows NVML its own GPU from it
+    write_proc_gpus(&dir, &scenario);
     let fake = write_scenario(&dir, "scenario", &scenario);
     let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
     let (r0, w0): (OwnedFd, OwnedFd) = nix::unistd::pipe2(cloexec).unwrap();
@@ -530,6 +532,7 @@ fn the_query_process_answers_each_gpu_on_its_own_pipe_and_leaves() {
     let mut cmd = Command::new(devgate_bin());
     cmd.arg("__nvml-query")
         .arg(fake_nvml::lib())
+        .arg(&dir)
         .arg(format!("20=0@{}", bus_id(0)))
         .arg(format!("21=3@{}", bus_id(3)))
         .env("FAKE_NVML_CONFIG", &fake)
@@ -674,7 +677,8 @@ fn hanging_nvml_is_abandoned_at_the_deadline() {
         fake_nvml::lib(),
         json!({"probe_timeout_ms": 300, "policy": {"on_unknown": "reject"}}),
     );
-    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInitWithFlags"));
+    // (no driver list here: NVML enumerates, after a plain nvmlInit_v2)
+    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInit_v2"));
     strict.rejected(
         &out,
         "devgate: rejected /dev/nvidia1 (195:1): nvml unknown: NVML did not answer in 300 ms; policy on_unknown reject",
@@ -1356,7 +1360,7 @@ mod direct {
         // fail
         let f = fake("nvml-all", healthy_node());
         let nvml = f.nvml();
-        drop(nvml.device_by_pci_bus_id(bus(5)).unwrap());
+        nvml.device_by_pci_bus_id(bus(5)).unwrap();
         assert_eq!(buses_touched(&f.log), (0..8).map(bus).collect::<Vec<_>>());
     }
 

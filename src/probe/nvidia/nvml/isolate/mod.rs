@@ -37,7 +37,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// `devgate __nvml-query LIBRARY FD=JOB…`: the query process. Not a command: main.rs hands
+/// `devgate __nvml-query LIBRARY PROC_ROOT FD=JOB…`: the query process. Not a command: main.rs hands
 /// it to [`super::child::serve`] before anything else runs.
 pub const QUERY_ARG: &str = "__nvml-query";
 
@@ -83,6 +83,10 @@ pub enum Answer {
         /// How long loading the library and nvmlInit took in the child, in µs.
         #[serde(default)]
         init_us: u64,
+        /// Why NVML saw every GPU the driver lists rather than this job's GPU alone (no
+        /// mount namespace: not root): isolation lost for this answer, not its truth.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unisolated: Option<String>,
     },
     /// NVML could not be opened (library missing, init failed) or could not count.
     Failed(String),
@@ -131,6 +135,7 @@ pub struct Asked {
 /// themselves are calls.
 pub fn ask(
     library: &Path,
+    proc_root: &Path,
     timeout: Duration,
     jobs: &[Job],
     meanwhile: impl FnOnce(),
@@ -148,10 +153,10 @@ pub fn ask(
     let started = if may_fork_children() {
         let groups = groups(jobs.len(), processes_for(jobs.len()));
         Ok(Started::Forked(fork_groups(
-            library, &writes, jobs, &groups,
+            library, proc_root, &writes, jobs, &groups,
         )))
     } else {
-        exec_query_process(library, &writes, jobs).map(Started::Exec)
+        exec_query_process(library, proc_root, &writes, jobs).map(Started::Exec)
     };
     // The hook's write ends close now, so that a pipe ends when its child does.
     let mut reads: Vec<OwnedFd> = pipes.drain(..).map(|(r, _)| r).collect();
@@ -167,7 +172,13 @@ pub fn ask(
             // A fresh pipe and process for a job its first process never reached.
             let Ok(mut p) = make_pipes(1) else { continue };
             let (read, write) = p.remove(0);
-            let pid = fork_groups(library, &[write.as_raw_fd()], &jobs[i..=i], &[vec![0]]);
+            let pid = fork_groups(
+                library,
+                proc_root,
+                &[write.as_raw_fd()],
+                &jobs[i..=i],
+                &[vec![0]],
+            );
             drop(write);
             reads[i] = read;
             pids[i] = pid[0];
