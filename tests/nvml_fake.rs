@@ -452,9 +452,12 @@ fn a_healthy_gpu_is_never_enumerated_when_another_is_assigned() {
         );
     }
     assert_eq!(buses_touched(&log), vec![bus(5)], "{seen:?}");
-    assert!(seen
-        .iter()
-        .any(|c| c.func == "nvmlInitWithFlags" && c.target == "flags=0x2"));
+    // without NVML_INIT_FLAG_NO_ATTACH, which leaves NVML no GPU at all
+    assert!(
+        seen.iter()
+            .any(|c| c.func == "nvmlInitWithFlags" && c.target == "flags=0x1"),
+        "{seen:?}"
+    );
     // selectors too are resolved by the driver's list (UUIDs; an index is the position in
     // PCI address order, NVML's own order, which the fake's scenario order is not)
     let _ = fs::remove_file(&log);
@@ -509,7 +512,7 @@ fn a_query_process_that_crashes_is_unknown_for_its_gpu_alone() {
     );
 }
 
-/// The query process a hook with threads execs (`devgate __nvml-query LIB FD=JOB…`): it
+/// The query process a hook with threads execs (`devgate __nvml-query LIB PROC FD=JOB…`): it
 /// answers each job on the descriptor it names and ends at once, leaving a child stuck on a
 /// hanging GPU behind.
 #[test]
@@ -519,6 +522,8 @@ fn the_query_process_answers_each_gpu_on_its_own_pipe_and_leaves() {
     let dir = tempdir("query-process");
     let pids = dir.join("hung-pids");
     let scenario = with_pid_log(node_with(3, fault::hangs(600_000)), &pids);
+    // the driver's list: each child shows NVML its own GPU from it
+    write_proc_gpus(&dir, &scenario);
     let fake = write_scenario(&dir, "scenario", &scenario);
     let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
     let (r0, w0): (OwnedFd, OwnedFd) = nix::unistd::pipe2(cloexec).unwrap();
@@ -527,6 +532,7 @@ fn the_query_process_answers_each_gpu_on_its_own_pipe_and_leaves() {
     let mut cmd = Command::new(devgate_bin());
     cmd.arg("__nvml-query")
         .arg(fake_nvml::lib())
+        .arg(&dir)
         .arg(format!("20=0@{}", bus_id(0)))
         .arg(format!("21=3@{}", bus_id(3)))
         .env("FAKE_NVML_CONFIG", &fake)
@@ -671,7 +677,8 @@ fn hanging_nvml_is_abandoned_at_the_deadline() {
         fake_nvml::lib(),
         json!({"probe_timeout_ms": 300, "policy": {"on_unknown": "reject"}}),
     );
-    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInitWithFlags"));
+    // (no driver list here: NVML enumerates, after a plain nvmlInit_v2)
+    let out = strict.prestart(&spec_with_gpus(&[1]), &hang("nvmlInit_v2"));
     strict.rejected(
         &out,
         "devgate: rejected /dev/nvidia1 (195:1): nvml unknown: NVML did not answer in 300 ms; policy on_unknown reject",
@@ -1226,8 +1233,9 @@ mod direct {
                 .init()
         }
 
+        /// A plain init, as devgate's: every GPU the scenario lists is counted and attached.
         fn nvml(&self) -> Nvml {
-            self.open(InitFlags::NO_ATTACH).unwrap()
+            self.open(InitFlags::empty()).unwrap()
         }
 
         fn calls(&self) -> Vec<Call> {
@@ -1266,23 +1274,40 @@ mod direct {
         );
     }
 
+    /// NVML_INIT_FLAG_NO_ATTACH leaves NVML with no GPU at all, as measured on an H200
+    /// (driver 580.159.04): nothing counted, lookups by address or UUID NOT_FOUND, by index
+    /// INVALID_ARGUMENT. It does not defer the attach to the lookup.
     #[test]
-    fn init_flags_are_recorded_and_no_attach_attaches_nothing() {
-        let f = fake("nvml-flags", healthy_node());
-        drop(f.nvml());
-        assert_eq!(
-            f.calls()[0],
-            Call {
-                func: "nvmlInitWithFlags".into(),
-                target: "flags=0x2".into()
-            }
-        );
-        assert!(
-            !f.calls().iter().any(|c| c.func == "attach"),
-            "{:?}",
-            f.calls()
-        );
-        assert_eq!(f.calls().last().unwrap().func, "nvmlShutdown");
+    fn init_flags_are_recorded_and_no_attach_leaves_nvml_no_gpu() {
+        for flags in [
+            InitFlags::NO_ATTACH,
+            InitFlags::NO_GPUS | InitFlags::NO_ATTACH,
+        ] {
+            let f = fake("nvml-flags", healthy_node());
+            let nvml = f.open(flags).unwrap();
+            assert_eq!(nvml.device_count().unwrap(), 0, "{flags:?}");
+            let r = nvml.device_by_pci_bus_id(bus(1)).map(|_| ());
+            assert!(matches!(r, Err(NvmlError::NotFound)), "{flags:?}: {r:?}");
+            let r = nvml.device_by_uuid(uuid(1)).map(|_| ());
+            assert!(matches!(r, Err(NvmlError::NotFound)), "{flags:?}: {r:?}");
+            let r = nvml.device_by_index(0).map(|_| ());
+            assert!(matches!(r, Err(NvmlError::InvalidArg)), "{flags:?}: {r:?}");
+            drop(nvml);
+            assert_eq!(
+                f.calls()[0],
+                Call {
+                    func: "nvmlInitWithFlags".into(),
+                    target: format!("flags={:#x}", flags.bits())
+                }
+            );
+            assert!(
+                !f.calls().iter().any(|c| c.func == "attach"),
+                "{:?}",
+                f.calls()
+            );
+            assert_eq!(f.calls().last().unwrap().func, "nvmlShutdown");
+        }
+        assert_eq!(INIT_FLAG_NO_ATTACH | INIT_FLAG_NO_GPUS, 3);
 
         // plain nvmlInit_v2 attaches every GPU NVML counts
         let f = fake("nvml-flags2", healthy_node());
@@ -1297,37 +1322,46 @@ mod direct {
             .collect();
         assert_eq!(attached, (0..8).map(bus).collect::<Vec<_>>());
 
-        let f = fake("nvml-flags3", healthy_node());
-        drop(f.open(InitFlags::NO_GPUS | InitFlags::NO_ATTACH).unwrap());
-        assert_eq!(f.calls()[0].target, "flags=0x3");
-        assert_eq!(INIT_FLAG_NO_ATTACH | INIT_FLAG_NO_GPUS, 3);
+        // NO_GPUS counts and attaches them too
+        let f = fake("nvml-flags1", healthy_node());
+        let nvml = f.open(InitFlags::NO_GPUS).unwrap();
+        assert_eq!(nvml.device_count().unwrap(), 8);
+        assert_eq!(
+            nvml.device_by_pci_bus_id(bus(1))
+                .unwrap()
+                .minor_number()
+                .unwrap(),
+            1
+        );
+        assert_eq!(f.calls()[0].target, "flags=0x1");
     }
 
+    /// NVML counts the GPUs the driver lists in /proc/driver/nvidia/gpus at init: with only
+    /// GPU 5's directory there, init attaches GPU 5 alone and nothing else is touched.
     #[test]
-    fn a_lookup_by_pci_bus_id_attaches_and_queries_only_that_gpu() {
-        let f = fake("nvml-one", healthy_node());
+    fn only_the_gpus_the_drivers_list_shows_are_counted_and_attached() {
+        let dir = tempdir("nvml-one-listed");
+        let gpus = dir.join("gpus");
+        std::fs::create_dir_all(gpus.join(bus(5))).unwrap();
+        let f = fake("nvml-one", with_proc_gpus(healthy_node(), &gpus));
         let nvml = f.nvml();
+        assert_eq!(nvml.device_count().unwrap(), 1);
         let dev = nvml.device_by_pci_bus_id(bus(5)).unwrap();
         assert_eq!(dev.minor_number().unwrap(), 5);
         assert_eq!(dev.uuid().unwrap(), uuid(5));
         assert_eq!(dev.pci_info().unwrap().bus_id, bus_id(5));
-        assert_eq!(buses_touched(&f.log), [bus(5)]);
+        assert_eq!(nvml.device_by_index(0).unwrap().minor_number().unwrap(), 5);
+        assert_eq!(buses_touched(&f.log), [bus(5)], "{:?}", f.calls());
         assert!(f.logged("attach", &bus(5)));
-        assert!(f.logged("nvmlDeviceGetMinorNumber", &bus(5)));
-        assert!(!f.calls().iter().any(
-            |c| c.func == "nvmlDeviceGetCount_v2" || c.func == "nvmlDeviceGetHandleByIndex_v2"
-        ));
+        let r = nvml.device_by_pci_bus_id(bus(3)).map(|_| ());
+        assert!(matches!(r, Err(NvmlError::NotFound)), "{r:?}");
 
-        // the log does see enumeration, so a test built on it can fail
-        let count = nvml.device_count().unwrap();
-        for i in 0..count {
-            nvml.device_by_index(i).unwrap().minor_number().unwrap();
-        }
-        assert_eq!(buses_touched(&f.log), {
-            let mut all = vec![bus(5)];
-            all.extend((0..8).filter(|&i| i != 5).map(bus));
-            all
-        });
+        // the log does see every GPU where every GPU is listed, so a test built on it can
+        // fail
+        let f = fake("nvml-all", healthy_node());
+        let nvml = f.nvml();
+        nvml.device_by_pci_bus_id(bus(5)).unwrap();
+        assert_eq!(buses_touched(&f.log), (0..8).map(bus).collect::<Vec<_>>());
     }
 
     #[test]
@@ -1448,23 +1482,26 @@ mod direct {
         const FOREVER: u64 = 600_000;
         let scenario = node_of_with(4, 3, fault::hangs(FOREVER));
 
-        // NO_ATTACH: GPU 3's lookup never returns; GPUs 0-2 answer meanwhile
-        let f = fake("nvml-hang", scenario.clone());
-        let nvml = Arc::new(f.nvml());
-        let (tx, rx) = mpsc::channel();
-        let stuck = Arc::clone(&nvml);
-        std::thread::spawn(move || {
-            let r = stuck.device_by_pci_bus_id(bus(3)).map(|_| ());
-            let _ = tx.send(r);
-        });
-        wait_for("GPU 3's attach to start", || f.logged("attach", &bus(3)));
+        // GPU 3 hidden from the driver's list (as devgate's query child for another GPU
+        // sees it): init never attaches it, GPUs 0-2 answer
+        let dir = tempdir("nvml-hang-view");
+        let gpus = dir.join("gpus");
+        for i in 0..3 {
+            std::fs::create_dir_all(gpus.join(bus(i))).unwrap();
+        }
+        let f = fake("nvml-hang", with_proc_gpus(scenario.clone(), &gpus));
+        let nvml = f.nvml();
         for i in 0..3 {
             let dev = nvml.device_by_pci_bus_id(bus(i)).unwrap();
             assert_eq!(dev.minor_number().unwrap(), i as u32);
             assert_eq!(dev.current_pcie_link_gen().unwrap(), 4);
             assert!(!dev.is_drain_enabled(None).unwrap());
         }
-        still_waiting(&rx, "GPU 3's lookup");
+        assert!(
+            !f.calls().iter().any(|c| c.target == bus(3)),
+            "{:?}",
+            f.calls()
+        );
 
         // a GPU that attaches but hangs in one query: only that query is stuck
         let f = fake(

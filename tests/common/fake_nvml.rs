@@ -345,11 +345,27 @@ pub fn healthy_node() -> Value {
     node_with(0, json!({}))
 }
 
-/// Writes a scenario file; its path goes into FAKE_NVML_CONFIG.
+/// Writes a scenario file; its path goes into FAKE_NVML_CONFIG. Where `dir` holds a driver
+/// list ([`write_proc_gpus`] with `dir` as its root, the test's `proc_root`), the fake is
+/// told to count only the GPUs listed there at its init ([`with_proc_gpus`]), as the real
+/// library counts only those of /proc/driver/nvidia/gpus.
 pub fn write_scenario(dir: &Path, name: &str, scenario: &Value) -> PathBuf {
     let p = dir.join(format!("{name}.json"));
-    fs::write(&p, serde_json::to_vec_pretty(scenario).unwrap()).unwrap();
+    let gpus = dir.join("driver/nvidia/gpus");
+    let scenario = if gpus.is_dir() && scenario.get("proc_gpus").is_none() {
+        with_proc_gpus(scenario.clone(), &gpus)
+    } else {
+        scenario.clone()
+    };
+    fs::write(&p, serde_json::to_vec_pretty(&scenario).unwrap()).unwrap();
     p
+}
+
+/// `scenario` with the fake counting only the GPUs whose directory is under `gpus_dir`
+/// (a `/proc/driver/nvidia/gpus`) when NVML is initialised.
+pub fn with_proc_gpus(mut scenario: Value, gpus_dir: &Path) -> Value {
+    scenario["proc_gpus"] = json!(gpus_dir);
+    scenario
 }
 
 /// /dev/nvidia0..n-1 as char 195:N under a test dev_root (needs root).

@@ -54,6 +54,7 @@ impl GpuContext {
         let mut log = None;
         let nvml = nvml::NvmlAnswer::for_gpus(
             &config.nvml_library,
+            &config.proc_root,
             timeout(config),
             &wanted,
             &stuck,
@@ -66,9 +67,12 @@ impl GpuContext {
     /// Every GPU NVML counts, in one process: for a node whose driver list is unreadable.
     pub fn enumerated(config: &Config) -> GpuContext {
         let mut log = None;
-        let nvml = nvml::NvmlAnswer::enumerate(&config.nvml_library, timeout(config), || {
-            log = Some(read_log(config))
-        });
+        let nvml = nvml::NvmlAnswer::enumerate(
+            &config.nvml_library,
+            &config.proc_root,
+            timeout(config),
+            || log = Some(read_log(config)),
+        );
         GpuContext::with(config, nvml, log, Vec::new())
     }
 

@@ -36,8 +36,22 @@
 //!
 //! Attaching: NVML opens a GPU ("attaches" it) before it can answer for it. nvmlInit_v2 and
 //! nvmlInitWithFlags without NVML_INIT_FLAG_NO_ATTACH (2) attach every counted GPU, so one
-//! GPU that hangs at attach hangs the init; with NO_ATTACH, a handle lookup attaches only the
-//! GPU it returns.
+//! GPU that hangs at attach hangs the init.
+//!
+//! NVML_INIT_FLAG_NO_ATTACH does not defer the attach to the handle lookups: NVML then has
+//! no GPU at all. Measured with ctypes on an NVIDIA H200, driver 580.159.04 (2026-12-04):
+//! with flags 2 (or 3, NO_GPUS|NO_ATTACH) init succeeds, nvmlDeviceGetCount_v2 gives 0,
+//! nvmlDeviceGetHandleByPciBusId_v2("00000000:00:06.0") NVML_ERROR_NOT_FOUND (6) and
+//! nvmlDeviceGetHandleByIndex_v2(0) NVML_ERROR_INVALID_ARGUMENT (2); with flags 0 or 1
+//! (NO_GPUS) the count is 1 and both lookups succeed. The fake does the same: under
+//! NO_ATTACH it counts nothing, lookups by PCI bus id or UUID answer NOT_FOUND, by index
+//! INVALID_ARGUMENT.
+//!
+//! The GPUs NVML counts are the ones the driver lists in /proc/driver/nvidia/gpus (the
+//! container toolkit hides a container's other GPUs by mounting over that list). Where the
+//! scenario names `"proc_gpus": "<dir>"`, the fake counts (and attaches) only the GPUs whose
+//! `<dir>/<canonical address>` directory exists at init, as the real library does; without
+//! it, every GPU of the scenario is listed.
 //!
 //! Every other function nvml-wrapper looks up is exported too and answers
 //! NVML_ERROR_NOT_SUPPORTED (`stubs.rs`), as the real library exports them all.
@@ -232,11 +246,15 @@ fn lost_at(g: &Value) -> &str {
 }
 
 fn missing(g: &Value) -> bool {
-    g["missing"].as_bool() == Some(true)
+    g["missing"].as_bool() == Some(true) || g["_unlisted"].as_bool() == Some(true)
 }
 
-/// Positions in `gpus` of the GPUs NVML counts, in index order.
+/// Positions in `gpus` of the GPUs NVML counts, in index order: none after an init with
+/// NVML_INIT_FLAG_NO_ATTACH, as the real library.
 fn counted(cfg: &Value) -> Vec<usize> {
+    if cfg["_no_attach"].as_bool() == Some(true) {
+        return Vec::new();
+    }
     cfg["gpus"]
         .as_array()
         .map(|a| (0..a.len()).filter(|&i| !missing(&a[i])).collect())
@@ -377,10 +395,14 @@ fn init(func: &str, flags: c_uint) -> Ret {
     let Ok(text) = std::fs::read(&path) else {
         return DRIVER_NOT_LOADED;
     };
-    let Ok(cfg) = serde_json::from_slice::<Value>(&text) else {
+    let Ok(mut cfg) = serde_json::from_slice::<Value>(&text) else {
         return DRIVER_NOT_LOADED;
     };
     log_call(&cfg, func, &format!("flags={flags:#x}"));
+    unlist_hidden(&mut cfg);
+    if flags & INIT_FLAG_NO_ATTACH != 0 {
+        cfg["_no_attach"] = Value::Bool(true);
+    }
     if let Some(e) = cfg["init_error"].as_u64() {
         return e as Ret;
     }
@@ -398,6 +420,21 @@ fn init(func: &str, flags: c_uint) -> Ret {
         }
     }
     SUCCESS
+}
+
+/// Marks `_unlisted` each GPU whose directory under `proc_gpus` is not there now: NVML
+/// enumerates the driver's list at init and counts nothing else.
+fn unlist_hidden(cfg: &mut Value) {
+    let Some(dir) = cfg["proc_gpus"].as_str().map(std::path::PathBuf::from) else {
+        return;
+    };
+    if let Some(gpus) = cfg["gpus"].as_array_mut() {
+        for g in gpus {
+            if !dir.join(canonical(g)).is_dir() {
+                g["_unlisted"] = Value::Bool(true);
+            }
+        }
+    }
 }
 
 #[no_mangle]

@@ -1,11 +1,16 @@
-//! The query children's side of [`super::isolate`]: each keeps only its own pipe, puts its
-//! stdio on /dev/null, asks NVML about its one GPU, writes the answer and `_exit`s; and the
-//! query process ([`serve`]) that forks them for a hook with other threads.
+//! The query children's side of [`super::isolate`]: each keeps only its own pipes, puts its
+//! stdio on /dev/null, and for each of its GPUs in turn shows NVML that GPU alone
+//! ([`super::view`]), opens NVML, writes the answer; then `_exit`s. And the query process
+//! ([`serve`]) that forks them for a hook with other threads.
 
 use super::isolate::wire::{Answer, Job};
 use super::query;
+use super::view::GpuView;
+use nvml_wrapper::bitmasks::InitFlags;
+use nvml_wrapper::Nvml;
 use std::ffi::OsString;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
 use std::time::Instant;
 
 /// A query child still running this long after it started ends itself: the alarm kills it
@@ -16,7 +21,7 @@ const ABANDON_AFTER_S: u32 = 600;
 /// child per job and ends without waiting for them. Never returns.
 pub fn serve(args: &[OsString]) -> ! {
     let parsed = parse_args(args);
-    let Some((library, jobs)) = parsed else {
+    let Some((library, proc_root, jobs)) = parsed else {
         // SAFETY: ends the process at once.
         unsafe { libc::_exit(2) }
     };
@@ -24,7 +29,9 @@ pub fn serve(args: &[OsString]) -> ! {
         // SAFETY: this process is single-threaded (main.rs calls serve first thing), so the
         // child may run anything; it ends with _exit.
         match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => run_child(&library, &[(*fd, job.clone())]),
+            Ok(nix::unistd::ForkResult::Child) => {
+                run_child(&library, &proc_root, &[(*fd, job.clone())])
+            }
             Ok(nix::unistd::ForkResult::Parent { .. }) => {}
             Err(e) => write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}"))),
         }
@@ -35,8 +42,12 @@ pub fn serve(args: &[OsString]) -> ! {
     unsafe { libc::_exit(0) }
 }
 
-fn parse_args(args: &[OsString]) -> Option<(OsString, Vec<(RawFd, Job)>)> {
+/// `LIBRARY PROC_ROOT FD=JOB…`.
+type Parsed = (OsString, OsString, Vec<(RawFd, Job)>);
+
+fn parse_args(args: &[OsString]) -> Option<Parsed> {
     let (library, rest) = args.split_first()?;
+    let (proc_root, rest) = rest.split_first()?;
     let mut jobs = Vec::new();
     for a in rest {
         let s = a.to_str()?;
@@ -44,32 +55,30 @@ fn parse_args(args: &[OsString]) -> Option<(OsString, Vec<(RawFd, Job)>)> {
         let fd: RawFd = fd.parse().ok().filter(|fd| *fd > 2)?;
         jobs.push((fd, Job::parse(job)?));
     }
-    Some((library.clone(), jobs))
+    Some((library.clone(), proc_root.clone(), jobs))
 }
 
 /// A list of jobs, in a process of their own: keeps only their pipes, puts stdio on
-/// /dev/null, opens NVML once, then answers the jobs in order, each on its own pipe, which
-/// it closes at once so that the hook sees that job answered while the next runs; then
-/// `_exit`s. Never returns, not even by a panic: a child forked from the hook must never
-/// run on into the hook's code.
-pub(super) fn run_child(library: &OsString, jobs: &[(RawFd, Job)]) -> ! {
+/// /dev/null, then answers the jobs in order, each on its own pipe, which it closes at once
+/// so that the hook sees that job answered while the next runs; then `_exit`s. Never
+/// returns, not even by a panic: a child forked from the hook must never run on into the
+/// hook's code.
+///
+/// NVML is opened once per job, on a view of the driver's list that shows that job's GPU
+/// alone, and shut down before the next: init attaches every GPU NVML sees, so one NVML for
+/// all the jobs would attach them all and a GPU that hangs at attach would hold the others.
+/// A shutdown that hangs (a lost GPU) leaves the jobs after it to be asked again elsewhere,
+/// as any stuck job does ([`super::isolate::ask`]).
+pub(super) fn run_child(library: &OsString, proc_root: &OsString, jobs: &[(RawFd, Job)]) -> ! {
     let keep: Vec<RawFd> = jobs.iter().map(|(fd, _)| *fd).collect();
     close_others(&keep);
     stdio_to_null();
     // SAFETY: alarm only arms a timer; its default action ends this process.
     unsafe { libc::alarm(ABANDON_AFTER_S) };
-    let started = Instant::now();
-    let opened = std::panic::catch_unwind(|| query::open(library))
-        .unwrap_or_else(|_| Err("the NVML query panicked".into()));
-    let init_us = started.elapsed().as_micros() as u64;
+    let mut view = gpu_view(Path::new(proc_root), jobs);
+    pin_library(library);
     // Asked once: the driver is the same for every GPU this process answers for.
-    let driver_version = opened.as_ref().ok().and_then(|nvml| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            nvml.sys_driver_version().ok()
-        }))
-        .ok()
-        .flatten()
-    });
+    let mut driver_version = None;
     for (i, (fd, job)) in jobs.iter().enumerate() {
         if reader_gone(*fd) {
             // The hook asked this GPU again elsewhere (or left): asking it here too could
@@ -78,11 +87,21 @@ pub(super) fn run_child(library: &OsString, jobs: &[(RawFd, Job)]) -> ! {
             unsafe { libc::close(*fd) };
             continue;
         }
+        let unisolated = match (job, &mut view) {
+            (Job::Gpu { bus_id, .. }, Ok(v)) => v.show(bus_id).err(),
+            (Job::Gpu { .. }, Err(e)) => Some(e.clone()),
+            (Job::Every, _) => None,
+        };
+        let started = Instant::now();
+        let opened = std::panic::catch_unwind(|| query::open(library, flags(job)))
+            .unwrap_or_else(|_| Err("the NVML query panicked".into()));
+        let init_us = started.elapsed().as_micros() as u64;
         let answer = match &opened {
-            // The library's load and init are counted once, with the first answer.
             Ok(nvml) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let init_us = if i == 0 { init_us } else { 0 };
-                answer(nvml, job, init_us, driver_version.clone())
+                if driver_version.is_none() {
+                    driver_version = nvml.sys_driver_version().ok();
+                }
+                answer(nvml, job, init_us, driver_version.clone(), unisolated)
             }))
             .unwrap_or_else(|_| Answer::Failed("the NVML query panicked".into())),
             Err(e) => Answer::Failed(e.clone()),
@@ -90,17 +109,64 @@ pub(super) fn run_child(library: &OsString, jobs: &[(RawFd, Job)]) -> ! {
         write_answer(*fd, &answer);
         // SAFETY: this process's copy of the job's pipe, used by nothing else after this.
         unsafe { libc::close(*fd) };
+        if let Ok(nvml) = opened {
+            if i + 1 < jobs.len() {
+                // nvmlShutdown, so that the next init enumerates the next view afresh.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(nvml)));
+            } else {
+                // No nvmlShutdown after the last: a lost GPU can hang it, and the process
+                // ends now anyway.
+                std::mem::forget(nvml);
+            }
+        }
     }
-    // No nvmlShutdown: a lost GPU can hang it, and the process ends now anyway.
     // SAFETY: ends the process at once, without the library's destructors.
     unsafe { libc::_exit(0) }
 }
 
+/// The view this child's GPU jobs are asked on, or why there is none. NVML is then opened
+/// on every GPU the driver lists: the answers stay true, only the isolation is lost.
+fn gpu_view(proc_root: &Path, jobs: &[(RawFd, Job)]) -> Result<GpuView, String> {
+    let wanted: Vec<&str> = jobs
+        .iter()
+        .filter_map(|(_, j)| match j {
+            Job::Gpu { bus_id, .. } => Some(bus_id.as_str()),
+            Job::Every => None,
+        })
+        .collect();
+    if wanted.is_empty() {
+        return Err("no GPU asked for by address".into());
+    }
+    std::panic::catch_unwind(|| GpuView::enter(proc_root, &wanted))
+        .unwrap_or_else(|_| Err("the mount namespace setup panicked".into()))
+}
+
+/// Loads the library once for the life of this process, so that each job's open and shut
+/// down does not unload and load it again (and run its destructors between jobs). A
+/// library that does not load is left for [`query::open`] to report.
+fn pin_library(library: &OsString) {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(path) = std::ffi::CString::new(library.as_bytes()) {
+        // SAFETY: a NUL-terminated path; the handle is never closed, on purpose.
+        unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    }
+}
+
+/// NO_GPUS for one GPU, so that init succeeds even when the GPU is gone from the list (its
+/// lookup then says so); a plain init for every GPU. Never NO_ATTACH (see [`query::open`]).
+fn flags(job: &Job) -> InitFlags {
+    match job {
+        Job::Gpu { .. } => InitFlags::NO_GPUS,
+        Job::Every => InitFlags::empty(),
+    }
+}
+
 fn answer(
-    nvml: &nvml_wrapper::Nvml,
+    nvml: &Nvml,
     job: &Job,
     init_us: u64,
     driver_version: Option<String>,
+    unisolated: Option<String>,
 ) -> Answer {
     let gpus = match job {
         Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(nvml, bus_id, *index)]),
@@ -111,6 +177,7 @@ fn answer(
             driver_version,
             gpus,
             init_us,
+            unisolated,
         },
         Err(e) => Answer::Failed(e),
     }

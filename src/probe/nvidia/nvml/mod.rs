@@ -14,6 +14,7 @@ pub(crate) mod facts;
 pub(crate) mod isolate;
 pub(crate) mod query;
 pub(crate) mod stuck;
+mod view;
 
 pub use facts::{display_bus_id, GpuCounters, GpuFacts, Link, Reading, LOST};
 
@@ -54,6 +55,7 @@ impl NvmlAnswer {
     /// `meanwhile` runs while the children do.
     pub fn for_gpus(
         library: &Path,
+        proc_root: &Path,
         timeout: Duration,
         gpus: &[(u32, ProcGpu)],
         stuck: &stuck::Stuck,
@@ -75,7 +77,7 @@ impl NvmlAnswer {
         if jobs.is_empty() {
             meanwhile();
         } else {
-            let asked = isolate::ask(library, timeout, &jobs, meanwhile);
+            let asked = isolate::ask(library, proc_root, timeout, &jobs, meanwhile);
             for (&i, asked) in ask.iter().zip(asked) {
                 if let Some(pid) = asked.stuck {
                     stuck.record(&gpus[i].1.pci, pid);
@@ -101,16 +103,28 @@ impl NvmlAnswer {
 
     /// Every GPU NVML counts, read in one process within `timeout`: for a node whose
     /// driver list cannot be read. `meanwhile` runs while the child does.
-    pub fn enumerate(library: &Path, timeout: Duration, meanwhile: impl FnOnce()) -> NvmlAnswer {
+    pub fn enumerate(
+        library: &Path,
+        proc_root: &Path,
+        timeout: Duration,
+        meanwhile: impl FnOnce(),
+    ) -> NvmlAnswer {
         let started = Instant::now();
-        let answer = isolate::ask(library, timeout, &[isolate::Job::Every], meanwhile)
-            .pop()
-            .map_or_else(|| Err("no answer".into()), |a| a.answer);
+        let answer = isolate::ask(
+            library,
+            proc_root,
+            timeout,
+            &[isolate::Job::Every],
+            meanwhile,
+        )
+        .pop()
+        .map_or_else(|| Err("no answer".into()), |a| a.answer);
         let (gpus, driver_version) = match answer {
             Ok(isolate::Answer::Gpus {
                 driver_version,
                 gpus,
                 init_us,
+                ..
             }) => {
                 let init = InitTimes {
                     slowest_us: init_us,
@@ -181,7 +195,14 @@ fn merge(
                 driver_version,
                 gpus,
                 init_us,
+                unisolated,
             }) if gpus.len() == 1 => {
+                if let Some(why) = unisolated {
+                    log::info!(
+                        "nvml: GPU {}: asked with every GPU in NVML's view, not alone: {why}",
+                        p.pci
+                    );
+                }
                 version = version.or(driver_version);
                 init.slowest_us = init.slowest_us.max(init_us);
                 init.total_us += init_us;
@@ -290,12 +311,14 @@ pub(crate) mod tests {
                 driver_version: Some("550.54.15".into()),
                 gpus: vec![healthy(7)],
                 init_us: 0,
+                unisolated: None,
             }),
             Err("NVML did not answer for this GPU in 2000 ms".into()),
             Ok(Answer::Gpus {
                 driver_version: None,
                 gpus: vec![lost],
                 init_us: 0,
+                unisolated: None,
             }),
         ];
         let (facts, version, _) = merge(&gpus, answers);
@@ -341,6 +364,7 @@ pub(crate) mod tests {
                 driver_version: None,
                 gpus: vec![healthy(1)],
                 init_us: 0,
+                unisolated: None,
             }),
         ];
         let facts = merge(&gpus, one).0.unwrap();
@@ -355,6 +379,7 @@ pub(crate) mod tests {
                 driver_version: None,
                 gpus: vec![healthy(0), healthy(1)],
                 init_us: 0,
+                unisolated: None,
             }),
             Err("x".into()),
         ];
@@ -380,6 +405,7 @@ pub(crate) mod tests {
             driver_version: Some("550.54.15".into()),
             gpus: vec![healthy(2), GpuFacts::unreachable(3, LOST.into(), true)],
             init_us: 0,
+            unisolated: None,
         };
         let bytes = serde_json::to_vec(&a).unwrap();
         assert_eq!(decode(&bytes).unwrap(), a);
@@ -400,6 +426,7 @@ pub(crate) mod tests {
             driver_version: None,
             gpus: (0..=MAX_GPUS).map(healthy).collect(),
             init_us: 0,
+            unisolated: None,
         };
         assert!(decode(&serde_json::to_vec(&many).unwrap())
             .unwrap_err()

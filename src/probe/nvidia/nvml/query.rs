@@ -19,12 +19,15 @@ use std::ffi::OsStr;
 /// nvmlDeviceGpuRecoveryAction_t.
 pub const FI_DEV_GET_GPU_RECOVERY_ACTION: u32 = 230;
 
-/// Opens NVML without attaching any GPU (NVML_INIT_FLAG_NO_ATTACH): a GPU is attached when
-/// a handle lookup names it, so a GPU that hangs at attach hangs only the lookup of it.
-pub fn open(library: &OsStr) -> Result<Nvml, String> {
+/// Opens NVML with `flags`. Never with NVML_INIT_FLAG_NO_ATTACH: it does not defer the
+/// attach to the handle lookups but leaves NVML no GPU at all (measured on an H200, driver
+/// 580.159.04: count 0, a lookup by PCI bus id NOT_FOUND, by index INVALID_ARGUMENT). Init
+/// attaches every GPU NVML enumerates; a query child asking about one GPU shows NVML only
+/// that GPU first ([`super::view`]).
+pub fn open(library: &OsStr, flags: InitFlags) -> Result<Nvml, String> {
     Nvml::builder()
         .lib_path(library)
-        .flags(InitFlags::NO_ATTACH)
+        .flags(flags)
         .init()
         .map_err(|e| init_error(library, &e))
 }

@@ -80,6 +80,7 @@ pub struct Asked {
 /// themselves are calls.
 pub fn ask(
     library: &Path,
+    proc_root: &Path,
     timeout: Duration,
     jobs: &[Job],
     meanwhile: impl FnOnce(),
@@ -97,10 +98,10 @@ pub fn ask(
     let started = if may_fork_children() {
         let groups = groups(jobs.len(), processes_for(jobs.len()));
         Ok(Started::Forked(fork_groups(
-            library, &writes, jobs, &groups,
+            library, proc_root, &writes, jobs, &groups,
         )))
     } else {
-        exec_query_process(library, &writes, jobs).map(Started::Exec)
+        exec_query_process(library, proc_root, &writes, jobs).map(Started::Exec)
     };
     // The hook's write ends close now, so that a pipe ends when its child does.
     let mut reads: Vec<OwnedFd> = pipes.drain(..).map(|(r, _)| r).collect();
@@ -116,7 +117,13 @@ pub fn ask(
             // A fresh pipe and process for a job its first process never reached.
             let Ok(mut p) = make_pipes(1) else { continue };
             let (read, write) = p.remove(0);
-            let pid = fork_groups(library, &[write.as_raw_fd()], &jobs[i..=i], &[vec![0]]);
+            let pid = fork_groups(
+                library,
+                proc_root,
+                &[write.as_raw_fd()],
+                &jobs[i..=i],
+                &[vec![0]],
+            );
             drop(write);
             reads[i] = read;
             pids[i] = pid[0];

@@ -37,11 +37,13 @@ pub(super) fn may_fork_children() -> bool {
 /// fork fails gets that as each of its jobs' answer. Returns the pid that answers each job.
 pub(super) fn fork_groups(
     library: &Path,
+    proc_root: &Path,
     writes: &[RawFd],
     jobs: &[Job],
     groups: &[Vec<usize>],
 ) -> Vec<Option<nix::unistd::Pid>> {
     let library = library.as_os_str().to_owned();
+    let proc_root = proc_root.as_os_str().to_owned();
     let mut pids = vec![None; jobs.len()];
     for group in groups {
         let mine: Vec<(RawFd, Job)> = group
@@ -51,7 +53,7 @@ pub(super) fn fork_groups(
         // SAFETY: the caller checked this process has one thread; the child only runs
         // run_child, which never returns.
         match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => run_child(&library, &mine),
+            Ok(nix::unistd::ForkResult::Child) => run_child(&library, &proc_root, &mine),
             Ok(nix::unistd::ForkResult::Parent { child }) => {
                 for &i in group {
                     pids[i] = Some(child);
@@ -71,6 +73,7 @@ pub(super) fn fork_groups(
 /// for a hook that may have other threads, or that was linked statically.
 pub(super) fn exec_query_process(
     library: &Path,
+    proc_root: &Path,
     writes: &[RawFd],
     jobs: &[Job],
 ) -> Result<std::process::Child, String> {
@@ -86,7 +89,10 @@ pub(super) fn exec_query_process(
                 .map_err(|e| format!("cannot find devgate's own binary: {e}"))?,
         )
     };
-    cmd.arg0("devgate").arg(QUERY_ARG).arg(library);
+    cmd.arg0("devgate")
+        .arg(QUERY_ARG)
+        .arg(library)
+        .arg(proc_root);
     for (fd, job) in writes.iter().zip(jobs) {
         cmd.arg(format!("{fd}={}", job.arg()));
     }

@@ -5,7 +5,7 @@
 use crate::probe::nvidia::nvml::facts::GpuFacts;
 use serde::{Deserialize, Serialize};
 
-/// `devgate __nvml-query LIBRARY FD=JOB…`: the query process. Not a command: main.rs hands
+/// `devgate __nvml-query LIBRARY PROC_ROOT FD=JOB…`: the query process. Not a command: main.rs hands
 /// it to [`super::child::serve`] before anything else runs.
 pub const QUERY_ARG: &str = "__nvml-query";
 
@@ -51,6 +51,10 @@ pub enum Answer {
         /// How long loading the library and nvmlInit took in the child, in µs.
         #[serde(default)]
         init_us: u64,
+        /// Why NVML saw every GPU the driver lists rather than this job's GPU alone (no
+        /// mount namespace: not root): isolation lost for this answer, not its truth.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unisolated: Option<String>,
     },
     /// NVML could not be opened (library missing, init failed) or could not count.
     Failed(String),

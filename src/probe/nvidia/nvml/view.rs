@@ -1,0 +1,179 @@
+//! What a query child lets NVML see of the driver's GPU list.
+//!
+//! NVML has no way to be opened on one GPU. `NVML_INIT_FLAG_NO_ATTACH` does not defer the
+//! attach to a handle lookup, as devgate once believed: on an H200 with driver 580.159.04
+//! it leaves NVML no GPU at all (count 0, every lookup NOT_FOUND or INVALID_ARGUMENT). A
+//! plain init attaches every GPU NVML enumerates, and NVML enumerates the GPUs the driver
+//! lists in `/proc/driver/nvidia/gpus`. So a child asking about one GPU does what the
+//! NVIDIA container toolkit does for a container: in a mount namespace of its own, it
+//! mounts an empty tmpfs over that list and binds back only its GPU's directory. Its init
+//! then attaches that GPU alone, and a GPU that hangs at attach holds only the child asking
+//! about it. Nothing here outlives the child: the namespace ends with it.
+
+use crate::probe::nvidia::pci::PciAddr;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// More GPU directories than any node has; the rest are not looked at.
+const MAX_GPU_DIRS: usize = 256;
+
+/// The driver's list, narrowed in this process's own mount namespace.
+pub(super) struct GpuView {
+    /// `<proc_root>/driver/nvidia/gpus`.
+    gpus_dir: PathBuf,
+    /// The list's own directories, by address, opened before anything covered them.
+    dirs: Vec<(PciAddr, OsString, OwnedFd)>,
+    /// Whether a tmpfs of this view covers `gpus_dir` now.
+    covered: bool,
+}
+
+impl GpuView {
+    /// Moves this process into a mount namespace of its own whose mounts do not propagate
+    /// back, then opens each directory of the list that one of `wanted` (NVML's
+    /// `00000000:3B:00.0`) names. Nothing is covered yet ([`GpuView::show`] does). Err says why the
+    /// GPUs cannot be shown one at a time (no list, not root, no namespaces).
+    pub(super) fn enter(proc_root: &Path, wanted: &[&str]) -> Result<GpuView, String> {
+        let gpus_dir = proc_root.join("driver/nvidia/gpus");
+        let wanted: Vec<PciAddr> = wanted.iter().filter_map(|w| PciAddr::parse(w)).collect();
+        // First the namespace, then the directories: a bind's source must be a mount of
+        // the namespace it is made in, so they are opened in the new one.
+        std::fs::metadata(&gpus_dir)
+            .map_err(|e| format!("cannot read {}: {e}", gpus_dir.display()))?;
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(|e| format!("cannot make a mount namespace: {e}"))?;
+        // Shared mounts would carry the tmpfs out to the host's namespace.
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(|e| format!("cannot make the mounts private: {e}"))?;
+        let entries = std::fs::read_dir(&gpus_dir)
+            .map_err(|e| format!("cannot read {}: {e}", gpus_dir.display()))?;
+        let mut dirs = Vec::new();
+        for e in entries.take(MAX_GPU_DIRS).flatten() {
+            let name = e.file_name();
+            let Some(addr) = name.to_str().and_then(PciAddr::parse) else {
+                continue;
+            };
+            if !wanted.iter().any(|w| same_function(w, &addr)) {
+                continue;
+            }
+            let fd = nix::fcntl::open(
+                &e.path(),
+                nix::fcntl::OFlag::O_PATH
+                    | nix::fcntl::OFlag::O_DIRECTORY
+                    | nix::fcntl::OFlag::O_CLOEXEC
+                    | nix::fcntl::OFlag::O_NOFOLLOW,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open {}: {e}", gpus_dir.join(&name).display()))?;
+            // SAFETY: open returned a new descriptor that nothing else owns.
+            dirs.push((addr, name, unsafe {
+                <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+            }));
+        }
+        Ok(GpuView {
+            gpus_dir,
+            dirs,
+            covered: false,
+        })
+    }
+
+    /// Shows NVML the GPU `bus_id` alone: a fresh empty tmpfs over the list (the one shown
+    /// before goes, with its GPU's bind), and that GPU's own directory bound into it. A GPU
+    /// the list no longer has leaves the list empty. On Err the list is left uncovered
+    /// where it could be.
+    pub(super) fn show(&mut self, bus_id: &str) -> Result<(), String> {
+        self.uncover()?;
+        mount(
+            Some("tmpfs"),
+            &self.gpus_dir,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("mode=0555,size=64k"),
+        )
+        .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", self.gpus_dir.display()))?;
+        self.covered = true;
+        let Some(addr) = PciAddr::parse(bus_id) else {
+            return Ok(());
+        };
+        let Some((_, name, fd)) = self.dirs.iter().find(|(a, _, _)| same_function(a, &addr)) else {
+            return Ok(());
+        };
+        let target = self.gpus_dir.join(name);
+        let bound = std::fs::create_dir(&target)
+            .map_err(|e| format!("cannot make {}: {e}", target.display()))
+            .and_then(|()| {
+                // The directory as opened before the tmpfs covered it.
+                let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                mount(
+                    Some(source.as_str()),
+                    &target,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .map_err(|e| format!("cannot bind {}: {e}", target.display()))
+            });
+        if bound.is_err() {
+            let _ = self.uncover();
+        }
+        bound
+    }
+
+    /// Takes this view's tmpfs (and the bind in it) off the list.
+    pub(super) fn uncover(&mut self) -> Result<(), String> {
+        if self.covered {
+            umount2(&self.gpus_dir, MntFlags::MNT_DETACH)
+                .map_err(|e| format!("cannot unmount {}: {e}", self.gpus_dir.display()))?;
+            self.covered = false;
+        }
+        Ok(())
+    }
+}
+
+/// The same PCI function; a missing function is function 0, as NVML's form always has one.
+fn same_function(a: &PciAddr, b: &PciAddr) -> bool {
+    a.same_slot(b) && a.function.unwrap_or(0) == b.function.unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_drivers_directory_name_and_nvmls_bus_id_name_the_same_function() {
+        let dir = PciAddr::parse("0000:3b:00.0").unwrap();
+        assert!(same_function(
+            &PciAddr::parse("00000000:3B:00.0").unwrap(),
+            &dir
+        ));
+        assert!(!same_function(
+            &PciAddr::parse("00000000:3B:00.1").unwrap(),
+            &dir
+        ));
+        assert!(!same_function(
+            &PciAddr::parse("00000000:3C:00.0").unwrap(),
+            &dir
+        ));
+    }
+
+    #[test]
+    fn a_node_without_the_drivers_list_cannot_show_one_gpu() {
+        let r = GpuView::enter(
+            Path::new("/nonexistent-devgate-proc"),
+            &["00000000:3B:00.0"],
+        );
+        assert!(
+            r.as_ref()
+                .is_err_and(|e| e.starts_with("cannot read /nonexistent-devgate-proc/")),
+            "{:?}",
+            r.err()
+        );
+    }
+}
