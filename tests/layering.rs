@@ -478,7 +478,6 @@ const NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/cli/doctor/runtime_checks.rs", "runtime_checks"),
     ("src/cli/doctor/runtime_checks.rs", "containerd_checks"),
     ("src/config/mod.rs", "validate"),
-    ("src/pipeline/poststop.rs", "poststop_here"),
     ("src/probe/nvidia/gpu/mod.rs", "checks"),
     ("src/probe/nvidia/gpu/select.rs", "resolve_selectors"),
     ("src/report/inventory.rs", "collect"),
