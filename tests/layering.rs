@@ -479,7 +479,6 @@ const NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/cli/doctor/runtime_checks.rs", "containerd_checks"),
     ("src/config/mod.rs", "validate"),
     ("src/probe/nvidia/gpu/mod.rs", "checks"),
-    ("src/probe/nvidia/gpu/select.rs", "resolve_selectors"),
     ("src/report/inventory.rs", "collect"),
     ("src/report/inventory.rs", "metrics_text"),
     ("src/wrapper/mod.rs", "main"),
