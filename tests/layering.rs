@@ -479,8 +479,6 @@ const NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/cli/doctor/runtime_checks.rs", "containerd_checks"),
     ("src/config/mod.rs", "validate"),
     ("src/probe/nvidia/gpu/mod.rs", "checks"),
-    ("src/report/inventory.rs", "collect"),
-    ("src/report/inventory.rs", "metrics_text"),
     ("src/wrapper/mod.rs", "main"),
     ("src/wrapper/remap_spec.rs", "apply"),
     ("src/wrapper/spec_rewrite.rs", "rewrite"),
