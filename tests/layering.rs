@@ -477,7 +477,6 @@ const NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/cli/doctor/node_checks.rs", "hidden_check"),
     ("src/cli/doctor/runtime_checks.rs", "runtime_checks"),
     ("src/cli/doctor/runtime_checks.rs", "containerd_checks"),
-    ("src/config/mod.rs", "validate"),
     ("src/probe/nvidia/gpu/mod.rs", "checks"),
     ("src/wrapper/mod.rs", "main"),
     ("src/wrapper/remap_spec.rs", "apply"),
