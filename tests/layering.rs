@@ -473,8 +473,6 @@ const MAX_FN_LINES: usize = 80;
 const NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/action/nsdev/mod.rs", "replace_node"),
     ("src/action/remap.rs", "apply"),
-    ("src/cli/doctor/runtime_checks.rs", "runtime_checks"),
-    ("src/cli/doctor/runtime_checks.rs", "containerd_checks"),
     ("src/probe/nvidia/gpu/mod.rs", "checks"),
     ("src/wrapper/mod.rs", "main"),
     ("src/wrapper/remap_spec.rs", "apply"),
