@@ -474,8 +474,6 @@ const NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/action/nsdev/mod.rs", "replace_node"),
     ("src/action/remap.rs", "apply"),
     ("src/probe/nvidia/gpu/mod.rs", "checks"),
-    ("src/wrapper/remap_spec.rs", "apply"),
-    ("src/wrapper/spec_rewrite.rs", "rewrite"),
 ];
 
 /// A file's lines of non-test code: those before its `#[cfg(test)]` module (all of them
