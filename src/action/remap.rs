@@ -274,9 +274,6 @@ pub(crate) fn abandon(decisions: &mut [DeviceDecision], i: usize, why: String) {
 /// Remaps every device whose disposition is Remap. On success they stay Remap and the
 /// records say what was done; on any failure every such device becomes Reject with the
 /// reason, and the spares leased here are given back.
-///
-/// Long because it is one sequence: guards that reject every remap alike, the loop, then
-/// the undo when one fails; split, the undo would be far from what it undoes.
 pub fn apply(
     config: &Config,
     state: &State,
@@ -293,40 +290,17 @@ pub fn apply(
         fail_all(decisions, USERNS);
         return Applied::default();
     }
-    let Some(process) = process else {
-        fail_all(decisions, "the runtime state has no container pid");
-        return Applied::default();
-    };
-    let pid = process.pid;
-    let pidfd = match process.pidfd() {
-        Ok(fd) => fd,
-        Err(m) => {
-            fail_all(decisions, &m);
-            return Applied::default();
-        }
-    };
-    // Read by pid number, then checked alive by locate's pidfd check below.
-    let pid_start = lease::pid_start(pid);
-    let loc = match cgroup::locate(pid, pidfd) {
-        Ok(l) => l,
-        Err(e) => {
-            fail_all(decisions, &e.to_string());
-            return Applied::default();
-        }
-    };
-    let cgroups_path = spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref());
-    if let Err(m) = cgroup::path::check(loc.path(), cgroups_path, &state.id) {
-        fail_all(decisions, &m);
-        return Applied::default();
-    }
-    if let Some(why) = systemd_refusal(&loc, systemd_running()) {
-        fail_all(decisions, &why);
-        return Applied::default();
-    }
-    let rootfs = match rootfs(state, spec) {
-        Ok(r) => r,
-        Err(e) => {
-            fail_all(decisions, &e.to_string());
+    // Whatever stands in the way of editing the container rejects every remap alike.
+    let Target {
+        pid,
+        pidfd,
+        pid_start,
+        loc,
+        rootfs,
+    } = match target(state, spec, process) {
+        Ok(t) => t,
+        Err(why) => {
+            fail_all(decisions, &why);
             return Applied::default();
         }
     };
@@ -343,13 +317,58 @@ pub fn apply(
         rootfs,
         taken: Vec::new(),
     };
+    remap_all(&mut cx, decisions)
+}
+
+/// Where a remap edits the container: its process, its cgroup, its rootfs.
+struct Target {
+    pid: i32,
+    pidfd: RawFd,
+    pid_start: Option<u64>,
+    loc: Location,
+    rootfs: PathBuf,
+}
+
+/// The container's process, cgroup and rootfs, each checked in turn; the error says why
+/// no remap can be made in this container.
+fn target(
+    state: &State,
+    spec: &Spec,
+    process: Option<&ContainerProcess>,
+) -> std::result::Result<Target, String> {
+    let Some(process) = process else {
+        return Err("the runtime state has no container pid".to_string());
+    };
+    let pid = process.pid;
+    let pidfd = process.pidfd()?;
+    // Read by pid number, then checked alive by locate's pidfd check below.
+    let pid_start = lease::pid_start(pid);
+    let loc = cgroup::locate(pid, pidfd).map_err(|e| e.to_string())?;
+    let cgroups_path = spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref());
+    cgroup::path::check(loc.path(), cgroups_path, &state.id)?;
+    if let Some(why) = systemd_refusal(&loc, systemd_running()) {
+        return Err(why);
+    }
+    let rootfs = rootfs(state, spec).map_err(|e| e.to_string())?;
+    Ok(Target {
+        pid,
+        pidfd,
+        pid_start,
+        loc,
+        rootfs,
+    })
+}
+
+/// Each device to remap in turn, until one fails: then the container will not start, every
+/// spare taken for it is given back, and the other remaps are abandoned.
+fn remap_all(cx: &mut Ctx, decisions: &mut [DeviceDecision]) -> Applied {
     let mut out = Applied::default();
     let mut failed = None;
     for (i, dec) in decisions.iter().enumerate() {
         if dec.disposition != Disposition::Remap {
             continue;
         }
-        match remap_one(&mut cx, dec) {
+        match remap_one(cx, dec) {
             Ok(r) => {
                 out.lines.push(r.line(&dec.device));
                 out.remaps.push(r);
@@ -363,7 +382,7 @@ pub fn apply(
     if let Some((i, why)) = failed {
         // The container will not start: give back every spare taken for it.
         for r in &out.remaps {
-            give_back(&cx.leases, r.spare, &state.id);
+            give_back(&cx.leases, r.spare, &cx.state.id);
         }
         abandon(decisions, i, why);
         return Applied::default();

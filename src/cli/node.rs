@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{check_dir, write_atomic};
 use crate::model::text::{json_safe_string, one_line};
 use crate::report::inventory::{self, Filed};
+use crate::report::metrics;
 use crate::report::record;
 use crate::store::lease::Lease;
 use crate::store::quarantine::{self, Ledger};
@@ -185,7 +186,7 @@ pub(super) fn metrics(args: &Args) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let rows = inventory::collect(&config)?;
     let exits = record::list_exits(&config.state_dir);
-    let text = inventory::metrics_text(&rows, &exits);
+    let text = metrics::metrics_text(&rows, &exits);
     let dir = path
         .parent()
         .ok_or_else(|| Error::Usage(format!("--textfile {}: no directory", path.display())))?;

@@ -221,11 +221,29 @@ impl Config {
         toolkit::reading(self.nvidia_toolkit_config.as_deref(), &candidates)
     }
 
-    /// Checks the loaded values; the first bad one is the error, naming its key.
-    /// Long because it is one check per key, each an early return with its own message; they
-    /// read as the list of rules.
+    /// Checks the loaded values; the first bad one is the error, naming its key. The
+    /// checks run in the order of the rules' list, each an early return.
     fn validate(&self, path: &Path) -> Result<()> {
         let what = format!("config {}", path.display());
+        self.check_absolute_paths(&what)?;
+        self.check_program_paths(&what)?;
+        if !(1..=MAX_PROBE_TIMEOUT_MS).contains(&self.probe_timeout_ms) {
+            return Err(Error::invalid(
+                &what,
+                format!(
+                    "probe_timeout_ms {} out of range 1-{MAX_PROBE_TIMEOUT_MS}",
+                    self.probe_timeout_ms
+                ),
+            ));
+        }
+        xid::XidTable::new(&self.gpu.xid_actions).map_err(|e| Error::invalid(&what, e))?;
+        self.check_class_names(&what)?;
+        self.check_class_rules(&what)
+    }
+
+    /// Every path devgate reads or writes is absolute: the directories, the files set, and
+    /// every spare.
+    fn check_absolute_paths(&self, what: &str) -> Result<()> {
         for (key, p) in [
             ("state_dir", &self.state_dir),
             ("quarantine_dir", &self.quarantine_dir),
@@ -238,7 +256,7 @@ impl Config {
         ] {
             if !p.is_absolute() {
                 return Err(Error::invalid(
-                    &what,
+                    what,
                     format!("{key} {p:?} is not an absolute path"),
                 ));
             }
@@ -249,7 +267,7 @@ impl Config {
         ] {
             if let Some(p) = p.as_ref().filter(|p| !p.is_absolute()) {
                 return Err(Error::invalid(
-                    &what,
+                    what,
                     format!("{key} {p:?} is not an absolute path"),
                 ));
             }
@@ -258,54 +276,48 @@ impl Config {
             for p in paths {
                 if !p.is_absolute() {
                     return Err(Error::invalid(
-                        &what,
+                        what,
                         format!("spares.{class}: {p:?} is not an absolute path"),
                     ));
                 }
             }
         }
-        let lib = self.nvml_library.as_os_str();
-        if lib.is_empty()
-            || (!self.nvml_library.is_absolute() && lib.as_encoded_bytes().contains(&b'/'))
-        {
+        Ok(())
+    }
+
+    /// The programs devgate loads or runs, `nvml_library` and `runtime.path`: each an
+    /// absolute path or a bare name.
+    fn check_program_paths(&self, what: &str) -> Result<()> {
+        if !absolute_or_bare(&self.nvml_library) {
             // A relative path would be resolved against whatever directory the runtime
             // runs hooks in; a bare name goes through the loader's own search path.
             return Err(Error::invalid(
-                &what,
+                what,
                 format!(
                     "nvml_library {:?} must be an absolute path or a bare library name",
                     self.nvml_library
                 ),
             ));
         }
-        let rt = self.runtime.path.as_os_str();
-        if rt.is_empty()
-            || (!self.runtime.path.is_absolute() && rt.as_encoded_bytes().contains(&b'/'))
-        {
+        if !absolute_or_bare(&self.runtime.path) {
             // A relative path would name whatever the shim's working directory holds.
             return Err(Error::invalid(
-                &what,
+                what,
                 format!(
                     "runtime.path {:?} must be an absolute path or a bare command name",
                     self.runtime.path
                 ),
             ));
         }
-        if !(1..=MAX_PROBE_TIMEOUT_MS).contains(&self.probe_timeout_ms) {
-            return Err(Error::invalid(
-                &what,
-                format!(
-                    "probe_timeout_ms {} out of range 1-{MAX_PROBE_TIMEOUT_MS}",
-                    self.probe_timeout_ms
-                ),
-            ));
-        }
-        xid::XidTable::new(&self.gpu.xid_actions).map_err(|e| Error::invalid(&what, e))?;
-        self.check_class_names(&what)?;
+        Ok(())
+    }
+
+    /// Every rule in `device_classes` matches something: a major or a path.
+    fn check_class_rules(&self, what: &str) -> Result<()> {
         for r in &self.device_classes {
             if r.major.is_none() && r.path.is_none() {
                 return Err(Error::invalid(
-                    &what,
+                    what,
                     format!(
                         "device_classes: class {:?} needs a major or a path",
                         r.class
@@ -358,6 +370,13 @@ impl Config {
         rules.extend(class::builtin());
         rules
     }
+}
+
+/// A path that is absolute, or a bare name with no `/` (found through a search path);
+/// not empty.
+fn absolute_or_bare(p: &Path) -> bool {
+    let s = p.as_os_str();
+    !s.is_empty() && (p.is_absolute() || !s.as_encoded_bytes().contains(&b'/'))
 }
 
 #[cfg(test)]

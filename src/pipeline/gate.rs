@@ -1,24 +1,23 @@
 //! The gate (prestart / createRuntime, and the runtime wrapper through [`gate_with`]):
 //! spec → devices → probes → policy → remap → record.
 
+use super::assigned::{assigned, Assigned};
 use super::outcome::{Outcome, Remapper, Reply};
 use crate::action::nsdev::ContainerProcess;
 use crate::action::remap;
 use crate::config::policy::Action;
 use crate::config::Config;
-use crate::discover::gpu::GpuSelector;
-use crate::discover::{self, gpu};
+use crate::discover;
 use crate::error::Result;
 use crate::fsutil::program;
 use crate::model::clock;
 use crate::model::device::Device;
-use crate::model::text::one_line;
 use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, Snapshot};
-use crate::probe::nvidia::{self, GpuContext};
+use crate::probe::nvidia::GpuContext;
 use crate::probe::{pcie, probe_all, Findings, HostNodes, Probed};
 use crate::report::prior;
 use crate::report::record::{self, Decision, PodInfo};
@@ -27,106 +26,6 @@ use crate::store::marker;
 use crate::store::quarantine::Ledger;
 use std::path::Path;
 use std::time::Instant;
-
-/// The devices a spec assigns, GPUs its selectors name included, with the GPU context
-/// when a GPU is among them (NVML is opened at most once per hook call), a warning
-/// line for each selector that names no GPU, and one when the NVIDIA toolkit's config
-/// could not be read as the toolkit reads it (not an unknown: it only widens the check).
-///
-/// Long because the GPU context and the driver's list thread through every step (the GPU
-/// list, the kernel log only for an unknown UUID, the selectors resolved, NVML asked about
-/// what they chose): NVML is opened at most once, so each step sees whether an earlier
-/// one opened it.
-fn assigned(config: &Config, spec: &Spec) -> Result<Assigned> {
-    let rules = config.class_rules();
-    let mut devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
-    let mut toolkit_warning = None;
-    let mut selectors = gpu::gpu_selectors_with(spec, || {
-        let (on, warning) = config.env_selectors_warned();
-        toolkit_warning = warning.map(|w| one_line(&w));
-        on
-    });
-    let mut ctx = None;
-    let mut warnings = Vec::new();
-    if !selectors.is_empty() || nvidia::has_gpu(&devices) {
-        // Selectors are resolved by the driver's list without NVML; only where that list
-        // cannot be read does NVML enumerate, and then its answer serves the probes too.
-        let driver = nvidia::driver_gpus(config);
-        let known = if driver.is_empty() {
-            let g = GpuContext::enumerated(config);
-            if nvidia::no_nvidia_node(config, &g.nvml) {
-                selectors.clear();
-            }
-            let k = nvidia::gpu::KnownGpus::from_answer(&g.nvml);
-            ctx = Some(g);
-            k
-        } else {
-            nvidia::gpu::KnownGpus::from_driver(&driver)
-        };
-        let nodes = gpu::gpu_minor_nodes(&config.dev_root);
-        // UUIDs the list does not know (a lost GPU's, which neither NVML nor the driver can
-        // read any more) are placed by the driver's `GPU at` lines in the kernel log; the
-        // log is read for that only when such a UUID is there (through its cache, which
-        // the probes then read from).
-        let unknown_uuid = selectors
-            .iter()
-            .any(|(s, _)| matches!(s, GpuSelector::Uuid(u) if !known.knows_uuid(u)));
-        let placed = if unknown_uuid {
-            let read;
-            let log = match &ctx {
-                Some(g) => &g.kmsg,
-                None => {
-                    read = nvidia::read_log(config);
-                    &read
-                }
-            };
-            let gpu_at = log.as_ref().map(|s| s.gpu_at.as_slice()).unwrap_or(&[]);
-            let procs: Vec<_> = driver.iter().map(|(_, p)| p.clone()).collect();
-            nvidia::gpu_at::place_uuid_selectors(
-                std::mem::take(&mut selectors),
-                &known,
-                ctx.as_ref().map(|g| &g.nvml),
-                gpu_at,
-                &procs,
-            )
-        } else {
-            nvidia::gpu_at::Placed {
-                minors: Vec::new(),
-                rest: std::mem::take(&mut selectors),
-            }
-        };
-        let (chosen, unresolved) = nvidia::gpu::resolve_selectors(&placed.rest, &known, &nodes);
-        for (minor, source) in placed.minors.into_iter().chain(chosen) {
-            let d = gpu::selected_gpu(minor, source, &rules, &config.dev_root, &config.sysfs_root);
-            if !devices.iter().any(|e| e.num == d.num) {
-                devices.push(d);
-            }
-        }
-        warnings = unresolved
-            .iter()
-            .map(|u| one_line(&format!("devgate: warning: {u}")))
-            .collect();
-        if ctx.is_none() {
-            let minors = nvidia::gpu_minors(&devices);
-            ctx = Some(GpuContext::for_minors(config, &driver, &minors));
-        }
-    }
-    Ok(Assigned {
-        devices,
-        gpu: ctx,
-        unknowns: warnings,
-        toolkit_warning,
-    })
-}
-
-/// What [`assigned`] found: the devices, the GPU context, a warning per selector naming no
-/// GPU (an unknown to the policy), and the toolkit config's warning (no unknown).
-struct Assigned {
-    devices: Vec<Device>,
-    gpu: Option<GpuContext>,
-    unknowns: Vec<String>,
-    toolkit_warning: Option<String>,
-}
 
 /// prestart / createRuntime: decide whether the container may start.
 pub(super) fn gate(
@@ -197,9 +96,6 @@ fn adopt(state_dir: &Path, keep: usize, id: &str, pid: Option<i32>) {
 
 /// The gate on a loaded spec: discover, probe, decide, remap through `remap`, record.
 /// `stage` is the record's (`prestart`, or the runtime command for the wrapper).
-///
-/// Long because it is the one path from spec to record, stage after stage; each stage is
-/// a call into its layer.
 pub(crate) fn gate_with(
     stage: &str,
     state: &State,
@@ -208,6 +104,12 @@ pub(crate) fn gate_with(
     started: Instant,
     remap: &mut Remapper,
 ) -> Result<Reply> {
+    let start = Start {
+        stage,
+        state,
+        spec,
+        started,
+    };
     let Assigned {
         devices,
         gpu,
@@ -217,24 +119,7 @@ pub(crate) fn gate_with(
     // A selector naming no GPU devgate can find is an unknown, like a probe that cannot
     // tell: under `on_unknown: reject` it refuses the start rather than check nothing.
     if let Some(line) = policy::unknown_selectors(&selector_warnings, &config.policy) {
-        // Recorded like any decision, so `devgate explain` tells why.
-        let message = Some(line.clone());
-        let d = record_of(
-            stage,
-            state,
-            spec,
-            started,
-            clock::now(),
-            Action::Reject,
-            message,
-        );
-        record::keep(config, &d);
-        return Ok(Reply {
-            exit_code: 1,
-            stderr: vec![line.clone()],
-            action: Some(Action::Reject),
-            message: Some(line),
-        });
+        return Ok(reject_unknown_selectors(&start, config, line));
     }
     // After the unknowns' check: a toolkit config devgate cannot read is no unknown.
     selector_warnings.extend(toolkit_warning);
@@ -245,6 +130,26 @@ pub(crate) fn gate_with(
             ..Reply::default()
         });
     }
+    Ok(judge(
+        &start,
+        config,
+        devices,
+        gpu,
+        selector_warnings,
+        remap,
+    ))
+}
+
+/// The start's devices probed, decided and remapped through `remap`; what was judged
+/// recorded (the PCIe baselines, the counters, the record) and the hook's reply.
+fn judge(
+    start: &Start,
+    config: &Config,
+    devices: Vec<Device>,
+    gpu: Option<GpuContext>,
+    selector_warnings: Vec<String>,
+    remap: &mut Remapper,
+) -> Reply {
     let ledger = Ledger::new(&config.quarantine_dir);
     // Every device here came from `assigned`, whose discovery found its host node just now.
     let Probed { verdicts, findings } = probe_all(
@@ -256,59 +161,114 @@ pub(crate) fn gate_with(
     );
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);
-    let (action, mut message, mut warnings) = policy::summarize(&decisions);
-    if action == Action::Reject {
-        message = message.map(|m| with_prior_fault(config, spec, state, m));
-    }
-    warnings.extend(selector_warnings);
+    let summary = summarize(config, start, &decisions, selector_warnings);
     let in_use = record::in_use(decisions.iter().map(|d| &d.device), &applied.remaps);
     let used = with_findings(&decisions, &in_use, &findings);
-    // What this start judged becomes the PCIe baseline of the next (probe::pcie).
+    advance_baselines(config, &decisions, &findings, &used, gpu.as_ref());
+    let (time_unix, time) = clock::now();
+    let snapshot = (summary.action != Action::Reject)
+        .then(|| snapshot_of(config, &ledger, gpu.as_ref(), &used, time_unix));
+    let decision = Decision {
+        devices: decisions,
+        snapshot,
+        remaps: applied.remaps,
+        ..start.record((time_unix, time), summary.action, summary.message.clone())
+    };
+    record::keep(config, &decision);
+    reply_of(applied.lines, summary)
+}
+
+/// The reject of a start whose selectors name a GPU devgate cannot find, under
+/// `on_unknown: reject`: recorded like any decision, so `devgate explain` tells why.
+fn reject_unknown_selectors(start: &Start, config: &Config, line: String) -> Reply {
+    let message = Some(line.clone());
+    let d = start.record(clock::now(), Action::Reject, message);
+    record::keep(config, &d);
+    Reply {
+        exit_code: 1,
+        stderr: vec![line.clone()],
+        action: Some(Action::Reject),
+        message: Some(line),
+    }
+}
+
+/// What the policy made of a start's decisions: its action, the reject line (with the
+/// pod's prior fault), and the warnings, the selectors' last.
+struct Summary {
+    action: Action,
+    message: Option<String>,
+    warnings: Vec<String>,
+}
+
+/// The policy's summary of `decisions`, with the reject line's prior fault.
+fn summarize(
+    config: &Config,
+    start: &Start,
+    decisions: &[DeviceDecision],
+    selector_warnings: Vec<String>,
+) -> Summary {
+    let (action, mut message, mut warnings) = policy::summarize(decisions);
+    if action == Action::Reject {
+        message = message.map(|m| with_prior_fault(config, start.spec, start.state, m));
+    }
+    warnings.extend(selector_warnings);
+    Summary {
+        action,
+        message,
+        warnings,
+    }
+}
+
+/// What this start judged becomes the PCIe baseline of the next (probe::pcie): the
+/// devices probed, and a spare the remap put in.
+fn advance_baselines(
+    config: &Config,
+    decisions: &[DeviceDecision],
+    findings: &[Findings],
+    used: &[(&Device, Option<&Findings>)],
+    gpu: Option<&GpuContext>,
+) {
     let mut judged: Vec<(&Device, Option<&Findings>)> = decisions
         .iter()
         .map(|d| &d.device)
         .zip(findings.iter().map(Some))
         .collect();
     judged.extend(used.iter().filter(|(_, f)| f.is_none()));
-    pcie::advance_baselines(&config.sysfs_root, &config.state_dir, &judged, gpu.as_ref());
+    pcie::advance_baselines(&config.sysfs_root, &config.state_dir, &judged, gpu);
+}
 
-    let (time_unix, time) = clock::now();
-    let snapshot = (action != Action::Reject).then(|| Snapshot {
+/// The counters of the devices in use at `time_unix`, for poststop to compare against.
+fn snapshot_of(
+    config: &Config,
+    ledger: &Ledger,
+    gpu: Option<&GpuContext>,
+    used: &[(&Device, Option<&Findings>)],
+    time_unix: u64,
+) -> Snapshot {
+    Snapshot {
         time_unix,
-        kmsg_seq: gpu.as_ref().and_then(GpuContext::next_kmsg_seq),
+        kmsg_seq: gpu.and_then(GpuContext::next_kmsg_seq),
         devices: used
             .iter()
-            .map(|(d, f)| counters::snapshot_of(config, &ledger, d, gpu.as_ref(), *f))
+            .map(|(d, f)| counters::snapshot_of(config, ledger, d, gpu, *f))
             .collect(),
-    });
-    let decision = Decision {
-        devices: decisions,
-        snapshot,
-        remaps: applied.remaps,
-        ..record_of(
-            stage,
-            state,
-            spec,
-            started,
-            (time_unix, time),
-            action,
-            message.clone(),
-        )
-    };
-    record::keep(config, &decision);
+    }
+}
 
+/// The hook's answer: the remap's lines, the warnings, and on a reject its line.
+fn reply_of(remap_lines: Vec<String>, summary: Summary) -> Reply {
     let mut reply = Reply {
         exit_code: 0,
-        stderr: applied.lines,
-        action: Some(action),
-        message: message.clone(),
+        stderr: remap_lines,
+        action: Some(summary.action),
+        message: summary.message.clone(),
     };
-    reply.stderr.extend(warnings);
-    if action == Action::Reject {
+    reply.stderr.extend(summary.warnings);
+    if summary.action == Action::Reject {
         reply.exit_code = 1;
-        reply.stderr.extend(message);
+        reply.stderr.extend(summary.message);
     }
-    Ok(reply)
+    reply
 }
 
 /// A rejected start of a container whose previous run in the same pod ended with a
@@ -337,30 +297,45 @@ fn with_findings<'a>(
         .collect()
 }
 
-/// A gate's record with no devices, snapshot or remaps yet; `now` is the decision's time.
-fn record_of(
-    stage: &str,
-    state: &State,
-    spec: &Spec,
+/// The start a gate judges, as its record names it: `stage` is the record's (`prestart`,
+/// or the runtime command for the wrapper).
+struct Start<'a> {
+    stage: &'a str,
+    state: &'a State,
+    spec: &'a Spec,
     started: Instant,
-    (time_unix, time): (u64, String),
-    action: Action,
-    message: Option<String>,
-) -> Decision {
-    Decision {
-        time,
-        time_unix,
-        stage: stage.to_string(),
-        container_id: state.id.clone(),
-        pid: state.pid(),
-        pid_start: state.pid().and_then(crate::store::lease::pid_start),
-        pod: PodInfo::from_annotations(spec, &state.annotations),
-        devices: Vec::new(),
-        action,
-        message,
-        elapsed_us: started.elapsed().as_micros() as u64,
-        version: crate::VERSION.to_string(),
-        snapshot: None,
-        remaps: Vec::new(),
+}
+
+impl Start<'_> {
+    /// The start's record with no devices, snapshot or remaps yet; `now` is the decision's
+    /// time.
+    fn record(
+        &self,
+        (time_unix, time): (u64, String),
+        action: Action,
+        message: Option<String>,
+    ) -> Decision {
+        let Start {
+            stage,
+            state,
+            spec,
+            started,
+        } = self;
+        Decision {
+            time,
+            time_unix,
+            stage: stage.to_string(),
+            container_id: state.id.clone(),
+            pid: state.pid(),
+            pid_start: state.pid().and_then(crate::store::lease::pid_start),
+            pod: PodInfo::from_annotations(spec, &state.annotations),
+            devices: Vec::new(),
+            action,
+            message,
+            elapsed_us: started.elapsed().as_micros() as u64,
+            version: crate::VERSION.to_string(),
+            snapshot: None,
+            remaps: Vec::new(),
+        }
     }
 }

@@ -8,14 +8,15 @@ use crate::discover;
 use crate::error::Result;
 use crate::fsutil::program;
 use crate::model::clock;
+use crate::model::device::Device;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
-use crate::probe::counters::{self, DeviceSnapshot};
+use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
 use crate::probe::nvidia::GpuContext;
 use crate::report::fault::{self, Fault};
 use crate::report::pod_log;
 use crate::report::prior;
-use crate::report::record::{self, ExitRecord, StopLine};
+use crate::report::record::{self, ExitRecord, StartRecord, StopLine};
 use crate::report::termination::{self, Delivery};
 use crate::store::marker;
 use crate::store::quarantine::Ledger;
@@ -46,10 +47,8 @@ pub(super) fn poststop(
     poststop_here(state, spec.as_ref(), config_path, started).map(Outcome::Replied)
 }
 
-/// poststop in this process, once the spec (if the bundle is still there) named devices.
-///
-/// Long because it is the poststop path, stage after stage; each stage is a call into
-/// its layer and the early returns are the cases with nothing to do.
+/// poststop in this process, once the spec (if the bundle is still there) named devices:
+/// the devices in use read again, their faults, and the exit record.
 fn poststop_here(
     state: &State,
     spec: Option<&Spec>,
@@ -57,35 +56,17 @@ fn poststop_here(
     started: Instant,
 ) -> Result<Reply> {
     let config = Config::load(config_path)?;
-    // Spares go back first: whatever else fails below, a lease must not outlive its container.
-    spare::release(&config, &state.id);
-    // The runtime wrapper's marker is for this run only (a runtime deleting without the
-    // wrapper never tells it).
-    if let Err(e) = marker::remove(&config.state_dir, &state.id) {
-        log::error!("cannot remove the decided marker of {}: {e}", state.id);
-    }
-    let Some(rec) = record::read_start(&config.state_dir, &state.id)? else {
+    end_this_run(&config, &state.id);
+    let Some(Ran { rec, start }) = ran(&config, &state.id)? else {
         return Ok(Reply::default());
     };
-    let Some(start) = &rec.snapshot else {
-        return Ok(Reply::default()); // rejected: it never ran
-    };
-    if record::read_exit(&config.state_dir, &state.id)?.is_some() {
-        return Ok(Reply::default());
-    }
     let ledger = Ledger::new(&config.quarantine_dir);
     let devices = record::in_use(rec.devices.iter().map(|d| &d.device), &rec.remaps);
     // NVML and the kernel log are read again only for a container that had a GPU.
     let gpu = GpuContext::for_devices(&config, &devices);
-    // The devices' nodes are looked up below dev_root as one batch: the root checked once.
-    let now: Vec<DeviceSnapshot> = crate::fsutil::one_look_at_root(|| {
-        devices
-            .iter()
-            .map(|d| counters::snapshot_of(&config, &ledger, d, gpu.as_ref(), None))
-            .collect()
-    });
+    let now = read_again(&config, &ledger, &devices, gpu.as_ref());
     let xids = gpu.as_ref().map(fault::xid_reports).unwrap_or_default();
-    let faults = fault::diff(start, &now, &xids);
+    let faults = fault::diff(&start, &now, &xids);
     let lines: Vec<String> = faults.iter().map(Fault::line).collect();
 
     let termination_message =
@@ -98,26 +79,83 @@ fn poststop_here(
         faults,
         started: rec.time.clone(),
         started_unix: rec.time_unix,
-        stopped: stopped.clone(),
+        stopped,
         stopped_unix,
         termination_message,
         version: crate::VERSION.to_string(),
     };
-    // The exit record's directory and the log's share most of their path: each directory
-    // on the way is stat'ed once for both.
+    keep_exit(&config, &exit, started);
+    Ok(Reply {
+        exit_code: 0,
+        stderr: lines,
+        ..Reply::default()
+    })
+}
+
+/// What ends with the run whatever else fails below: its spares go back first (a lease
+/// must not outlive its container), then the runtime wrapper's marker, which is for this
+/// run only (a runtime deleting without the wrapper never tells it).
+fn end_this_run(config: &Config, id: &str) {
+    spare::release(config, id);
+    if let Err(e) = marker::remove(&config.state_dir, id) {
+        log::error!("cannot remove the decided marker of {id}: {e}");
+    }
+}
+
+/// A start that ran: its record and the snapshot the gate took of its devices.
+struct Ran {
+    rec: StartRecord,
+    start: Snapshot,
+}
+
+/// The container's start, when it ran (a rejected start has no snapshot) and no earlier
+/// poststop kept its exit record yet.
+fn ran(config: &Config, id: &str) -> Result<Option<Ran>> {
+    let Some(mut rec) = record::read_start(&config.state_dir, id)? else {
+        return Ok(None);
+    };
+    let Some(start) = rec.snapshot.take() else {
+        return Ok(None); // rejected: it never ran
+    };
+    if record::read_exit(&config.state_dir, id)?.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(Ran { rec, start }))
+}
+
+/// The devices' counters now. Their nodes are looked up below dev_root as one batch: the
+/// root checked once.
+fn read_again(
+    config: &Config,
+    ledger: &Ledger,
+    devices: &[Device],
+    gpu: Option<&GpuContext>,
+) -> Vec<DeviceSnapshot> {
+    crate::fsutil::one_look_at_root(|| {
+        devices
+            .iter()
+            .map(|d| counters::snapshot_of(config, ledger, d, gpu, None))
+            .collect()
+    })
+}
+
+/// The exit record, what the next start's reject line tells, and the log's stop line.
+/// The exit record's directory and the log's share most of their path: each directory on
+/// the way is stat'ed once for both.
+fn keep_exit(config: &Config, exit: &ExitRecord, started: Instant) {
     crate::fsutil::dirs_checked_once(|| {
-        if let Err(e) = record::write_exit(&config.state_dir, &exit, config.exits_keep) {
+        if let Err(e) = record::write_exit(&config.state_dir, exit, config.exits_keep) {
             log::error!("cannot keep exit record: {e}");
         }
         // What the reject line of this container's next start tells (a restart).
-        prior::keep(&config.state_dir, &exit, config.exits_keep);
+        prior::keep(&config.state_dir, exit, config.exits_keep);
         if let Some(log_file) = &config.log_file {
             let line = StopLine {
-                time: &stopped,
-                time_unix: stopped_unix,
+                time: &exit.stopped,
+                time_unix: exit.stopped_unix,
                 stage: "poststop",
-                container_id: &state.id,
-                pod: &rec.pod,
+                container_id: &exit.container_id,
+                pod: &exit.pod,
                 faults: &exit.faults,
                 elapsed_us: started.elapsed().as_micros() as u64,
                 version: crate::VERSION,
@@ -127,11 +165,6 @@ fn poststop_here(
             }
         }
     });
-    Ok(Reply {
-        exit_code: 0,
-        stderr: lines,
-        ..Reply::default()
-    })
 }
 
 /// The termination message, and under FallbackToLogsOnError with a file the app left

@@ -5,9 +5,8 @@
 use crate::config::Config;
 use crate::discover::devnode::{accelerators, find_host_node};
 use crate::error::Result;
-use crate::model::class::{self, Class};
+use crate::model::class::{self, Class, ClassRule};
 use crate::model::device::{DevNum, Device};
-use crate::model::text::one_line;
 use crate::model::verdict::{ProbeResult, Verdict};
 use crate::probe::nvidia::{gpu, nvml, GpuContext};
 use crate::probe::{probe_all, HostNodes};
@@ -135,33 +134,70 @@ fn assigned(config: &Config) -> Vec<Device> {
     out
 }
 
-/// Long because it gathers the rows from each source in turn (accelerators, spares,
-/// quarantine, running containers, leases), then probes them all at once.
+/// Every device the node knows, gathered from each source in turn (accelerators, spares,
+/// quarantine, running containers, leases), then probed all at once.
 pub fn collect(config: &Config) -> Result<Vec<Row>> {
     let rules = config.class_rules();
     let ledger = Ledger::new(&config.quarantine_dir);
-    let mut rows: Vec<(Device, Vec<&'static str>)> = Vec::new();
-    let mut add =
-        |dev: Device, role: &'static str| match rows.iter_mut().find(|(d, _)| d.num == dev.num) {
+    let mut found = Found::default();
+    for d in accelerators(&config.dev_root, &rules) {
+        found.add(d, "accelerator");
+    }
+    for d in configured_spares(config) {
+        found.add(d, "spare");
+    }
+    for d in quarantined(config, &ledger, &rules)? {
+        found.add(d, "quarantined");
+    }
+    for d in assigned(config) {
+        found.add(d, "assigned");
+    }
+    // Leases of spares no longer configured still show.
+    let slots = Leases::new(&config.state_dir).list().unwrap_or_else(|e| {
+        log::warn!("cannot list leases: {e}");
+        Vec::new()
+    });
+    for (num, slot) in &slots {
+        if let Slot::Held(l) = slot {
+            found.add(
+                Device::on_host(*num, l.class.clone(), Some(l.spare_path.clone())),
+                "spare",
+            );
+        }
+    }
+    Ok(probed(config, &ledger, found, &slots))
+}
+
+/// The devices gathered so far, each once, with every role it was found in.
+#[derive(Default)]
+struct Found(Vec<(Device, Vec<&'static str>)>);
+
+impl Found {
+    fn add(&mut self, dev: Device, role: &'static str) {
+        match self.0.iter_mut().find(|(d, _)| d.num == dev.num) {
             Some((_, roles)) => {
                 if !roles.contains(&role) {
                     roles.push(role)
                 }
             }
-            None => rows.push((dev, vec![role])),
-        };
-    for d in accelerators(&config.dev_root, &rules) {
-        add(d, "accelerator");
+            None => self.0.push((dev, vec![role])),
+        }
     }
+}
+
+/// The spares the config names that are device nodes; the others are logged.
+fn configured_spares(config: &Config) -> Vec<Device> {
+    let mut out = Vec::new();
     for (class, paths) in &config.spares {
         for p in paths {
             // A missing spare and a spare that is some other file are told apart: the
             // first is the common case (a node gone with its GPU, a typo in the config).
             match std::fs::metadata(p).map(|m| DevNum::from_metadata(&m)) {
-                Ok(Some(num)) => add(
-                    Device::on_host(num, Class::from(class.as_str()), Some(p.clone())),
-                    "spare",
-                ),
+                Ok(Some(num)) => out.push(Device::on_host(
+                    num,
+                    Class::from(class.as_str()),
+                    Some(p.clone()),
+                )),
                 Ok(None) => {
                     log::warn!("spare {} (class {class}) is not a device node", p.display())
                 }
@@ -173,58 +209,40 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
             }
         }
     }
+    out
+}
+
+/// The devices in the quarantine ledger, each at its host node where one is found.
+fn quarantined(config: &Config, ledger: &Ledger, rules: &[ClassRule]) -> Result<Vec<Device>> {
+    let mut out = Vec::new();
     for (num, _) in ledger.list()? {
         let host = find_host_node(&config.dev_root, &config.sysfs_root, num, &[]);
         let paths: Vec<&Path> = host.iter().map(PathBuf::as_path).collect();
-        let class = class::classify(&rules, num.typ, num.major, num.minor, &paths);
-        add(Device::on_host(num, class, host), "quarantined");
+        let class = class::classify(rules, num.typ, num.major, num.minor, &paths);
+        out.push(Device::on_host(num, class, host));
     }
-    for d in assigned(config) {
-        add(d, "assigned");
-    }
-    // Leases of spares no longer configured still show.
-    let slots = Leases::new(&config.state_dir).list().unwrap_or_else(|e| {
-        log::warn!("cannot list leases: {e}");
-        Vec::new()
-    });
-    for (num, slot) in &slots {
-        if let Slot::Held(l) = slot {
-            add(
-                Device::on_host(*num, l.class.clone(), Some(l.spare_path.clone())),
-                "spare",
-            );
-        }
-    }
+    Ok(out)
+}
 
-    let devices: Vec<Device> = rows.iter().map(|(d, _)| d.clone()).collect();
+/// The devices found, probed all at once, each a row with its verdicts, its quarantine
+/// entry, its lease and what NVML says of it.
+fn probed(config: &Config, ledger: &Ledger, found: Found, slots: &[(DevNum, Slot)]) -> Vec<Row> {
+    let devices: Vec<Device> = found.0.iter().map(|(d, _)| d.clone()).collect();
     let gpu = GpuContext::for_devices(config, &devices);
-    let verdicts = probe_all(
-        config,
-        &ledger,
-        &devices,
-        gpu.as_ref(),
-        HostNodes::Unchecked,
-    )
-    .verdicts;
-    Ok(rows
+    let verdicts = probe_all(config, ledger, &devices, gpu.as_ref(), HostNodes::Unchecked).verdicts;
+    found
+        .0
         .into_iter()
         .zip(verdicts)
         .map(|((device, roles), verdicts)| {
-            let quarantine = match ledger.lookup(device.num) {
-                Lookup::Clear => None,
-                Lookup::Cordoned(e) => Some(Filed::Read(e)),
-                Lookup::Damaged { path, error } => Some(Filed::Damaged {
-                    damaged: path,
-                    error,
-                }),
-            };
+            let quarantine = quarantine_of(ledger, device.num);
             let reasons = verdicts
                 .iter()
                 .filter(|r| !matches!(r.verdict, Verdict::Healthy | Verdict::NotApplicable(_)))
                 .filter_map(|r| r.verdict.reason().map(|why| labelled(&r.probe, why)))
                 .collect();
             Row {
-                lease: lease_of(&slots, device.num),
+                lease: lease_of(slots, device.num),
                 gpu: gpu.as_ref().and_then(|g| gpu_status(g, &device, &verdicts)),
                 health: Health::of(&verdicts),
                 device,
@@ -234,7 +252,18 @@ pub fn collect(config: &Config) -> Result<Vec<Row>> {
                 quarantine,
             }
         })
-        .collect())
+        .collect()
+}
+
+fn quarantine_of(ledger: &Ledger, num: DevNum) -> Option<Filed<Entry>> {
+    match ledger.lookup(num) {
+        Lookup::Clear => None,
+        Lookup::Cordoned(e) => Some(Filed::Read(e)),
+        Lookup::Damaged { path, error } => Some(Filed::Damaged {
+            damaged: path,
+            error,
+        }),
+    }
 }
 
 fn lease_of(slots: &[(DevNum, Slot)], num: DevNum) -> Option<Filed<Lease>> {
@@ -298,101 +327,6 @@ pub fn check_summary(rows: &[Row]) -> (i32, String) {
         ),
         _ => (0, format!("devgate: ok: {} devices healthy", rows.len())),
     }
-}
-
-/// A label value: outside text escaped first (so a newline cannot end the sample), then
-/// quoted as Prometheus's text format wants.
-fn label(s: &str) -> String {
-    one_line(s)
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// Prometheus text format for node_exporter's textfile collector.
-///
-/// Long because it is the list of metric families, one block each.
-pub fn metrics_text(rows: &[Row], exits: &[record::ExitRecord]) -> String {
-    let mut out = String::new();
-    let mut family = |name: &str, help: &str, samples: Vec<(String, u64)>| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
-        for (labels, v) in samples {
-            if labels.is_empty() {
-                out.push_str(&format!("{name} {v}\n"));
-            } else {
-                out.push_str(&format!("{name}{{{labels}}} {v}\n"));
-            }
-        }
-    };
-    let dev_labels = |r: &Row| {
-        format!(
-            "device=\"{}\",class=\"{}\",major_minor=\"{}\"",
-            label(&r.device.name()),
-            label(r.device.class.as_str()),
-            r.device.num
-        )
-    };
-    family(
-        "devgate_device_healthy",
-        "1 when no probe finds the device unhealthy or unknown.",
-        rows.iter()
-            .map(|r| (dev_labels(r), u64::from(r.health <= Health::Degraded)))
-            .collect(),
-    );
-    family(
-        "devgate_device_health",
-        "The device's health, one series per state with value 1 for the current one.",
-        rows.iter()
-            .flat_map(|r| {
-                [
-                    Health::Healthy,
-                    Health::Degraded,
-                    Health::Unknown,
-                    Health::Unhealthy,
-                ]
-                .into_iter()
-                .map(move |h| {
-                    (
-                        format!("{},health=\"{}\"", dev_labels(r), h.as_str()),
-                        u64::from(r.health == h),
-                    )
-                })
-            })
-            .collect(),
-    );
-    family(
-        "devgate_device_quarantined",
-        "1 when an operator cordoned the device.",
-        rows.iter()
-            .map(|r| (dev_labels(r), u64::from(r.quarantine.is_some())))
-            .collect(),
-    );
-    family(
-        "devgate_spare_leased",
-        "1 when a spare is leased to a container.",
-        rows.iter()
-            .filter(|r| r.roles.contains(&"spare"))
-            .map(|r| (dev_labels(r), u64::from(r.lease.is_some())))
-            .collect(),
-    );
-    let mut by_code: std::collections::BTreeMap<&str, u64> = Default::default();
-    for f in exits.iter().flat_map(|x| &x.faults) {
-        *by_code.entry(&f.code).or_default() += 1;
-    }
-    family(
-        "devgate_recent_faults",
-        "Device faults in the exit records devgate keeps, by code.",
-        by_code
-            .into_iter()
-            .map(|(c, n)| (format!("code=\"{}\"", label(c)), n))
-            .collect(),
-    );
-    family(
-        "devgate_exit_records",
-        "Exit records kept under state_dir/exits.",
-        vec![(String::new(), exits.len() as u64)],
-    );
-    out
 }
 
 /// `probe: reason`, unless the probe already named itself (the NVML and XID reasons do).
@@ -492,7 +426,7 @@ mod tests {
     fn metrics_are_prometheus_text() {
         let mut r = row(Health::Unhealthy, "x");
         r.device.host_path = Some("/dev/we\"ird".into());
-        let text = metrics_text(&[r], &[]);
+        let text = crate::report::metrics::metrics_text(&[r], &[]);
         assert!(text.contains("# TYPE devgate_device_healthy gauge\n"));
         assert!(text.contains("devgate_device_healthy{device=\"/dev/we\\\"ird\",class=\"nvidia-gpu\",major_minor=\"195:1\"} 0\n"), "{text}");
         assert!(text.contains("health=\"unhealthy\"} 1\n"));

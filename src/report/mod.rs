@@ -4,6 +4,7 @@
 
 pub(crate) mod fault;
 pub(crate) mod inventory;
+pub(crate) mod metrics;
 pub(crate) mod pod_log;
 pub(crate) mod prior;
 pub(crate) mod record;

@@ -29,7 +29,7 @@ use crate::oci::state::State;
 use crate::pipeline::{self, Reply};
 use crate::store::lease::{holder_alive, Leases};
 use crate::store::marker;
-use argv::{Command, Create, Global, LogFormat, Resources, Update};
+use argv::{Command, Create, Global, Invocation, LogFormat, Resources, Update};
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::fs::OpenOptions;
@@ -90,11 +90,9 @@ pub enum GateIn {
     Devgate,
 }
 
-/// Runs the wrapper on the runtime's arguments; returns only when it does not exec.
-/// Long because it is the wrapper's one path from the runtime's arguments to exec: every
+/// Runs the wrapper on the runtime's arguments; returns only when it does not exec. Every
 /// early return writes to the shim's log with the arguments' global flags (`fail`,
-/// `log_error`), and the create arm maps each outcome of the gate, a panic included, to
-/// what the shim sees.
+/// `log_error`).
 pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_in: GateIn) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let inv = argv::parse(args, &cwd);
@@ -123,59 +121,63 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_
         Err(e) => return fail(&inv.global, &e),
     };
     match &inv.command {
-        Command::Create(c) | Command::Run(c) => {
-            if gate_in == GateIn::Devgate && c.id.is_some() {
-                // no device to gate (a spec that may name one was handed on above)
-                return exec(&inv.global, &real, args);
-            }
-            let name = inv.name.as_deref().unwrap_or("create");
-            let witness = inv
-                .global
-                .root
-                .clone()
-                .or_else(|| default_root(&real))
-                .zip(c.id.as_ref())
-                .map(|(root, id)| root.join(id));
-            let gated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                gate(
-                    &config,
-                    name,
-                    c,
-                    witness,
-                    inv.global.systemd_cgroup,
-                    started,
-                )
-            }));
-            match gated {
-                Err(_) => {
-                    // The panic hook printed the line; the shim needs one too.
-                    log_error(&inv.global, "devgate: error: internal error, please report");
-                    return 2;
-                }
-                Ok(Err(e)) => {
-                    return fail(&inv.global, &Error::invalid(name, e.to_string()));
-                }
-                Ok(Ok(Some((reply, fds)))) => {
-                    // NVML, loaded for a GPU, may leave descriptors without O_CLOEXEC: the
-                    // runtime gets only what the caller gave devgate (stdio, --preserve-fds).
-                    cloexec_new_fds(&fds);
-                    for line in &reply.stderr {
-                        eprintln!("{line}");
-                    }
-                    if reply.exit_code != 0 {
-                        let msg = reply.message.as_deref().unwrap_or("devgate: rejected");
-                        log_error(&inv.global, msg);
-                        return reply.exit_code;
-                    }
-                }
-                Ok(Ok(None)) => {}
-            }
+        // no device to gate (a spec that may name one was handed on above)
+        Command::Create(c) | Command::Run(c) if gate_in == GateIn::Devgate && c.id.is_some() => {
             exec(&inv.global, &real, args)
         }
+        Command::Create(c) | Command::Run(c) => create(&config, &inv, c, &real, args, started),
         Command::Update(u) => run_update(&config, &inv.global, u, &real, args),
         Command::Delete { id: Some(id) } => delete(&config, &inv.global, id, &real, args),
         Command::Delete { id: None } | Command::Other => exec(&inv.global, &real, args),
     }
+}
+
+/// `create` or `run` gated in this process, then the runtime exec'd unless the gate
+/// rejected. Each outcome of the gate, a panic included, becomes what the shim sees.
+fn create(
+    config: &Config,
+    inv: &Invocation,
+    c: &Create,
+    real: &Path,
+    args: &[String],
+    started: Instant,
+) -> i32 {
+    let name = inv.name.as_deref().unwrap_or("create");
+    let witness = inv
+        .global
+        .root
+        .clone()
+        .or_else(|| default_root(real))
+        .zip(c.id.as_ref())
+        .map(|(root, id)| root.join(id));
+    let gated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        gate(config, name, c, witness, inv.global.systemd_cgroup, started)
+    }));
+    match gated {
+        Err(_) => {
+            // The panic hook printed the line; the shim needs one too.
+            log_error(&inv.global, "devgate: error: internal error, please report");
+            return 2;
+        }
+        Ok(Err(e)) => {
+            return fail(&inv.global, &Error::invalid(name, e.to_string()));
+        }
+        Ok(Ok(Some((reply, fds)))) => {
+            // NVML, loaded for a GPU, may leave descriptors without O_CLOEXEC: the
+            // runtime gets only what the caller gave devgate (stdio, --preserve-fds).
+            cloexec_new_fds(&fds);
+            for line in &reply.stderr {
+                eprintln!("{line}");
+            }
+            if reply.exit_code != 0 {
+                let msg = reply.message.as_deref().unwrap_or("devgate: rejected");
+                log_error(&inv.global, msg);
+                return reply.exit_code;
+            }
+        }
+        Ok(Ok(None)) => {}
+    }
+    exec(&inv.global, real, args)
 }
 
 /// runc's and crun's state roots when none is given (as root).

@@ -85,9 +85,9 @@ impl SpecRemap<'_> {
         Ok(changed)
     }
 
-    /// Remaps every device whose disposition is Remap, in the spec.
-    /// Long because it is all or nothing: every lease taken, the spec written once, and on
-    /// any failure every lease given back before a record is made.
+    /// Remaps every device whose disposition is Remap, in the spec. All or nothing: every
+    /// lease taken, the spec written once, and on any failure every lease given back
+    /// before a record is made.
     pub fn apply(
         &mut self,
         config: &Config,
@@ -103,20 +103,11 @@ impl SpecRemap<'_> {
             return Applied::default();
         }
         let leases = Leases::new(&config.state_dir);
-        let mut held: Vec<(usize, Leased)> = Vec::new();
-        let mut failed = None;
-        for (i, dec) in decisions.iter().enumerate() {
-            if dec.disposition != Disposition::Remap {
-                continue;
-            }
-            let taken: Vec<_> = held.iter().map(|(_, l)| l.lease.spare).collect();
-            match self.lease_one(config, ledger, gpu, &leases, &taken, dec) {
-                Ok(l) => held.push((i, l)),
-                Err(m) => {
-                    failed = Some((i, format!("remap impossible: {m}")));
-                    break;
-                }
-            }
+        let Leasing { held, failed } = self.lease_all(config, ledger, gpu, &leases, decisions);
+        if let Some((i, why)) = failed {
+            self.give_back_all(&leases, &held);
+            abandon(decisions, i, why);
+            return Applied::default();
         }
         let swaps: Vec<Swap> = held
             .iter()
@@ -126,61 +117,87 @@ impl SpecRemap<'_> {
                 spare_path: l.lease.spare_path.clone(),
             })
             .collect();
-        let changed = match failed {
-            Some(_) => Vec::new(),
-            None => match self.write(&swaps, &config.dev_root) {
-                Ok(c) => c,
-                Err(m) => {
-                    // Every device fails alike: none of them was written.
-                    for (_, l) in &held {
-                        give_back(&leases, l.lease.spare, self.id);
-                    }
-                    fail_all(decisions, &m);
-                    return Applied::default();
-                }
-            },
-        };
-        if let Some((i, why)) = failed {
-            for (_, l) in &held {
-                give_back(&leases, l.lease.spare, self.id);
+        let changed = match self.write(&swaps, &config.dev_root) {
+            Ok(c) => c,
+            Err(m) => {
+                // Every device fails alike: none of them was written.
+                self.give_back_all(&leases, &held);
+                fail_all(decisions, &m);
+                return Applied::default();
             }
-            abandon(decisions, i, why);
-            return Applied::default();
-        }
+        };
         let mut out = Applied::default();
-        for (
-            (
-                i,
-                Leased {
-                    lease: l,
-                    reclaimed,
-                },
-            ),
-            c,
-        ) in held.into_iter().zip(changed)
-        {
-            let dec = &decisions[i];
-            let d = &dec.device;
-            let node = if c.nodes.is_empty() {
-                "no container path (a cgroup rule only)".to_string()
-            } else {
-                format!("config.json {}", c.nodes.join("; "))
-            };
-            let r = RemapRecord {
-                device: d.num,
-                container_path: d.container_path.clone(),
-                host_path: d.host_path.clone(),
-                class: d.class.clone(),
-                spare: l.spare,
-                spare_path: l.spare_path.clone(),
-                reason: dec.reasons.join("; "),
-                cgroup: format!("config.json {}, applied by the runtime", c.rules),
-                node,
-                reclaimed_from: reclaimed.map(|l| l.container_id),
-            };
+        for ((i, leased), c) in held.into_iter().zip(changed) {
+            let d = &decisions[i].device;
+            let r = remap_record(&decisions[i], leased, c);
             out.lines.push(r.line(d));
             out.remaps.push(r);
         }
         out
+    }
+
+    /// A spare leased for each device to remap, in order, until one cannot be.
+    fn lease_all(
+        &self,
+        config: &Config,
+        ledger: &Ledger,
+        gpu: Option<&GpuContext>,
+        leases: &Leases,
+        decisions: &[DeviceDecision],
+    ) -> Leasing {
+        let mut held: Vec<(usize, Leased)> = Vec::new();
+        for (i, dec) in decisions.iter().enumerate() {
+            if dec.disposition != Disposition::Remap {
+                continue;
+            }
+            let taken: Vec<_> = held.iter().map(|(_, l)| l.lease.spare).collect();
+            match self.lease_one(config, ledger, gpu, leases, &taken, dec) {
+                Ok(l) => held.push((i, l)),
+                Err(m) => {
+                    let failed = Some((i, format!("remap impossible: {m}")));
+                    return Leasing { held, failed };
+                }
+            }
+        }
+        Leasing { held, failed: None }
+    }
+
+    fn give_back_all(&self, leases: &Leases, held: &[(usize, Leased)]) {
+        for (_, l) in held {
+            give_back(leases, l.lease.spare, self.id);
+        }
+    }
+}
+
+/// What [`SpecRemap::lease_all`] leased: each spare with the index of its decision, and the
+/// decision whose spare could not be leased, with why.
+struct Leasing {
+    held: Vec<(usize, Leased)>,
+    failed: Option<(usize, String)>,
+}
+
+/// The record of one device remapped in the spec, from what the rewrite did for it.
+fn remap_record(dec: &DeviceDecision, leased: Leased, c: spec_rewrite::Changed) -> RemapRecord {
+    let Leased {
+        lease: l,
+        reclaimed,
+    } = leased;
+    let d = &dec.device;
+    let node = if c.nodes.is_empty() {
+        "no container path (a cgroup rule only)".to_string()
+    } else {
+        format!("config.json {}", c.nodes.join("; "))
+    };
+    RemapRecord {
+        device: d.num,
+        container_path: d.container_path.clone(),
+        host_path: d.host_path.clone(),
+        class: d.class.clone(),
+        spare: l.spare,
+        spare_path: l.spare_path.clone(),
+        reason: dec.reasons.join("; "),
+        cgroup: format!("config.json {}, applied by the runtime", c.rules),
+        node,
+        reclaimed_from: reclaimed.map(|l| l.container_id),
     }
 }

@@ -82,11 +82,11 @@ fn num_of(entry: &Value) -> Option<DevNum> {
     Some(DevNum { typ, major, minor })
 }
 
-/// Rewrites `doc` (a whole config.json) for `swaps`. Fails only on a document whose
-/// shape no runtime would accept (a `linux` that is not an object, and the like). Bind
-/// mounts are swapped only when their source is under `dev_root`, as discovery finds them.
-/// Long because it is the three places config.json names a device (bind mounts,
-/// linux.devices, linux.resources.devices), each filling the same `Changed` per swap.
+/// Rewrites `doc` (a whole config.json) for `swaps`: the three places it names a device
+/// (bind mounts, linux.devices, linux.resources.devices), each filling the same `Changed`
+/// per swap. Fails only on a document whose shape no runtime would accept (a `linux` that
+/// is not an object, and the like). Bind mounts are swapped only when their source is
+/// under `dev_root`, as discovery finds them.
 pub fn rewrite(
     doc: &mut Value,
     swaps: &[Swap],
@@ -96,76 +96,93 @@ pub fn rewrite(
     let root = doc
         .as_object_mut()
         .ok_or("config.json is not a JSON object")?;
-
     if let Some(mounts) = root.get_mut("mounts").and_then(Value::as_array_mut) {
-        for m in mounts.iter_mut() {
-            let Ok(parsed) = serde_json::from_value::<crate::oci::spec::Mount>(m.clone()) else {
-                continue;
-            };
-            if !parsed.is_bind() {
-                continue;
-            }
-            let Some(src) = &parsed.source else {
-                continue;
-            };
-            // As in discovery: a source outside dev_root is never stat'ed. It may be on a
-            // filesystem a pod controls (a hung NFS volume), where a stat cannot be
-            // interrupted, and the runtime is waiting.
-            if !crate::discover::lexically_below(src, dev_root) {
-                continue;
-            }
-            let Some(num) = crate::fsutil::stat_beneath(dev_root, src)
-                .ok()
-                .and_then(|meta| DevNum::from_metadata(&meta))
-            else {
-                continue;
-            };
-            for (s, changed) in swaps.iter().zip(out.iter_mut()) {
-                if s.bad == num {
-                    m["source"] = Value::String(s.spare_path.display().to_string());
-                    changed.nodes.push(format!(
-                        "bind mount {} now from {}",
-                        parsed.destination.display(),
-                        s.spare_path.display()
-                    ));
-                }
-            }
-        }
+        swap_bind_mounts(mounts, swaps, dev_root, &mut out);
     }
-
     let linux = root
         .entry("linux")
         .or_insert_with(|| Value::Object(Default::default()))
         .as_object_mut()
         .ok_or("config.json linux is not an object")?;
     if let Some(devices) = linux.get_mut("devices").and_then(Value::as_array_mut) {
-        for d in devices.iter_mut() {
-            let Some(num) = num_of(d) else { continue };
-            for (s, changed) in swaps.iter().zip(out.iter_mut()) {
-                if s.bad != num {
-                    continue;
-                }
-                d["type"] = Value::String(s.spare.typ.letter().to_string());
-                d["major"] = Value::from(s.spare.major);
-                d["minor"] = Value::from(s.spare.minor);
-                let field = |k: &str, octal: bool| match d.get(k).and_then(Value::as_u64) {
-                    Some(v) if octal => format!("{v:o}"),
-                    Some(v) => v.to_string(),
-                    None => "unset".into(),
-                };
+        swap_linux_devices(devices, swaps, &mut out);
+    }
+    swap_device_rules(linux, swaps, &mut out)?;
+    Ok(out)
+}
+
+/// Bind mounts whose source, a node under `dev_root`, is a bad device's: from its spare.
+fn swap_bind_mounts(mounts: &mut [Value], swaps: &[Swap], dev_root: &Path, out: &mut [Changed]) {
+    for m in mounts.iter_mut() {
+        let Ok(parsed) = serde_json::from_value::<crate::oci::spec::Mount>(m.clone()) else {
+            continue;
+        };
+        if !parsed.is_bind() {
+            continue;
+        }
+        let Some(src) = &parsed.source else {
+            continue;
+        };
+        // As in discovery: a source outside dev_root is never stat'ed. It may be on a
+        // filesystem a pod controls (a hung NFS volume), where a stat cannot be
+        // interrupted, and the runtime is waiting.
+        if !crate::discover::lexically_below(src, dev_root) {
+            continue;
+        }
+        let Some(num) = crate::fsutil::stat_beneath(dev_root, src)
+            .ok()
+            .and_then(|meta| DevNum::from_metadata(&meta))
+        else {
+            continue;
+        };
+        for (s, changed) in swaps.iter().zip(out.iter_mut()) {
+            if s.bad == num {
+                m["source"] = Value::String(s.spare_path.display().to_string());
                 changed.nodes.push(format!(
-                    "linux.devices {} is now {} {} (mode {}, uid {}, gid {})",
-                    d.get("path").and_then(Value::as_str).unwrap_or("?"),
-                    s.spare.typ.letter(),
-                    s.spare,
-                    field("fileMode", true),
-                    field("uid", false),
-                    field("gid", false),
+                    "bind mount {} now from {}",
+                    parsed.destination.display(),
+                    s.spare_path.display()
                 ));
             }
         }
     }
+}
 
+/// `linux.devices` entries of a bad device: the spare's number, the rest kept.
+fn swap_linux_devices(devices: &mut [Value], swaps: &[Swap], out: &mut [Changed]) {
+    for d in devices.iter_mut() {
+        let Some(num) = num_of(d) else { continue };
+        for (s, changed) in swaps.iter().zip(out.iter_mut()) {
+            if s.bad != num {
+                continue;
+            }
+            d["type"] = Value::String(s.spare.typ.letter().to_string());
+            d["major"] = Value::from(s.spare.major);
+            d["minor"] = Value::from(s.spare.minor);
+            let field = |k: &str, octal: bool| match d.get(k).and_then(Value::as_u64) {
+                Some(v) if octal => format!("{v:o}"),
+                Some(v) => v.to_string(),
+                None => "unset".into(),
+            };
+            changed.nodes.push(format!(
+                "linux.devices {} is now {} {} (mode {}, uid {}, gid {})",
+                d.get("path").and_then(Value::as_str).unwrap_or("?"),
+                s.spare.typ.letter(),
+                s.spare,
+                field("fileMode", true),
+                field("uid", false),
+                field("gid", false),
+            ));
+        }
+    }
+}
+
+/// `linux.resources.devices` rewritten by [`remap_rules`] (both made where missing).
+fn swap_device_rules(
+    linux: &mut serde_json::Map<String, Value>,
+    swaps: &[Swap],
+    out: &mut [Changed],
+) -> std::result::Result<(), String> {
     let resources = linux
         .entry("resources")
         .or_insert_with(|| Value::Object(Default::default()))
@@ -181,7 +198,7 @@ pub fn rewrite(
     for (said, changed) in said.into_iter().zip(out.iter_mut()) {
         changed.rules = format!("linux.resources.devices: {said}");
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Replaces the spec file with `bytes` so that the runtime reads the old or the new

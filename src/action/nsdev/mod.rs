@@ -109,91 +109,13 @@ fn random_name() -> CString {
     CString::new(format!(".devgate-{hex}")).expect("hex has no NUL")
 }
 
-/// Replaces the node at `edit.container_path` inside the container with one for the spare.
-/// Long because it is one fork: what the child reads is prepared here before fork(2) and
-/// borrowed by `ChildInput`, and the report read under the deadline, the kill and the reap
-/// follow the fork in the same frame.
+/// Replaces the node at `edit.container_path` inside the container with one for the spare:
+/// what the child reads is made and held first, then the child forked to edit, then its
+/// report read into the outcome.
 pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
     let ctx = format!("container path {}", edit.container_path.display());
-    let comps = components(edit.container_path).map_err(|m| Error::invalid(&ctx, m))?;
-    let rootfs = CString::new(edit.rootfs.as_os_str().as_bytes())
-        .map_err(|_| Error::invalid(&ctx, "rootfs path contains NUL"))?;
-    let proc_root_path = PathBuf::from(format!("/proc/{}/root", edit.pid));
-    let owned_pidfd;
-    let pidfd = match edit.pidfd {
-        Some(fd) => fd,
-        None => {
-            owned_pidfd = pidfd_open(edit.pid)
-                .map_err(|e| Error::io("cannot open a pidfd", &proc_root_path, e))?;
-            owned_pidfd.as_raw_fd()
-        }
-    };
-    let proc_root = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-        .open(&proc_root_path)
-        .map_err(|e| Error::io("cannot open the root of the container", &proc_root_path, e))?;
-    if !pidfd_alive(pidfd) {
-        return Err(Error::invalid(
-            &ctx,
-            format!(
-                "container process {} exited before its /dev could be edited",
-                edit.pid
-            ),
-        ));
-    }
-    let private = random_name();
-    let inp = ChildInput {
-        pidfd,
-        proc_root: proc_root.as_raw_fd(),
-        out: -1,
-        rootfs: &rootfs,
-        comps: &comps,
-        private: &private,
-        expect: (
-            s_ifmt(edit.expect.typ),
-            edit.expect.major,
-            edit.expect.minor,
-        ),
-        spare: (s_ifmt(edit.spare.typ), edit.spare.major, edit.spare.minor),
-    };
-    let (rd, wr) = pipe()?;
-    let inp = ChildInput {
-        out: wr.as_raw_fd(),
-        ..inp
-    };
-    let deadline = Instant::now() + edit.timeout;
-
-    // SAFETY: the child only makes async-signal-safe system calls on memory prepared above
-    // and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(Error::io(
-            "cannot fork",
-            &proc_root_path,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    if pid == 0 {
-        // SAFETY: in the child of fork.
-        unsafe { child(&inp) }
-    }
-    drop(wr);
-    let report = read_report(&rd, deadline);
-    if report.is_err() {
-        // SAFETY: pid is our child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    reap(pid);
-    let w = report.map_err(|m| {
-        Error::invalid(
-            &ctx,
-            format!(
-                "the /dev edit in the mount namespace of pid {} failed: {m}",
-                edit.pid
-            ),
-        )
-    })?;
+    let held = hold(edit, &ctx)?;
+    let w = edit_in_child(edit, &held, &ctx)?;
     let found = Found {
         mode: w.mode,
         uid: w.uid,
@@ -208,12 +130,120 @@ pub fn replace_node(edit: &NodeEdit) -> Result<Replaced> {
             gid: found.gid,
             already: w.step == Step::Already as i32,
         }),
-        Some(step) => Err(Error::invalid(ctx, failure(edit, &comps, step, &w, found))),
+        Some(step) => Err(Error::invalid(
+            ctx,
+            failure(edit, &held.comps, step, &w, found),
+        )),
         None => Err(Error::invalid(
             ctx,
             format!("the /dev edit failed (code {})", w.step),
         )),
     }
+}
+
+/// What the forked child reads, made before fork(2) (the child may not allocate) and held
+/// until it is reaped. Fields drop in order: the root's fd closes before an owned pidfd.
+struct Held {
+    comps: Vec<CString>,
+    rootfs: CString,
+    proc_root_path: PathBuf,
+    proc_root: std::fs::File,
+    pidfd: RawFd,
+    /// The pidfd opened here when the caller had none.
+    _owned_pidfd: Option<std::os::fd::OwnedFd>,
+    private: CString,
+}
+
+/// The path's components, the rootfs, the container's process (by pidfd, checked alive)
+/// and its root, and the private directory's name.
+fn hold(edit: &NodeEdit, ctx: &str) -> Result<Held> {
+    let comps = components(edit.container_path).map_err(|m| Error::invalid(ctx, m))?;
+    let rootfs = CString::new(edit.rootfs.as_os_str().as_bytes())
+        .map_err(|_| Error::invalid(ctx, "rootfs path contains NUL"))?;
+    let proc_root_path = PathBuf::from(format!("/proc/{}/root", edit.pid));
+    let (pidfd, owned_pidfd) = match edit.pidfd {
+        Some(fd) => (fd, None),
+        None => {
+            let owned = pidfd_open(edit.pid)
+                .map_err(|e| Error::io("cannot open a pidfd", &proc_root_path, e))?;
+            (owned.as_raw_fd(), Some(owned))
+        }
+    };
+    let proc_root = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(&proc_root_path)
+        .map_err(|e| Error::io("cannot open the root of the container", &proc_root_path, e))?;
+    if !pidfd_alive(pidfd) {
+        return Err(Error::invalid(
+            ctx,
+            format!(
+                "container process {} exited before its /dev could be edited",
+                edit.pid
+            ),
+        ));
+    }
+    Ok(Held {
+        comps,
+        rootfs,
+        proc_root_path,
+        proc_root,
+        pidfd,
+        _owned_pidfd: owned_pidfd,
+        private: random_name(),
+    })
+}
+
+/// The edit in a forked child, its report read under the deadline; a child that does not
+/// report in time is killed. The child is reaped either way.
+fn edit_in_child(edit: &NodeEdit, held: &Held, ctx: &str) -> Result<Wire> {
+    let (rd, wr) = pipe()?;
+    let inp = ChildInput {
+        pidfd: held.pidfd,
+        proc_root: held.proc_root.as_raw_fd(),
+        out: wr.as_raw_fd(),
+        rootfs: &held.rootfs,
+        comps: &held.comps,
+        private: &held.private,
+        expect: (
+            s_ifmt(edit.expect.typ),
+            edit.expect.major,
+            edit.expect.minor,
+        ),
+        spare: (s_ifmt(edit.spare.typ), edit.spare.major, edit.spare.minor),
+    };
+    let deadline = Instant::now() + edit.timeout;
+
+    // SAFETY: the child only makes async-signal-safe system calls on memory prepared above
+    // and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Error::io(
+            "cannot fork",
+            &held.proc_root_path,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if pid == 0 {
+        // SAFETY: in the child of fork.
+        unsafe { child(&inp) }
+    }
+    drop(wr);
+    let report = read_report(&rd, deadline);
+    if report.is_err() {
+        // SAFETY: pid is our child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    reap(pid);
+    report.map_err(|m| {
+        Error::invalid(
+            ctx,
+            format!(
+                "the /dev edit in the mount namespace of pid {} failed: {m}",
+                edit.pid
+            ),
+        )
+    })
 }
 
 /// The one-line cause of a failed edit.

@@ -121,84 +121,104 @@ pub(crate) fn cli(argv: &[String]) -> Option<i32> {
     Some(code)
 }
 
-/// Every check, in order; `emit` sees each line as soon as it is decided.
-/// Long because it is the order of the checks written out once: each group's lines in turn,
-/// with what the later groups need (the config, devgate's identity, NVML's answer) made
-/// between them.
+/// Every check, in order; `emit` sees each line as soon as it is decided. Between the
+/// groups is made what the later ones need: the config, devgate's identity and the fix
+/// commands, NVML's answer.
 pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
-    let mut lines = Vec::new();
-    let mut push = |l: Line| {
-        emit(&l);
-        lines.push(l);
+    let mut report = Report {
+        emit,
+        lines: Vec::new(),
     };
+    let Some(config) = config_check(opts, &mut report) else {
+        return report.lines;
+    };
+    let config_path = config
+        .source
+        .clone()
+        .unwrap_or_else(|| config::DEFAULT_PATH.into());
+    report.extend(node_checks::directory_checks(&config));
 
-    let config = match Config::load(opts.config.as_deref()) {
+    let id = Identity::new(opts.bin.as_deref());
+    let fix = fix_command(opts, &config, &id);
+    let mut votes = Vec::new();
+    report.extend(runtime_checks::runtime_checks(opts, &id, &fix, &mut votes));
+    report.extend(node_checks::cgroup_checks(opts, &config, votes));
+
+    let timeout = Duration::from_millis(config.probe_timeout_ms);
+    let nvml = nvml::nvml_inventory(&config.nvml_library, timeout);
+    report.extend(node_checks::nvml_checks(&config, &nvml));
+    report.extend(toolkit::toolkit_checks(&config));
+    report.extend(node_checks::spare_checks(&config, &config_path, &nvml));
+    report.push(kernel_log_check(&config));
+    report.lines
+}
+
+/// The lines decided so far; each is shown to `emit` as it is added.
+struct Report<'e> {
+    emit: &'e mut dyn FnMut(&Line),
+    lines: Vec<Line>,
+}
+
+impl Report<'_> {
+    fn push(&mut self, l: Line) {
+        (self.emit)(&l);
+        self.lines.push(l);
+    }
+
+    fn extend(&mut self, lines: impl IntoIterator<Item = Line>) {
+        for l in lines {
+            self.push(l);
+        }
+    }
+}
+
+/// The config's line; None (after a note that the rest is skipped) when it does not load,
+/// since every other check reads it.
+fn config_check(opts: &Options, report: &mut Report) -> Option<Config> {
+    match Config::load(opts.config.as_deref()) {
         Ok(c) => {
-            push(Line::pass(
+            report.push(Line::pass(
                 "config",
                 match &c.source {
                     Some(p) => format!("{} parses", p.display()),
                     None => format!("{} absent: built-in defaults", config::DEFAULT_PATH),
                 },
             ));
-            c
+            Some(c)
         }
         Err(e) => {
-            push(Line::fail(
+            report.push(Line::fail(
                 "config",
                 e.to_string(),
                 "correct the file (devgate refuses unknown keys and classes, and relative paths); every \
                  hook fails until it parses",
             ));
-            push(Line::note("other checks", "skipped: they read the config"));
-            return lines;
+            report.push(Line::note("other checks", "skipped: they read the config"));
+            None
         }
-    };
-    let config_path = config
-        .source
-        .clone()
-        .unwrap_or_else(|| config::DEFAULT_PATH.into());
-
-    for l in node_checks::directory_checks(&config) {
-        push(l);
     }
+}
 
-    let id = Identity::new(opts.bin.as_deref());
+/// The commands the fixes name. They generate hooks for the config doctor checked, named
+/// only when it is not the default (a hook without --config reads the default).
+fn fix_command(opts: &Options, config: &Config, id: &Identity) -> FixCmd {
     let bin = opts.bin.clone().unwrap_or_else(|| id.this.clone());
-    // The fixes generate hooks for the config doctor checked, named only when it is not
-    // the default (a hook without --config reads the default).
     let named = config
         .source
         .as_deref()
         .filter(|p| *p != Path::new(config::DEFAULT_PATH));
-    let fix = FixCmd {
+    FixCmd {
         prefix: match named {
             Some(p) => format!("devgate --config {} hooks-config", p.display()),
             None => "devgate hooks-config".into(),
         },
         bin,
-    };
-    let mut votes = Vec::new();
-    for l in runtime_checks::runtime_checks(opts, &id, &fix, &mut votes) {
-        push(l);
     }
-    for l in node_checks::cgroup_checks(opts, &config, votes) {
-        push(l);
-    }
+}
 
-    let timeout = Duration::from_millis(config.probe_timeout_ms);
-    let nvml = nvml::nvml_inventory(&config.nvml_library, timeout);
-    for l in node_checks::nvml_checks(&config, &nvml) {
-        push(l);
-    }
-    for l in toolkit::toolkit_checks(&config) {
-        push(l);
-    }
-    for l in node_checks::spare_checks(&config, &config_path, &nvml) {
-        push(l);
-    }
-
-    push(match node::read_one_kmsg_record(&config.kmsg_path) {
+/// Whether devgate can read the kernel log, where XID reports are.
+fn kernel_log_check(config: &Config) -> Line {
+    match node::read_one_kmsg_record(&config.kmsg_path) {
         Ok(how) => Line::pass(
             "kernel log",
             format!("{} {how}", config.kmsg_path.display()),
@@ -209,8 +229,7 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
             "run devgate as root (reading /dev/kmsg with kernel.dmesg_restrict=1 needs \
              CAP_SYSLOG), or set kmsg_path in the config to the kernel log",
         ),
-    });
-    lines
+    }
 }
 
 #[cfg(test)]

@@ -252,14 +252,7 @@ fn hidden_check(
             ),
         );
     }
-    let gpu = match nvml {
-        NvmlAnswer::Gpus { gpus, .. } => gpus
-            .iter()
-            .find(|g| g.minor == Some(num.minor))
-            .and_then(|g| Some((g.uuid.clone()?, g.index))),
-        NvmlAnswer::Failed { .. } => None,
-    };
-    let Some((uuid, index)) = gpu else {
+    let Some((uuid, index)) = nvml_names(nvml, num.minor) else {
         return Line::note(
             check,
             format!(
@@ -269,54 +262,69 @@ fn hidden_check(
             ),
         );
     };
+    // Where the checkpoint cannot tell, a person can: the note says how.
+    let why = match registered {
+        None => format!("cannot tell, {} is absent", checkpoint.display()),
+        Some(Err(e)) => format!("cannot tell, {e}"),
+        Some(Ok(r)) if r.is_empty() => {
+            "no NVIDIA device plugin is registered with kubelet".to_string()
+        }
+        Some(Ok(r)) => return advertised_check(path, &uuid, index, r, keep),
+    };
     let by_hand = format!(
         "check by hand that the NVIDIA device plugin's container sets NVIDIA_VISIBLE_DEVICES \
          without {uuid} and runs unprivileged, or that `kubectl get resourceslices -o yaml` \
          (a DRA driver) does not list it"
     );
-    match registered {
-        None => Line::note(
+    Line::note(
+        check,
+        format!("{} ({uuid}): {why}; {by_hand}", path.display()),
+    )
+}
+
+/// The UUID and index NVML gives the GPU of this minor, where it names one.
+fn nvml_names(nvml: &NvmlAnswer, minor: u32) -> Option<(String, u32)> {
+    match nvml {
+        NvmlAnswer::Gpus { gpus, .. } => gpus
+            .iter()
+            .find(|g| g.minor == Some(minor))
+            .and_then(|g| Some((g.uuid.clone()?, g.index))),
+        NvmlAnswer::Failed { .. } => None,
+    }
+}
+
+/// The spare GPU checked against the resources the NVIDIA device plugin registered with
+/// kubelet: advertised, kubelet can hand it to another pod.
+fn advertised_check(
+    path: &Path,
+    uuid: &str,
+    index: u32,
+    registered: &std::collections::BTreeMap<String, Vec<String>>,
+    keep: &[String],
+) -> Line {
+    let check = "spare hidden";
+    match node::advertised_as(registered, uuid, index) {
+        Some(res) => Line::fail(
             check,
             format!(
-                "{} ({uuid}): cannot tell, {} is absent; {by_hand}",
-                path.display(),
-                checkpoint.display()
-            ),
-        ),
-        Some(Err(e)) => Line::note(
-            check,
-            format!("{} ({uuid}): cannot tell, {e}; {by_hand}", path.display()),
-        ),
-        Some(Ok(r)) if r.is_empty() => Line::note(
-            check,
-            format!(
-                "{} ({uuid}): no NVIDIA device plugin is registered with kubelet; {by_hand}",
+                "{} ({uuid}) is advertised to kubelet as {res}: kubelet can give the spare \
+                 to another pod",
                 path.display()
             ),
+            format!(
+                "set NVIDIA_VISIBLE_DEVICES={} on the NVIDIA device plugin's container \
+                 (the GPUs that are not spares), run it unprivileged (privileged, it sees \
+                 every GPU), and restart it",
+                keep.join(",")
+            ),
         ),
-        Some(Ok(r)) => match node::advertised_as(r, &uuid, index) {
-            Some(res) => Line::fail(
-                check,
-                format!(
-                    "{} ({uuid}) is advertised to kubelet as {res}: kubelet can give the spare \
-                     to another pod",
-                    path.display()
-                ),
-                format!(
-                    "set NVIDIA_VISIBLE_DEVICES={} on the NVIDIA device plugin's container \
-                     (the GPUs that are not spares), run it unprivileged (privileged, it sees \
-                     every GPU), and restart it",
-                    keep.join(",")
-                ),
+        None => Line::pass(
+            check,
+            format!(
+                "{} ({uuid}) is not among the devices the NVIDIA device plugin registered ({})",
+                path.display(),
+                registered.keys().cloned().collect::<Vec<_>>().join(", ")
             ),
-            None => Line::pass(
-                check,
-                format!(
-                    "{} ({uuid}) is not among the devices the NVIDIA device plugin registered ({})",
-                    path.display(),
-                    r.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            ),
-        },
+        ),
     }
 }

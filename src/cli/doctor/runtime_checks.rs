@@ -6,7 +6,7 @@ use super::cgroup::DriverVote;
 use super::line::Line;
 use super::options::{FixCmd, Options};
 use super::runtimes::binary::{self, Identity};
-use super::runtimes::containerd::{self, BaseSpec};
+use super::runtimes::containerd::{self, BaseSpec, ContainerdCri, CriRuntime};
 use super::runtimes::{self, crio, hooks, podman};
 use crate::cli::hooks_config::{HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR};
 use std::path::{Path, PathBuf};
@@ -164,110 +164,123 @@ fn crio_line(
 }
 
 /// podman, CRI-O and containerd, in the order printed; CRI-O's and containerd's cgroup drivers
-/// go to `votes`. Long because each runtime is installed or not, wired or not, with a fix
-/// worded for it, and reads best next to the others.
+/// go to `votes`.
 pub(crate) fn runtime_checks(
     opts: &Options,
     id: &Identity,
     fix: &FixCmd,
     votes: &mut Vec<DriverVote>,
 ) -> Vec<Line> {
-    let mut lines = Vec::new();
     let is_devgate = |p: &Path| id.is_devgate(p);
     let nvidia_config = opts
         .nvidia_runtime_config
         .clone()
         .unwrap_or_else(|| binary::NVIDIA_RUNTIME_CONFIG.into());
-
-    // podman
-    if runtimes::which("podman").is_some() {
-        lines.push(podman_line(opts, fix, &is_devgate));
+    let podman = if runtimes::which("podman").is_some() {
+        podman_line(opts, fix, &is_devgate)
     } else {
-        lines.push(Line::note("podman", "not installed"));
-    }
+        Line::note("podman", "not installed")
+    };
+    let mut lines = vec![podman];
+    lines.push(crio_check(opts, id, fix, &nvidia_config, votes));
+    lines.extend(containerd_lines(opts, id, fix, &nvidia_config, votes));
+    lines
+}
 
-    // CRI-O
-    if runtimes::which("crio").is_some() || opts.crio_config.is_some() {
-        let main = opts
-            .crio_config
-            .clone()
-            .unwrap_or_else(|| "/etc/crio/crio.conf".into());
-        // CRI-O runs on its defaults without a file, but one named with --crio-config that
-        // is not there is a mistyped path, and its defaults would be judged instead.
-        let named_but_absent = opts.crio_config.is_some()
-            && std::fs::symlink_metadata(&main).is_err()
-            && std::fs::symlink_metadata(main.with_extension("conf.d")).is_err();
-        let read = if named_but_absent {
-            Err(format!(
-                "--crio-config {}: no such file, nor {}",
-                main.display(),
-                main.with_extension("conf.d").display()
-            ))
-        } else {
-            crio::read_crio(&main).and_then(|f| crio::parse_crio(&f))
-        };
-        match read {
-            Err(e) => lines.push(Line::fail(
+/// CRI-O's line, where it is installed or `--crio-config` names its config; its cgroup
+/// driver goes to `votes`.
+fn crio_check(
+    opts: &Options,
+    id: &Identity,
+    fix: &FixCmd,
+    nvidia_config: &Path,
+    votes: &mut Vec<DriverVote>,
+) -> Line {
+    if runtimes::which("crio").is_none() && opts.crio_config.is_none() {
+        return Line::note("cri-o", "not installed");
+    }
+    let crio = match crio_config(opts) {
+        Ok(c) => c,
+        Err(e) => {
+            return Line::fail(
                 "cri-o",
                 e,
                 "correct CRI-O's configuration (crio config prints what it reads)",
-            )),
-            Ok(crio) => {
-                let dirs = if !opts.hooks_dirs.is_empty() {
-                    opts.hooks_dirs.clone()
-                } else {
-                    crio.hooks_dir
-                        .clone()
-                        .unwrap_or_else(|| vec![crio::CRIO_DEFAULT_HOOKS_DIR.into()])
-                };
-                lines.push(crio_line(&crio, &dirs, id, fix, &nvidia_config));
-                let vote = match crio.cgroup_manager.as_deref() {
-                    Some(m) => DriverVote {
-                        source: format!("CRI-O cgroup_manager = {m:?}"),
-                        driver: m.to_string(),
-                    },
-                    None => DriverVote {
-                        source: "CRI-O cgroup_manager unset (its default is systemd)".into(),
-                        driver: "systemd".into(),
-                    },
-                };
-                votes.push(vote);
-            }
+            )
         }
+    };
+    let dirs = if !opts.hooks_dirs.is_empty() {
+        opts.hooks_dirs.clone()
     } else {
-        lines.push(Line::note("cri-o", "not installed"));
-    }
+        crio.hooks_dir
+            .clone()
+            .unwrap_or_else(|| vec![crio::CRIO_DEFAULT_HOOKS_DIR.into()])
+    };
+    let line = crio_line(&crio, &dirs, id, fix, nvidia_config);
+    votes.push(match crio.cgroup_manager.as_deref() {
+        Some(m) => DriverVote {
+            source: format!("CRI-O cgroup_manager = {m:?}"),
+            driver: m.to_string(),
+        },
+        None => DriverVote {
+            source: "CRI-O cgroup_manager unset (its default is systemd)".into(),
+            driver: "systemd".into(),
+        },
+    });
+    line
+}
 
-    // containerd
+/// CRI-O's configuration, from `--crio-config` or /etc/crio/crio.conf and its conf.d.
+fn crio_config(opts: &Options) -> Result<crio::CrioConfig, String> {
+    let main = opts
+        .crio_config
+        .clone()
+        .unwrap_or_else(|| "/etc/crio/crio.conf".into());
+    // CRI-O runs on its defaults without a file, but one named with --crio-config that
+    // is not there is a mistyped path, and its defaults would be judged instead.
+    let named_but_absent = opts.crio_config.is_some()
+        && std::fs::symlink_metadata(&main).is_err()
+        && std::fs::symlink_metadata(main.with_extension("conf.d")).is_err();
+    if named_but_absent {
+        Err(format!(
+            "--crio-config {}: no such file, nor {}",
+            main.display(),
+            main.with_extension("conf.d").display()
+        ))
+    } else {
+        crio::read_crio(&main).and_then(|f| crio::parse_crio(&f))
+    }
+}
+
+/// containerd's lines, where its binary is found (or named with `--containerd`).
+fn containerd_lines(
+    opts: &Options,
+    id: &Identity,
+    fix: &FixCmd,
+    nvidia_config: &Path,
+    votes: &mut Vec<DriverVote>,
+) -> Vec<Line> {
     let containerd_bin = opts
         .containerd
         .clone()
         .or_else(|| runtimes::which("containerd"));
     match (containerd_bin, &opts.containerd_config) {
-        (None, None) => lines.push(Line::note("containerd", "not installed")),
-        (None, Some(_)) => lines.push(Line::fail(
+        (None, None) => vec![Line::note("containerd", "not installed")],
+        (None, Some(_)) => vec![Line::fail(
             "containerd",
             "containerd is not in PATH, so its configuration cannot be dumped",
             "name the binary with --containerd BIN",
-        )),
+        )],
         (Some(cbin), config) => {
-            lines.extend(containerd_checks(
-                &cbin,
-                config.as_deref(),
-                id,
-                fix,
-                &nvidia_config,
-                votes,
-            ));
+            containerd_checks(&cbin, config.as_deref(), id, fix, nvidia_config, votes)
         }
     }
-    lines
 }
 
 /// containerd's lines: its default runtime, then every other runc runtime that is not gated
-/// (as notes), and the default runtime's SystemdCgroup as its cgroup-driver vote. Long because
-/// each way the dump can fall short (no dump, CRI disabled, no default runtime) ends it early
-/// with its own line.
+/// (as notes), and the default runtime's SystemdCgroup as its cgroup-driver vote. Each way
+/// the dump can fall short (no dump, CRI disabled, no default runtime) ends it early with
+/// its own line.
 fn containerd_checks(
     cbin: &Path,
     config: Option<&Path>,
@@ -294,20 +307,6 @@ fn containerd_checks(
             "its CRI plugin is disabled: kubelet does not use this containerd",
         )];
     }
-    let is_devgate = |p: &Path| id.is_devgate(p);
-    let judge = |name: &str, rt: &containerd::CriRuntime| {
-        let spec = if rt.base_runtime_spec.is_empty() {
-            BaseSpec::NotSet
-        } else {
-            match runtimes::read_small(Path::new(&rt.base_runtime_spec)) {
-                Ok(t) => containerd::examine_base_spec(&t, &is_devgate),
-                Err(e) => BaseSpec::Unreadable(e),
-            }
-        };
-        let binary = binary::classify_binary(&rt.binary_name, id, nvidia_config);
-        containerd::judge_containerd_runtime(name, rt, &spec, &binary)
-    };
-    let mut lines = Vec::new();
     let default = cri.default_runtime.clone();
     let Some(rt) = cri.runtimes.get(&default) else {
         return vec![Line::fail(
@@ -320,36 +319,74 @@ fn containerd_checks(
             ),
         )];
     };
-    lines.push(match judge(&default, rt) {
+    let mut lines = vec![match judge_runtime(&default, rt, id, nvidia_config) {
         Ok(t) => Line::pass("containerd", format!("default {t}")),
         Err(e) => Line::fail(
             "containerd",
             e,
             containerd::containerd_fix(&cri, &default, fix),
         ),
-    });
+    }];
+    lines.extend(ungated_runtimes(&cri, &default, id, nvidia_config));
+    votes.push(systemd_cgroup_vote(&default, rt));
+    lines
+}
+
+/// A note for each runc runtime besides the default that does not run devgate: the pods
+/// whose RuntimeClass names it are not gated.
+fn ungated_runtimes(
+    cri: &ContainerdCri,
+    default: &str,
+    id: &Identity,
+    nvidia_config: &Path,
+) -> Vec<Line> {
+    let mut lines = Vec::new();
     for (name, other) in &cri.runtimes {
         if *name == default || other.runtime_type != "io.containerd.runc.v2" {
             continue;
         }
-        if let Err(e) = judge(name, other) {
+        if let Err(e) = judge_runtime(name, other, id, nvidia_config) {
             lines.push(Line::note(
                 "containerd",
                 format!("{e}: pods whose RuntimeClass names {name} are not gated"),
             ));
         }
     }
+    lines
+}
+
+/// One containerd runtime judged: its base spec read and examined, its binary classified.
+fn judge_runtime(
+    name: &str,
+    rt: &CriRuntime,
+    id: &Identity,
+    nvidia_config: &Path,
+) -> Result<String, String> {
+    let is_devgate = |p: &Path| id.is_devgate(p);
+    let spec = if rt.base_runtime_spec.is_empty() {
+        BaseSpec::NotSet
+    } else {
+        match runtimes::read_small(Path::new(&rt.base_runtime_spec)) {
+            Ok(t) => containerd::examine_base_spec(&t, &is_devgate),
+            Err(e) => BaseSpec::Unreadable(e),
+        }
+    };
+    let binary = binary::classify_binary(&rt.binary_name, id, nvidia_config);
+    containerd::judge_containerd_runtime(name, rt, &spec, &binary)
+}
+
+/// containerd's cgroup driver: its default runtime's SystemdCgroup.
+fn systemd_cgroup_vote(default: &str, rt: &CriRuntime) -> DriverVote {
     let driver = if rt.systemd_cgroup == Some(true) {
         "systemd"
     } else {
         "cgroupfs"
     };
-    votes.push(DriverVote {
+    DriverVote {
         source: format!(
             "containerd runtime {default} SystemdCgroup = {}",
             rt.systemd_cgroup == Some(true)
         ),
         driver: driver.into(),
-    });
-    lines
+    }
 }

@@ -5,6 +5,7 @@ mod select;
 
 pub use select::{resolve_selectors, KnownGpus};
 
+use super::nvml::facts::RemappedRows;
 use super::nvml::{GpuFacts, Link, Lookup, NvmlAnswer, Reading, LOST};
 use super::recovery;
 use crate::model::class::Class;
@@ -36,99 +37,115 @@ pub struct Limits {
     pub max_volatile_uncorrectable_ecc: u64,
 }
 
-/// Judges one GPU's facts, check by check. Pure.
-///
-/// Long because it is the table of NVML checks, one block per check, in the order
-/// `devgate status` lists them.
+/// Judges one GPU's facts, check by check, in the order `devgate status` lists them. Pure.
 pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
-    let mut out = Vec::new();
-    let mut push = |check, verdict| out.push(Check { check, verdict });
-    push(
-        "reachable",
-        match &g.unreachable {
-            Some(why) if g.is_lost() => Verdict::Unhealthy(format!("unreachable: {why}")),
-            Some(why) => Verdict::Unknown(why.clone()),
-            None if g.is_lost() => Verdict::Unhealthy(LOST.into()),
-            None => Verdict::Healthy,
-        },
-    );
-    push(
-        "remapped_rows",
-        judge(&g.remapped_rows, "remapped rows", |r| {
-            if r.failure {
-                Verdict::Unhealthy(format!(
-                    "row remapping failed ({} uncorrectable rows, {} correctable)",
-                    r.uncorrectable, r.correctable
-                ))
-            } else if r.pending {
-                Verdict::Unhealthy(format!(
-                    "row remapping pending, reset required ({} uncorrectable rows, {} correctable)",
-                    r.uncorrectable, r.correctable
-                ))
-            } else {
-                Verdict::Healthy
-            }
-        }),
-    );
-    push(
-        "retired_pages",
-        judge(&g.retired_pages_pending, "retired pages", |p| {
-            if *p {
-                Verdict::Unhealthy("retired pages pending, reboot required".into())
-            } else {
-                Verdict::Healthy
-            }
-        }),
-    );
-    push(
-        "volatile_ecc",
-        judge(&g.volatile_uncorrectable_ecc, "volatile ECC", |n| {
-            let max = limits.max_volatile_uncorrectable_ecc;
-            if *n > max {
-                Verdict::Unhealthy(format!("volatile uncorrectable ECC errors {n} > {max}"))
-            } else {
-                Verdict::Healthy
-            }
-        }),
-    );
-    push(
-        "throttle",
-        judge(&g.throttle_reasons, "throttle reasons", |bits| {
-            let active: Vec<&str> = THROTTLE_REASONS
-                .iter()
-                .filter(|(b, _)| bits & b != 0)
-                .map(|(_, n)| *n)
-                .collect();
-            if active.is_empty() {
-                Verdict::Healthy
-            } else {
-                Verdict::Warn(format!(
-                    "clocks throttled by {} (reasons 0x{bits:x})",
-                    active.join(", ")
-                ))
-            }
-        }),
-    );
-    // Only the width: an idle GPU trains its link down to gen 1 to save power, and NVML
-    // has no "under load" signal, so the generation says nothing at prestart.
-    push(
-        "pcie_link",
-        judge(&g.pcie_width, "PCIe link width", |l| {
-            below(l, "PCIe link width x", "x")
-        }),
-    );
-    // One GPU's view; the probe refuses DRAIN_P2P for a container with several GPUs.
-    push(
-        "recovery_action",
-        judge(&g.recovery_action, "recovery action", |a| {
-            recovery::action_verdict(*a, 1)
-        }),
-    );
-    push(
-        "drain",
-        judge(&g.drain, "drain state", |d| recovery::drain_verdict(*d)),
-    );
-    out
+    [
+        ("reachable", reachable(g)),
+        (
+            "remapped_rows",
+            judge(&g.remapped_rows, "remapped rows", remapped_rows),
+        ),
+        (
+            "retired_pages",
+            judge(&g.retired_pages_pending, "retired pages", |p| {
+                retired_pages(*p)
+            }),
+        ),
+        (
+            "volatile_ecc",
+            judge(&g.volatile_uncorrectable_ecc, "volatile ECC", |n| {
+                volatile_ecc(*n, limits)
+            }),
+        ),
+        (
+            "throttle",
+            judge(&g.throttle_reasons, "throttle reasons", |bits| {
+                throttle(*bits)
+            }),
+        ),
+        // Only the width: an idle GPU trains its link down to gen 1 to save power, and NVML
+        // has no "under load" signal, so the generation says nothing at prestart.
+        (
+            "pcie_link",
+            judge(&g.pcie_width, "PCIe link width", |l| {
+                below(l, "PCIe link width x", "x")
+            }),
+        ),
+        // One GPU's view; the probe refuses DRAIN_P2P for a container with several GPUs.
+        (
+            "recovery_action",
+            judge(&g.recovery_action, "recovery action", |a| {
+                recovery::action_verdict(*a, 1)
+            }),
+        ),
+        (
+            "drain",
+            judge(&g.drain, "drain state", |d| recovery::drain_verdict(*d)),
+        ),
+    ]
+    .into_iter()
+    .map(|(check, verdict)| Check { check, verdict })
+    .collect()
+}
+
+/// Whether NVML reached the GPU; a lost GPU is unhealthy whatever the reason.
+fn reachable(g: &GpuFacts) -> Verdict {
+    match &g.unreachable {
+        Some(why) if g.is_lost() => Verdict::Unhealthy(format!("unreachable: {why}")),
+        Some(why) => Verdict::Unknown(why.clone()),
+        None if g.is_lost() => Verdict::Unhealthy(LOST.into()),
+        None => Verdict::Healthy,
+    }
+}
+
+fn remapped_rows(r: &RemappedRows) -> Verdict {
+    if r.failure {
+        Verdict::Unhealthy(format!(
+            "row remapping failed ({} uncorrectable rows, {} correctable)",
+            r.uncorrectable, r.correctable
+        ))
+    } else if r.pending {
+        Verdict::Unhealthy(format!(
+            "row remapping pending, reset required ({} uncorrectable rows, {} correctable)",
+            r.uncorrectable, r.correctable
+        ))
+    } else {
+        Verdict::Healthy
+    }
+}
+
+fn retired_pages(pending: bool) -> Verdict {
+    if pending {
+        Verdict::Unhealthy("retired pages pending, reboot required".into())
+    } else {
+        Verdict::Healthy
+    }
+}
+
+fn volatile_ecc(n: u64, limits: Limits) -> Verdict {
+    let max = limits.max_volatile_uncorrectable_ecc;
+    if n > max {
+        Verdict::Unhealthy(format!("volatile uncorrectable ECC errors {n} > {max}"))
+    } else {
+        Verdict::Healthy
+    }
+}
+
+/// The hardware's own throttle reasons among `bits` ([`THROTTLE_REASONS`]): a warning.
+fn throttle(bits: u64) -> Verdict {
+    let active: Vec<&str> = THROTTLE_REASONS
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if active.is_empty() {
+        Verdict::Healthy
+    } else {
+        Verdict::Warn(format!(
+            "clocks throttled by {} (reasons 0x{bits:x})",
+            active.join(", ")
+        ))
+    }
 }
 
 fn below(l: &Link, what: &str, unit: &str) -> Verdict {

@@ -99,111 +99,170 @@ fn show_bus_id(sel: &GpuSelector) -> String {
 /// GPU. When no GPU list could be had, an index is taken at the driver's default numbering
 /// and `all` means the `nvidiaN` nodes on the host (`nodes`), so that every GPU is still
 /// checked.
-///
-/// Long because it is the table of selector kinds, each with and without a GPU list, and
-/// each with its own sentence.
 pub fn resolve_selectors(
     selectors: &[(GpuSelector, Source)],
     known: &KnownGpus,
     nodes: &[u32],
 ) -> (Vec<(u32, Source)>, Vec<String>) {
-    let mut chosen: Vec<(u32, Source)> = Vec::new();
-    let mut unresolved = Vec::new();
-    // Without a GPU list: the one index taken that has no `nvidiaN` node.
-    let mut missing: Option<u32> = None;
-    let mut add = |minor: u32, source: Source| {
-        match chosen.iter_mut().find(|(m, _)| *m == minor) {
-            // a GPU also named on its own is judged as named
-            Some(c) if c.1 == Source::AllGpus => c.1 = source,
-            Some(_) => {}
-            None => chosen.push((minor, source)),
-        }
-    };
-    let (by, (report, reports)) = (
-        known.by,
-        if known.by == "NVML" {
-            ("reports", "report")
-        } else {
-            ("lists", "list")
-        },
-    );
+    let list = ListWords::of(known);
+    let mut r = Resolved::default();
     for (sel, source) in selectors {
         let how = match source {
             Source::CdiAnnotation => "CDI annotation",
             _ => NVIDIA_VISIBLE_DEVICES,
         };
         match (&known.ids, sel) {
-            (Ok(gpus), GpuSelector::All) => gpus.iter().for_each(|g| add(g.minor, Source::AllGpus)),
-            (Ok(gpus), GpuSelector::Index(i)) => match gpus.get(*i as usize) {
-                Some(g) => add(g.minor, *source),
-                None => unresolved.push(format!(
-                    "{how} selects GPU {i} but {by} {report} {} GPUs",
-                    gpus.len()
-                )),
-            },
-            (Ok(gpus), GpuSelector::Uuid(u)) => {
-                match gpus
-                    .iter()
-                    .find(|g| g.uuid.as_deref().is_some_and(|v| uuid_names(u, v)))
-                {
-                    Some(g) => add(g.minor, *source),
-                    None => {
-                        unresolved.push(format!("{how} selects {u}, which {by} does not {reports}"))
-                    }
-                }
-            }
-            (Ok(gpus), GpuSelector::PciBusId { .. }) => {
-                match gpus.iter().find(|g| bus_id_names(sel, g)) {
-                    Some(g) => add(g.minor, *source),
-                    None => unresolved.push(format!(
-                        "{how} selects PCI bus id {}, which {by} does not {reports}",
-                        show_bus_id(sel)
-                    )),
-                }
-            }
-            // A MIG instance runs on its parent GPU: that is what is checked.
-            (Ok(gpus), GpuSelector::Mig { gpu, instance }) => match gpus.get(*gpu as usize) {
-                Some(g) => add(g.minor, *source),
-                None => unresolved.push(format!(
-                    "{how} selects MIG device {gpu}:{instance} but {by} {report} {} GPUs",
-                    gpus.len()
-                )),
-            },
-            (_, GpuSelector::MigUuid(u)) => unresolved.push(format!(
+            (_, GpuSelector::MigUuid(u)) => r.unresolved.push(format!(
                 "{how} selects MIG device {u}, whose GPU devgate cannot tell (it does not list MIG devices)"
             )),
-            (_, GpuSelector::Invalid(why)) => unresolved.push(format!(
+            (_, GpuSelector::Invalid(why)) => r.unresolved.push(format!(
                 "{how} value {why}, which NVIDIA's tooling refuses"
             )),
-            (Err(_), GpuSelector::All) => nodes.iter().for_each(|n| add(*n, Source::AllGpus)),
-            // At the default numbering, one index without its node is checked and found
-            // wanting; more of them would each cost a walk of dev_root and a device in the
-            // record and the reject line (a spec can hold 1024), deciding nothing more.
-            (Err(_), GpuSelector::Index(i) | GpuSelector::Mig { gpu: i, .. }) => {
-                if nodes.contains(i) || *missing.get_or_insert(*i) == *i {
-                    add(*i, *source)
-                } else {
-                    unresolved.push(format!(
-                        "{how} selects GPU {i}, which has no node /dev/nvidia{i} and cannot be \
-                         placed without a GPU list"
-                    ))
-                }
-            }
-            (Err(why), GpuSelector::Uuid(u)) => {
-                unresolved.push(format!("{how} selects {u}, which cannot be checked: {why}"))
-            }
-            (Err(why), GpuSelector::PciBusId { .. }) => unresolved.push(format!(
-                "{how} selects PCI bus id {}, which cannot be checked: {why}",
-                show_bus_id(sel)
-            )),
+            (Ok(gpus), _) => r.against_list(gpus, sel, *source, how, &list),
+            (Err(why), _) => r.without_list(why, sel, *source, how, nodes),
         }
     }
+    let Resolved {
+        chosen,
+        mut unresolved,
+        ..
+    } = r;
     if unresolved.len() > MAX_UNRESOLVED {
         let more = unresolved.len() - MAX_UNRESOLVED;
         unresolved.truncate(MAX_UNRESOLVED);
         unresolved.push(format!("and {more} more GPU selectors that name no GPU"));
     }
     (chosen, unresolved)
+}
+
+/// How the sentences name who listed the GPUs: "but NVML reports 2 GPUs", "which the
+/// driver does not list".
+struct ListWords {
+    by: &'static str,
+    says: &'static str,
+    say: &'static str,
+}
+
+impl ListWords {
+    fn of(known: &KnownGpus) -> ListWords {
+        let (says, say) = if known.by == "NVML" {
+            ("reports", "report")
+        } else {
+            ("lists", "list")
+        };
+        ListWords {
+            by: known.by,
+            says,
+            say,
+        }
+    }
+}
+
+/// The selectors resolved so far: the minors chosen, in order, and the sentences.
+#[derive(Default)]
+struct Resolved {
+    chosen: Vec<(u32, Source)>,
+    unresolved: Vec<String>,
+    /// Without a GPU list: the one index taken that has no `nvidiaN` node.
+    missing: Option<u32>,
+}
+
+impl Resolved {
+    fn add(&mut self, minor: u32, source: Source) {
+        match self.chosen.iter_mut().find(|(m, _)| *m == minor) {
+            // a GPU also named on its own is judged as named
+            Some(c) if c.1 == Source::AllGpus => c.1 = source,
+            Some(_) => {}
+            None => self.chosen.push((minor, source)),
+        }
+    }
+
+    /// A selector resolved against the GPU list.
+    fn against_list(
+        &mut self,
+        gpus: &[GpuId],
+        sel: &GpuSelector,
+        source: Source,
+        how: &str,
+        list: &ListWords,
+    ) {
+        let ListWords { by, says, say } = list;
+        match sel {
+            GpuSelector::All => gpus.iter().for_each(|g| self.add(g.minor, Source::AllGpus)),
+            GpuSelector::Index(i) => match gpus.get(*i as usize) {
+                Some(g) => self.add(g.minor, source),
+                None => self.unresolved.push(format!(
+                    "{how} selects GPU {i} but {by} {says} {} GPUs",
+                    gpus.len()
+                )),
+            },
+            GpuSelector::Uuid(u) => {
+                match gpus
+                    .iter()
+                    .find(|g| g.uuid.as_deref().is_some_and(|v| uuid_names(u, v)))
+                {
+                    Some(g) => self.add(g.minor, source),
+                    None => self
+                        .unresolved
+                        .push(format!("{how} selects {u}, which {by} does not {say}")),
+                }
+            }
+            GpuSelector::PciBusId { .. } => match gpus.iter().find(|g| bus_id_names(sel, g)) {
+                Some(g) => self.add(g.minor, source),
+                None => self.unresolved.push(format!(
+                    "{how} selects PCI bus id {}, which {by} does not {say}",
+                    show_bus_id(sel)
+                )),
+            },
+            // A MIG instance runs on its parent GPU: that is what is checked.
+            GpuSelector::Mig { gpu, instance } => match gpus.get(*gpu as usize) {
+                Some(g) => self.add(g.minor, source),
+                None => self.unresolved.push(format!(
+                    "{how} selects MIG device {gpu}:{instance} but {by} {says} {} GPUs",
+                    gpus.len()
+                )),
+            },
+            // No list places these: [`resolve_selectors`] says so for both.
+            GpuSelector::MigUuid(_) | GpuSelector::Invalid(_) => {}
+        }
+    }
+
+    /// A selector resolved with no GPU list (`why` there is none), at the driver's default
+    /// numbering.
+    fn without_list(
+        &mut self,
+        why: &str,
+        sel: &GpuSelector,
+        source: Source,
+        how: &str,
+        nodes: &[u32],
+    ) {
+        match sel {
+            GpuSelector::All => nodes.iter().for_each(|n| self.add(*n, Source::AllGpus)),
+            // At the default numbering, one index without its node is checked and found
+            // wanting; more of them would each cost a walk of dev_root and a device in the
+            // record and the reject line (a spec can hold 1024), deciding nothing more.
+            GpuSelector::Index(i) | GpuSelector::Mig { gpu: i, .. } => {
+                if nodes.contains(i) || *self.missing.get_or_insert(*i) == *i {
+                    self.add(*i, source)
+                } else {
+                    self.unresolved.push(format!(
+                        "{how} selects GPU {i}, which has no node /dev/nvidia{i} and cannot be \
+                         placed without a GPU list"
+                    ))
+                }
+            }
+            GpuSelector::Uuid(u) => self
+                .unresolved
+                .push(format!("{how} selects {u}, which cannot be checked: {why}")),
+            GpuSelector::PciBusId { .. } => self.unresolved.push(format!(
+                "{how} selects PCI bus id {}, which cannot be checked: {why}",
+                show_bus_id(sel)
+            )),
+            // No list places these: [`resolve_selectors`] says so for both.
+            GpuSelector::MigUuid(_) | GpuSelector::Invalid(_) => {}
+        }
+    }
 }
 
 /// Sentences said about selectors that name no GPU, past which they are counted: each is a

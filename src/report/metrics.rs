@@ -1,0 +1,149 @@
+//! `devgate metrics`: the node inventory and the exit records as Prometheus text, for
+//! node_exporter's textfile collector.
+
+use crate::model::text::one_line;
+use crate::report::inventory::{Health, Row};
+use crate::report::record::ExitRecord;
+use std::collections::BTreeMap;
+
+/// Prometheus text format for node_exporter's textfile collector: one gauge family after
+/// another.
+pub fn metrics_text(rows: &[Row], exits: &[ExitRecord]) -> String {
+    [
+        device_healthy(rows),
+        device_health(rows),
+        device_quarantined(rows),
+        spare_leased(rows),
+        recent_faults(exits),
+        exit_records(exits),
+    ]
+    .iter()
+    .map(Family::text)
+    .collect()
+}
+
+/// One gauge family: its name, its help line and its samples, each its labels (none: an
+/// empty string) and its value.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    samples: Vec<(String, u64)>,
+}
+
+impl Family {
+    fn text(&self) -> String {
+        let Family {
+            name,
+            help,
+            samples,
+        } = self;
+        let mut out = format!("# HELP {name} {help}\n# TYPE {name} gauge\n");
+        for (labels, v) in samples {
+            if labels.is_empty() {
+                out.push_str(&format!("{name} {v}\n"));
+            } else {
+                out.push_str(&format!("{name}{{{labels}}} {v}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// A label value: outside text escaped first (so a newline cannot end the sample), then
+/// quoted as Prometheus's text format wants.
+fn label(s: &str) -> String {
+    one_line(s)
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn dev_labels(r: &Row) -> String {
+    format!(
+        "device=\"{}\",class=\"{}\",major_minor=\"{}\"",
+        label(&r.device.name()),
+        label(r.device.class.as_str()),
+        r.device.num
+    )
+}
+
+fn device_healthy(rows: &[Row]) -> Family {
+    Family {
+        name: "devgate_device_healthy",
+        help: "1 when no probe finds the device unhealthy or unknown.",
+        samples: rows
+            .iter()
+            .map(|r| (dev_labels(r), u64::from(r.health <= Health::Degraded)))
+            .collect(),
+    }
+}
+
+fn device_health(rows: &[Row]) -> Family {
+    let states = [
+        Health::Healthy,
+        Health::Degraded,
+        Health::Unknown,
+        Health::Unhealthy,
+    ];
+    Family {
+        name: "devgate_device_health",
+        help: "The device's health, one series per state with value 1 for the current one.",
+        samples: rows
+            .iter()
+            .flat_map(|r| {
+                states.into_iter().map(move |h| {
+                    (
+                        format!("{},health=\"{}\"", dev_labels(r), h.as_str()),
+                        u64::from(r.health == h),
+                    )
+                })
+            })
+            .collect(),
+    }
+}
+
+fn device_quarantined(rows: &[Row]) -> Family {
+    Family {
+        name: "devgate_device_quarantined",
+        help: "1 when an operator cordoned the device.",
+        samples: rows
+            .iter()
+            .map(|r| (dev_labels(r), u64::from(r.quarantine.is_some())))
+            .collect(),
+    }
+}
+
+fn spare_leased(rows: &[Row]) -> Family {
+    Family {
+        name: "devgate_spare_leased",
+        help: "1 when a spare is leased to a container.",
+        samples: rows
+            .iter()
+            .filter(|r| r.roles.contains(&"spare"))
+            .map(|r| (dev_labels(r), u64::from(r.lease.is_some())))
+            .collect(),
+    }
+}
+
+fn recent_faults(exits: &[ExitRecord]) -> Family {
+    let mut by_code: BTreeMap<&str, u64> = BTreeMap::new();
+    for f in exits.iter().flat_map(|x| &x.faults) {
+        *by_code.entry(&f.code).or_default() += 1;
+    }
+    Family {
+        name: "devgate_recent_faults",
+        help: "Device faults in the exit records devgate keeps, by code.",
+        samples: by_code
+            .into_iter()
+            .map(|(c, n)| (format!("code=\"{}\"", label(c)), n))
+            .collect(),
+    }
+}
+
+fn exit_records(exits: &[ExitRecord]) -> Family {
+    Family {
+        name: "devgate_exit_records",
+        help: "Exit records kept under state_dir/exits.",
+        samples: vec![(String::new(), exits.len() as u64)],
+    }
+}
