@@ -43,15 +43,18 @@ impl GpuView {
             .map_err(|e| format!("cannot read {}: {e}", gpus_dir.display()))?;
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
             .map_err(|e| format!("cannot make a mount namespace: {e}"))?;
-        // Shared mounts would carry the tmpfs out to the host's namespace.
+        // Shared mounts would carry the tmpfs out to the host's namespace. Slave, not
+        // private: the host's unmounts still reach this copy, so a child stuck on a hung
+        // GPU (it may live until reboot) does not hold the node's old mounts (a container's
+        // rootfs, a pod's volume) busy after the host let them go.
         mount(
             None::<&str>,
             "/",
             None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            MsFlags::MS_REC | MsFlags::MS_SLAVE,
             None::<&str>,
         )
-        .map_err(|e| format!("cannot make the mounts private: {e}"))?;
+        .map_err(|e| format!("cannot make the mounts one-way: {e}"))?;
         let entries = std::fs::read_dir(&gpus_dir)
             .map_err(|e| format!("cannot read {}: {e}", gpus_dir.display()))?;
         let mut dirs = Vec::new();
@@ -86,10 +89,19 @@ impl GpuView {
 
     /// Shows NVML the GPU `bus_id` alone: a fresh empty tmpfs over the list (the one shown
     /// before goes, with its GPU's bind), and that GPU's own directory bound into it. A GPU
-    /// the list no longer has leaves the list empty. On Err the list is left uncovered
-    /// where it could be.
+    /// whose directory was not found is not shown an empty list (NVML would take it for
+    /// lost): Err, and NVML sees the whole list. On Err the list is left uncovered where it
+    /// could be.
     pub(super) fn show(&mut self, bus_id: &str) -> Result<(), String> {
         self.uncover()?;
+        let Some((_, name, fd)) = PciAddr::parse(bus_id)
+            .and_then(|addr| self.dirs.iter().find(|(a, _, _)| same_function(a, &addr)))
+        else {
+            return Err(format!(
+                "{} has no directory for {bus_id} that this process opened",
+                self.gpus_dir.display()
+            ));
+        };
         mount(
             Some("tmpfs"),
             &self.gpus_dir,
@@ -99,12 +111,6 @@ impl GpuView {
         )
         .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", self.gpus_dir.display()))?;
         self.covered = true;
-        let Some(addr) = PciAddr::parse(bus_id) else {
-            return Ok(());
-        };
-        let Some((_, name, fd)) = self.dirs.iter().find(|(a, _, _)| same_function(a, &addr)) else {
-            return Ok(());
-        };
         let target = self.gpus_dir.join(name);
         let bound = std::fs::create_dir(&target)
             .map_err(|e| format!("cannot make {}: {e}", target.display()))
