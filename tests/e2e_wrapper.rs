@@ -460,29 +460,34 @@ fn a_chain_of_wrappers_back_to_devgate_fails_instead_of_looping() {
     require_root!();
     let dir = tempdir("wr-loop");
     let link = runtime_link(&dir);
-    let other = dir.join("other-wrapper");
-    fs::write(
-        &other,
-        format!("#!/bin/sh\nexec '{}' \"$@\"\n", link.display()),
-    )
-    .unwrap();
-    fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let env = Env::with("wr-loop", serde_json::json!({"runtime": {"path": other}}));
-    let log = dir.join("log.json");
-    let out = Command::new(&link)
-        .env("DEVGATE_CONFIG", &env.config)
-        .env_remove("DEVGATE_RUNTIME_WRAPPED")
-        .arg("--log")
-        .arg(&log)
-        .args(["--log-format", "json", "state", "x"])
-        .output()
+    // Another wrapper, and a script that calls itself runc: neither is runc itself.
+    for name in ["other-wrapper", "runc"] {
+        let sub = dir.join(format!("{name}.d"));
+        fs::create_dir_all(&sub).unwrap();
+        let other = sub.join(name);
+        fs::write(
+            &other,
+            format!("#!/bin/sh\nexec '{}' \"$@\"\n", link.display()),
+        )
         .unwrap();
-    let all = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{all}");
-    assert!(
-        all.contains("devgate: error: runtime.path: leads back to devgate's runtime wrapper"),
-        "{all}"
-    );
+        fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let env = Env::with("wr-loop", serde_json::json!({"runtime": {"path": other}}));
+        let log = dir.join("log.json");
+        let out = Command::new(&link)
+            .env("DEVGATE_CONFIG", &env.config)
+            .env_remove("DEVGATE_RUNTIME_WRAPPED")
+            .arg("--log")
+            .arg(&log)
+            .args(["--log-format", "json", "state", "x"])
+            .output()
+            .unwrap();
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{name}: {all}");
+        assert!(
+            all.contains("devgate: error: runtime.path: leads back to devgate's runtime wrapper"),
+            "{name}: {all}"
+        );
+    }
     // Naming devgate itself is refused before anything runs.
     let env = Env::with(
         "wr-self",

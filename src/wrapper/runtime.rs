@@ -66,11 +66,21 @@ pub fn resolve(configured: &Path) -> Result<PathBuf> {
 
 /// Whether the runtime at `real` may run devgate's wrapper again, so that it needs the loop
 /// mark ([`WRAPPED_ENV`]): anything but runc or crun themselves (another wrapper such as
-/// NVIDIA's, a script). runc passes its environment to every hook entry that sets no
-/// `env`, so the mark goes only where a loop can be; a link to devgate named runc is
-/// refused by inode in [`resolve`].
+/// NVIDIA's, a script, also one named `runc`). runc passes its environment to every hook
+/// entry that sets no `env`, so the mark goes only where a loop can be; a link to devgate
+/// under either name is refused by inode in [`resolve`].
 pub fn may_lead_back(real: &Path) -> bool {
-    !real.file_name().is_some_and(|n| n == "runc" || n == "crun")
+    let named = real.file_name().is_some_and(|n| n == "runc" || n == "crun");
+    !(named && is_elf(real))
+}
+
+/// Whether `path` is a compiled program (ELF), as runc and crun are; a script is not.
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
 fn check(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
@@ -106,13 +116,22 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
-    fn only_a_runtime_that_is_not_runc_or_crun_gets_the_loop_mark() {
-        assert!(!may_lead_back(Path::new("/usr/bin/runc")));
-        assert!(!may_lead_back(Path::new("/usr/libexec/crio/crun")));
+    fn only_runc_or_crun_themselves_go_without_the_loop_mark() {
+        let dir = crate::fsutil::tests::tempdir("may-lead-back");
+        // A compiled program named runc (a copy of the test binary stands in) goes without.
+        let elf = dir.join("runc");
+        fs::copy(std::env::current_exe().unwrap(), &elf).unwrap();
+        assert!(!may_lead_back(&elf));
+        // A script named crun may run devgate-runtime again: it gets the mark.
+        let script = dir.join("crun");
+        fs::write(&script, "#!/bin/sh\nexec devgate-runtime \"$@\"\n").unwrap();
+        assert!(may_lead_back(&script));
         assert!(may_lead_back(Path::new(
             "/usr/bin/nvidia-container-runtime"
         )));
         assert!(may_lead_back(Path::new("/opt/bin/runc-wrapper")));
+        // One that cannot be read is taken for a possible loop.
+        assert!(may_lead_back(&dir.join("sub/runc")));
     }
 
     #[test]
