@@ -219,7 +219,14 @@ pub(super) fn restart(root: &Path, changes: &Changes, now: &str) -> Result<()> {
         say!("devgate: restarted {}; {now}", systemd::CONTAINERD_UNIT);
         return Ok(());
     };
-    changes.put_back()?;
+    if let Err(pe) = changes.put_back() {
+        return Err(Error::invalid(
+            "--restart",
+            format!(
+                "{e}; putting the files back failed too ({pe}): containerd was not restarted again"
+            ),
+        ));
+    }
     let again = match systemd::restart(root, systemd::CONTAINERD_UNIT) {
         Ok(()) => "containerd runs as before".to_string(),
         Err(e2) => format!("containerd did not restart either: {e2}"),

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 /// Makes `cmd` run inside `root` (chroot, then `/` as its directory), where `root` is not
@@ -54,15 +54,25 @@ impl std::fmt::Display for RunError {
 }
 
 /// Reads at most `max` bytes of `pipe` on a thread of its own, so that a program writing
-/// more than a pipe holds never blocks on it while it is waited for.
-fn drain<R: Read + Send + 'static>(pipe: Option<R>, max: u64) -> JoinHandle<Vec<u8>> {
+/// more than a pipe holds never blocks on it while it is waited for. The bytes come on the
+/// channel once the pipe closes.
+fn drain<R: Read + Send + 'static>(pipe: Option<R>, max: u64) -> Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         if let Some(p) = pipe {
             let _ = p.take(max).read_to_end(&mut buf);
         }
-        buf
-    })
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+/// What a pipe's reader got, waiting no longer than `left`: a program that exited may have
+/// left a child holding the pipe open (a daemon it started), which must not hold us.
+fn drained(rx: &Receiver<Vec<u8>>, left: Duration) -> Vec<u8> {
+    rx.recv_timeout(left.max(Duration::from_millis(100)))
+        .unwrap_or_default()
 }
 
 /// Runs `cmd` to its end within `deadline` (killed past it), with stdin on /dev/null; its
@@ -95,8 +105,9 @@ pub(crate) fn output_within(
             Err(e) => return Err(RunError::Wait(e)),
         }
     };
-    let stdout = stdout.join().unwrap_or_default();
-    let stderr = stderr.join().unwrap_or_default();
+    let left = deadline.saturating_sub(started.elapsed());
+    let stdout = drained(&stdout, left);
+    let stderr = drained(&stderr, left);
     if !status.success() {
         let last = |b: &[u8]| {
             String::from_utf8_lossy(b)
