@@ -5,8 +5,8 @@
 //!   containerd 2.1 as its `containerd.service`. install-host edits containerd's own
 //!   config.toml (Debian's), restarts containerd through the node's systemctl, and the CRI
 //!   plugin comes back loaded; a rerun restarts nothing; a containerd that cannot start with
-//!   the edit gets the node's files back and is restarted again; uninstall-host gives the
-//!   config back byte for byte; and all of it through `--root /host` (an rbind of the node's
+//!   the edit, or starts but without its CRI plugin, gets the node's files back and is
+//!   restarted again; uninstall-host gives the config back byte for byte; and all of it through `--root /host` (an rbind of the node's
 //!   root in a private mount namespace, the DaemonSet's view), where systemctl runs chrooted.
 //!   It boots the image itself from the host's pass (scripts/forky-stack.sh builds or finds
 //!   it) and skips inside the forky pass, where there is no systemd.
@@ -130,12 +130,14 @@ fn node_script(image: &str) -> String {
         r#"O=/dgout
 DG={dg}
 unit=containerd.service
+rec=/var/lib/devgate/installed/devgate-base-spec.json
 snap() {{
   systemctl show -p MainPID --value $unit >$O/$1.pid
   systemctl is-active $unit >$O/$1.active 2>&1
   ctr plugins ls >$O/$1.plugins 2>&1
   if [ -e /etc/containerd/config.toml ]; then cp /etc/containerd/config.toml $O/$1.config; else : >$O/$1.noconfig; fi
   if [ -e /etc/containerd/devgate-base-spec.json ]; then cp /etc/containerd/devgate-base-spec.json $O/$1.spec; else : >$O/$1.nospec; fi
+  if [ -e $rec ]; then cp $rec $O/$1.record; else : >$O/$1.norecord; fi
   ls /usr/local/bin >$O/$1.bin 2>&1
 }}
 # The test restarts containerd faster than any operator: systemd's start rate limit
@@ -178,6 +180,19 @@ systemctl daemon-reload
 snap prefail
 step fail $DG install-host --root / --prefix /usr/local --enable --restart
 runs fail
+rm -r /run/systemd/system/$unit.d
+systemctl daemon-reload
+# A containerd that starts, active, but whose CRI plugin cannot read devgate's base spec:
+# the drop-in breaks the spec whenever config.toml names it. The spec is there before.
+step precri $DG install-host --root / --prefix /usr/local
+mkdir -p /run/systemd/system/$unit.d
+cat >/run/systemd/system/$unit.d/y.conf <<'EOF'
+[Service]
+ExecStartPre=/bin/sh -c 'grep -q "devgate install-host" /etc/containerd/config.toml && echo "{{" > /etc/containerd/devgate-base-spec.json || true'
+EOF
+systemctl daemon-reload
+step crifail $DG install-host --root / --prefix /usr/local --enable --restart
+runs crifail
 rm -r /run/systemd/system/$unit.d
 systemctl daemon-reload
 step reinstall $DG install-host --root / --prefix /usr/local --enable --restart
@@ -421,12 +436,47 @@ fn enable_and_restart_on_a_booted_systemd_node() {
     assert_ne!(fail.pid(), prefail.pid(), "{}", fail.said());
     fail.assert_ran_container();
 
-    // Without the drop-in: on again, then off with the programs in one run.
+    // containerd starts but its CRI plugin cannot read the spec: the same, naming the
+    // plugin; the spec, its record and config.toml back as install-host found them.
+    let precri = step("precri");
+    assert_eq!(precri.rc(), "0", "{}", precri.said());
+    assert!(
+        precri.has("spec") && precri.has("record"),
+        "{}",
+        precri.said()
+    );
+    let crifail = step("crifail");
+    assert_eq!(crifail.rc(), "2", "{}", crifail.said());
+    let err = crifail.read("err");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {}", crifail.said());
+    for said in [
+        "CRI plugin did not load",
+        "io.containerd.grpc.v1 cri is error",
+        "back as they were, and containerd runs as before",
+    ] {
+        assert!(lines[0].contains(said), "{said}: {}", crifail.said());
+    }
+    assert_eq!(crifail.config(), orig_config, "{}", crifail.said());
+    for ext in ["spec", "record"] {
+        assert!(crifail.has(ext), "{ext}: {}", crifail.said());
+        assert_eq!(
+            crifail.read(ext),
+            precri.read(ext),
+            "{ext}: {}",
+            crifail.said()
+        );
+    }
+    crifail.assert_running();
+    assert_ne!(crifail.pid(), precri.pid(), "{}", crifail.said());
+    crifail.assert_ran_container();
+
+    // Without the drop-ins: on again, then off with the programs in one run.
     let reinstall = step("reinstall");
     assert_eq!(reinstall.rc(), "0", "{}", reinstall.said());
     assert_enabled(&orig_config, &reinstall.config(), "reinstall");
     reinstall.assert_running();
-    assert_ne!(reinstall.pid(), fail.pid(), "{}", reinstall.said());
+    assert_ne!(reinstall.pid(), crifail.pid(), "{}", reinstall.said());
     let remove = step("remove");
     assert_eq!(remove.rc(), "0", "{}", remove.said());
     assert_eq!(remove.config(), orig_config, "{}", remove.said());
@@ -464,11 +514,16 @@ fn enable_and_restart_on_a_booted_systemd_node() {
     hostremove.assert_ran_container();
 
     // Last, so that a wording slip does not hide what the node did: an install that
-    // restarted containerd says devgate is on.
+    // restarted containerd says devgate is on, having checked its CRI plugin.
     for on in [&install, &reinstall, &hostinstall] {
         assert!(
             on.read("out")
                 .contains("devgate: restarted containerd.service; devgate is on"),
+            "{}",
+            on.said()
+        );
+        assert!(
+            !on.read("out").contains("could not be checked"),
             "{}",
             on.said()
         );

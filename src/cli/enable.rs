@@ -7,6 +7,7 @@
 
 use super::conffile::read_opt;
 use super::containerd_config::{self, Edit};
+use super::cri_plugins;
 use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
 use super::systemd;
 use crate::error::{Error, Result};
@@ -207,6 +208,14 @@ pub(super) fn check_restart(root: &Path) -> Result<()> {
     systemd::check(root)
 }
 
+/// Restarts containerd on the host at `root` through its systemd; fails where it does not
+/// come back active, or comes back without its CRI plugin.
+fn restart_checked(root: &Path) -> Result<()> {
+    let unit = systemd::CONTAINERD_UNIT;
+    systemd::restart(root, unit)?;
+    cri_plugins::check(root, containerd_program(root).as_deref(), unit)
+}
+
 /// Restarts containerd on the host at `root` where `changes` changed a file, saying `now`
 /// (what the restart turned devgate into) after it. Where it does not come back, puts the
 /// files back, restarts it again, and fails saying both.
@@ -215,7 +224,7 @@ pub(super) fn restart(root: &Path, changes: &Changes, now: &str) -> Result<()> {
         say!("devgate: containerd needs no restart");
         return Ok(());
     }
-    let Err(e) = systemd::restart(root, systemd::CONTAINERD_UNIT) else {
+    let Err(e) = restart_checked(root) else {
         say!("devgate: restarted {}; {now}", systemd::CONTAINERD_UNIT);
         return Ok(());
     };
@@ -227,7 +236,7 @@ pub(super) fn restart(root: &Path, changes: &Changes, now: &str) -> Result<()> {
             ),
         ));
     }
-    let again = match systemd::restart(root, systemd::CONTAINERD_UNIT) {
+    let again = match restart_checked(root) {
         Ok(()) => "containerd runs as before".to_string(),
         Err(e2) => format!("containerd did not restart either: {e2}"),
     };

@@ -11,6 +11,7 @@ macro_rules! say {
 mod args;
 mod conffile;
 mod containerd_config;
+mod cri_plugins;
 mod doctor;
 mod enable;
 pub(crate) mod hooks_config;
