@@ -646,35 +646,7 @@ impl Containerd {
             sock = socket.display(),
         );
         fs::write(dir.join("config.toml"), &config).unwrap();
-        let log = fs::File::create(dir.join("containerd.log")).unwrap();
-        // `under` runs first and execs the private-mounts wrapper, which execs containerd.
-        let private = in_private_mounts("containerd");
-        let mut cmd = match under.split_first() {
-            Some((prog, args)) => {
-                let mut c = Command::new(prog);
-                c.args(args)
-                    .arg(private.get_program())
-                    .args(private.get_args());
-                c
-            }
-            None => private,
-        };
-        let child = cmd
-            .arg("--config")
-            .arg(dir.join("config.toml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let c = Containerd { dir, socket, child };
-        for _ in 0..200 {
-            if c.ctr("default", &["version"]).status.success() {
-                return c;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("containerd did not come up: {}", c.log());
+        Containerd::start_on_config(&dir, &dir.join("config.toml"), &socket, under)
     }
 
     /// containerd on a config file the test wrote itself (`config`, its path as `under`
@@ -685,6 +657,7 @@ impl Containerd {
         require_cmd("containerd", "containerd");
         require_cmd("ctr", "containerd");
         let log = fs::File::create(dir.join("containerd.log")).unwrap();
+        // `under` runs first and execs the private-mounts wrapper, which execs containerd.
         let private = in_private_mounts("containerd");
         let mut cmd = match under.split_first() {
             Some((prog, args)) => {
