@@ -15,7 +15,7 @@
 //!   devgate on for CRI pods; uninstall-host and a restart turn it off again.
 
 mod common;
-use common::boot::{forky_image, own_cgroup, remove_cgroup, tail};
+use common::boot::{image_to_boot, skip_in_forky_pass, Boot};
 use common::cri::{self, ContainerState, Cri};
 use common::kubelet;
 use common::*;
@@ -61,63 +61,22 @@ fn assert_enabled(orig: &str, edited: &str, what: &str) {
 
 // ---- The booted node -------------------------------------------------------------------
 
-/// The forky image's root, or why there is none (as tests/e2e_systemd_remap.rs finds it).
-/// A cgroup of the test's own on the unified hierarchy for systemd-nspawn, which makes
-/// `payload` and `supervisor` beside itself (see tests/e2e_systemd_remap.rs).
 /// Boots the image with `out/run.sh` as a unit that powers the machine off when done; the
 /// build dir is bound at its own path. containerd's root is a tmpfs: the image's root is an
 /// overlay (`--volatile=overlay`), which overlayfs snapshots cannot sit on.
 fn boot(root: &Path, out: &Path) -> String {
-    fs::write(
-        out.join("dgtest.service"),
-        "[Unit]\nDescription=devgate install-host --enable test\nAfter=basic.target\n\
-         [Service]\nType=exec\n\
-         ExecStart=/bin/sh -c 'timeout 60 systemctl is-system-running --wait >/dgout/state 2>&1; \
-         timeout 400 sh -x /dgout/run.sh >/dgout/run.log 2>&1; systemctl poweroff'\n",
-    )
-    .unwrap();
-    let cg = own_cgroup("dg-enable");
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg("[ -z \"$0\" ] || echo $$ >\"$0/cgroup.procs\" && exec \"$@\"")
-        .arg(cg.as_deref().map(s).unwrap_or(""));
-    cmd.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
-        .args(["timeout", "540", "systemd-nspawn", "--quiet", "--boot"])
-        .args([
-            "--register=no",
-            "--keep-unit",
-            "--volatile=overlay",
-            "--capability=all",
-        ])
-        .arg("--system-call-filter=bpf keyctl add_key")
-        .arg("--tmpfs=/var/lib/containerd")
-        .arg(format!("--directory={}", root.display()))
-        .arg(format!("--bind={}:/dgout", out.display()))
-        .arg(format!(
-            "--bind-ro={}:/etc/systemd/system/dgtest.service",
-            out.join("dgtest.service").display()
-        ))
-        .arg(format!(
-            "--bind-ro={}",
-            devgate_bin().parent().unwrap().display()
-        ))
-        .arg("systemd.wants=dgtest.service")
-        .stdin(Stdio::null());
-    let o = cmd.output().unwrap();
-    if let Some(cg) = &cg {
-        remove_cgroup(cg);
-    }
-    let console = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let run = fs::read_to_string(out.join("run.log")).unwrap_or_default();
-    format!(
-        "console (tail): {}\nrun.log (tail):\n{}",
-        tail(&console, 20),
-        tail(&run, 60)
-    )
+    let b = Boot {
+        description: "devgate install-host --enable test",
+        tag: "dg-enable",
+        nspawn_timeout_s: 540,
+        script_timeout_s: Some(400),
+        args: vec![
+            "--tmpfs=/var/lib/containerd".into(),
+            format!("--bind-ro={}", devgate_bin().parent().unwrap().display()),
+        ],
+        run_tail: Some(60),
+    };
+    common::boot::boot(root, out, &b)
 }
 
 /// The script the booted node runs. Each step `NAME` leaves `NAME.rc`, `NAME.out`,
@@ -301,26 +260,11 @@ fn assert_cri_loaded(plugins: &str, ctx: &str) {
 #[test]
 fn enable_and_restart_on_a_booted_systemd_node() {
     require_root!();
-    if std::env::var("DEVGATE_STACK").as_deref() == Ok("forky") {
-        eprintln!(
-            "skipped: boots the forky image under systemd-nspawn itself, from the host's pass"
-        );
+    if skip_in_forky_pass() {
         return;
     }
-    if Command::new("systemd-nspawn")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: systemd-nspawn is not installed (apt-get install systemd-container)");
+    let Some(root) = image_to_boot() else {
         return;
-    }
-    let root = match forky_image() {
-        Ok(r) => r,
-        Err(why) => {
-            eprintln!("skipped: no forky image: {why}");
-            return;
-        }
     };
     let out = tempdir("enable-sd-out");
     // The busybox image, for ctr inside (no registry is reachable).

@@ -11,14 +11,13 @@
 //! it); inside the forky stack's own pass it skips.
 
 mod common;
-use common::boot::{forky_image, own_cgroup, remove_cgroup, tail};
+use common::boot::{image_to_boot, skip_in_forky_pass, Boot};
 use common::wrapper::*;
 use common::*;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -123,90 +122,33 @@ fn show(text: &str) -> BTreeMap<String, Vec<String>> {
     m
 }
 
-/// A cgroup of the test's own on the unified hierarchy (`/sys/fs/cgroup/unified` on a
-/// hybrid host) for systemd-nspawn, which makes `payload` and `supervisor` beside itself:
-/// in a cgroup shared with other runs they collide.
-/// Removes a cgroup tree, deepest first; what still holds a process stays.
 /// Boots the image with `script` as a unit that powers the machine off when done.
 fn boot(root: &Path, out: &Path, script: &str, binds: &[PathBuf]) -> String {
     fs::write(out.join("run.sh"), script).unwrap();
-    fs::write(
-        out.join("dgtest.service"),
-        "[Unit]\nDescription=devgate systemd-driver remap test\nAfter=basic.target\n\
-         [Service]\nType=exec\n\
-         ExecStart=/bin/sh -c 'timeout 60 systemctl is-system-running --wait >/dgout/state 2>&1; \
-         sh -x /dgout/run.sh >/dgout/run.log 2>&1; systemctl poweroff'\n",
-    )
-    .unwrap();
-    let cg = own_cgroup("dg-sd-remap");
-    let mut cmd = Command::new("sh");
-    // Into the test's own cgroup, then nspawn.
-    cmd.arg("-c")
-        .arg("[ -z \"$0\" ] || echo $$ >\"$0/cgroup.procs\" && exec \"$@\"")
-        .arg(cg.as_deref().map(s).unwrap_or(""));
-    cmd.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
-        .args([
-            "timeout",
-            "180",
-            "systemd-nspawn",
-            "--quiet",
-            "--boot",
-            "--register=no",
-        ])
-        .args(["--keep-unit", "--volatile=overlay", "--capability=all"])
-        // runc and crun load device programs with bpf(); nspawn filters it by default.
-        .arg("--system-call-filter=bpf keyctl add_key")
-        .arg(format!("--directory={}", root.display()))
-        .arg(format!("--bind={}:/dgout", out.display()))
-        .arg(format!(
-            "--bind-ro={}:/etc/systemd/system/dgtest.service",
-            out.join("dgtest.service").display()
-        ))
-        .args([format!("--bind={BAD}"), format!("--bind={SPARE}")]);
+    let mut args = vec![format!("--bind={BAD}"), format!("--bind={SPARE}")];
     let bin_dir = devgate_bin().parent().unwrap().to_path_buf();
     for b in binds.iter().chain([&bin_dir]) {
-        cmd.arg(format!("--bind={}", b.display()));
+        args.push(format!("--bind={}", b.display()));
     }
-    cmd.arg("systemd.wants=dgtest.service");
-    let o = cmd.output().unwrap();
-    if let Some(cg) = &cg {
-        remove_cgroup(cg);
-    }
-    let console = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let run = fs::read_to_string(out.join("run.log")).unwrap_or_default();
-    format!("console (tail): {}\nrun.log:\n{run}", tail(&console, 20))
+    let b = Boot {
+        description: "devgate systemd-driver remap test",
+        tag: "dg-sd-remap",
+        nspawn_timeout_s: 180,
+        script_timeout_s: None,
+        args,
+        run_tail: None,
+    };
+    common::boot::boot(root, out, &b)
 }
 
 #[test]
 fn remap_holds_under_the_systemd_driver_with_and_without_bpffs() {
     require_root!();
-    if std::env::var("DEVGATE_STACK").as_deref() == Ok("forky") {
-        eprintln!(
-            "skipped: boots the forky image under systemd-nspawn itself, from the host's pass"
-        );
+    if skip_in_forky_pass() || !have_devices() {
         return;
     }
-    if !have_devices() {
+    let Some(root) = image_to_boot() else {
         return;
-    }
-    if Command::new("systemd-nspawn")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: systemd-nspawn is not installed (apt-get install systemd-container)");
-        return;
-    }
-    let root = match forky_image() {
-        Ok(r) => r,
-        Err(why) => {
-            eprintln!("skipped: no forky image: {why}");
-            return;
-        }
     };
     let mut cases = Vec::new();
     for (bpf, wild) in [(false, false), (true, false), (false, true), (true, true)] {
