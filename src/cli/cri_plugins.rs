@@ -7,8 +7,7 @@ use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_d
 use super::host_exec::{self as host, RunError};
 use crate::error::{Error, Result};
 use serde::Deserialize;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -69,14 +68,6 @@ pub(crate) fn grpc_address(dump: &str) -> std::result::Result<String, String> {
     })
 }
 
-/// The host's `ctr`, as the host names it.
-fn ctr_program(root: &Path) -> Option<PathBuf> {
-    CTR_PROGRAMS
-        .iter()
-        .find(|p| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_file()))
-        .map(|p| Path::new("/").join(p))
-}
-
 /// `ctr --address ADDR plugins ls` inside `root`.
 fn plugins_ls(root: &Path, ctr: &Path, address: &str) -> std::result::Result<String, String> {
     let mut cmd = Command::new(ctr);
@@ -96,7 +87,7 @@ fn plugins_ls(root: &Path, ctr: &Path, address: &str) -> std::result::Result<Str
 /// plugins: `Ok(None)` where they loaded or the config disables them, `Ok(Some(why))`
 /// where one did not, `Err` where this could not be asked.
 fn cri_problem(root: &Path, bin: &Path) -> std::result::Result<Option<String>, String> {
-    let Some(ctr) = ctr_program(root) else {
+    let Some(ctr) = host::program_under(root, &CTR_PROGRAMS) else {
         return Err(format!("no ctr under {}", root.display()));
     };
     let conf = Path::new("/etc/containerd/config.toml");
@@ -139,7 +130,7 @@ mod tests {
         let p = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/containerd")
             .join(name);
-        fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
 
     #[test]

@@ -9,6 +9,9 @@ use super::conffile::read_opt;
 use super::containerd_config::{self, Edit};
 use super::cri_plugins;
 use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
+use super::hooks_config::absolute;
+use super::host_exec;
+use super::host_opts::Opts;
 use super::systemd;
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
@@ -20,6 +23,13 @@ use std::path::{Path, PathBuf};
 /// containerd's config file on the host at `root`.
 pub(super) fn config_file(root: &Path) -> PathBuf {
     root.join("etc/containerd/config.toml")
+}
+
+/// The permission bits of the file at `path`, or 0644 for one that is not there yet.
+fn mode_of(path: &Path) -> u32 {
+    fs::symlink_metadata(path)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o644)
 }
 
 /// One host file as it was before a step wrote it.
@@ -39,13 +49,10 @@ impl Changes {
         if self.0.iter().any(|k| k.path == path) {
             return Ok(());
         }
-        let mode = fs::symlink_metadata(path)
-            .map(|m| m.permissions().mode() & 0o7777)
-            .unwrap_or(0o644);
         self.0.push(Kept {
             path: path.to_path_buf(),
             before: read_opt(path)?,
-            mode,
+            mode: mode_of(path),
         });
         Ok(())
     }
@@ -86,10 +93,7 @@ const CONTAINERD_PROGRAMS: [&str; 3] = [
 
 /// The host's containerd program, as the host names it.
 fn containerd_program(root: &Path) -> Option<PathBuf> {
-    CONTAINERD_PROGRAMS
-        .iter()
-        .find(|p| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_file()))
-        .map(|p| Path::new("/").join(p))
+    host_exec::program_under(root, &CONTAINERD_PROGRAMS)
 }
 
 fn has_containerd(root: &Path) -> bool {
@@ -159,7 +163,6 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
         );
         return Ok(());
     }
-    let existed = fs::symlink_metadata(&file).is_ok();
     let text = text_of(&file)?;
     let edit = match spec {
         Some(spec) => containerd_config::enable(&text, spec),
@@ -176,17 +179,14 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
         (Edit::Unchanged, None) => {}
         (Edit::Changed(new), _) => {
             changes.keep(&file)?;
-            let mode = fs::symlink_metadata(&file)
-                .map(|m| m.permissions().mode() & 0o7777)
-                .unwrap_or(0o644);
-            write_atomic(&file, new.as_bytes(), mode)?;
+            // The file alone, put back at once where containerd would not read the edit:
+            // no restart should pick up lines that reach no runtime.
+            let mut this = Changes::default();
+            this.keep(&file)?;
+            write_atomic(&file, new.as_bytes(), mode_of(&file))?;
             if let Some(spec) = spec {
                 if let Err(e) = check_effective(root, spec) {
-                    // As it was: no restart would pick up lines that reach no runtime.
-                    write_atomic(&file, text.as_bytes(), mode)?;
-                    if text.is_empty() && !existed {
-                        fs::remove_file(&file).map_err(|e| Error::io("cannot remove", &file, e))?;
-                    }
+                    this.put_back()?;
                     return Err(e);
                 }
             }
@@ -203,9 +203,24 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
     Ok(())
 }
 
-/// Fails, before anything on the host changes, where `--restart` could not restart.
-pub(super) fn check_restart(root: &Path) -> Result<()> {
-    systemd::check(root)
+/// The host root install-host and uninstall-host act on: `--root`, absolute. `usage` is
+/// the command's synopsis, for the error.
+pub(super) fn host_root<'a>(o: &'a Opts, usage: &str) -> Result<&'a Path> {
+    let root = o
+        .root
+        .as_deref()
+        .ok_or_else(|| Error::Usage(format!("--root is required; {usage}")))?;
+    absolute("--root", root)?;
+    Ok(root)
+}
+
+/// Where `--restart` is asked, fails on a host whose systemd cannot restart containerd,
+/// before anything on it changes.
+pub(super) fn check_restart(o: &Opts, root: &Path) -> Result<()> {
+    if o.restart {
+        systemd::check(root)?;
+    }
+    Ok(())
 }
 
 /// Restarts containerd on the host at `root` through its systemd; fails where it does not

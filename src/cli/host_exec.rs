@@ -3,9 +3,10 @@
 
 use crate::model::text::one_line;
 use std::ffi::CString;
+use std::fs;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
@@ -28,6 +29,15 @@ pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), String> {
         });
     }
     Ok(())
+}
+
+/// The first of `candidates` (paths under the host root, as the host names them without
+/// the leading `/`) that is a file there, as the host names it.
+pub(crate) fn program_under(root: &Path, candidates: &[&str]) -> Option<PathBuf> {
+    candidates
+        .iter()
+        .find(|p| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_file()))
+        .map(|p| Path::new("/").join(p))
 }
 
 /// How a host program run with [`output_within`] fell short.

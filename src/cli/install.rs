@@ -162,20 +162,13 @@ fn checked_root(o: &Opts) -> Result<&Path> {
              {INSTALL_HOST_USAGE}"
         )));
     }
-    let root = o
-        .root
-        .as_deref()
-        .ok_or_else(|| Error::Usage(format!("--root is required; {INSTALL_HOST_USAGE}")))?;
-    absolute("--root", root)?;
+    let root = enable::host_root(o, INSTALL_HOST_USAGE)?;
     if o.restart && !o.enable {
         return Err(Error::Usage(format!(
             "--restart goes with --enable; {INSTALL_HOST_USAGE}"
         )));
     }
-    if o.restart {
-        // A host that cannot restart containerd is told so before anything changes.
-        enable::check_restart(root)?;
-    }
+    enable::check_restart(o, root)?;
     Ok(root)
 }
 

@@ -262,14 +262,7 @@ fn checked_root(o: &Opts) -> Result<&Path> {
              {USAGE}"
         )));
     }
-    let root = o
-        .root
-        .as_deref()
-        .ok_or_else(|| Error::Usage(format!("--root is required; {USAGE}")))?;
-    absolute("--root", root)?;
-    if o.restart {
-        // A host that cannot restart containerd is told so before anything changes.
-        enable::check_restart(root)?;
-    }
+    let root = enable::host_root(o, USAGE)?;
+    enable::check_restart(o, root)?;
     Ok(root)
 }

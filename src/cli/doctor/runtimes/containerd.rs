@@ -143,10 +143,8 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String>
     })
 }
 
-/// Runs `containerd [--config FILE] config dump` with a deadline and a bound on its output.
-/// Long because a child with a deadline takes it: both pipes drained on threads (a full pipe
-/// would stop containerd), a polled wait, a kill at the deadline, and the last stderr line
-/// for the error.
+/// Runs `containerd [--config FILE] config dump` with a deadline and a bound on its output
+/// (`host_exec::output_within`).
 pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, String> {
     containerd_dump_in(Path::new("/"), bin, config)
 }
@@ -175,6 +173,7 @@ pub(crate) fn containerd_dump_in(
     cmd.args(["config", "dump"]);
     let out = host::output_within(cmd, DUMP_DEADLINE, MAX_DUMP).map_err(|e| match e {
         RunError::TooLarge(_) => format!("containerd's dump is larger than {MAX_DUMP} bytes"),
+        RunError::Spawn(e) => format!("cannot run {}: {e}", bin.display()),
         e => format!("{} config dump {e}", bin.display()),
     })?;
     String::from_utf8(out).map_err(|_| "containerd's dump is not UTF-8".into())
