@@ -29,12 +29,16 @@ pub mod action;
 pub(crate) mod report;
 // 10. One hook call, start to end: the only module that knows every stage.
 pub(crate) mod pipeline;
-// 11. The OCI runtime wrapper (`devgate runtime`, `devgate-runtime`): the gate before the
+// 11. The static programs' hand-on to devgate (`devgate-hook`, `devgate-runtime`): whether
+//     a call may need NVML, which a static program cannot load, and the exec of the
+//     devgate beside them that can. Decided before the pipeline runs.
+pub mod front;
+// 12. The OCI runtime wrapper (`devgate runtime`, `devgate-runtime`): the gate before the
 //     runtime reads the spec, a remap written into it, then the real runtime.
 pub mod wrapper;
-// 12. The command line.
+// 13. The command line.
 pub mod cli;
-// 13. Entry points for the fuzz targets under fuzz/; not an API.
+// 14. Entry points for the fuzz targets under fuzz/; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
 

@@ -28,9 +28,10 @@ const LAYERS: &[(&str, u32)] = &[
     ("action", 8),
     ("report", 9),
     ("pipeline", 10),
-    ("wrapper", 11),
-    ("cli", 12),
-    ("fuzzing", 13),
+    ("front", 11),
+    ("wrapper", 12),
+    ("cli", 13),
+    ("fuzzing", 14),
 ];
 
 fn layer(module: &str) -> Option<u32> {

@@ -26,14 +26,10 @@ mod uninstall;
 mod wrapper_config;
 
 use crate::error::{Error, Result};
-use crate::fsutil::program;
 use crate::model::text::one_line;
-use crate::oci::stage::Stage;
-use crate::oci::state::State;
-use crate::pipeline::{self, Outcome};
 use args::{parse_args, Args};
 pub use out::exit;
-use out::{fail, print_error};
+use out::fail;
 use std::time::Instant;
 
 pub(crate) const USAGE: &str = "\
@@ -139,7 +135,10 @@ pub fn main(argv: Vec<String>, started: Instant) -> i32 {
         return fail(&e);
     }
     let result = match pos.as_slice() {
-        ["hook", stage] => return run_hook(stage, &args, &argv, started),
+        // also what the hook front runs (crate::front), and where it hands on from
+        ["hook", stage] => {
+            return crate::front::run_hook(stage, args.config.as_deref(), &argv, started)
+        }
         ["cordon", dev] => node::cordon(&args, dev),
         ["uncordon", dev] => node::uncordon(&args, dev),
         ["status"] => node::status(&args),
@@ -251,100 +250,6 @@ fn panic_line(
     format!("devgate: error: internal error, please report: {msg}{at}")
 }
 
-fn run_hook(stage: &str, args: &Args, argv: &[String], started: Instant) -> i32 {
-    // `auto` takes the stage from the state's status (one oci-hooks file, two stages).
-    let named = match stage {
-        "auto" => None,
-        s => match Stage::parse(s) {
-            Ok(s) => Some(s),
-            Err(e) => return fail(&e),
-        },
-    };
-    // A runtime always pipes the state in. On a terminal (an operator trying the command)
-    // the read would wait for an end of input nobody knows to type.
-    // SAFETY: isatty only asks about fd 0.
-    if unsafe { libc::isatty(0) } == 1 {
-        print_error(&format!(
-            "devgate: error: {stage}: the container state is read on stdin, which is a \
-             terminal; runtimes pipe it in (echo STATE_JSON | devgate hook {stage})"
-        ));
-        return 2;
-    }
-    let (bytes, state) = match State::read(std::io::stdin().lock()) {
-        Ok(s) => s,
-        Err(e) => {
-            // Unreadable input is the one error that fails even poststop.
-            print_error(&format!("devgate: error: {stage}: {e}"));
-            return 2;
-        }
-    };
-    let stage = named.unwrap_or_else(|| Stage::from_status(&state.status));
-    // A bug must not turn into a backtrace in kubelet's event or a failed poststop: the
-    // panic hook (main.rs) prints one line, and the stage decides the exit.
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        pipeline::run(stage, &state, args.config.as_deref(), started)
-    }));
-    // poststop must not fail the lifecycle once its own input was readable; an error is
-    // still printed for the runtime's log.
-    let failed = if stage == Stage::Poststop { 0 } else { 2 };
-    let Ok(result) = run else {
-        return failed;
-    };
-    match result {
-        Ok(Outcome::Replied(report)) => {
-            for line in &report.stderr {
-                eprintln!("{line}");
-            }
-            report.exit_code
-        }
-        Ok(Outcome::HandOff) => {
-            let e = hand_off(argv, &bytes);
-            print_error(&format!("devgate: error: {}: {e}", stage.name()));
-            failed
-        }
-        Err(e) => {
-            print_error(&format!("devgate: error: {}: {e}", stage.name()));
-            failed
-        }
-    }
-}
-
-/// Runs the dynamically linked devgate beside this statically linked one in its place, with
-/// the same arguments and the state it read from stdin as its stdin. Returns only on
-/// failure, with the error.
-fn hand_off(argv: &[String], state: &[u8]) -> Error {
-    let input = match program::memfd("devgate-state", state) {
-        Ok(f) => f,
-        Err(e) => return e,
-    };
-    if let Err(e) = program::set_stdin(&input) {
-        return e;
-    }
-    // fd 0 is the state now; the memfd's own descriptor (not close-on-exec) would cross the
-    // exec as a second, writable copy nothing reads.
-    drop(input);
-    program::exec_devgate(argv)
-}
-
-/// `devgate-hook`, the statically linked hook front (src/hook_main.rs): `hook STAGE` runs
-/// here unless the container may have NVIDIA devices; anything else, and those, go to the
-/// dynamically linked devgate beside it.
-pub fn hook_front(argv: Vec<String>, started: Instant) -> i32 {
-    if let Ok(args) = parse_args(&argv) {
-        if let ["hook", stage] = args
-            .positional
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()[..]
-        {
-            if options_belong(&args, "hook").is_ok() {
-                return run_hook(stage, &args, &argv, started);
-            }
-        }
-    }
-    fail(&program::exec_devgate(&argv))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,6 +316,49 @@ mod tests {
         }
         // an unknown word is reported as such, not as an option out of place
         assert_eq!(check("statsu --json"), Ok(()));
+    }
+
+    #[test]
+    fn the_hook_front_reads_a_hook_command_line_as_devgate_does() {
+        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        for line in [
+            "hook prestart",
+            "hook auto",
+            "--config /c.json hook poststop",
+            "--config=/c.json hook prestart",
+            "hook prestart --config /a --config=/b",
+            "--config --json hook prestart",
+            "hook -x",
+            "hook - ",
+            "hook a=b",
+            "--config",
+            "hook prestart --config",
+            "hook prestart --json",
+            "hook prestart --reason x",
+            "hook prestart --textfile=/t",
+            "--json=1 hook prestart",
+            "--configx hook prestart",
+            "-h hook prestart",
+            "hook prestart --help",
+            "-V hook prestart",
+            "--version",
+            "hook",
+            "hook prestart extra",
+            "status",
+            "runtime create",
+            "",
+        ] {
+            let argv = argv(line);
+            let devgate = parse_args(&argv).ok().and_then(|a| {
+                let pos: Vec<&str> = a.positional.iter().map(String::as_str).collect();
+                match (options_belong(&a, "hook"), &pos[..]) {
+                    (Ok(()), ["hook", stage]) => Some((stage.to_string(), a.config.clone())),
+                    _ => None,
+                }
+            });
+            let front = crate::front::hook_command(&argv).map(|(s, c)| (s.to_string(), c));
+            assert_eq!(front, devgate, "{line}");
+        }
     }
 
     #[test]

@@ -3,13 +3,18 @@
 //! Root runs them on every container start, so each is held to the rule every program root
 //! executes for devgate is held to: a regular executable file that only root (or whoever
 //! runs devgate) could have written.
+//!
+//! The hand-on itself, when a front execs devgate and how, is `crate::front`'s. What is
+//! here is what more than the front needs, below it too: which devgate a static process
+//! may run ([`devgate_beside`], also for its NVML query processes), the marks one devgate
+//! process leaves the next, whether this process is linked statically, the trust check
+//! (doctor's and the runtime wrapper's too), and an input handed on as an anonymous file.
 
 use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::{Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -20,7 +25,8 @@ pub const DEVGATE: &str = "devgate";
 /// hook files run.
 pub const HOOK_FRONT: &str = "devgate-hook";
 
-/// Set in the environment of the devgate a statically linked program hands work to. A
+/// Set in the environment of the devgate a statically linked program hands work to
+/// (`crate::front::exec_devgate`, and a static process's NVML query processes). A
 /// statically linked program that finds it was started that way as devgate: the devgate
 /// beside the front is statically linked too (a link to or a copy of the front), cannot
 /// load NVML either, and would hand the work on to itself without end.
@@ -78,26 +84,6 @@ pub fn take_marks() {
 /// Whether this process was started with `mark` ([`take_marks`]).
 pub fn started_with(mark: Mark) -> bool {
     FOUND.load(Ordering::Relaxed) & mark.bit() != 0
-}
-
-/// Execs the devgate beside this program ([`devgate_beside`]) in its place, as `devgate
-/// ARGS`, marked as handed on ([`HANDED_ON_ENV`]): devgate itself, which takes the mark out
-/// of its environment at its start ([`take_marks`]). Returns only on failure, with the
-/// error.
-pub fn exec_devgate(args: &[String]) -> Error {
-    let devgate = match devgate_beside() {
-        Ok(p) => p,
-        Err(e) => return e,
-    };
-    // The mark goes into this process's own environment, which exec passes on, rather than
-    // through `Command::env`, which copies the whole environment into a map and back (some
-    // 70k instructions, as the runtime wrapper found); the front has no other thread.
-    std::env::set_var(HANDED_ON_ENV, "1");
-    let e = std::process::Command::new(&devgate)
-        .arg0(DEVGATE)
-        .args(args)
-        .exec();
-    Error::io("cannot run", &devgate, e)
 }
 
 /// `name` in this program's own directory (/usr/bin/devgate beside /usr/bin/devgate-hook).

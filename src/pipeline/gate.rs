@@ -2,14 +2,12 @@
 //! spec → devices → probes → policy → remap → record.
 
 use super::assigned::{assigned, Assigned};
-use super::outcome::{Outcome, Remapper, Reply};
-use crate::action::nsdev::ContainerProcess;
+use super::input::ToGate;
+use super::outcome::{Remapper, Reply};
 use crate::action::remap;
 use crate::config::policy::Action;
 use crate::config::Config;
-use crate::discover;
 use crate::error::Result;
-use crate::fsutil::program;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::oci::spec::Spec;
@@ -27,29 +25,26 @@ use crate::store::quarantine::Ledger;
 use std::path::Path;
 use std::time::Instant;
 
-/// prestart / createRuntime: decide whether the container may start.
+/// prestart / createRuntime: decide whether the container may start, on the spec read
+/// (`Input::read`), which may name devices.
 pub(super) fn gate(
     stage: Stage,
     state: &State,
+    to_gate: ToGate,
     config_path: Option<&Path>,
     started: Instant,
-) -> Result<Outcome> {
-    // Held before anything slow runs: a pid that dies and is reused while devgate probes
-    // can never send a remap into another process.
-    let process = state.pid().map(ContainerProcess::open);
-    let (spec, bytes) = Spec::read(&state.bundle.join("config.json"))?;
-    if !discover::may_have_devices(&spec) {
-        return Ok(Outcome::Replied(Reply::default()));
-    }
-    if program::linked_statically() && discover::may_name_nvidia(&spec) {
-        return Ok(Outcome::HandOff);
-    }
+) -> Result<Reply> {
+    let ToGate {
+        process,
+        spec,
+        bytes,
+    } = to_gate;
     let config = Config::load(config_path)?;
     // The runtime wrapper gated this very spec already (and remapped in it if it had to):
     // probing again would double the cost, remapping again would remap the spare.
     if marker::matches(&config.state_dir, &state.id, &bytes) {
         adopt(&config.state_dir, config.exits_keep, &state.id, state.pid());
-        return Ok(Outcome::Replied(Reply::default()));
+        return Ok(Reply::default());
     }
     let mut remap = |config: &Config,
                      ledger: &Ledger,
@@ -65,7 +60,7 @@ pub(super) fn gate(
             decisions,
         )
     };
-    gate_with(stage.name(), state, &spec, &config, started, &mut remap).map(Outcome::Replied)
+    gate_with(stage.name(), state, &spec, &config, started, &mut remap)
 }
 
 /// Once the container has a process, at the hook after the wrapper decided: the wrapper's

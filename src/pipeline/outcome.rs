@@ -20,17 +20,6 @@ pub struct Reply {
     pub message: Option<String>,
 }
 
-/// How a hook call ends.
-#[derive(Debug)]
-pub enum Outcome {
-    /// devgate answered in this process.
-    Replied(Reply),
-    /// This process was linked statically (the hook front, `devgate-hook`) and the
-    /// container may have NVIDIA devices: the dynamically linked devgate, which can load
-    /// NVML, answers instead. Nothing was written yet.
-    HandOff,
-}
-
 /// How a gate carries out a remap: at hook time in the created container
 /// (`action::remap::apply`), or in the spec before the runtime reads it (the runtime
 /// wrapper).

@@ -1,12 +1,10 @@
 //! Poststop: the start record and the devices read again → the fault diff → the
 //! termination message and the exit record.
 
-use super::outcome::{Outcome, Reply};
+use super::outcome::Reply;
 use crate::action::spare;
 use crate::config::Config;
-use crate::discover;
 use crate::error::Result;
-use crate::fsutil::program;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::oci::spec::Spec;
@@ -23,33 +21,12 @@ use crate::store::quarantine::Ledger;
 use std::path::Path;
 use std::time::Instant;
 
-/// poststop: what went wrong with the container's devices while it ran. It never fails the
-/// lifecycle (the caller exits 0 on any error past reading stdin) and is idempotent: an
-/// exit record already present means an earlier call did the work.
+/// poststop: what went wrong with the container's devices while it ran, once the spec (if
+/// the bundle is still there, `Input::read`) named devices: the devices in use read again,
+/// their faults, and the exit record. It never fails the lifecycle (the caller exits 0 on
+/// any error past reading stdin) and is idempotent: an exit record already present means
+/// an earlier call did the work.
 pub(super) fn poststop(
-    state: &State,
-    config_path: Option<&Path>,
-    started: Instant,
-) -> Result<Outcome> {
-    // The bundle may already be gone; then only devgate's own record can tell.
-    let spec = Spec::load(&state.bundle).ok();
-    if spec
-        .as_ref()
-        .is_some_and(|s| !discover::may_have_devices(s))
-    {
-        return Ok(Outcome::Replied(Reply::default()));
-    }
-    // With the bundle gone only the start record tells whether there was a GPU: the
-    // devgate that can load NVML reads it.
-    if program::linked_statically() && spec.as_ref().map_or(true, discover::may_name_nvidia) {
-        return Ok(Outcome::HandOff);
-    }
-    poststop_here(state, spec.as_ref(), config_path, started).map(Outcome::Replied)
-}
-
-/// poststop in this process, once the spec (if the bundle is still there) named devices:
-/// the devices in use read again, their faults, and the exit record.
-fn poststop_here(
     state: &State,
     spec: Option<&Spec>,
     config_path: Option<&Path>,

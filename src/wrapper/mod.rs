@@ -23,6 +23,7 @@ pub mod update;
 use crate::config::Config;
 use crate::discover;
 use crate::error::{Error, Result};
+use crate::front;
 use crate::fsutil::program;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
@@ -86,7 +87,8 @@ pub enum GateIn {
     Here,
     /// In `devgate runtime`, exec'd with the same arguments: the statically linked
     /// devgate-runtime, which cannot load NVML, hands on every create whose spec names
-    /// devices. The rest (no devices, update, delete, the others) it does itself.
+    /// devices (`crate::front::hand_on`). The rest (no devices, update, delete, the
+    /// others) it does itself.
     Devgate,
 }
 
@@ -106,10 +108,10 @@ pub fn main(args: &[String], config_path: Option<&Path>, started: Instant, gate_
         );
     }
     // Handed on before the config is read: devgate reads it, and resolves the runtime,
-    // itself. What `gate` would find first: a spec with no devices has nothing to decide.
+    // itself.
     if let (GateIn::Devgate, Command::Create(c) | Command::Run(c)) = (gate_in, &inv.command) {
-        if c.id.is_some() && may_have_devices(&c.spec_file) {
-            return hand_on(&inv.global, args);
+        if c.id.is_some() && front::create_needs_devgate(&c.spec_file) {
+            return fail(&inv.global, &front::hand_on(args));
         }
     }
     let config = match Config::load(config_path) {
@@ -318,19 +320,6 @@ fn delete(config: &Config, global: &Global, id: &str, real: &Path, args: &[Strin
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
-}
-
-/// Whether the spec may name devices; one that cannot be read goes to devgate, which says
-/// why as the gate would.
-fn may_have_devices(spec_file: &Path) -> bool {
-    Spec::read(spec_file).map_or(true, |(spec, _)| discover::may_have_devices(&spec))
-}
-
-/// `devgate runtime ARGS`, the devgate beside this program, in its place.
-fn hand_on(global: &Global, args: &[String]) -> i32 {
-    let mut argv = vec!["runtime".to_string()];
-    argv.extend_from_slice(args);
-    fail(global, &program::exec_devgate(&argv))
 }
 
 fn exec(global: &Global, real: &Path, args: &[String]) -> i32 {
