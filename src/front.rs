@@ -94,6 +94,7 @@ pub(crate) fn run_hook(
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let input = Input::read(stage, &state)?;
         if needs_devgate(&input) {
+            // Nothing was decided or written: devgate reads the state and the spec again.
             drop(input);
             return Err(hand_off(argv, &bytes));
         }
@@ -197,7 +198,7 @@ pub(crate) fn hand_on(args: &[String]) -> Error {
 /// its place, as `devgate ARGS`, marked as handed on ([`HANDED_ON_ENV`]): devgate itself,
 /// which takes the mark out of its environment at its start
 /// (`fsutil::program::take_marks`). Returns only on failure, with the error.
-pub fn exec_devgate(args: &[String]) -> Error {
+pub(crate) fn exec_devgate(args: &[String]) -> Error {
     let devgate = match program::devgate_beside() {
         Ok(p) => p,
         Err(e) => return e,
