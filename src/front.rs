@@ -7,17 +7,17 @@
 //! library linked against libc itself), so a front hands what may need it to the devgate
 //! beside it, before devgate's config is read and before anything is written:
 //!
-//! - the hook front runs `hook STAGE` ([`run_hook`]): it reads the state on stdin and the
+//! - the hook front runs `hook STAGE` (`run_hook`): it reads the state on stdin and the
 //!   spec as the stage reads it (`pipeline::Input`), and hands a call that may need NVML
-//!   ([`needs_devgate`]) to devgate with the same arguments and the state it read as its
-//!   stdin, an anonymous file ([`hand_off`]). Any other command it hands on at once;
+//!   (`needs_devgate`) to devgate with the same arguments and the state it read as its
+//!   stdin, an anonymous file (`hand_off`). Any other command it hands on at once;
 //! - the runtime wrapper hands a create whose spec may name devices
-//!   ([`create_needs_devgate`]) to `devgate runtime` with the same arguments ([`hand_on`]).
+//!   (`create_needs_devgate`) to `devgate runtime` with the same arguments (`hand_on`).
 //!
-//! Both exec devgate through [`exec_devgate`]: the `devgate` in the front's own directory
+//! Both exec devgate through `exec_devgate`: the `devgate` in the front's own directory
 //! (`fsutil::program::devgate_beside`), held to the rule every program root runs for
 //! devgate is (a regular executable file only root could have written), and marked as
-//! handed on ([`HANDED_ON_ENV`]), so that a devgate there that is the front again (a link
+//! handed on (`HANDED_ON_ENV`), so that a devgate there that is the front again (a link
 //! or a copy) refuses rather than handing the call on to itself. devgate takes the marks
 //! out of its environment at its start (`fsutil::program::take_marks`).
 //! Those pieces stay in `fsutil::program`, below every layer that runs a program for
@@ -26,7 +26,7 @@
 //!
 //! The pipeline knows nothing of this: the front decides before it calls it, on what the
 //! pipeline then goes on with, read once. The dynamically linked devgate runs the same
-//! [`run_hook`] for `devgate hook STAGE` and never hands on.
+//! `run_hook` for `devgate hook STAGE` and never hands on.
 
 use crate::discover;
 use crate::error::Error;
@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// `devgate-hook`, the statically linked hook front (src/hook_main.rs): `hook STAGE` runs
-/// here ([`run_hook`], which hands on what may need NVML); anything else goes to the
+/// here (`run_hook`, which hands on what may need NVML); anything else goes to the
 /// dynamically linked devgate beside it at once.
 pub fn hook_front(argv: Vec<String>, started: Instant) -> i32 {
     match hook_command(&argv) {
