@@ -23,14 +23,15 @@ const LAYERS: &[(&str, u32)] = &[
     ("config", 3),
     ("store", 4),
     ("discover", 5),
-    ("probe", 6),
-    ("policy", 7),
-    ("action", 8),
-    ("report", 9),
-    ("pipeline", 10),
-    ("wrapper", 11),
-    ("cli", 12),
-    ("fuzzing", 13),
+    ("gpu", 6),
+    ("probe", 7),
+    ("policy", 8),
+    ("action", 9),
+    ("report", 10),
+    ("pipeline", 11),
+    ("wrapper", 12),
+    ("cli", 13),
+    ("fuzzing", 14),
 ];
 
 fn layer(module: &str) -> Option<u32> {

@@ -1,7 +1,6 @@
 //! The gate (prestart / createRuntime, and the runtime wrapper through [`gate_with`]):
 //! spec → devices → probes → policy → remap → record.
 
-use super::assigned::{assigned, Assigned};
 use super::outcome::{Outcome, Remapper, Reply};
 use crate::action::nsdev::ContainerProcess;
 use crate::action::remap;
@@ -10,6 +9,8 @@ use crate::config::Config;
 use crate::discover;
 use crate::error::Result;
 use crate::fsutil::program;
+use crate::gpu::GpuContext;
+use crate::gpu::{self, Assigned};
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::oci::spec::Spec;
@@ -17,7 +18,6 @@ use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, Snapshot};
-use crate::probe::nvidia::GpuContext;
 use crate::probe::{pcie, probe_all, Findings, HostNodes, Probed};
 use crate::report::prior;
 use crate::report::record::{self, Decision, PodInfo};
@@ -38,10 +38,10 @@ pub(super) fn gate(
     // can never send a remap into another process.
     let process = state.pid().map(ContainerProcess::open);
     let (spec, bytes) = Spec::read(&state.bundle.join("config.json"))?;
-    if !discover::may_have_devices(&spec) {
+    if !gpu::may_have_devices(&spec) {
         return Ok(Outcome::Replied(Reply::default()));
     }
-    if program::linked_statically() && discover::may_name_nvidia(&spec) {
+    if program::linked_statically() && gpu::may_name_nvidia(&spec) {
         return Ok(Outcome::HandOff);
     }
     let config = Config::load(config_path)?;
@@ -66,6 +66,14 @@ pub(super) fn gate(
         )
     };
     gate_with(stage.name(), state, &spec, &config, started, &mut remap).map(Outcome::Replied)
+}
+
+/// What the spec assigns: the devices `discover` finds, and the GPUs the spec's selectors
+/// name with the GPU context (`gpu::assigned`).
+fn assigned(config: &Config, spec: &Spec) -> Result<Assigned> {
+    let rules = config.class_rules();
+    let devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
+    Ok(gpu::assigned(config, &rules, spec, devices))
 }
 
 /// Once the container has a process, at the hook after the wrapper decided: the wrapper's

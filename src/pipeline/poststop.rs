@@ -4,15 +4,15 @@
 use super::outcome::{Outcome, Reply};
 use crate::action::spare;
 use crate::config::Config;
-use crate::discover;
 use crate::error::Result;
 use crate::fsutil::program;
+use crate::gpu;
+use crate::gpu::GpuContext;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
 use crate::probe::counters::{self, DeviceSnapshot, Snapshot};
-use crate::probe::nvidia::GpuContext;
 use crate::report::fault::{self, Fault};
 use crate::report::pod_log;
 use crate::report::prior;
@@ -33,15 +33,12 @@ pub(super) fn poststop(
 ) -> Result<Outcome> {
     // The bundle may already be gone; then only devgate's own record can tell.
     let spec = Spec::load(&state.bundle).ok();
-    if spec
-        .as_ref()
-        .is_some_and(|s| !discover::may_have_devices(s))
-    {
+    if spec.as_ref().is_some_and(|s| !gpu::may_have_devices(s)) {
         return Ok(Outcome::Replied(Reply::default()));
     }
     // With the bundle gone only the start record tells whether there was a GPU: the
     // devgate that can load NVML reads it.
-    if program::linked_statically() && spec.as_ref().map_or(true, discover::may_name_nvidia) {
+    if program::linked_statically() && spec.as_ref().map_or(true, gpu::may_name_nvidia) {
         return Ok(Outcome::HandOff);
     }
     poststop_here(state, spec.as_ref(), config_path, started).map(Outcome::Replied)

@@ -21,9 +21,9 @@ pub mod spec_rewrite;
 pub mod update;
 
 use crate::config::Config;
-use crate::discover;
 use crate::error::{Error, Result};
 use crate::fsutil::program;
+use crate::gpu;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
 use crate::pipeline::{self, Reply};
@@ -204,7 +204,7 @@ fn gate(
         return Ok(None); // the runtime says what is missing
     };
     let (spec, bytes) = Spec::read(&c.spec_file)?;
-    if !discover::may_have_devices(&spec) {
+    if !gpu::may_have_devices(&spec) {
         return Ok(None);
     }
     let fds = open_fds();
@@ -323,7 +323,7 @@ fn delete(config: &Config, global: &Global, id: &str, real: &Path, args: &[Strin
 /// Whether the spec may name devices; one that cannot be read goes to devgate, which says
 /// why as the gate would.
 fn may_have_devices(spec_file: &Path) -> bool {
-    Spec::read(spec_file).map_or(true, |(spec, _)| discover::may_have_devices(&spec))
+    Spec::read(spec_file).map_or(true, |(spec, _)| gpu::may_have_devices(&spec))
 }
 
 /// `devgate runtime ARGS`, the devgate beside this program, in its place.
