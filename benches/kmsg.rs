@@ -3,7 +3,7 @@
 //!
 //! - file floor: reading the file's bytes with the same reads, nothing parsed;
 //! - file scan: `read_kmsg`, what a hook call without a cache does;
-//! - file, cache warm: `read_kmsg_cached` when the cache covers the file (a poststop after
+//! - file, cache warm: `read_with_history` when the cache covers the file (a poststop after
 //!   its prestart, the next start on a quiet node);
 //! - /dev/kmsg floor: one read(2) per record until EAGAIN, nothing parsed (the kernel's
 //!   own cost, which no reader can go below);
@@ -13,8 +13,8 @@
 //! lines (`<14>devgate-bench: …`, harmless: nothing reads user-facility lines as the
 //! driver's) to make it a busy node's. `KMSG_ROUNDS` (default 30) sets the rounds.
 
-use devgate::probe::nvidia::kmsg::{read_kmsg, ReadLimits};
-use devgate::probe::nvidia::kmsg_cache::read_kmsg_cached;
+use devgate::gpu::kmsg::{read_kmsg, ReadLimits};
+use devgate::gpu::xid_history::read_with_history;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -67,7 +67,7 @@ fn floor(path: &Path, buf_len: usize) -> usize {
 /// whole line through `from_utf8_lossy`, the header split as text, 64 KiB reads. Kept to
 /// show the change side by side; it uses the same XID and driver-load parsers.
 mod before {
-    use devgate::probe::nvidia::kmsg::{is_driver_load, parse_xid};
+    use devgate::gpu::kmsg::{is_driver_load, parse_xid};
     use std::fs::OpenOptions;
     use std::io::{ErrorKind, Read};
     use std::os::unix::fs::OpenOptionsExt;
@@ -231,9 +231,9 @@ fn main() {
             records: 0,
         },
         Case {
-            name: "read_kmsg_cached, warm",
+            name: "read_with_history, warm",
             run: Box::new(|| {
-                let s = read_kmsg_cached(&path, lim, &state, &proc).unwrap();
+                let s = read_with_history(&path, lim, &state, &proc).unwrap();
                 assert_eq!(s.events.len(), 60);
                 1
             }),
@@ -291,9 +291,9 @@ fn main() {
             records: 0,
         },
         Case {
-            name: "read_kmsg_cached, warm",
+            name: "read_with_history, warm",
             run: Box::new(|| {
-                read_kmsg_cached(dev, lim, &dev_state, &proc)
+                read_with_history(dev, lim, &dev_state, &proc)
                     .unwrap()
                     .records
             }),

@@ -21,16 +21,16 @@
 //! or a copy) refuses rather than handing the call on to itself. devgate takes the marks
 //! out of its environment at its start (`fsutil::program::take_marks`).
 //! Those pieces stay in `fsutil::program`, below every layer that runs a program for
-//! devgate: a static process's NVML query processes (`probe::nvidia::nvml::isolate`) are
+//! devgate: a static process's NVML query processes (`gpu::nvml::isolate`) are
 //! that devgate too, checked and marked the same way.
 //!
 //! The pipeline knows nothing of this: the front decides before it calls it, on what the
 //! pipeline then goes on with, read once. The dynamically linked devgate runs the same
 //! `run_hook` for `devgate hook STAGE` and never hands on.
 
-use crate::discover;
 use crate::error::Error;
 use crate::fsutil::program::{self, DEVGATE, HANDED_ON_ENV};
+use crate::gpu;
 use crate::model::text::one_line;
 use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
@@ -149,15 +149,15 @@ fn read_state(stage: &str) -> std::result::Result<(Stage, Vec<u8>, State), i32> 
 
 /// Whether this hook call goes to the dynamically linked devgate: this process is linked
 /// statically (the hook front) and the call may need NVML, as far as the spec's text shows
-/// (`discover::may_name_nvidia`, docs/hook.md), before devgate's config is read.
+/// (`gpu::may_name_nvidia`, docs/hook.md), before devgate's config is read.
 fn needs_devgate(input: &Input) -> bool {
     program::linked_statically()
         && match input {
             Input::Nothing => false,
-            Input::Gate(to_gate) => discover::may_name_nvidia(&to_gate.spec),
+            Input::Gate(to_gate) => gpu::may_name_nvidia(&to_gate.spec),
             // With the bundle gone only the start record tells whether there was a GPU:
             // the devgate that can load NVML reads it.
-            Input::Poststop(spec) => spec.as_ref().map_or(true, discover::may_name_nvidia),
+            Input::Poststop(spec) => spec.as_ref().map_or(true, gpu::may_name_nvidia),
         }
 }
 
@@ -183,7 +183,7 @@ fn hand_off(argv: &[String], state: &[u8]) -> Error {
 /// the gate would find first (a spec with no devices has nothing to decide). One that
 /// cannot be read goes to devgate, which says why as the gate would.
 pub(crate) fn create_needs_devgate(spec_file: &Path) -> bool {
-    Spec::read(spec_file).map_or(true, |(spec, _)| discover::may_have_devices(&spec))
+    Spec::read(spec_file).map_or(true, |(spec, _)| gpu::may_have_devices(&spec))
 }
 
 /// `devgate runtime ARGS`, the devgate beside this program, in its place. Returns only on

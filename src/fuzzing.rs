@@ -5,14 +5,14 @@
 //! it re-exports nothing, so the parsers keep their crate-private visibility.
 
 use crate::config::Config;
-use crate::discover::gpu::{gpu_selectors, GpuSelector};
+use crate::gpu::gpu_at;
+use crate::gpu::kmsg::{self, ReadLimits};
+use crate::gpu::pci::PciAddr;
+use crate::gpu::request::{gpu_selectors, GpuSelector};
+use crate::gpu::xid_history;
 use crate::model::class;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
-use crate::probe::nvidia::gpu_at;
-use crate::probe::nvidia::kmsg::{self, ReadLimits};
-use crate::probe::nvidia::kmsg_cache;
-use crate::probe::nvidia::pci::PciAddr;
 use crate::report::record::{Decision, ExitRecord};
 use crate::store::lease::Lease;
 use crate::store::quarantine::Entry;
@@ -58,21 +58,27 @@ pub fn oci_spec(data: &[u8]) {
         return;
     };
     let selectors = gpu_selectors(&spec);
-    assert!(selectors.len() <= crate::discover::gpu::MAX_SELECTORS + 1);
-    let may = crate::discover::may_have_devices(&spec);
+    assert!(selectors.len() <= crate::gpu::request::MAX_SELECTORS + 1);
+    let may = crate::discover::may_name_devices(&spec);
     let nowhere = Path::new(NOWHERE);
     if let Ok(devices) = crate::discover::discover(&spec, &class::builtin(), nowhere, nowhere) {
         // What discovery finds, the cheap pre-check must have said might be there.
         assert!(
             devices.is_empty() || may,
-            "discover found devices may_have_devices missed"
+            "discover found devices may_name_devices missed"
         );
         // An NVIDIA device or a GPU selector the hook front's test missed would be gated
         // in a process that cannot load NVML (slower, through the query process).
-        if devices.iter().any(|d| d.class.is_nvidia()) || !selectors.is_empty() {
+        if devices.iter().any(|d| d.class.is_nvidia()) {
             assert!(
-                crate::discover::may_name_nvidia(&spec),
-                "discover found an NVIDIA device may_name_nvidia missed"
+                crate::discover::may_name_nvidia_nodes(&spec),
+                "discover found an NVIDIA device may_name_nvidia_nodes missed"
+            );
+        }
+        if !selectors.is_empty() {
+            assert!(
+                crate::gpu::may_have_devices(&spec) && crate::gpu::may_name_nvidia(&spec),
+                "a GPU selector the gpu pre-checks missed"
             );
         }
     }
@@ -134,7 +140,7 @@ pub fn kmsg_record(data: &[u8]) {
         let printed = pci.to_string();
         assert_eq!(PciAddr::parse_exact(&printed), Some(pci), "{printed}");
         // XID 154's recovery action, read from the same text
-        if let Some((from, to)) = crate::probe::nvidia::xid::parse_recovery_change(&text) {
+        if let Some((from, to)) = crate::gpu::xid::parse_recovery_change(&text) {
             assert!(text.starts_with("GPU recovery action changed from 0x"));
             let _ = (from.describe(), to.effect());
         }
@@ -154,11 +160,11 @@ pub fn gpu_at(data: &[u8]) {
     }
 }
 
-/// The kernel log cache file (state_dir/kmsg-cache.json): whatever parses holds no more
+/// The XID history file (state_dir/xid-history.json): whatever parses holds no more
 /// than a scan could have written, and writes back to what parses to itself.
-pub fn kmsg_cache(data: &[u8]) {
+pub fn xid_history(data: &[u8]) {
     let limits = ReadLimits::default();
-    let Ok(c) = kmsg_cache::parse(data, limits) else {
+    let Ok(c) = xid_history::parse(data, limits) else {
         return;
     };
     assert!(c.events.len() <= limits.max_events);
@@ -166,7 +172,7 @@ pub fn kmsg_cache(data: &[u8]) {
     assert!(c.events.iter().all(|e| e.seq <= c.last_seq));
     assert!(c.gpu_at.iter().all(|g| g.seq <= c.last_seq));
     let bytes = serde_json::to_vec(&c).expect("a parsed cache serializes");
-    assert_eq!(kmsg_cache::parse(&bytes, limits).ok(), Some(c));
+    assert_eq!(xid_history::parse(&bytes, limits).ok(), Some(c));
 }
 
 /// A stream of kernel log bytes through the same scanner read_kmsg uses, in reads of a
@@ -262,7 +268,7 @@ pub fn gpu_selector_values(data: &[u8]) {
         selector_agrees_with_glibc(token);
     }
     let selectors = gpu_selectors(&spec);
-    assert!(selectors.len() <= crate::discover::gpu::MAX_SELECTORS + 1);
+    assert!(selectors.len() <= crate::gpu::request::MAX_SELECTORS + 1);
     for (s, _) in selectors {
         match s {
             GpuSelector::All | GpuSelector::Index(_) | GpuSelector::Mig { .. } => {}
@@ -274,7 +280,7 @@ pub fn gpu_selector_values(data: &[u8]) {
             } => {
                 let printed = format!("{domain:08x}:{bus:02x}:{device:02x}.0");
                 assert_eq!(
-                    crate::discover::selector::parse(&printed),
+                    crate::gpu::selector::parse(&printed),
                     Some(GpuSelector::PciBusId {
                         domain,
                         bus,
@@ -339,7 +345,7 @@ pub fn selector_agrees_with_glibc(token: &str) {
     if token.eq_ignore_ascii_case("all") || (b.len() > 4 && b[..4].eq_ignore_ascii_case(b"GPU-")) {
         return;
     }
-    let ours = crate::discover::selector::parse(token);
+    let ours = crate::gpu::selector::parse(token);
     match glibc_reading(token) {
         Some(Ok(sel)) => assert_eq!(ours, Some(sel), "{token:?}"),
         Some(Err(())) => assert!(
@@ -359,7 +365,7 @@ pub fn selector_agrees_with_glibc(token: &str) {
 /// What an NVML query process writes on its pipe: refused with a reason, or read into an
 /// answer that writes back out the same.
 pub fn nvml_answer(data: &[u8]) {
-    use crate::probe::nvidia::nvml::isolate::{decode, Answer};
+    use crate::gpu::nvml::isolate::{decode, Answer};
     if let Ok(a) = decode(data) {
         if let Answer::Gpus { gpus, .. } = &a {
             assert!(gpus.len() <= 256);
@@ -435,7 +441,7 @@ mod tests {
             ("toolkit_selectors", super::toolkit_selectors),
             ("toolkit_sources", super::toolkit_sources),
             ("gpu_at", super::gpu_at),
-            ("kmsg_cache", super::kmsg_cache),
+            ("xid_history", super::xid_history),
             ("nvml_answer", super::nvml_answer),
             ("aer_counters", super::aer_counters),
         ];

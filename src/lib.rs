@@ -18,39 +18,42 @@ pub(crate) mod config;
 pub mod store;
 // 5. Spec → the devices a container is assigned; the host's /dev.
 pub mod discover;
-// 6. Health probes: node, sysfs, pcie, quarantine, NVIDIA (NVML, kernel log).
+// 6. NVIDIA GPUs: the selectors a spec names them by, the driver's list, NVML in query
+//    processes, the kernel log's XID history; `gpu::assigned` is the pipeline's entry.
+pub mod gpu;
+// 7. Health probes: node, sysfs, pcie, quarantine, and thin GPU probes over `gpu`.
 pub mod probe;
-// 7. The decision table: verdicts and class → disposition. Pure.
+// 8. The decision table: verdicts and class → disposition. Pure.
 pub(crate) mod policy;
-// 8. What devgate does to a running container: remap (cgroup, /dev node). Public for the
+// 9. What devgate does to a running container: remap (cgroup, /dev node). Public for the
 // tests' stand-in containers, which attach a runtime-like v2 device program with it.
 pub mod action;
-// 9. What devgate leaves for people: records, faults, termination message, inventory.
+// 10. What devgate leaves for people: records, faults, termination message, inventory.
 pub(crate) mod report;
-// 10. One hook call, start to end: the only module that knows every stage.
+// 11. One hook call, start to end: the only module that knows every stage.
 pub(crate) mod pipeline;
-// 11. The static programs' hand-on to devgate (`devgate-hook`, `devgate-runtime`): whether
+// 12. The static programs' hand-on to devgate (`devgate-hook`, `devgate-runtime`): whether
 //     a call may need NVML, which a static program cannot load, and the exec of the
 //     devgate beside them that can. Decided before the pipeline runs.
 pub mod front;
-// 12. The OCI runtime wrapper (`devgate runtime`, `devgate-runtime`): the gate before the
+// 13. The OCI runtime wrapper (`devgate runtime`, `devgate-runtime`): the gate before the
 //     runtime reads the spec, a remap written into it, then the real runtime.
 pub mod wrapper;
-// 13. The command line.
+// 14. The command line.
 pub mod cli;
-// 14. Entry points for the fuzz targets under fuzz/; not an API.
+// 15. Entry points for the fuzz targets under fuzz/; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The hidden first argument that makes devgate the NVML query process; main.rs checks it
-/// before anything else runs (see `probe::nvidia::nvml::isolate`).
+/// before anything else runs (see `gpu::nvml::isolate`).
 #[doc(hidden)]
-pub const NVML_QUERY_ARG: &str = probe::nvidia::nvml::isolate::QUERY_ARG;
+pub const NVML_QUERY_ARG: &str = gpu::nvml::isolate::QUERY_ARG;
 
 /// The NVML query process: forks one child per GPU and ends. Never returns.
 #[doc(hidden)]
 pub fn serve_nvml_query(args: &[std::ffi::OsString]) -> ! {
-    probe::nvidia::nvml::child::serve(args)
+    gpu::nvml::child::serve(args)
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     let started = Instant::now();
     devgate::cli::process_start();
-    // The NVML query process (probe::nvidia::nvml::isolate) forks one child per GPU, so it
+    // The NVML query process (gpu::nvml::isolate) forks one child per GPU, so it
     // runs before anything could start a thread.
     let mut args = std::env::args_os().skip(1);
     if args.next().as_deref() == Some(std::ffi::OsStr::new(devgate::NVML_QUERY_ARG)) {

@@ -2,7 +2,7 @@
 //! that selects a lost GPU by UUID, when neither NVML nor the driver's /proc list can still
 //! read that UUID, is judged on that GPU because the kernel log placed the UUID at its PCI
 //! slot; without the record (or with a forged one) it is a warning and nothing is checked.
-//! And the kernel log cache: poststop after prestart reads only what the log gained.
+//! And the XID history: poststop after prestart reads only what the log gained.
 
 mod common;
 use common::fake_nvml::*;
@@ -157,7 +157,7 @@ fn the_kernel_log_cache_carries_from_one_call_to_the_next() {
         json!([{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}]);
     let out = n.prestart(&spec, &scenario);
     assert!(out.status.success(), "{}", text(&out));
-    let cache = state_dir(&n).join("kmsg-cache.json");
+    let cache = state_dir(&n).join("xid-history.json");
     let c: Value = serde_json::from_slice(&fs::read(&cache).unwrap()).unwrap();
     assert_eq!(c["last_seq"], 1999);
     assert_eq!(c["file"]["offset"], log.len() as u64);

@@ -10,11 +10,9 @@
 //! never count.
 
 mod common;
-use devgate::probe::nvidia::gpu_at::parse_gpu_at;
-use devgate::probe::nvidia::kmsg::{
-    is_driver_load, parse_record, parse_xid, read_kmsg, ReadLimits,
-};
-use devgate::probe::nvidia::pci::PciAddr;
+use devgate::gpu::gpu_at::parse_gpu_at;
+use devgate::gpu::kmsg::{is_driver_load, parse_record, parse_xid, read_kmsg, ReadLimits};
+use devgate::gpu::pci::PciAddr;
 use std::fs;
 use std::path::PathBuf;
 

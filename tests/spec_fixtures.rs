@@ -2,6 +2,7 @@
 //! versions: every one parses, and discovery finds exactly the assigned devices.
 
 use devgate::discover;
+use devgate::gpu;
 use devgate::model::class;
 use devgate::model::device::Source;
 use devgate::oci::spec::Spec;
@@ -37,7 +38,7 @@ fn runtime_default_specs_have_no_assigned_devices() {
         "containerd-1.6-ctr-oci-spec.json",
     ] {
         let s = load(name);
-        assert!(!discover::may_have_devices(&s), "{name}");
+        assert!(!gpu::may_have_devices(&s), "{name}");
         assert!(assigned(&s).is_empty(), "{name}");
     }
 }
@@ -94,5 +95,5 @@ fn shipped_containerd_base_spec_parses() {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks/containerd/devgate-base-spec.json");
     let s = Spec::parse(&std::fs::read(&path).unwrap(), &path).unwrap();
-    assert!(!discover::may_have_devices(&s));
+    assert!(!gpu::may_have_devices(&s));
 }

@@ -8,12 +8,13 @@
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::gpu::GpuContext;
 use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::{DevNum, Device};
 use crate::model::verdict::Verdict;
 use crate::policy::{self, Disposition};
-use crate::probe::{self, nvidia::GpuContext};
+use crate::probe;
 use crate::store::lease::{Lease, Leases, Outcome};
 use crate::store::quarantine::Ledger;
 use std::fmt;
@@ -62,7 +63,7 @@ pub fn healthy_spares(
     // else NVML is asked about the spares alone.
     let owned;
     let covered = |g: &GpuContext| {
-        crate::probe::nvidia::gpu_minors(&devices)
+        crate::gpu::gpu_minors(&devices)
             .iter()
             .all(|m| g.covers(*m))
     };

@@ -6,8 +6,6 @@
 //! not assigned devices unless `linux.devices` lists them.
 
 pub(crate) mod devnode;
-pub(crate) mod gpu;
-pub(crate) mod selector;
 
 use crate::error::{Error, Result};
 use crate::model::class::{self, ClassRule};
@@ -16,7 +14,6 @@ use crate::model::device::{
 };
 use crate::oci::spec::Spec;
 use devnode::find_host_node;
-use gpu::gpu_selectors;
 use oci_spec::runtime::LinuxDeviceCgroup;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -232,13 +229,11 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
     }
 }
 
-/// True when the spec may assign any device: the cheap test that lets a container with no
+/// True when the spec may assign any device by node (GPU selectors aside:
+/// `gpu::may_have_devices` adds them): the cheap test that lets a container with no
 /// devices skip loading devgate's config at all.
-pub fn may_have_devices(spec: &Spec) -> bool {
-    if !spec.devices().is_empty()
-        || !gpu_selectors(spec).is_empty()
-        || spec.device_rules().iter().any(wildcard_reaches_nvidia)
-    {
+pub fn may_name_devices(spec: &Spec) -> bool {
+    if !spec.devices().is_empty() || spec.device_rules().iter().any(wildcard_reaches_nvidia) {
         return true;
     }
     let mut c = Vec::new();
@@ -252,16 +247,16 @@ pub fn may_have_devices(spec: &Spec) -> bool {
     !c.is_empty()
 }
 
-/// True when the spec may assign an NVIDIA device, or name GPUs through a selector: what
-/// sends a hook to the dynamically linked devgate, which can load NVML, before devgate's
+/// True when the spec may assign an NVIDIA device by node (GPU selectors aside:
+/// `gpu::may_name_nvidia` adds them): with them, what sends a hook to the dynamically linked devgate, which can load NVML, before devgate's
 /// config is read. Read from the text alone, a superset of the built-in NVIDIA classes as
 /// far as the text shows them: a node of NVIDIA's fixed major, or a path under
 /// `/dev/nvidia` (nvidia-uvm's and nvidia-caps' majors are given at load time), in
 /// `linux.devices`, an allow rule or a bind mount. A config that classes other nodes as
-/// NVIDIA's reaches NVML all the same, later and slower (`probe::nvidia::nvml::isolate`),
+/// NVIDIA's reaches NVML all the same, later and slower (`gpu::nvml::isolate`),
 /// as do nodes only a stat shows to be NVIDIA's (a bind of `/dev/char/195:N`, a link to
 /// `nvidia1`; an `nvidia-uvm` node under another path).
-pub fn may_name_nvidia(spec: &Spec) -> bool {
+pub fn may_name_nvidia_nodes(spec: &Spec) -> bool {
     let nvidia_path = |p: &Path| p.as_os_str().as_encoded_bytes().starts_with(b"/dev/nvidia");
     spec.devices()
         .iter()
@@ -275,7 +270,6 @@ pub fn may_name_nvidia(spec: &Spec) -> bool {
             .iter()
             .filter(|m| m.is_bind())
             .any(|m| nvidia_path(&m.destination) || m.source.as_deref().is_some_and(nvidia_path))
-        || !gpu_selectors(spec).is_empty()
 }
 
 /// Finds every assigned device, classifies it and finds its host node under `dev_root`.
@@ -466,7 +460,7 @@ mod tests {
                                     {"destination":"/dev/z","source":"/dev/zero","options":["bind"]}]}"#,
         );
         assert!(
-            !may_have_devices(&s),
+            !may_name_devices(&s),
             "default devices and files are not assigned devices"
         );
         let s = spec(
@@ -529,7 +523,7 @@ mod tests {
             assert!(found(&src).is_empty(), "{} was stat'ed", src.display());
         }
         // the fast test looks only under /dev
-        assert!(!may_have_devices(&with_source(&outside.join("node"))));
+        assert!(!may_name_devices(&with_source(&outside.join("node"))));
         let _ = fs::remove_dir_all(&d);
     }
 
@@ -690,8 +684,8 @@ mod tests {
             r#"{"allow":true,"type":"a","major":195,"minor":0,"access":"m"}"#,
         ] {
             let s = rules(r);
-            assert!(may_have_devices(&s), "{r}");
-            assert!(may_name_nvidia(&s), "{r}");
+            assert!(may_name_devices(&s), "{r}");
+            assert!(may_name_nvidia_nodes(&s), "{r}");
             let got = discover(&s, &class::builtin(), &d, Path::new("/nonexistent-sys")).unwrap();
             let mut gpus: Vec<_> = got
                 .iter()
@@ -712,7 +706,7 @@ mod tests {
             r#"{"allow":false,"type":"c","major":195,"access":"rwm"}"#,
         ] {
             let s = rules(r);
-            assert!(!may_name_nvidia(&s), "{r}");
+            assert!(!may_name_nvidia_nodes(&s), "{r}");
             let got = discover(&s, &class::builtin(), &d, Path::new("/nonexistent-sys")).unwrap();
             assert!(got.is_empty(), "{r}: {got:?}");
         }
@@ -736,25 +730,25 @@ mod tests {
             r#"{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"},
                 {"allow":true,"type":"p","major":195,"access":"rw"}]}}}"#,
         );
-        assert!(may_have_devices(&wild));
-        assert!(may_name_nvidia(&wild));
+        assert!(may_name_devices(&wild));
+        assert!(may_name_nvidia_nodes(&wild));
         assert!(wild.device_rules().iter().any(wildcard_reaches_nvidia));
     }
 
     #[test]
     fn no_devices_fast_test() {
-        assert!(!may_have_devices(&spec(
+        assert!(!may_name_devices(&spec(
             r#"{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"},
                 {"allow":true,"type":"c","major":1,"minor":5,"access":"rwm"}]}}}"#
         )));
-        assert!(may_have_devices(&spec(
+        assert!(may_name_devices(&spec(
             r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":1}]}}}"#
         )));
     }
 
     #[test]
-    fn nvidia_is_named_by_number_path_rule_or_selector() {
-        let named = |json: &str| may_name_nvidia(&spec(json));
+    fn nvidia_is_named_by_number_path_or_rule() {
+        let named = |json: &str| may_name_nvidia_nodes(&spec(json));
         // Plain devices, the default ones and no devices at all: this process gates them.
         assert!(!named(r#"{}"#));
         assert!(!named(
@@ -772,11 +766,13 @@ mod tests {
         assert!(named(
             r#"{"linux":{"devices":[{"path":"/dev/nvidia-uvm","type":"c","major":509,"minor":0}]}}"#
         ));
-        // A cgroup rule alone, and a selector alone.
+        // A cgroup rule alone. (A selector alone: `gpu::assign`'s tests.)
         assert!(named(
             r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":0}]}}}"#
         ));
-        assert!(named(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#));
+        assert!(!named(
+            r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#
+        ));
         // A bind mount of the device plugin's kind, by its path.
         assert!(named(
             r#"{"mounts":[{"destination":"/dev/nvidia0","source":"/dev/nvidia0","options":["rbind"]}]}"#

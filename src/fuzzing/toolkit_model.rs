@@ -1,5 +1,5 @@
 //! A reference model of how the NVIDIA container toolkit reads `NVIDIA_VISIBLE_DEVICES`,
-//! written apart from `discover::gpu` from the toolkit's source: `devicesFromEnvvars` in
+//! written apart from `gpu::request` from the toolkit's source: `devicesFromEnvvars` in
 //! `internal/config/image/cuda_image.go` and `NewVisibleDevices` in `devices.go` (v1.12.0
 //! to v1.20), `DevicesFromEnvvars` at v1.11.0. The differential fuzz target
 //! `toolkit_selectors` and the fixed corpus below hold devgate's reading equal to it.
@@ -13,8 +13,8 @@
 //! ([`mounts_model`]), and the precedence the toolkit takes them in (`toolkit_sources::chosen`). The fuzz
 //! target `toolkit_sources` builds specs of all three (`toolkit_sources::check_sources`).
 
-use crate::discover::gpu::{gpu_selectors, MAX_SELECTORS};
-use crate::discover::selector::{parse, GpuSelector};
+use crate::gpu::request::{gpu_selectors, MAX_SELECTORS};
+use crate::gpu::selector::{parse, GpuSelector};
 use crate::oci::spec::Spec;
 use std::collections::{BTreeMap, BTreeSet};
 

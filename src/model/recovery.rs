@@ -59,7 +59,7 @@ impl RecoveryAction {
     }
 
     /// DRAIN_P2P asks to stop peer-to-peer traffic, not to stop using the GPU: it warns.
-    /// An action devgate does not know blocks, as NVML's does (`probe::nvidia::recovery`):
+    /// An action devgate does not know blocks, as NVML's does (`gpu::recovery`):
     /// the actions newer drivers add (IMEX domain recovery, bus reset, system reboot) each
     /// ask for work before the GPU takes new work.
     pub fn effect(self) -> RecoveryEffect {

@@ -1,13 +1,14 @@
 //! The gate (prestart / createRuntime, and the runtime wrapper through [`gate_with`]):
 //! spec → devices → probes → policy → remap → record.
 
-use super::assigned::{assigned, Assigned};
 use super::input::ToGate;
 use super::outcome::{Remapper, Reply};
 use crate::action::remap;
 use crate::config::policy::Action;
 use crate::config::Config;
+use crate::discover;
 use crate::error::Result;
+use crate::gpu::{self, Assigned, GpuContext};
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::oci::spec::Spec;
@@ -15,7 +16,6 @@ use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::policy::{self, DeviceDecision};
 use crate::probe::counters::{self, Snapshot};
-use crate::probe::nvidia::GpuContext;
 use crate::probe::{pcie, probe_all, Findings, HostNodes, Probed};
 use crate::report::prior;
 use crate::report::record::{self, Decision, PodInfo};
@@ -61,6 +61,14 @@ pub(super) fn gate(
         )
     };
     gate_with(stage.name(), state, &spec, &config, started, &mut remap)
+}
+
+/// What the spec assigns: the devices `discover` finds, and the GPUs the spec's selectors
+/// name with the GPU context (`gpu::assigned`).
+fn assigned(config: &Config, spec: &Spec) -> Result<Assigned> {
+    let rules = config.class_rules();
+    let devices = discover::discover(spec, &rules, &config.dev_root, &config.sysfs_root)?;
+    Ok(gpu::assigned(config, &rules, spec, devices))
 }
 
 /// Once the container has a process, at the hook after the wrapper decided: the wrapper's

@@ -4,8 +4,8 @@
 //! module that dispatches to them.
 
 use crate::action::nsdev::ContainerProcess;
-use crate::discover;
 use crate::error::Result;
+use crate::gpu;
 use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
@@ -49,7 +49,7 @@ impl Input {
 fn read_to_gate(state: &State) -> Result<Input> {
     let process = state.pid().map(ContainerProcess::open);
     let (spec, bytes) = Spec::read(&state.bundle.join("config.json"))?;
-    if !discover::may_have_devices(&spec) {
+    if !gpu::may_have_devices(&spec) {
         return Ok(Input::Nothing);
     }
     Ok(Input::Gate(ToGate {
@@ -62,10 +62,7 @@ fn read_to_gate(state: &State) -> Result<Input> {
 fn read_stopped(state: &State) -> Input {
     // The bundle may already be gone; then only devgate's own record can tell.
     let spec = Spec::load(&state.bundle).ok();
-    if spec
-        .as_ref()
-        .is_some_and(|s| !discover::may_have_devices(s))
-    {
+    if spec.as_ref().is_some_and(|s| !gpu::may_have_devices(s)) {
         return Input::Nothing;
     }
     Input::Poststop(spec)

@@ -7,7 +7,6 @@
 //! The runtime wrapper (`crate::wrapper`) runs the same gate before the runtime, through
 //! `gate_with`, with a remap that writes into the spec instead of the created container.
 
-mod assigned;
 mod gate;
 mod input;
 mod outcome;

@@ -5,8 +5,8 @@
 use crate::action::remap::Applied;
 use crate::config::policy::Action;
 use crate::config::Config;
+use crate::gpu::GpuContext;
 use crate::policy::DeviceDecision;
-use crate::probe::nvidia::GpuContext;
 use crate::store::quarantine::Ledger;
 
 /// What the hook has to say and how it exits.

@@ -2,11 +2,11 @@
 //! in its record) and again at poststop; `report::fault` compares the two.
 
 use crate::config::Config;
+pub use crate::gpu::nvml::GpuCounters;
+use crate::gpu::GpuContext;
 use crate::model::class::Class;
 use crate::model::device::{DevNum, Device};
 use crate::probe::findings::Findings;
-pub use crate::probe::nvidia::nvml::GpuCounters;
-use crate::probe::nvidia::GpuContext;
 use crate::probe::pcie;
 use crate::store::quarantine::{Ledger, Lookup};
 use serde::{Deserialize, Serialize};

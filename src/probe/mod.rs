@@ -9,23 +9,22 @@
 //! the remap probed on its own) reads it itself.
 
 pub(crate) mod counters;
-mod findings;
+pub(crate) mod findings;
+pub(crate) mod gpu;
 pub(crate) mod node;
-pub mod nvidia;
 pub(crate) mod pcie;
 pub(crate) mod quarantine;
 pub(crate) mod sysfs;
 
 use crate::config::Config;
+use crate::gpu::GpuContext;
 use crate::model::device::Device;
 use crate::model::verdict::ProbeResult;
 use crate::store::quarantine::Ledger;
 pub use findings::{Findings, Probe};
+use gpu::{NvmlProbe, XidProbe};
 pub use node::HostNodes;
 use node::NodeProbe;
-use nvidia::gpu::NvmlProbe;
-use nvidia::xid::XidProbe;
-use nvidia::GpuContext;
 use pcie::PcieProbe;
 use quarantine::QuarantineProbe;
 use sysfs::SysfsProbe;
@@ -72,7 +71,7 @@ pub fn probe_all(
     let nvml_probe = gpu.map(|g| NvmlProbe {
         answer: &g.nvml,
         limits: g.limits,
-        gpus: nvidia::gpu_minors(devices).len(),
+        gpus: crate::gpu::gpu_minors(devices).len(),
     });
     let xid_probe = gpu.map(|g| XidProbe {
         scan: &g.kmsg,

@@ -17,7 +17,7 @@ pub struct NodeProbe {
 /// discovery, in this same call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostNodes {
-    /// Found by [`crate::discover::discover`] or [`crate::discover::gpu::selected_gpu`] in
+    /// Found by [`crate::discover::discover`] or [`crate::gpu::request::selected_gpu`] in
     /// this call: a `host_path` there is a node of the device's type and number below
     /// dev_root, as discovery stat'ed it (never through a link out of dev_root) moments ago,
     /// so the probe takes that stat instead of making it again.

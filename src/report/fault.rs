@@ -2,11 +2,11 @@
 //! container runs (`probe::counters`), compared with the live values at poststop. Pure.
 
 use crate::config::xid::describe_xid;
+use crate::gpu::pci::PciAddr;
+use crate::gpu::GpuContext;
 use crate::model::device::DevNum;
 use crate::model::text::one_line;
 use crate::probe::counters::{DeviceCounters, DeviceSnapshot, Snapshot};
-use crate::probe::nvidia::pci::PciAddr;
-use crate::probe::nvidia::GpuContext;
 use serde::{Deserialize, Serialize};
 
 /// A kernel XID report, already attributed to a PCI bus id.
@@ -105,8 +105,8 @@ fn xid_faults(b: &DeviceCounters, from: Option<u64>, xids: &[XidReport]) -> Vec<
         }
         seen.push(x.xid);
         // XID 154 says what the GPU needs; the catalog's words say only that it changed.
-        let recovery = crate::probe::nvidia::xid::parse_recovery_change(&x.text)
-            .filter(|_| x.xid == crate::probe::nvidia::xid::XID_RECOVERY_ACTION)
+        let recovery = crate::gpu::xid::parse_recovery_change(&x.text)
+            .filter(|_| x.xid == crate::gpu::xid::XID_RECOVERY_ACTION)
             .map(|(_, to)| format!("the driver's recovery action is {}", to.describe()));
         out.push((
             format!("DeviceFault/XID{}", x.xid),
@@ -196,7 +196,7 @@ pub fn xid_reports(gpu: &GpuContext) -> Vec<XidReport> {
             seq: e.seq,
             pci: e.pci.to_string(),
             xid: e.xid,
-            critical: crate::probe::nvidia::xid::blocks(e, &gpu.xid_table),
+            critical: crate::gpu::xid::blocks(e, &gpu.xid_table),
             text: e.text.clone(),
         })
         .collect()

@@ -5,10 +5,11 @@
 use crate::config::Config;
 use crate::discover::devnode::{accelerators, find_host_node};
 use crate::error::Result;
+use crate::gpu::checks::{self, Check};
+use crate::gpu::{nvml, GpuContext};
 use crate::model::class::{self, Class, ClassRule};
 use crate::model::device::{DevNum, Device};
 use crate::model::verdict::{ProbeResult, Verdict};
-use crate::probe::nvidia::{gpu, nvml, GpuContext};
 use crate::probe::{probe_all, HostNodes};
 use crate::report::record;
 use crate::store::lease::{Lease, Leases, Slot};
@@ -48,7 +49,7 @@ pub struct GpuStatus {
     pub index: Option<u32>,
     pub uuid: Option<String>,
     pub pci_bus_id: Option<String>,
-    pub checks: Vec<gpu::Check>,
+    pub checks: Vec<Check>,
 }
 
 fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Option<GpuStatus> {
@@ -58,18 +59,18 @@ fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Op
     let minor = device.num.minor;
     let facts = gpu.nvml.gpu_by_minor(minor);
     let mut checks = match (&gpu.nvml.gpus, facts) {
-        (_, Some(g)) => gpu::checks(g, gpu.limits),
-        (Err(why), None) => vec![gpu::Check {
+        (_, Some(g)) => checks::checks(g, gpu.limits),
+        (Err(why), None) => vec![Check {
             check: "nvml",
             verdict: Verdict::Unknown(why.clone()),
         }],
-        (Ok(_), None) => vec![gpu::Check {
+        (Ok(_), None) => vec![Check {
             check: "nvml",
             verdict: Verdict::Unhealthy(format!("no GPU with minor number {minor}")),
         }],
     };
     if let Some(x) = verdicts.iter().find(|v| v.probe == "xid") {
-        checks.push(gpu::Check {
+        checks.push(Check {
             check: "xid",
             verdict: x.verdict.clone(),
         });

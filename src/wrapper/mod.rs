@@ -21,10 +21,10 @@ pub mod spec_rewrite;
 pub mod update;
 
 use crate::config::Config;
-use crate::discover;
 use crate::error::{Error, Result};
 use crate::front;
 use crate::fsutil::program;
+use crate::gpu;
 use crate::oci::spec::Spec;
 use crate::oci::state::State;
 use crate::pipeline::{self, Reply};
@@ -206,7 +206,7 @@ fn gate(
         return Ok(None); // the runtime says what is missing
     };
     let (spec, bytes) = Spec::read(&c.spec_file)?;
-    if !discover::may_have_devices(&spec) {
+    if !gpu::may_have_devices(&spec) {
         return Ok(None);
     }
     let fds = open_fds();

@@ -149,7 +149,7 @@ fn gpu_info(nvml: &Nvml, index: u32) -> GpuInfo {
         bus_id: dev
             .pci_info()
             .ok()
-            .map(|p| crate::probe::nvidia::nvml::display_bus_id(&p.bus_id)),
+            .map(|p| crate::gpu::nvml::display_bus_id(&p.bus_id)),
         minor: dev.minor_number().ok(),
         persistence: dev.is_in_persistent_mode().map_err(|e| match e {
             NvmlError::NotSupported => "not supported".to_string(),
@@ -162,7 +162,7 @@ fn gpu_info(nvml: &Nvml, index: u32) -> GpuInfo {
 /// `/dev/nvidiactl` or any `/dev/nvidiaN`: the driver's nodes are there.
 pub(crate) fn has_nvidia_nodes(dev_root: &Path) -> bool {
     fs::symlink_metadata(dev_root.join("nvidiactl")).is_ok()
-        || !crate::discover::gpu::gpu_minor_nodes(dev_root).is_empty()
+        || !crate::gpu::request::gpu_minor_nodes(dev_root).is_empty()
 }
 
 pub(crate) fn describe_gpu(g: &GpuInfo) -> String {

@@ -4,7 +4,7 @@
 use super::line::Line;
 use crate::config::toolkit::{self, Reading, Says, KEY, OPERATOR_ROOT};
 use crate::config::Config;
-use crate::discover::gpu::SWARM_RESOURCE_PREFIX;
+use crate::gpu::request::SWARM_RESOURCE_PREFIX;
 use std::path::Path;
 
 const CHECK: &str = "NVIDIA toolkit config";

@@ -31,13 +31,13 @@ pub use rules::{advance, judge_aer, judge_replay};
 pub use seen::FunctionSeen;
 
 use crate::fsutil::read_attr;
+use crate::gpu::nvml::{Reading, LOST};
+use crate::gpu::GpuContext;
 use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::Device;
 use crate::model::verdict::Verdict;
 use crate::probe::findings::{Findings, Probe};
-use crate::probe::nvidia::nvml::{Reading, LOST};
-use crate::probe::nvidia::GpuContext;
 use crate::probe::sysfs;
 use crate::store::pcie::{self as baseline};
 use aer::shorten;
@@ -587,17 +587,17 @@ mod tests {
         Device::linux_gpu(1)
     }
 
-    use crate::probe::nvidia::nvml::NvmlAnswer;
-    use crate::probe::nvidia::procfs::ProcGpu;
+    use crate::gpu::driver::ProcGpu;
+    use crate::gpu::nvml::NvmlAnswer;
 
     fn nvml_with_gpu1_at_3b() -> NvmlAnswer {
-        let mut g = crate::probe::nvidia::nvml::tests::healthy(1);
-        g.pci_bus_id = crate::probe::nvidia::nvml::Reading::Value("00000000:3B:00.0".into());
+        let mut g = crate::gpu::nvml::tests::healthy(1);
+        g.pci_bus_id = crate::gpu::nvml::Reading::Value("00000000:3B:00.0".into());
         NvmlAnswer {
-            gpus: Ok(vec![crate::probe::nvidia::nvml::tests::healthy(0), g]),
+            gpus: Ok(vec![crate::gpu::nvml::tests::healthy(0), g]),
             driver_version: None,
             elapsed_us: 0,
-            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
+            lookup: crate::gpu::nvml::Lookup::Enumeration,
         }
     }
 
@@ -607,7 +607,7 @@ mod tests {
             proc_gpus: proc,
             kmsg: Err("not read".into()),
             xid_table: Default::default(),
-            limits: crate::probe::nvidia::gpu::Limits {
+            limits: crate::gpu::checks::Limits {
                 max_volatile_uncorrectable_ecc: 0,
             },
         }
@@ -683,13 +683,13 @@ mod tests {
             gpus: Err("NVML did not answer within 2000 ms".into()),
             driver_version: None,
             elapsed_us: 0,
-            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
+            lookup: crate::gpu::nvml::Lookup::Enumeration,
         };
         let proc_only = ctx(
             stuck,
             vec![ProcGpu {
                 minor: 1,
-                pci: crate::probe::nvidia::pci::PciAddr::parse("0000:3b:00.0").unwrap(),
+                pci: crate::gpu::pci::PciAddr::parse("0000:3b:00.0").unwrap(),
                 uuid: None,
             }],
         );

@@ -2,9 +2,9 @@
 //! baseline stored at the last one, and what is stored next.
 
 use super::seen::FunctionSeen;
+use crate::gpu::nvml::Reading;
 use crate::model::clock;
 use crate::model::verdict::Verdict;
-use crate::probe::nvidia::nvml::Reading;
 use crate::store::pcie::{AerCounts, PcieBaseline, ReplayCount};
 
 /// Counters lower than the baseline restarted (the function was removed and added again:

@@ -1,7 +1,7 @@
 //! What the pcie probe read of one PCI function, as data. A leaf: `probe::Findings` holds
 //! it, and the probe that fills it (`pcie`) implements the probe trait from there.
 
-use crate::probe::nvidia::nvml::facts::Reading;
+use crate::gpu::nvml::facts::Reading;
 use crate::store::pcie::{AerCounts, PcieBaseline};
 use std::path::PathBuf;
 

@@ -103,8 +103,8 @@ pub fn after_recovery(xid: Verdict, g: Option<&GpuFacts>) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvidia::nvml::facts::RemappedRows;
-    use crate::probe::nvidia::nvml::tests::healthy;
+    use crate::gpu::nvml::facts::RemappedRows;
+    use crate::gpu::nvml::tests::healthy;
 
     #[test]
     fn each_action_as_nvidia_defines_it() {

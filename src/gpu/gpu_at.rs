@@ -7,12 +7,12 @@
 //! `kmsg::Record::is_driver`) that matches the whole form: a forged line could otherwise
 //! point a container's UUID selector at another GPU.
 
-use super::gpu::KnownGpus;
+use super::driver::ProcGpu;
 use super::nvml::NvmlAnswer;
 use super::pci::PciAddr;
-use super::procfs::ProcGpu;
-use crate::discover::gpu::GpuSelector;
-use crate::discover::selector::uuid_names;
+use super::select::KnownGpus;
+use crate::gpu::request::GpuSelector;
+use crate::gpu::selector::uuid_names;
 use crate::model::device::Source;
 use serde::{Deserialize, Serialize};
 
@@ -137,7 +137,7 @@ pub fn place_uuid_selectors(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvidia::nvml::Reading;
+    use crate::gpu::nvml::Reading;
 
     const U: &str = "GPU-efbdfde9-5798-a6e7-4c46-12518fa15375";
 
@@ -214,7 +214,7 @@ mod tests {
             gpus: Err("NVML did not answer in 2000 ms".into()),
             driver_version: None,
             elapsed_us: 0,
-            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
+            lookup: crate::gpu::nvml::Lookup::Enumeration,
         };
         let sel = vec![
             (GpuSelector::Uuid(U.to_uppercase()), Source::CdiAnnotation),
@@ -248,13 +248,13 @@ mod tests {
         assert!(p.minors.is_empty());
         assert_eq!(p.rest, sel);
         // NVML answers and knows the UUID: NVML decides
-        let mut g = crate::probe::nvidia::nvml::tests::healthy(0);
+        let mut g = crate::gpu::nvml::tests::healthy(0);
         g.uuid = Reading::Value(U.into());
         let up = NvmlAnswer {
             gpus: Ok(vec![g.clone()]),
             driver_version: None,
             elapsed_us: 0,
-            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
+            lookup: crate::gpu::nvml::Lookup::Enumeration,
         };
         let p = place_uuid_selectors(
             sel.clone(),
@@ -272,7 +272,7 @@ mod tests {
             gpus: Ok(vec![g]),
             driver_version: None,
             elapsed_us: 0,
-            lookup: crate::probe::nvidia::nvml::Lookup::Enumeration,
+            lookup: crate::gpu::nvml::Lookup::Enumeration,
         };
         let p = place_uuid_selectors(
             sel,

@@ -2,7 +2,7 @@
 //! the answer. A leaf, so the child (`nvml::child`) and the pipes both take it without
 //! importing the module that forks them.
 
-use crate::probe::nvidia::nvml::facts::GpuFacts;
+use crate::gpu::nvml::facts::GpuFacts;
 use serde::{Deserialize, Serialize};
 
 /// `devgate __nvml-query LIBRARY PROC_ROOT FD=JOB…`: the query process. Not a command: main.rs hands

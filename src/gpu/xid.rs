@@ -18,15 +18,11 @@
 //! Each XID is judged by NVIDIA's catalog (`config::xid`); XID 154 by the recovery action
 //! its line names (`model::recovery`), which needs no NVML call (NVML can hang).
 
-use super::kmsg::{KmsgScan, XidEvent};
-use super::nvml::NvmlAnswer;
+use super::kmsg::XidEvent;
 use super::pci::PciAddr;
 use crate::config::xid::{catalog_entry, describe_xid, XidAction, XidTable};
-use crate::model::class::Class;
-use crate::model::device::Device;
 use crate::model::recovery::{RecoveryAction, RecoveryEffect};
 use crate::model::verdict::Verdict;
-use crate::probe::findings::{Findings, Probe};
 use std::collections::BTreeMap;
 
 /// The XID whose line carries the driver's recovery action.
@@ -155,94 +151,11 @@ pub fn judge_reports<'a>(
     }
 }
 
-pub struct XidProbe<'a> {
-    pub scan: &'a Result<KmsgScan, String>,
-    pub table: &'a XidTable,
-    /// Where the GPUs' PCI addresses come from: NVML, else the driver's /proc list (so
-    /// that a report, XID 154's recovery action above all, still counts when NVML hangs).
-    pub nvml: &'a NvmlAnswer,
-    pub proc: &'a [super::procfs::ProcGpu],
-}
-
-impl Probe for XidProbe<'_> {
-    fn name(&self) -> &'static str {
-        "xid"
-    }
-
-    /// The GPU's XID verdict: its own reports where its PCI address is known, else unknown
-    /// only when some slot's reports would block.
-    /// Long because it holds both cases, the address known and not, after the shared early
-    /// returns: they are the probe's one decision, read in the order it is taken.
-    fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
-        if device.class != Class::NvidiaGpu {
-            return Verdict::NotApplicable("not an NVIDIA GPU".into());
-        }
-        let scan = match self.scan {
-            Ok(s) => s,
-            Err(e) => return Verdict::Unknown(e.clone()),
-        };
-        let minor = device.num.minor;
-        let pci = self
-            .nvml
-            .pci_of_minor(minor)
-            .or_else(|| super::procfs::pci_of_minor(self.proc, minor));
-        if let Some(pci) = pci {
-            let judged = judge_reports(scan.active(), &pci, self.table);
-            // Where the driver gives it, NVML's recovery action says when a report stops
-            // counting (super::recovery).
-            let facts = self.nvml.gpu_by_minor(minor);
-            return match super::recovery::after_recovery(judged, facts) {
-                // The log is read oldest first: a read cut short missed the newest
-                // records, which are the ones that matter.
-                Verdict::Healthy if scan.truncated => Verdict::Unknown(format!(
-                    "kernel log read stopped after {} records; newer XID reports not seen",
-                    scan.records
-                )),
-                v => v,
-            };
-        }
-        // Without the GPU's address a report cannot be pinned on it; only slots whose
-        // reports would block make that matter, each judged as its own GPU would be.
-        let mut slots: Vec<PciAddr> = Vec::new();
-        for e in scan.active() {
-            if !slots.iter().any(|s| s.same_slot(&e.pci)) {
-                slots.push(e.pci);
-            }
-        }
-        let mut blocking: Vec<String> = Vec::new();
-        let mut count = 0;
-        for slot in &slots {
-            if judge_reports(scan.active(), slot, self.table).status() != "unhealthy" {
-                continue;
-            }
-            for e in scan
-                .active()
-                .filter(|e| e.pci.same_slot(slot) && blocks(e, self.table))
-            {
-                count += 1;
-                blocking.push(format!("xid {} on {}", e.xid, e.pci));
-            }
-        }
-        if blocking.is_empty() {
-            return Verdict::Healthy;
-        }
-        blocking.sort();
-        blocking.dedup();
-        blocking.truncate(8);
-        Verdict::Unknown(format!(
-            "{count} reset-class XID reports on the node ({}) and the PCI address of minor {} is unknown",
-            blocking.join(", "),
-            device.num.minor
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvidia::kmsg::tests::{scan_bytes, FIXTURE};
-    use crate::probe::nvidia::kmsg::ReadLimits;
-    use crate::probe::nvidia::nvml::Lookup;
+    use crate::gpu::kmsg::tests::{scan_bytes, FIXTURE};
+    use crate::gpu::kmsg::ReadLimits;
 
     fn ev(seq: u64, slot: &str, xid: u32, text: &str) -> XidEvent {
         XidEvent {
@@ -453,124 +366,5 @@ mod tests {
         assert_eq!(v.status(), "warn");
         let v = judge_reports(s.active(), &PciAddr::parse("0000:5e:00.0").unwrap(), &t);
         assert_eq!(v.status(), "unhealthy");
-    }
-
-    /// Long because each case is the same probe with one input changed (the log, the driver's
-    /// /proc list, the class); they read as a table.
-    #[test]
-    fn probe_needs_the_gpus_address_only_when_a_report_would_block() {
-        let gpu = Device::linux_gpu(1);
-        let no_nvml = NvmlAnswer {
-            gpus: Err("cannot load x".into()),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
-        let table = XidTable::default();
-        let scan = Ok(scan_bytes(FIXTURE.as_bytes(), ReadLimits::default()));
-        let p = XidProbe {
-            scan: &scan,
-            table: &table,
-            nvml: &no_nvml,
-            proc: &[],
-        };
-        assert_eq!(
-            p.check(&gpu, &mut Findings::default()),
-            Verdict::Unknown(
-                "3 reset-class XID reports on the node (xid 48 on 0000:86:00, xid 79 on 0000:3b:00) and the PCI address of minor 1 is unknown".into()
-            )
-        );
-        let quiet = Ok(scan_bytes(
-            b"4,1,1,-;NVRM: Xid (PCI:0000:3b:00): 13, app\n",
-            ReadLimits::default(),
-        ));
-        let p = XidProbe {
-            scan: &quiet,
-            table: &table,
-            nvml: &no_nvml,
-            proc: &[],
-        };
-        assert_eq!(p.check(&gpu, &mut Findings::default()), Verdict::Healthy);
-        // NVML has no address for minor 1 but the driver's /proc list has: a report for
-        // that slot is pinned on the GPU (XID 154 needs no NVML call, even when NVML hangs)
-        let listed = [super::super::procfs::ProcGpu {
-            minor: 1,
-            pci: PciAddr::parse("0000:01:00.0").unwrap(),
-            uuid: None,
-        }];
-        let reset = Ok(scan_bytes(
-            b"4,1,1,-;NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\n",
-            ReadLimits::default(),
-        ));
-        let p = XidProbe {
-            scan: &reset,
-            table: &table,
-            nvml: &no_nvml,
-            proc: &listed,
-        };
-        assert_eq!(
-            p.check(&gpu, &mut Findings::default()).status(),
-            "unhealthy"
-        );
-        let p = XidProbe {
-            scan: &reset,
-            table: &table,
-            nvml: &no_nvml,
-            proc: &[],
-        };
-        assert_eq!(p.check(&gpu, &mut Findings::default()).status(), "unknown");
-        let unreadable = Err("cannot open kernel log /dev/kmsg: permission denied".to_string());
-        let p = XidProbe {
-            scan: &unreadable,
-            table: &table,
-            nvml: &no_nvml,
-            proc: &[],
-        };
-        assert_eq!(p.check(&gpu, &mut Findings::default()).status(), "unknown");
-        let mut ctl = gpu.clone();
-        ctl.class = "nvidia-ctl".into();
-        assert_eq!(
-            p.check(&ctl, &mut Findings::default()).status(),
-            "not_applicable"
-        );
-    }
-
-    #[test]
-    fn a_cut_short_read_is_unknown_not_healthy() {
-        use crate::model::device::{DevNum, DevType};
-        let num = DevNum {
-            typ: DevType::Char,
-            major: 195,
-            minor: 1,
-        };
-        let gpu = Device::on_host(num, Class::NvidiaGpu, None);
-        let nvml = NvmlAnswer {
-            gpus: Ok(vec![crate::probe::nvidia::nvml::tests::healthy(1)]),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
-        let table = XidTable::default();
-        let mut scan = scan_bytes(
-            b"4,1,1,-;NVRM: Xid (PCI:0000:2b:00): 13, app\n",
-            ReadLimits::default(),
-        );
-        let p = |scan: &Result<KmsgScan, String>| {
-            XidProbe {
-                scan,
-                table: &table,
-                nvml: &nvml,
-                proc: &[],
-            }
-            .check(&gpu, &mut Findings::default())
-        };
-        assert_eq!(p(&Ok(scan.clone())), Verdict::Healthy);
-        scan.truncated = true;
-        assert_eq!(
-            p(&Ok(scan)),
-            Verdict::Unknown(
-                "kernel log read stopped after 1 records; newer XID reports not seen".into()
-            )
-        );
     }
 }

@@ -1,6 +1,9 @@
-//! What the last scan of the kernel log found, kept in `state_dir/kmsg-cache.json`, so that
-//! the next hook call (a poststop after its prestart, the next start on the node) parses
-//! only records it has not seen and, from a regular file, does not even read them again.
+//! The XID history of this boot: what the driver reported in the kernel log, kept in
+//! `state_dir/xid-history.json` after the ring buffer has wrapped past it. A pod can flood
+//! the ring with its own GPU's XIDs; another GPU's report, once seen, still counts for the
+//! rest of the boot (until a driver load). It also spares the next hook call (a poststop
+//! after its prestart, the next start on the node) parsing records it has seen, and, from
+//! a regular file, reading them again.
 //!
 //! /dev/kmsg cannot seek to a sequence number (only to its first record, the last clear or
 //! its end), so a scan still reads every record, one read(2) each; records up to the
@@ -32,16 +35,16 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub const CACHE_FILE: &str = "kmsg-cache.json";
+pub const HISTORY_FILE: &str = "xid-history.json";
 const VERSION: u32 = 1;
 /// 4096 events of at most 160 characters of text, and 256 `GPU at` records, fit.
 const MAX_CACHE_BYTES: u64 = 4 << 20;
 /// Bytes hashed at a file's head and before the cache's offset.
 const MARK_BYTES: u64 = 4096;
 
-/// The cache file: see the module's comment for what each field proves.
+/// The history file: see the module's comment for what each field proves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cache {
+pub struct History {
     pub version: u32,
     /// /proc/sys/kernel/random/boot_id when the log is a device; empty for a file.
     pub boot_id: String,
@@ -74,7 +77,7 @@ pub struct FileMark {
 ///
 /// Long because it is the one place that decides whether the cache holds; each check sits
 /// beside the read it guards, in the order they happen.
-pub fn read_kmsg_cached(
+pub fn read_with_history(
     path: &Path,
     limits: ReadLimits,
     state_dir: &Path,
@@ -95,7 +98,7 @@ pub fn read_kmsg_cached(
             None => return full_scan(&mut f, path, limits, started, None),
         }
     };
-    let cache_path = state_dir.join(CACHE_FILE);
+    let cache_path = state_dir.join(HISTORY_FILE);
     let cached = load(&cache_path, limits).filter(|c| {
         c.boot_id == boot_id
             && c.path == path
@@ -128,7 +131,7 @@ pub fn read_kmsg_cached(
         log::info!(
             "kernel log {} does not continue what {} saw; reading it whole",
             path.display(),
-            here.state_dir.join(CACHE_FILE).display()
+            here.state_dir.join(HISTORY_FILE).display()
         );
         f.seek(SeekFrom::Start(0))
             .map_err(|e| format!("cannot seek kernel log {}: {e}", path.display()))?;
@@ -151,7 +154,7 @@ const REWRITE_AFTER_RECORDS: u64 = 4096;
 
 /// Whether the scan found anything the cache does not say: a new fact, a file read
 /// further, or a device log that moved well past the cache.
-fn worth_writing(c: &Cache, scan: &KmsgScan, offset: u64) -> bool {
+fn worth_writing(c: &History, scan: &KmsgScan, offset: u64) -> bool {
     let facts_changed = scan.events != c.events
         || scan.last_driver_load != c.last_driver_load
         || scan.gpu_at != c.gpu_at;
@@ -171,7 +174,7 @@ fn worth_writing(c: &Cache, scan: &KmsgScan, offset: u64) -> bool {
 /// but what the cache read of this boot's log stands: dropping it would let a flood (a pod
 /// making its own GPU report XID 31 at will) wrap the ring and erase another GPU's report.
 /// A read that never got to the cache's record (cut short) does not carry on.
-fn continues(file: bool, first: Option<u64>, known_ts: Option<u64>, c: &Cache) -> bool {
+fn continues(file: bool, first: Option<u64>, known_ts: Option<u64>, c: &History) -> bool {
     match (file, first) {
         (true, first) => first.map_or(true, |seq| seq > c.last_seq),
         (false, Some(first)) => known_ts == Some(c.last_ts_usec) || first > c.last_seq,
@@ -208,7 +211,7 @@ fn full_scan(
 
 /// The cache's facts, then this read's: the newer driver load, the newest events, the
 /// newer `GPU at` record per slot.
-fn merge(scan: &mut KmsgScan, c: &Cache, limits: ReadLimits) {
+fn merge(scan: &mut KmsgScan, c: &History, limits: ReadLimits) {
     let mut events = c.events.clone();
     events.append(&mut scan.events);
     keep_newest(&mut events, limits.max_events);
@@ -242,7 +245,7 @@ fn save(h: &Here, scan: &KmsgScan, f: &mut File, offset: u64, complete: bool, li
     } else {
         None
     };
-    let c = Cache {
+    let c = History {
         version: VERSION,
         boot_id: h.boot_id.clone(),
         path: h.path.clone(),
@@ -256,7 +259,7 @@ fn save(h: &Here, scan: &KmsgScan, f: &mut File, offset: u64, complete: bool, li
         events: scan.events.clone(),
         gpu_at: scan.gpu_at.clone(),
     };
-    let path = h.state_dir.join(CACHE_FILE);
+    let path = h.state_dir.join(HISTORY_FILE);
     let Ok(json) = serde_json::to_vec(&c) else {
         return;
     };
@@ -268,13 +271,13 @@ fn save(h: &Here, scan: &KmsgScan, f: &mut File, offset: u64, complete: bool, li
     let written =
         ensure_private_dir(h.state_dir).and_then(|()| write_atomic_volatile(&path, &json, 0o600));
     if let Err(e) = written {
-        log::warn!("cannot write the kernel log cache: {e}");
+        log::warn!("cannot write the XID history: {e}");
     }
 }
 
 /// The cache, when it is root's own file and consistent; None (with a warning for a file
 /// that is there but unusable) otherwise.
-pub fn load(path: &Path, limits: ReadLimits) -> Option<Cache> {
+pub fn load(path: &Path, limits: ReadLimits) -> Option<History> {
     let f = match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -283,7 +286,7 @@ pub fn load(path: &Path, limits: ReadLimits) -> Option<Cache> {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
-            log::warn!("ignoring the kernel log cache {}: {e}", path.display());
+            log::warn!("ignoring the XID history {}: {e}", path.display());
             return None;
         }
     };
@@ -295,7 +298,7 @@ pub fn load(path: &Path, limits: ReadLimits) -> Option<Cache> {
         Err(why) => why,
     };
     log::warn!(
-        "ignoring the kernel log cache {}: {why}; reading the log whole",
+        "ignoring the XID history {}: {why}; reading the log whole",
         path.display()
     );
     None
@@ -314,15 +317,15 @@ fn read_checked(f: &File, path: &Path) -> Result<Vec<u8>, String> {
     read_bounded(
         f.take(MAX_CACHE_BYTES + 1),
         MAX_CACHE_BYTES,
-        "kernel log cache",
+        "XID history",
         path,
     )
     .map_err(|e| e.to_string())
 }
 
 /// The cache file's bytes, checked for what no scan could have written.
-pub fn parse(bytes: &[u8], limits: ReadLimits) -> Result<Cache, String> {
-    let c: Cache = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse(bytes: &[u8], limits: ReadLimits) -> Result<History, String> {
+    let c: History = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     let fits = |seq: u64| seq <= c.last_seq;
     let ok = c.version == VERSION
         && c.events.len() <= limits.max_events
@@ -395,7 +398,7 @@ fn fnv1a(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvidia::kmsg::read_kmsg;
+    use crate::gpu::kmsg::read_kmsg;
     use std::fs;
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
@@ -444,14 +447,14 @@ mod tests {
         let state = d.0.join("state");
         fs::write(&log, chatter(0, 4) + AT + XID + &chatter(6, 100)).unwrap();
         let lim = ReadLimits::default();
-        let first = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let first = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         same(&first, &read_kmsg(&log, lim).unwrap());
         assert_eq!(first.records, 100);
-        let meta = fs::metadata(state.join(CACHE_FILE)).unwrap();
+        let meta = fs::metadata(state.join(HISTORY_FILE)).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
 
         // poststop after prestart, nothing new: nothing read, the same answer
-        let again = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let again = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         assert_eq!(again.records, 0);
         same(&again, &first);
 
@@ -459,7 +462,7 @@ mod tests {
         f.write_all(b"4,100,100000,-;NVRM: Xid (PCI:0000:5e:00): 48, DBE\n")
             .unwrap();
         f.write_all(chatter(101, 110).as_bytes()).unwrap();
-        let later = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let later = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         assert_eq!(later.records, 10, "only the appended records were read");
         same(&later, &read_kmsg(&log, lim).unwrap());
         assert_eq!(later.events.len(), 2);
@@ -478,22 +481,22 @@ mod tests {
         let state = d.0.join("state");
         let lim = ReadLimits::default();
         fs::write(&log, chatter(0, 5) + XID + &chatter(6, 50)).unwrap();
-        read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        read_with_history(&log, lim, &state, &no_proc()).unwrap();
         // same inode, other content, longer: the driver reloaded, the XID is gone
         let reloaded = "4,0,1,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023\n".to_string() + &chatter(1, 80);
         fs::write(&log, &reloaded).unwrap();
-        let s = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let s = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         same(&s, &read_kmsg(&log, lim).unwrap());
         assert!(s.events.is_empty());
         // truncated below the cache's offset
         fs::write(&log, XID).unwrap();
-        let s = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let s = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         same(&s, &read_kmsg(&log, lim).unwrap());
         // replaced by another file (new inode) with the same head
         let tmp = d.0.join("kmsg.new");
         fs::write(&tmp, XID.to_string() + &chatter(6, 9)).unwrap();
         fs::rename(&tmp, &log).unwrap();
-        let s = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let s = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         same(&s, &read_kmsg(&log, lim).unwrap());
         assert_eq!(s.records, 4);
     }
@@ -503,46 +506,46 @@ mod tests {
         let d = dir("corrupt");
         let log = d.0.join("kmsg");
         let state = d.0.join("state");
-        let cache = state.join(CACHE_FILE);
+        let cache = state.join(HISTORY_FILE);
         let lim = ReadLimits::default();
         fs::write(&log, chatter(0, 5) + XID + &chatter(6, 20)).unwrap();
         let truth = read_kmsg(&log, lim).unwrap();
-        read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        read_with_history(&log, lim, &state, &no_proc()).unwrap();
         let good = fs::read(&cache).unwrap();
 
         // garbage
         fs::write(&cache, b"{\"version\":1,").unwrap();
         same(
-            &read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap(),
+            &read_with_history(&log, lim, &state, &no_proc()).unwrap(),
             &truth,
         );
         assert_eq!(fs::read(&cache).unwrap(), good, "rewritten");
 
         // an event the scan could not have written (newer than last_seq) hides nothing and
         // adds nothing
-        let mut c: Cache = serde_json::from_slice(&good).unwrap();
+        let mut c: History = serde_json::from_slice(&good).unwrap();
         let mut forged = c.events[0].clone();
         forged.seq = c.last_seq + 10;
         c.events.push(forged);
         fs::write(&cache, serde_json::to_vec(&c).unwrap()).unwrap();
         fs::set_permissions(&cache, fs::Permissions::from_mode(0o600)).unwrap();
         same(
-            &read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap(),
+            &read_with_history(&log, lim, &state, &no_proc()).unwrap(),
             &truth,
         );
 
         // a well-formed cache another user could have written (mode 0644) is not believed:
         // it claims an XID on a GPU the log never named
-        let mut c: Cache = serde_json::from_slice(&good).unwrap();
+        let mut c: History = serde_json::from_slice(&good).unwrap();
         c.events[0].pci.bus = 0x99;
         fs::write(&cache, serde_json::to_vec(&c).unwrap()).unwrap();
         fs::set_permissions(&cache, fs::Permissions::from_mode(0o644)).unwrap();
-        let s = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let s = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         same(&s, &truth);
         // the same cache as root's 0600 file is believed: the file's bytes did not change
         fs::write(&cache, serde_json::to_vec(&c).unwrap()).unwrap();
         fs::set_permissions(&cache, fs::Permissions::from_mode(0o600)).unwrap();
-        let s = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+        let s = read_with_history(&log, lim, &state, &no_proc()).unwrap();
         assert_eq!(
             s.events[0].pci.bus, 0x99,
             "a root-owned 0600 cache is trusted"
@@ -553,7 +556,7 @@ mod tests {
         fs::rename(&cache, &elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &cache).unwrap();
         same(
-            &read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap(),
+            &read_with_history(&log, lim, &state, &no_proc()).unwrap(),
             &truth,
         );
     }
@@ -572,16 +575,16 @@ mod tests {
         )
         .unwrap();
         for _ in 0..2 {
-            let s = read_kmsg_cached(&log, lim, &state, &no_proc()).unwrap();
+            let s = read_with_history(&log, lim, &state, &no_proc()).unwrap();
             same(&s, &read_kmsg(&log, lim).unwrap());
             assert_eq!(s.records, 2);
         }
-        assert!(!state.join(CACHE_FILE).exists());
+        assert!(!state.join(HISTORY_FILE).exists());
     }
 
     #[test]
     fn a_device_cache_holds_only_while_the_log_carries_on() {
-        let c = Cache {
+        let c = History {
             version: VERSION,
             boot_id: "b".into(),
             path: "/dev/kmsg".into(),
@@ -634,11 +637,11 @@ mod tests {
         )
         .unwrap();
         let lim = ReadLimits::default();
-        let a = read_kmsg_cached(dev, lim, &state, &proc).unwrap();
-        let c = load(&state.join(CACHE_FILE), lim).expect("a cache was written");
+        let a = read_with_history(dev, lim, &state, &proc).unwrap();
+        let c = load(&state.join(HISTORY_FILE), lim).expect("a cache was written");
         assert_eq!(c.rdev, meta.rdev());
         assert_eq!(Some(c.last_seq), a.last_seq);
-        let b = read_kmsg_cached(dev, lim, &state, &proc).unwrap();
+        let b = read_with_history(dev, lim, &state, &proc).unwrap();
         assert_eq!(a.events, b.events);
         assert!(b.last_seq >= a.last_seq);
 
@@ -648,18 +651,26 @@ mod tests {
         forged.events = vec![XidEvent {
             seq: 0,
             ts_usec: 0,
-            pci: crate::probe::nvidia::pci::PciAddr::parse_exact("0000:99:00").unwrap(),
+            pci: crate::gpu::pci::PciAddr::parse_exact("0000:99:00").unwrap(),
             xid: 79,
             text: "forged".into(),
         }];
-        fs::write(state.join(CACHE_FILE), serde_json::to_vec(&forged).unwrap()).unwrap();
-        let s = read_kmsg_cached(dev, lim, &state, &proc).unwrap();
+        fs::write(
+            state.join(HISTORY_FILE),
+            serde_json::to_vec(&forged).unwrap(),
+        )
+        .unwrap();
+        let s = read_with_history(dev, lim, &state, &proc).unwrap();
         assert!(s.events.iter().all(|e| e.text != "forged"));
         // another boot's cache: dropped
         forged.last_ts_usec = c.last_ts_usec;
         forged.boot_id = "00000000-0000-0000-0000-000000000000".into();
-        fs::write(state.join(CACHE_FILE), serde_json::to_vec(&forged).unwrap()).unwrap();
-        let s = read_kmsg_cached(dev, lim, &state, &proc).unwrap();
+        fs::write(
+            state.join(HISTORY_FILE),
+            serde_json::to_vec(&forged).unwrap(),
+        )
+        .unwrap();
+        let s = read_with_history(dev, lim, &state, &proc).unwrap();
         assert!(s.events.iter().all(|e| e.text != "forged"));
     }
 
@@ -674,7 +685,7 @@ mod tests {
         let mut text = format!("{AT}{XID}");
         fs::write(&log, &text).unwrap();
         let state = d.0.join("state");
-        let first = read_kmsg_cached(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
+        let first = read_with_history(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
         assert_eq!(first.events.len(), 1);
         for i in 6..5_000u64 {
             text.push_str(&format!(
@@ -682,7 +693,7 @@ mod tests {
             ));
         }
         fs::write(&log, &text).unwrap();
-        let cached = read_kmsg_cached(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
+        let cached = read_with_history(&log, ReadLimits::default(), &state, &no_proc()).unwrap();
         let whole = read_kmsg(&log, ReadLimits::default()).unwrap();
         for s in [&cached, &whole] {
             assert_eq!(s.events.len(), 1 + super::super::kmsg::MAX_EVENTS_PER_KIND);
@@ -693,7 +704,7 @@ mod tests {
 
     #[test]
     fn fuzz_seeds_parse_as_named() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/kmsg_cache");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/xid_history");
         let lim = ReadLimits::default();
         for (name, ok) in [
             ("device.json", true),

@@ -1,23 +1,12 @@
-//! NVIDIA GPUs: what NVML says about each GPU (`nvml`) and what the driver reported in the
-//! kernel log (`kmsg`, judged by `xid`), both read once per hook call into a [`GpuContext`];
-//! what NVML's recovery action and drain state mean (`recovery`).
+//! What the GPU probes read once per hook call: NVML's answer and the kernel log, in one
+//! [`GpuContext`], with the small lookups around it.
 
-pub(crate) mod gpu;
-pub mod gpu_at;
-pub mod kmsg;
-pub mod kmsg_cache;
-pub(crate) mod kmsg_record;
-pub(crate) mod nvml;
-pub mod pci;
-pub(crate) mod procfs;
-pub(crate) mod recovery;
-pub(crate) mod xid;
-
+use super::driver::{self, ProcGpu};
+use super::{checks, kmsg, nvml, pci, xid_history};
 use crate::config::xid::XidTable;
 use crate::config::Config;
 use crate::model::class::Class;
 use crate::model::device::Device;
-use procfs::ProcGpu;
 use std::time::Duration;
 
 /// What the GPU probes read once per hook call: NVML's answer and the kernel log.
@@ -25,9 +14,9 @@ pub struct GpuContext {
     pub nvml: nvml::NvmlAnswer,
     pub kmsg: std::result::Result<kmsg::KmsgScan, String>,
     pub xid_table: XidTable,
-    pub limits: gpu::Limits,
+    pub limits: checks::Limits,
     /// The driver's own list of GPUs (minor ↔ PCI address), read before NVML.
-    pub proc_gpus: Vec<procfs::ProcGpu>,
+    pub proc_gpus: Vec<driver::ProcGpu>,
 }
 
 impl GpuContext {
@@ -87,7 +76,7 @@ impl GpuContext {
             kmsg: log.unwrap_or_else(|| read_log(config)),
             // validated when the config was loaded
             xid_table: XidTable::new(&config.gpu.xid_actions).unwrap_or_default(),
-            limits: gpu::Limits {
+            limits: checks::Limits {
                 max_volatile_uncorrectable_ecc: config.gpu.max_volatile_uncorrectable_ecc,
             },
             proc_gpus,
@@ -99,7 +88,7 @@ impl GpuContext {
     pub fn pci_of_minor(&self, minor: u32) -> Option<pci::PciAddr> {
         self.nvml
             .pci_of_minor(minor)
-            .or_else(|| procfs::pci_of_minor(&self.proc_gpus, minor))
+            .or_else(|| driver::pci_of_minor(&self.proc_gpus, minor))
     }
 
     /// Only a GPU opens NVML: containers without one never load the library.
@@ -133,7 +122,7 @@ pub(crate) fn read_log(config: &Config) -> Kmsg {
         deadline: timeout(config),
         ..kmsg::ReadLimits::default()
     };
-    kmsg_cache::read_kmsg_cached(
+    xid_history::read_with_history(
         &config.kmsg_path,
         limits,
         &config.state_dir,
@@ -149,7 +138,7 @@ fn timeout(config: &Config) -> Duration {
 /// order, and the list is sorted so. Empty when the driver is not loaded or /proc is not
 /// readable.
 pub fn driver_gpus(config: &Config) -> Vec<(u32, ProcGpu)> {
-    procfs::read_gpus(&config.proc_root)
+    driver::read_gpus(&config.proc_root)
         .into_iter()
         .enumerate()
         .map(|(i, p)| (i as u32, p))

@@ -2,11 +2,11 @@
 //!
 //! NVML never runs in the hook's own process. Each assigned GPU is asked about in a process
 //! of its own ([`isolate`]), found by its PCI address from the driver's list
-//! (`/proc/driver/nvidia/gpus`, [`super::procfs`]) with nvmlDeviceGetHandleByPciBusId, so
+//! (`/proc/driver/nvidia/gpus`, [`super::driver`]) with nvmlDeviceGetHandleByPciBusId, so
 //! no other GPU is touched ([`query`]). A GPU whose driver call hangs, often in an
 //! uninterruptible ioctl, holds only its own process: the hook takes what the others
 //! answered by the `probe_timeout_ms` deadline and leaves. What comes back is plain data, a
-//! [`NvmlAnswer`] of each GPU's facts (`facts`); judging it ([`super::gpu::checks`]) is
+//! [`NvmlAnswer`] of each GPU's facts (`facts`); judging it ([`super::checks::checks`]) is
 //! pure and is where every threshold lives.
 
 pub(crate) mod child;
@@ -18,8 +18,8 @@ mod view;
 
 pub use facts::{display_bus_id, GpuCounters, GpuFacts, Link, Reading, LOST};
 
+use super::driver::ProcGpu;
 use super::pci::PciAddr;
-use super::procfs::ProcGpu;
 use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 
 use super::wire::{Answer, Job, MAX_ANSWER, QUERY_ARG};
 use crate::fsutil::program;
-use crate::probe::nvidia::nvml::child::{run_child, write_answer};
+use crate::gpu::nvml::child::{run_child, write_answer};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;

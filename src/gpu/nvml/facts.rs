@@ -2,7 +2,7 @@
 //! ([`Reading`]), and the GPU's facts ([`GpuFacts`]). The query children fill them
 //! (`super::query`); the hook only reads them.
 
-use crate::probe::nvidia::pci::PciAddr;
+use crate::gpu::pci::PciAddr;
 use nvml_wrapper::error::NvmlError;
 use serde::{Deserialize, Serialize};
 

@@ -1,17 +1,10 @@
 //! What NVML's answer means for a container's GPUs: each GPU's checks against the
 //! operator's limits (pure), the NVML probe, and (in `select`) which GPUs a selector names.
 
-mod select;
-
-pub use select::{resolve_selectors, KnownGpus};
-
 use super::nvml::facts::RemappedRows;
-use super::nvml::{GpuFacts, Link, Lookup, NvmlAnswer, Reading, LOST};
+use super::nvml::{GpuFacts, Link, Reading, LOST};
 use super::recovery;
-use crate::model::class::Class;
-use crate::model::device::Device;
 use crate::model::verdict::Verdict;
-use crate::probe::findings::{Findings, Probe};
 use serde::Serialize;
 
 /// Throttle reasons that mean the hardware is protecting itself, not policy (power cap,
@@ -185,75 +178,11 @@ pub fn verdict_for(g: &GpuFacts, checks: &[Check]) -> Verdict {
     }
 }
 
-pub struct NvmlProbe<'a> {
-    pub answer: &'a NvmlAnswer,
-    pub limits: Limits,
-    /// How many NVIDIA GPUs the container is given: with several, peer-to-peer is possible.
-    pub gpus: usize,
-}
-
-impl Probe for NvmlProbe<'_> {
-    fn name(&self) -> &'static str {
-        "nvml"
-    }
-
-    fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
-        if device.class != Class::NvidiaGpu {
-            return Verdict::NotApplicable("not an NVIDIA GPU".into());
-        }
-        let gpus = match &self.answer.gpus {
-            Ok(g) => g,
-            Err(why) => return Verdict::Unknown(why.clone()),
-        };
-        let minor = device.num.minor;
-        match self.answer.gpu_by_minor(minor) {
-            Some(g) => {
-                let mut checks = checks(g, self.limits);
-                if let (Reading::Value(a), Some(c)) = (
-                    &g.recovery_action,
-                    checks.iter_mut().find(|c| c.check == "recovery_action"),
-                ) {
-                    c.verdict = recovery::action_verdict(*a, self.gpus);
-                }
-                verdict_for(g, &checks)
-            }
-            None if self.answer.lookup == Lookup::DriverList => Verdict::Unhealthy(format!(
-                "nvml: the driver lists no usable GPU with minor number {minor} (/proc/driver/nvidia/gpus: none, or one excluded from use)"
-            )),
-            None => missing_minor(minor, gpus),
-        }
-    }
-}
-
-/// No GPU answered with this minor. When some index had no handle that is most likely the
-/// one, and it is lost; otherwise the node has a node with no GPU behind it.
-fn missing_minor(minor: u32, gpus: &[GpuFacts]) -> Verdict {
-    let unreachable: Vec<String> = gpus
-        .iter()
-        .filter_map(|g| {
-            g.unreachable
-                .as_ref()
-                .map(|why| format!("index {}: {why}", g.index))
-        })
-        .collect();
-    if unreachable.is_empty() {
-        Verdict::Unhealthy(format!(
-            "nvml: no GPU with minor number {minor} among the {} GPUs NVML reports",
-            gpus.len()
-        ))
-    } else {
-        Verdict::Unhealthy(format!(
-            "nvml: no reachable GPU with minor number {minor}; unreachable {}",
-            unreachable.join(", ")
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvidia::nvml::facts::RemappedRows;
-    use crate::probe::nvidia::nvml::tests::healthy;
+    use crate::gpu::nvml::facts::RemappedRows;
+    use crate::gpu::nvml::tests::healthy;
     use nvml_wrapper::error::NvmlError;
 
     const L: Limits = Limits {
@@ -394,63 +323,6 @@ mod tests {
         assert!(
             v.reason().unwrap().contains("cannot read volatile ECC"),
             "{v:?}"
-        );
-    }
-
-    fn gpu_dev(minor: u32, class: &str) -> Device {
-        Device {
-            class: class.into(),
-            ..Device::linux_gpu(minor)
-        }
-    }
-
-    #[test]
-    fn probe_maps_by_minor_and_explains_missing_ones() {
-        let mut gpus: Vec<GpuFacts> = (0..4).map(healthy).collect();
-        gpus[1].minor = Reading::Value(7); // minors need not follow indices
-        gpus[3] = GpuFacts::unreachable(3, "GPU is lost".into(), true);
-        let snap = NvmlAnswer {
-            gpus: Ok(gpus),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
-        let p = NvmlProbe {
-            answer: &snap,
-            limits: L,
-            gpus: 1,
-        };
-        assert_eq!(
-            p.check(&gpu_dev(7, "nvidia-gpu"), &mut Findings::default()),
-            Verdict::Healthy
-        );
-        assert_eq!(
-            p.check(&gpu_dev(1, "nvidia-gpu"), &mut Findings::default()),
-            Verdict::Unhealthy(
-                "nvml: no reachable GPU with minor number 1; unreachable index 3: GPU is lost"
-                    .into()
-            )
-        );
-        assert_eq!(
-            p.check(&gpu_dev(255, "nvidia-ctl"), &mut Findings::default())
-                .status(),
-            "not_applicable"
-        );
-        assert_eq!(snap.pci_of_minor(7).unwrap().to_string(), "0000:2b:00.0");
-        let failed = NvmlAnswer {
-            gpus: Err("NVML did not answer in 2000 ms".into()),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
-        let p = NvmlProbe {
-            answer: &failed,
-            limits: L,
-            gpus: 1,
-        };
-        assert_eq!(
-            p.check(&gpu_dev(0, "nvidia-gpu"), &mut Findings::default()),
-            Verdict::Unknown("NVML did not answer in 2000 ms".into())
         );
     }
 }

@@ -6,7 +6,7 @@
 //! cost little beside it: lines are cut out of the read buffer in place, the header
 //! (`pri,seq,ts`) is parsed from bytes, and only a kernel-facility record whose message
 //! begins with `NVRM: ` is looked at further. Nothing is allocated per record.
-//! `kmsg_cache` keeps what a scan found under state_dir so that the next one parses only
+//! `xid_history` keeps what a scan found under state_dir so that the next one parses only
 //! records it has not seen (and, from a file, does not read them at all).
 //!
 //! Not syslog(2) `SYSLOG_ACTION_READ_ALL`, though it hands over the whole ring in one call:
@@ -148,7 +148,7 @@ pub(crate) struct Scanner {
     bytes: u64,
     /// Up to twice `max_events`, cut ([`keep_newest`]) when full and at the end.
     events: Vec<XidEvent>,
-    /// Driver records up to this sequence number are known already (`kmsg_cache`): counted
+    /// Driver records up to this sequence number are known already (`xid_history`): counted
     /// but not parsed again.
     pub(crate) known_through: Option<u64>,
     /// The timestamp of record `known_through`, when this read saw it.

@@ -10,7 +10,7 @@
 //! then attaches that GPU alone, and a GPU that hangs at attach holds only the child asking
 //! about it. Nothing here outlives the child: the namespace ends with it.
 
-use crate::probe::nvidia::pci::PciAddr;
+use crate::gpu::pci::PciAddr;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -1,12 +1,12 @@
 //! Which GPUs a container's selectors (`NVIDIA_VISIBLE_DEVICES`, CDI annotations) name,
 //! resolved against the driver's list or NVML's enumeration.
 
-use crate::discover::gpu::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
-use crate::discover::selector::uuid_names;
+use crate::gpu::driver::ProcGpu;
+use crate::gpu::nvml::NvmlAnswer;
+use crate::gpu::pci::PciAddr;
+use crate::gpu::request::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
+use crate::gpu::selector::uuid_names;
 use crate::model::device::Source;
-use crate::probe::nvidia::nvml::NvmlAnswer;
-use crate::probe::nvidia::pci::PciAddr;
-use crate::probe::nvidia::procfs::ProcGpu;
 
 /// One GPU as selectors see it, in index order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,8 +273,8 @@ pub(crate) const MAX_UNRESOLVED: usize = 16;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvidia::nvml::tests::healthy;
-    use crate::probe::nvidia::nvml::{GpuFacts, Lookup, Reading};
+    use crate::gpu::nvml::tests::healthy;
+    use crate::gpu::nvml::{GpuFacts, Lookup, Reading};
 
     /// A spec naming hundreds of GPUs no list has gets a bounded reason, not one sentence
     /// each: the reject line, its record and the decision log line stay small however many

@@ -1,7 +1,7 @@
 //! GPUs a container selects by name rather than by device node: `NVIDIA_VISIBLE_DEVICES`
 //! and CDI annotations, and the `nvidiaN` nodes on the host.
 
-use super::devnode::{find_host_node, node_num, walk_nodes};
+use crate::discover::devnode::{find_host_node, node_num, walk_nodes};
 use crate::model::class::{self, ClassRule, NVIDIA_MAJOR};
 use crate::model::device::{DevNum, DevType, Device, Source};
 use crate::oci::spec::Spec;
@@ -369,7 +369,7 @@ pub fn gpu_minor_nodes(dev_root: &Path) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discover::may_have_devices;
+    use crate::gpu::may_have_devices;
 
     fn spec(json: &str) -> Spec {
         Spec::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
@@ -400,7 +400,7 @@ mod tests {
         // the same gate as the variable: not read when env selectors are off
         let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE_GPU=2"]}}"#);
         assert!(gpu_selectors_with(&s, || false).is_empty());
-        assert!(crate::discover::may_name_nvidia(&s));
+        assert!(crate::gpu::may_name_nvidia(&s));
         // a name that only begins like one is not one
         let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE=2","XDOCKER_RESOURCE_GPU=2"]}}"#);
         assert!(gpu_selectors(&s).is_empty());
