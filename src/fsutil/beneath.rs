@@ -116,33 +116,6 @@ thread_local! {
     /// used only while `root` still names that directory.
     static ROOT: std::cell::RefCell<Option<(std::path::PathBuf, OwnedFd, DirId)>> =
         const { std::cell::RefCell::new(None) };
-    /// Inside [`one_look_at_root`]: whether the kept root was checked (or opened) in it.
-    static BATCH: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-}
-
-/// Runs `f`, a batch of lookups below one root made together (a container's devices, one
-/// after the other), with the kept root checked against what its path names once, at the
-/// first lookup, instead of at every one: what any code does that opens a directory and
-/// looks up names relative to it. The check exists because the fd is kept beyond one
-/// batch (for the next call in the same process), where a root renamed away or mounted
-/// over since would answer for a tree its path no longer names; inside one batch every
-/// answer is for the tree the path named at its start, microseconds before, and a stat
-/// before each lookup would narrow no window (the rename can come just after it). Only
-/// root can rename dev_root or mount over it. A failed lookup is still made again from a
-/// fresh open. Nested calls are one batch.
-pub fn one_look_at_root<T>(f: impl FnOnce() -> T) -> T {
-    struct End;
-    impl Drop for End {
-        fn drop(&mut self) {
-            BATCH.with(|b| b.set(None));
-        }
-    }
-    if BATCH.with(|b| b.get().is_some()) {
-        return f();
-    }
-    BATCH.with(|b| b.set(Some(false)));
-    let _end = End;
-    f()
 }
 
 /// The kept fd for `root` (taken out while in use), else a fresh O_PATH open of it; its
@@ -156,12 +129,8 @@ fn root_dir(root: &Path) -> io::Result<(OwnedFd, DirId, bool)> {
         Some((p, fd, id)) if p == root => Some((fd, id)),
         _ => None,
     });
-    // Checked already in this batch ([`one_look_at_root`]): the kept fd is the one the
-    // batch's first lookup checked or opened (any other root would have taken the slot).
-    let checked = BATCH.with(|b| b.get() == Some(true));
     if let Some((fd, id)) = kept {
-        if checked || fs::metadata(root).is_ok_and(|m| (m.dev(), m.ino()) == id) {
-            BATCH.with(|b| b.get().is_some().then(|| b.set(Some(true))));
+        if fs::metadata(root).is_ok_and(|m| (m.dev(), m.ino()) == id) {
             return Ok((fd, id, false));
         }
     }
@@ -170,7 +139,6 @@ fn root_dir(root: &Path) -> io::Result<(OwnedFd, DirId, bool)> {
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(root)?;
     let m = dir.metadata()?;
-    BATCH.with(|b| b.get().is_some().then(|| b.set(Some(true))));
     Ok((dir.into(), (m.dev(), m.ino()), true))
 }
 
@@ -257,33 +225,6 @@ mod tests {
         fs::create_dir_all(root.join("s/a")).unwrap();
         let now = stat_beneath(&root, &root.join("s/a")).unwrap();
         assert!(now.is_dir(), "answered from the renamed-away root");
-        fs::remove_dir_all(&d).unwrap();
-    }
-
-    /// Inside one batch of lookups the root is checked at the first only; the fd kept from
-    /// before the batch is checked all the same, and after the batch every lookup checks
-    /// again: a root renamed away between two calls never answers for the new one.
-    #[test]
-    fn a_batch_checks_the_root_once_and_a_kept_root_at_its_start() {
-        let (d, root) = root_with_a_kept("beneath-batch");
-        // renamed away between calls: the batch's first lookup sees the new root
-        fs::rename(&root, d.join("old")).unwrap();
-        fs::create_dir_all(root.join("s/a")).unwrap();
-        one_look_at_root(|| {
-            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
-            assert_eq!(BATCH.with(|b| b.get()), Some(true));
-            // within the batch the next lookup goes by the checked fd
-            fs::rename(&root, d.join("older")).unwrap();
-            fs::create_dir_all(&root).unwrap();
-            fs::create_dir_all(root.join("s")).unwrap();
-            fs::write(root.join("s/a"), b"").unwrap();
-            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
-            // a lookup that fails there is made again from a fresh open
-            fs::write(root.join("s/b"), b"").unwrap();
-            assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_file());
-        });
-        assert_eq!(BATCH.with(|b| b.get()), None);
-        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
         fs::remove_dir_all(&d).unwrap();
     }
 

@@ -12,7 +12,7 @@ mod dir_memo;
 pub mod program;
 #[cfg(test)]
 pub(crate) mod test_dirs;
-pub use beneath::{lstat_beneath, one_look_at_root, openat2, stat_beneath};
+pub use beneath::{lstat_beneath, openat2, stat_beneath};
 pub use dir_memo::dirs_checked_once;
 use dir_memo::{checked_before, remember_checked};
 

@@ -123,20 +123,17 @@ fn ran(config: &Config, id: &str) -> Result<Option<Ran>> {
     Ok(Some(Ran { rec, start }))
 }
 
-/// The devices' counters now. Their nodes are looked up below dev_root as one batch: the
-/// root checked once.
+/// The devices' counters now.
 fn read_again(
     config: &Config,
     ledger: &Ledger,
     devices: &[Device],
     gpu: Option<&GpuContext>,
 ) -> Vec<DeviceSnapshot> {
-    crate::fsutil::one_look_at_root(|| {
-        devices
-            .iter()
-            .map(|d| counters::snapshot_of(config, ledger, d, gpu, None))
-            .collect()
-    })
+    devices
+        .iter()
+        .map(|d| counters::snapshot_of(config, ledger, d, gpu, None))
+        .collect()
 }
 
 /// The exit record, what the next start's reject line tells, and the log's stop line.
