@@ -269,18 +269,14 @@ pub fn keep(config: &Config, decision: &Decision) {
     }
     let line = json_line(decision);
     let id = &decision.container_id;
-    // The record's directory and the log's share most of their path: each directory on
-    // the way is stat'ed once for both.
-    crate::fsutil::dirs_checked_once(|| {
-        if let Err(e) = write_record_line(&config.state_dir, id, &line, config.exits_keep) {
-            log::error!("cannot keep container record: {e}");
+    if let Err(e) = write_record_line(&config.state_dir, id, &line, config.exits_keep) {
+        log::error!("cannot keep container record: {e}");
+    }
+    if let Some(log_file) = &config.log_file {
+        if let Err(e) = append_log_line(log_file, &line) {
+            log::error!("cannot append decision log: {e}");
         }
-        if let Some(log_file) = &config.log_file {
-            if let Err(e) = append_log_line(log_file, &line) {
-                log::error!("cannot append decision log: {e}");
-            }
-        }
-    });
+    }
 }
 
 /// The devices the container runs on: a remapped device's spare stands in for it.
