@@ -93,6 +93,7 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
 
 /// `rel` when it is one plain name (`null`, `nvidia0`): no `/` anywhere (not even a
 /// trailing one, which would make the kernel follow a final link), not `.` or `..`.
+// Start-up trick (docs/performance.md). Plain: every name through openat2.
 fn one_name(rel: &Path) -> Option<&std::ffi::OsStr> {
     use std::os::unix::ffi::OsStrExt;
     let b = rel.as_os_str().as_bytes();

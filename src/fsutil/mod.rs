@@ -27,6 +27,7 @@ const UNKNOWN_SIZE_START: u64 = 1024;
 /// [`read_bounded`] into a buffer sized for `expect` bytes up front (0: not known, then
 /// [`UNKNOWN_SIZE_START`]): std's read_to_end starts at 32 bytes and doubles, which for a
 /// config.json of a few KB is a dozen reads.
+// Start-up trick (docs/performance.md). Plain: `read_to_end` from empty.
 fn read_bounded_sized(
     mut r: impl Read,
     limit: u64,

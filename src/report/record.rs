@@ -239,6 +239,7 @@ pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
 /// skipped unparsed (no strings made, no UTF-8 checked): the verdicts were most of the
 /// cost of reading a record back, on every container stop.
 #[derive(Debug, Deserialize)]
+// Start-up trick (docs/performance.md). Plain: read the whole `Decision`.
 pub struct StartRecord {
     pub time: String,
     pub time_unix: u64,
@@ -267,6 +268,7 @@ pub fn keep(config: &Config, decision: &Decision) {
     if let Err(e) = remove_exit(&config.state_dir, &decision.container_id) {
         log::error!("cannot remove the previous run's exit record: {e}");
     }
+    // Start-up trick (docs/performance.md). Plain: serialize for each.
     let line = json_line(decision);
     let id = &decision.container_id;
     if let Err(e) = write_record_line(&config.state_dir, id, &line, config.exits_keep) {
