@@ -14,6 +14,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+// Start-up trick (docs/performance.md). Plain: libgcc_s.so.1 loaded.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let linux_gnu = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
@@ -45,6 +46,7 @@ const STATIC_PROGRAMS: [&str; 2] = ["devgate-runtime", "devgate-hook"];
 /// linker scripts naming the static archives; rustc asks for those libraries by name after
 /// `-Bdynamic`, and the scripts answer first. Where an archive is missing, both stay
 /// dynamic: slower, and just as correct.
+// Start-up trick (docs/performance.md). Plain: dynamic links.
 fn static_programs(out: &std::path::Path) {
     let dir = out.join("static-runtime");
     if std::fs::create_dir_all(&dir).is_err() {

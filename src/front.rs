@@ -150,6 +150,7 @@ fn read_state(stage: &str) -> std::result::Result<(Stage, Vec<u8>, State), i32> 
 /// Whether this hook call goes to the dynamically linked devgate: this process is linked
 /// statically (the hook front) and the call may need NVML, as far as the spec's text shows
 /// (`gpu::may_name_nvidia`, docs/hook.md), before devgate's config is read.
+// Start-up trick (docs/performance.md). Plain: hand every hook to devgate.
 fn needs_devgate(input: &Input) -> bool {
     program::linked_statically()
         && match input {
@@ -206,6 +207,7 @@ pub(crate) fn exec_devgate(args: &[String]) -> Error {
     // The mark goes into this process's own environment, which exec passes on, rather than
     // through `Command::env`, which copies the whole environment into a map and back (some
     // 70k instructions, as the runtime wrapper found); the front has no other thread.
+    // Start-up trick (docs/performance.md). Plain: `Command::env`.
     std::env::set_var(HANDED_ON_ENV, "1");
     let e = std::process::Command::new(&devgate)
         .arg0(DEVGATE)

@@ -6,6 +6,7 @@
 // spec names no NVIDIA device. A static glibc program cannot load NVML, so a container
 // that may have one, and every other command, goes to the dynamically linked devgate
 // beside it, with the same arguments (and the state it read, as its stdin).
+// Start-up trick (docs/performance.md). Plain: `fn main`.
 #![no_main]
 
 use std::time::Instant;

@@ -4,6 +4,7 @@
 // and sscanf-parsing all of /proc/self/maps: a tenth of the hook's instructions. So devgate
 // has a C `main` instead. std still works without lang_start on Linux (arguments come from
 // glibc's init_array); what lang_start did that devgate relies on is done by hand below.
+// Start-up trick (docs/performance.md). Plain: `fn main`.
 #![no_main]
 
 use std::time::Instant;

@@ -7,6 +7,7 @@
 // (docs/changelog.md). A static glibc program cannot load NVML, so a create whose spec
 // names devices is handed to `devgate runtime` (the dynamically linked devgate, beside
 // this program), which gates it with the hooks' code and execs the runtime itself.
+// Start-up trick (docs/performance.md). Plain: `fn main`.
 #![no_main]
 
 use std::time::Instant;

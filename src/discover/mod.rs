@@ -281,16 +281,6 @@ pub fn discover(
     dev_root: &Path,
     sysfs_root: &Path,
 ) -> Result<Vec<Device>> {
-    // Every lookup below dev_root here is one batch: the root is checked once.
-    crate::fsutil::one_look_at_root(|| discover_below(spec, rules, dev_root, sysfs_root))
-}
-
-fn discover_below(
-    spec: &Spec,
-    rules: &[ClassRule],
-    dev_root: &Path,
-    sysfs_root: &Path,
-) -> Result<Vec<Device>> {
     let mut cands = Vec::new();
     from_linux_devices(spec, &mut cands)?;
     from_bind_mounts(spec, dev_root, &mut cands);

@@ -3,7 +3,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -69,8 +68,8 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     if let Some(name) = one_name(rel) {
         // One name in root's directory, its final link not followed: an lstat of it
-        // through root's own path is the same lookup in one system call instead of three
-        // (and no kept root to check), and answers for what root's path names now.
+        // through root's own path is the same lookup in one system call instead of three,
+        // and answers for what root's path names now.
         let meta = fs::symlink_metadata(root.join(name))?;
         if flags & libc::O_NOFOLLOW != 0 || !meta.file_type().is_symlink() {
             return Ok(meta);
@@ -80,102 +79,25 @@ fn beneath(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<fs::Metad
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    let (dir, id, fresh) = root_dir(root)?;
+    // Opened for this lookup: it answers for the directory `root` names now.
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(root)?;
     match openat2(&dir, &c, flags | libc::O_PATH | libc::O_CLOEXEC, resolve) {
-        Ok(fd) => {
-            keep_root(root, dir, id);
-            File::from(fd).metadata()
-        }
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => by_component(File::from(dir), rel),
-        // A kept root may be a directory since removed and made again with the same inode
-        // number (which `root_dir`'s check cannot tell): once more from a fresh open.
-        Err(_) if !fresh => beneath(root, path, flags),
-        Err(e) => {
-            keep_root(root, dir, id);
-            Err(e)
-        }
+        Ok(fd) => File::from(fd).metadata(),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => by_component(dir, rel),
+        Err(e) => Err(e),
     }
 }
 
 /// `rel` when it is one plain name (`null`, `nvidia0`): no `/` anywhere (not even a
 /// trailing one, which would make the kernel follow a final link), not `.` or `..`.
+// Start-up trick (docs/performance.md). Plain: every name through openat2.
 fn one_name(rel: &Path) -> Option<&std::ffi::OsStr> {
     use std::os::unix::ffi::OsStrExt;
     let b = rel.as_os_str().as_bytes();
     (!b.is_empty() && !b.contains(&b'/') && b != b"." && b != b"..").then_some(rel.as_os_str())
-}
-
-/// A directory's identity: (st_dev, st_ino).
-type DirId = (u64, u64);
-
-thread_local! {
-    /// The last root [`beneath`] opened, kept for the next lookup below it: a hook looks up
-    /// every device of a container below the same dev_root (those deeper than one name,
-    /// `/dev/nvidia-caps/nvidia-cap1`, through here), and opening and closing the root each
-    /// time was two of every five system calls of a lookup. Kept with the identity of the directory it holds, so that it is
-    /// used only while `root` still names that directory.
-    static ROOT: std::cell::RefCell<Option<(std::path::PathBuf, OwnedFd, DirId)>> =
-        const { std::cell::RefCell::new(None) };
-    /// Inside [`one_look_at_root`]: whether the kept root was checked (or opened) in it.
-    static BATCH: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-}
-
-/// Runs `f`, a batch of lookups below one root made together (a container's devices, one
-/// after the other), with the kept root checked against what its path names once, at the
-/// first lookup, instead of at every one: what any code does that opens a directory and
-/// looks up names relative to it. The check exists because the fd is kept beyond one
-/// batch (for the next call in the same process), where a root renamed away or mounted
-/// over since would answer for a tree its path no longer names; inside one batch every
-/// answer is for the tree the path named at its start, microseconds before, and a stat
-/// before each lookup would narrow no window (the rename can come just after it). Only
-/// root can rename dev_root or mount over it. A failed lookup is still made again from a
-/// fresh open. Nested calls are one batch.
-pub fn one_look_at_root<T>(f: impl FnOnce() -> T) -> T {
-    struct End;
-    impl Drop for End {
-        fn drop(&mut self) {
-            BATCH.with(|b| b.set(None));
-        }
-    }
-    if BATCH.with(|b| b.get().is_some()) {
-        return f();
-    }
-    BATCH.with(|b| b.set(Some(false)));
-    let _end = End;
-    f()
-}
-
-/// The kept fd for `root` (taken out while in use), else a fresh O_PATH open of it; its
-/// identity; and whether it is fresh. The kept fd is used only if a stat of `root` finds
-/// the directory it holds: a root renamed away or mounted over still has its nodes, and a
-/// lookup there would succeed with an answer for a tree `root` no longer names (a failed
-/// lookup's retry would never come). One stat instead of an open and a close.
-fn root_dir(root: &Path) -> io::Result<(OwnedFd, DirId, bool)> {
-    use std::os::unix::fs::MetadataExt;
-    let kept = ROOT.with(|r| match r.borrow_mut().take() {
-        Some((p, fd, id)) if p == root => Some((fd, id)),
-        _ => None,
-    });
-    // Checked already in this batch ([`one_look_at_root`]): the kept fd is the one the
-    // batch's first lookup checked or opened (any other root would have taken the slot).
-    let checked = BATCH.with(|b| b.get() == Some(true));
-    if let Some((fd, id)) = kept {
-        if checked || fs::metadata(root).is_ok_and(|m| (m.dev(), m.ino()) == id) {
-            BATCH.with(|b| b.get().is_some().then(|| b.set(Some(true))));
-            return Ok((fd, id, false));
-        }
-    }
-    let dir = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(root)?;
-    let m = dir.metadata()?;
-    BATCH.with(|b| b.get().is_some().then(|| b.set(Some(true))));
-    Ok((dir.into(), (m.dev(), m.ino()), true))
-}
-
-fn keep_root(root: &Path, fd: OwnedFd, id: DirId) {
-    ROOT.with(|r| *r.borrow_mut() = Some((root.to_path_buf(), fd, id)));
 }
 
 /// [`beneath`] for kernels before 5.6, which have no openat2: one component at a time,
@@ -215,8 +137,8 @@ mod tests {
     use super::*;
 
     /// A temp dir `d` with a root `d/dev` holding the file `s/a` (two names deep, so that
-    /// the lookup goes through the kept root fd), looked up once: the root is kept.
-    fn root_with_a_kept(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    /// the lookup opens the root), looked up once.
+    fn root_with_a_file(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
         let d = crate::fsutil::tests::tempdir(tag);
         let root = d.join("dev");
         fs::create_dir_all(root.join("s")).unwrap();
@@ -225,34 +147,24 @@ mod tests {
         (d, root)
     }
 
-    /// The root's fd is kept between lookups, and a kept fd never gives a stale answer:
-    /// after the root is removed and made again with other nodes, a lookup sees the new
-    /// one; one that stays fails as it would have.
+    /// A root removed and made again with other nodes: a lookup sees the new one; one
+    /// that was there before fails.
     #[test]
-    fn a_kept_root_is_reused_and_a_replaced_root_is_opened_again() {
-        let (d, root) = root_with_a_kept("beneath-kept");
-        let kept = ROOT.with(|r| r.borrow().as_ref().map(|(p, _, _)| p.clone()));
-        assert_eq!(kept.as_deref(), Some(root.as_path()));
-        // replaced: the old directory (and the kept fd's) is gone
+    fn a_replaced_root_answers_for_the_new_tree() {
+        let (d, root) = root_with_a_file("beneath-kept");
         fs::remove_dir_all(&root).unwrap();
         fs::create_dir_all(&root).unwrap();
         fs::create_dir_all(root.join("s/b")).unwrap();
         assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_dir());
         assert!(stat_beneath(&root, &root.join("s/a")).is_err());
-        // another root takes the slot, and the first is opened again when asked
-        let other = d.join("other");
-        fs::create_dir_all(&other).unwrap();
-        assert!(stat_beneath(&other, &other.join("s/b")).is_err());
-        assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_dir());
         fs::remove_dir_all(&d).unwrap();
     }
 
-    /// A root renamed away and made again in its place: the kept fd still holds the old
-    /// directory, nodes and all, so a lookup that succeeds there would answer for a tree
-    /// `root` no longer names, with no failure to trigger the retry.
+    /// A root renamed away and made again in its place: a lookup answers for the tree
+    /// `root` names now, not the renamed-away one.
     #[test]
     fn a_root_renamed_away_never_answers_for_the_new_one() {
-        let (d, root) = root_with_a_kept("beneath-renamed");
+        let (d, root) = root_with_a_file("beneath-renamed");
         fs::rename(&root, d.join("old")).unwrap();
         fs::create_dir_all(root.join("s/a")).unwrap();
         let now = stat_beneath(&root, &root.join("s/a")).unwrap();
@@ -260,35 +172,8 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Inside one batch of lookups the root is checked at the first only; the fd kept from
-    /// before the batch is checked all the same, and after the batch every lookup checks
-    /// again: a root renamed away between two calls never answers for the new one.
-    #[test]
-    fn a_batch_checks_the_root_once_and_a_kept_root_at_its_start() {
-        let (d, root) = root_with_a_kept("beneath-batch");
-        // renamed away between calls: the batch's first lookup sees the new root
-        fs::rename(&root, d.join("old")).unwrap();
-        fs::create_dir_all(root.join("s/a")).unwrap();
-        one_look_at_root(|| {
-            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
-            assert_eq!(BATCH.with(|b| b.get()), Some(true));
-            // within the batch the next lookup goes by the checked fd
-            fs::rename(&root, d.join("older")).unwrap();
-            fs::create_dir_all(&root).unwrap();
-            fs::create_dir_all(root.join("s")).unwrap();
-            fs::write(root.join("s/a"), b"").unwrap();
-            assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_dir());
-            // a lookup that fails there is made again from a fresh open
-            fs::write(root.join("s/b"), b"").unwrap();
-            assert!(stat_beneath(&root, &root.join("s/b")).unwrap().is_file());
-        });
-        assert_eq!(BATCH.with(|b| b.get()), None);
-        assert!(stat_beneath(&root, &root.join("s/a")).unwrap().is_file());
-        fs::remove_dir_all(&d).unwrap();
-    }
-
-    /// A root mounted over: the kept fd is the directory underneath, which keeps its nodes.
-    /// A lookup answers for what `root` names now, the mount's tree.
+    /// A root mounted over: a lookup answers for what `root` names now, the mount's tree,
+    /// not the directory underneath, which keeps its nodes.
     #[test]
     fn a_root_mounted_over_never_answers_from_below_the_mount() {
         struct Unmount(std::path::PathBuf);
@@ -297,7 +182,7 @@ mod tests {
                 let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
             }
         }
-        let (d, root) = root_with_a_kept("beneath-mounted");
+        let (d, root) = root_with_a_file("beneath-mounted");
         // devgate and CI run as root; mounting a tmpfs needs nothing else.
         nix::mount::mount(
             Some("tmpfs"),
@@ -330,12 +215,7 @@ mod tests {
         std::os::unix::fs::symlink("s/a", root.join("in")).unwrap();
         std::os::unix::fs::symlink(d.join("outside"), root.join("abs")).unwrap();
         std::os::unix::fs::symlink("../outside", root.join("up")).unwrap();
-        ROOT.with(|r| *r.borrow_mut() = None);
         assert!(stat_beneath(&root, &root.join("s")).unwrap().is_dir());
-        assert!(
-            ROOT.with(|r| r.borrow().is_none()),
-            "root opened for one name"
-        );
         assert!(stat_beneath(&root, &root.join("in")).unwrap().is_file());
         for link in ["abs", "up"] {
             assert!(stat_beneath(&root, &root.join(link)).is_err(), "{link}");

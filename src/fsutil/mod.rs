@@ -8,13 +8,10 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 mod beneath;
-mod dir_memo;
 pub mod program;
 #[cfg(test)]
 pub(crate) mod test_dirs;
-pub use beneath::{lstat_beneath, one_look_at_root, openat2, stat_beneath};
-pub use dir_memo::dirs_checked_once;
-use dir_memo::{checked_before, remember_checked};
+pub use beneath::{lstat_beneath, openat2, stat_beneath};
 
 /// Reads at most `limit` bytes; one byte more is an error rather than a silent truncation.
 pub fn read_bounded(r: impl Read, limit: u64, what: &str, path: &Path) -> Result<Vec<u8>> {
@@ -30,6 +27,7 @@ const UNKNOWN_SIZE_START: u64 = 1024;
 /// [`read_bounded`] into a buffer sized for `expect` bytes up front (0: not known, then
 /// [`UNKNOWN_SIZE_START`]): std's read_to_end starts at 32 bytes and doubles, which for a
 /// config.json of a few KB is a dozen reads.
+// Start-up trick (docs/performance.md). Plain: `read_to_end` from empty.
 fn read_bounded_sized(
     mut r: impl Read,
     limit: u64,
@@ -186,11 +184,6 @@ fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
     let mut parent: (PathBuf, u32) = ("/".into(), 0o755);
     for (i, p) in chain.iter().enumerate() {
         let last = i + 1 == chain.len();
-        if let Some((uid, mode)) = checked_before(p) {
-            judge_dir(p, uid, euid, mode, !last)?;
-            parent = (p.to_path_buf(), mode);
-            continue;
-        }
         let meta = match fs::symlink_metadata(p) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -233,7 +226,6 @@ fn check_chain(dir: &Path, depth: u32) -> Result<DirState> {
             return Err(Error::unsafe_path(p, "is not a directory"));
         }
         judge_dir(p, meta.uid(), euid, meta.mode(), !last)?;
-        remember_checked(p, meta.uid(), meta.mode());
         parent = (p.to_path_buf(), meta.mode());
     }
     Ok(DirState::Present)

@@ -168,6 +168,7 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
             }
         }
     }
+    // Start-up trick (docs/performance.md). Plain: read the toolkit's config for every spec.
     // Without the variable or CUDA_VERSION nothing below selects a GPU, whatever `env`.
     // A container the toolkit takes for privileged gets the variable's GPUs whatever its
     // config says (`env` follows the unprivileged case's key), so they are checked too.

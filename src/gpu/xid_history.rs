@@ -77,6 +77,7 @@ pub struct FileMark {
 ///
 /// Long because it is the one place that decides whether the cache holds; each check sits
 /// beside the read it guards, in the order they happen.
+// Start-up trick (docs/performance.md). Plain: scan the whole log each call.
 pub fn read_with_history(
     path: &Path,
     limits: ReadLimits,

@@ -160,6 +160,7 @@ fn judge(
         &ledger,
         &devices,
         gpu.as_ref(),
+        // Start-up trick (docs/performance.md). Plain: stat again.
         HostNodes::JustFound,
     );
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
@@ -287,6 +288,7 @@ fn with_prior_fault(config: &Config, spec: &Spec, state: &State, reject: String)
 
 /// The devices in use, each with what the probes found of it: none for a spare the remap
 /// put in (probed by the remap; the stages after the probes read it again).
+// Start-up trick (docs/performance.md). Plain: the snapshot reads again.
 fn with_findings<'a>(
     decisions: &[DeviceDecision],
     in_use: &'a [Device],

@@ -100,48 +100,41 @@ fn ran(config: &Config, id: &str) -> Result<Option<Ran>> {
     Ok(Some(Ran { rec, start }))
 }
 
-/// The devices' counters now. Their nodes are looked up below dev_root as one batch: the
-/// root checked once.
+/// The devices' counters now.
 fn read_again(
     config: &Config,
     ledger: &Ledger,
     devices: &[Device],
     gpu: Option<&GpuContext>,
 ) -> Vec<DeviceSnapshot> {
-    crate::fsutil::one_look_at_root(|| {
-        devices
-            .iter()
-            .map(|d| counters::snapshot_of(config, ledger, d, gpu, None))
-            .collect()
-    })
+    devices
+        .iter()
+        .map(|d| counters::snapshot_of(config, ledger, d, gpu, None))
+        .collect()
 }
 
 /// The exit record, what the next start's reject line tells, and the log's stop line.
-/// The exit record's directory and the log's share most of their path: each directory on
-/// the way is stat'ed once for both.
 fn keep_exit(config: &Config, exit: &ExitRecord, started: Instant) {
-    crate::fsutil::dirs_checked_once(|| {
-        if let Err(e) = record::write_exit(&config.state_dir, exit, config.exits_keep) {
-            log::error!("cannot keep exit record: {e}");
+    if let Err(e) = record::write_exit(&config.state_dir, exit, config.exits_keep) {
+        log::error!("cannot keep exit record: {e}");
+    }
+    // What the reject line of this container's next start tells (a restart).
+    prior::keep(&config.state_dir, exit, config.exits_keep);
+    if let Some(log_file) = &config.log_file {
+        let line = StopLine {
+            time: &exit.stopped,
+            time_unix: exit.stopped_unix,
+            stage: "poststop",
+            container_id: &exit.container_id,
+            pod: &exit.pod,
+            faults: &exit.faults,
+            elapsed_us: started.elapsed().as_micros() as u64,
+            version: crate::VERSION,
+        };
+        if let Err(e) = record::append_log(log_file, &line) {
+            log::error!("cannot append decision log: {e}");
         }
-        // What the reject line of this container's next start tells (a restart).
-        prior::keep(&config.state_dir, exit, config.exits_keep);
-        if let Some(log_file) = &config.log_file {
-            let line = StopLine {
-                time: &exit.stopped,
-                time_unix: exit.stopped_unix,
-                stage: "poststop",
-                container_id: &exit.container_id,
-                pod: &exit.pod,
-                faults: &exit.faults,
-                elapsed_us: started.elapsed().as_micros() as u64,
-                version: crate::VERSION,
-            };
-            if let Err(e) = record::append_log(log_file, &line) {
-                log::error!("cannot append decision log: {e}");
-            }
-        }
-    });
+    }
 }
 
 /// The termination message, and under FallbackToLogsOnError with a file the app left

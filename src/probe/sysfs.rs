@@ -169,6 +169,7 @@ thread_local! {
 
 /// `<sysfs_root>/devices` resolved (None: it cannot be). Only a resolved one is kept, so
 /// a tree that appears later is still found.
+// Start-up trick (docs/performance.md). Plain: realpath per device.
 fn devices_dir(sysfs_root: &Path) -> Option<PathBuf> {
     let kept = DEVICES.with(|d| match &*d.borrow() {
         Some((root, devices)) if root == sysfs_root => Some(devices.clone()),
@@ -188,6 +189,7 @@ fn devices_dir(sysfs_root: &Path) -> Option<PathBuf> {
 /// relative link target (the kernel's are `../../devices/...`) is joined to the link's
 /// directory by name. Anything else (an absolute target, `..` after a name, a chain of
 /// links) goes to realpath.
+// Start-up trick (docs/performance.md). Plain: `fs::canonicalize`.
 pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
     use std::ffi::OsString;
     use std::os::unix::ffi::{OsStrExt, OsStringExt};

@@ -239,6 +239,7 @@ pub fn read_record(state_dir: &Path, id: &str) -> Result<Option<Decision>> {
 /// skipped unparsed (no strings made, no UTF-8 checked): the verdicts were most of the
 /// cost of reading a record back, on every container stop.
 #[derive(Debug, Deserialize)]
+// Start-up trick (docs/performance.md). Plain: read the whole `Decision`.
 pub struct StartRecord {
     pub time: String,
     pub time_unix: u64,
@@ -267,20 +268,17 @@ pub fn keep(config: &Config, decision: &Decision) {
     if let Err(e) = remove_exit(&config.state_dir, &decision.container_id) {
         log::error!("cannot remove the previous run's exit record: {e}");
     }
+    // Start-up trick (docs/performance.md). Plain: serialize for each.
     let line = json_line(decision);
     let id = &decision.container_id;
-    // The record's directory and the log's share most of their path: each directory on
-    // the way is stat'ed once for both.
-    crate::fsutil::dirs_checked_once(|| {
-        if let Err(e) = write_record_line(&config.state_dir, id, &line, config.exits_keep) {
-            log::error!("cannot keep container record: {e}");
+    if let Err(e) = write_record_line(&config.state_dir, id, &line, config.exits_keep) {
+        log::error!("cannot keep container record: {e}");
+    }
+    if let Some(log_file) = &config.log_file {
+        if let Err(e) = append_log_line(log_file, &line) {
+            log::error!("cannot append decision log: {e}");
         }
-        if let Some(log_file) = &config.log_file {
-            if let Err(e) = append_log_line(log_file, &line) {
-                log::error!("cannot append decision log: {e}");
-            }
-        }
-    });
+    }
 }
 
 /// The devices the container runs on: a remapped device's spare stands in for it.

@@ -57,6 +57,7 @@ impl Ledger {
     }
 
     /// Whether `num` may have a file: false only when the listing says it has none.
+    // Start-up trick (docs/performance.md). Plain: open each file.
     fn may_have(&self, num: DevNum) -> bool {
         let mut listed = self.listed.borrow_mut();
         let names = listed.get_or_insert_with(|| match fs::read_dir(&self.dir) {

@@ -101,6 +101,7 @@ pub(crate) fn remove(state_dir: &Path, kind: Kind, id: &str) -> Result<bool> {
 /// `keep + slack(keep)` entries, counted from the directory's own size on tmpfs (where
 /// state_dir lives) or from its names elsewhere, then stats, sorts and cuts back to `keep`.
 /// So a full pass runs once per `slack` new records, and at most `keep + slack` are kept.
+// Start-up trick (docs/performance.md). Plain: list and stat every record each call.
 pub(crate) fn prune(state_dir: &Path, kind: Kind, keep: usize, spare: impl Fn(&Path) -> bool) {
     let dir = kind.dir(state_dir);
     let limit = keep.saturating_add(slack(keep));

@@ -328,6 +328,7 @@ fn exec(global: &Global, real: &Path, args: &[String]) -> i32 {
     // back on every call, some 70k instructions, a fifth of the wrapper's own cost. The
     // wrapper has no other thread that could read the environment meanwhile.
     if runtime::may_lead_back(real) {
+        // Start-up trick (docs/performance.md). Plain: `Command::env`.
         std::env::set_var(runtime::WRAPPED_ENV, "1");
     }
     let e = std::process::Command::new(real).args(args).exec();

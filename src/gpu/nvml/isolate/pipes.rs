@@ -189,6 +189,7 @@ impl Collected {
 /// is small because it is zeroed on every wake-up: an answer is under a kilobyte per GPU,
 /// and a 16 KB chunk cost more than the rest of the collection.
 fn drain(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
+    // Start-up trick (docs/performance.md). Plain: `read_to_end` per pipe.
     let mut chunk = [0u8; 2048];
     loop {
         match nix::unistd::read(fd.as_raw_fd(), &mut chunk) {
