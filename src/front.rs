@@ -150,8 +150,8 @@ fn read_state(stage: &str) -> std::result::Result<(Stage, Vec<u8>, State), i32> 
 /// Whether this hook call goes to the dynamically linked devgate: this process is linked
 /// statically (the hook front) and the call may need NVML, as far as the spec's text shows
 /// (`gpu::may_name_nvidia`, docs/hook.md), before devgate's config is read.
-// Start-up trick (docs/performance.md). Plain: hand every hook to devgate.
 fn needs_devgate(input: &Input) -> bool {
+    // Start-up trick (docs/performance.md). Plain: hand every hook to devgate.
     program::linked_statically()
         && match input {
             Input::Nothing => false,

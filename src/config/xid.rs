@@ -128,8 +128,8 @@ fn parse_catalog(text: &'static str) -> Result<Vec<CatalogEntry>, String> {
 /// The catalog's row for `xid`. A start asks about one or two XIDs, so only the row whose
 /// first field is that number is parsed: building the whole table (with its long
 /// descriptions) cost more than the rest of the XID probe.
-// Start-up trick (docs/performance.md). Plain: parse the whole catalog.
 pub fn catalog_entry(xid: u32) -> Option<CatalogEntry> {
+    // Start-up trick (docs/performance.md). Plain: parse the whole catalog.
     let key = xid.to_string();
     CATALOG_TSV.lines().enumerate().find_map(|(i, line)| {
         let rest = line.strip_prefix(key.as_str())?;

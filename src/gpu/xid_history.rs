@@ -77,13 +77,13 @@ pub struct FileMark {
 ///
 /// Long because it is the one place that decides whether the cache holds; each check sits
 /// beside the read it guards, in the order they happen.
-// Start-up trick (docs/performance.md). Plain: scan the whole log each call.
 pub fn read_with_history(
     path: &Path,
     limits: ReadLimits,
     state_dir: &Path,
     proc_root: &Path,
 ) -> Result<KmsgScan, String> {
+    // Start-up trick (docs/performance.md). Plain: scan the whole log each call.
     let started = Instant::now();
     let mut f = open_log(path)?;
     let meta = f
