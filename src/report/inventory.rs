@@ -9,7 +9,7 @@ use crate::gpu::checks::{self, Check};
 use crate::gpu::{nvml, GpuContext};
 use crate::model::class::{self, Class, ClassRule};
 use crate::model::device::{DevNum, Device};
-use crate::model::verdict::{ProbeResult, Verdict};
+use crate::model::verdict::{Code, ProbeResult, Verdict};
 use crate::probe::{probe_all, HostNodes};
 use crate::report::record;
 use crate::store::lease::{Lease, Leases, Slot};
@@ -62,11 +62,14 @@ fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Op
         (_, Some(g)) => checks::checks(g, gpu.limits),
         (Err(why), None) => vec![Check {
             check: "nvml",
-            verdict: Verdict::Unknown(why.clone()),
+            verdict: Verdict::unknown(Code::NvmlUnanswered, why.clone()),
         }],
         (Ok(_), None) => vec![Check {
             check: "nvml",
-            verdict: Verdict::Unhealthy(format!("no GPU with minor number {minor}")),
+            verdict: Verdict::unhealthy(
+                Code::GpuMissing,
+                format!("no GPU with minor number {minor}"),
+            ),
         }],
     };
     if let Some(x) = verdicts.iter().find(|v| v.probe == "xid") {
@@ -240,7 +243,7 @@ fn probed(config: &Config, ledger: &Ledger, found: Found, slots: &[(DevNum, Slot
             let reasons = verdicts
                 .iter()
                 .filter(|r| !matches!(r.verdict, Verdict::Healthy | Verdict::NotApplicable(_)))
-                .filter_map(|r| r.verdict.reason().map(|why| labelled(&r.probe, why)))
+                .filter_map(|r| r.verdict.detail().map(|why| labelled(&r.probe, why)))
                 .collect();
             Row {
                 lease: lease_of(slots, device.num),
