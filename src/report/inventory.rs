@@ -426,6 +426,40 @@ mod tests {
         );
     }
 
+    /// Each finding is one `devgate_device_reason` series with its probe, status and code;
+    /// healthy and not-applicable verdicts have none.
+    #[test]
+    fn metrics_carry_each_findings_code() {
+        let res = |probe: &str, verdict| ProbeResult {
+            probe: probe.into(),
+            verdict,
+        };
+        let mut r = row(Health::Unhealthy, "x");
+        r.verdicts = vec![
+            res("node", Verdict::Healthy),
+            res("sysfs", Verdict::not_applicable(Code::NoSysfsEntry, "n")),
+            res("nvml", Verdict::unhealthy(Code::GpuLost, "lost")),
+            res("pcie", Verdict::warn(Code::AerCorrectable, "w")),
+        ];
+        let text = crate::report::metrics::metrics_text(&[r], &[]);
+        assert!(
+            text.contains("# TYPE devgate_device_reason gauge\n"),
+            "{text}"
+        );
+        let dev = "device=\"/dev/nvidia1\",class=\"nvidia-gpu\",major_minor=\"195:1\"";
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("devgate_device_reason{"))
+            .collect();
+        assert_eq!(
+            series,
+            [
+                format!("devgate_device_reason{{{dev},probe=\"nvml\",status=\"unhealthy\",code=\"gpu_lost\"}} 1"),
+                format!("devgate_device_reason{{{dev},probe=\"pcie\",status=\"warn\",code=\"aer_correctable\"}} 1"),
+            ]
+        );
+    }
+
     #[test]
     fn metrics_are_prometheus_text() {
         let mut r = row(Health::Unhealthy, "x");
