@@ -4,7 +4,7 @@
 use crate::config::policy::{Action, OnUnknown, Policy};
 use crate::model::device::{Device, Source};
 use crate::model::text::one_line;
-use crate::model::verdict::{ProbeResult, Verdict};
+use crate::model::verdict::{ProbeResult, Reason, Verdict};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,10 +38,10 @@ pub struct DeviceDecision {
 /// Long because it is one if-chain in order of precedence (selected only by `all`,
 /// unhealthy, unknown, healthy); split, the precedence would be spread out.
 pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> DeviceDecision {
-    let collect = |pick: fn(&Verdict) -> Option<&String>| -> Vec<String> {
+    let collect = |pick: fn(&Verdict) -> Option<&Reason>| -> Vec<String> {
         verdicts
             .iter()
-            .filter_map(|r| pick(&r.verdict).cloned())
+            .filter_map(|r| pick(&r.verdict).map(|r| r.detail.clone()))
             .collect()
     };
     let bad = collect(|v| match v {
@@ -208,6 +208,7 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<S
 mod tests {
     use super::*;
     use crate::model::device::{DevNum, DevType};
+    use crate::model::verdict::Code;
 
     fn gpu(minor: u32) -> Device {
         Device {
@@ -239,7 +240,7 @@ mod tests {
             gpu(0),
             vec![
                 res("node", Verdict::Healthy),
-                res("sysfs", Verdict::Warn("link slow".into())),
+                res("sysfs", Verdict::warn(Code::PcieLinkDegraded, "link slow")),
             ],
             &Policy::default(),
         );
@@ -253,7 +254,7 @@ mod tests {
         let bad = || {
             vec![res(
                 "quarantine",
-                Verdict::Unhealthy("quarantined by operator: \"x\"".into()),
+                Verdict::unhealthy(Code::Quarantined, "quarantined by operator: \"x\""),
             )]
         };
         assert_eq!(decide(gpu(1), bad(), &p).disposition, Disposition::Reject);
@@ -293,12 +294,12 @@ mod tests {
         };
         let bad = vec![res(
             "nvml",
-            Verdict::Unhealthy("row remapping failed".into()),
+            Verdict::unhealthy(Code::RowRemapFailed, "row remapping failed"),
         )];
         let d = decide(all(), bad.clone(), &p);
         assert_eq!(d.disposition, Disposition::Allowed);
         assert_eq!(d.reasons, vec!["row remapping failed".to_string()]);
-        let unk = vec![res("nvml", Verdict::Unknown("hang".into()))];
+        let unk = vec![res("nvml", Verdict::unknown(Code::NvmlUnanswered, "hang"))];
         assert_eq!(decide(all(), unk, &p).disposition, Disposition::Allowed);
         // the same GPU named on its own is gated
         assert_eq!(decide(gpu(1), bad, &p).disposition, Disposition::Reject);
@@ -307,7 +308,12 @@ mod tests {
     #[test]
     fn unknown_follows_on_unknown_and_unhealthy_wins_over_unknown() {
         let mut p = Policy::default();
-        let unk = || vec![res("nvml", Verdict::Unknown("library not found".into()))];
+        let unk = || {
+            vec![res(
+                "nvml",
+                Verdict::unknown(Code::NvmlUnanswered, "library not found"),
+            )]
+        };
         assert_eq!(decide(gpu(0), unk(), &p).disposition, Disposition::Allowed);
         p.on_unknown = OnUnknown::Reject;
         let d = decide(gpu(0), unk(), &p);
@@ -317,7 +323,7 @@ mod tests {
             "/dev/nvidia0 (195:0): nvml unknown: library not found; policy on_unknown reject"
         );
         let mut v = unk();
-        v.push(res("node", Verdict::Unhealthy("gone".into())));
+        v.push(res("node", Verdict::unhealthy(Code::NodeMissing, "gone")));
         assert_eq!(decide(gpu(0), v, &p).rule, "policy reject");
     }
 
@@ -327,7 +333,10 @@ mod tests {
             gpu(1),
             vec![res(
                 "quarantine",
-                Verdict::Unhealthy("quarantined by operator: \"xid 79 seen\"".into()),
+                Verdict::unhealthy(
+                    Code::Quarantined,
+                    "quarantined by operator: \"xid 79 seen\"",
+                ),
             )],
             &Policy::default(),
         );
@@ -338,8 +347,8 @@ mod tests {
         let d2 = decide(
             gpu(2),
             vec![
-                res("node", Verdict::Unhealthy("a\nb".into())),
-                res("sysfs", Verdict::Unhealthy("c".into())),
+                res("node", Verdict::unhealthy(Code::NodeMissing, "a\nb")),
+                res("sysfs", Verdict::unhealthy(Code::DriverUnbound, "c")),
             ],
             &Policy::default(),
         );

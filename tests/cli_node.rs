@@ -1,4 +1,5 @@
-//! The operator's node view: status, check (node-problem-detector contract), metrics.
+//! The operator's node view: status, check (node-problem-detector contract), metrics,
+//! explain; and the reason codes they carry beside the words.
 
 mod common;
 use common::*;
@@ -60,6 +61,13 @@ fn check_follows_health_and_status_lists_gpus() {
         serde_json::json!(["accelerator", "quarantined"])
     );
     assert_eq!(rows[1]["quarantine"]["reason"], "xid 79");
+    let quarantine = rows[1]["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["probe"] == "quarantine")
+        .unwrap();
+    assert_eq!(quarantine["code"], "quarantined", "{quarantine}");
 
     let textfile = env.dir.join("textfile/devgate.prom");
     fs::create_dir_all(textfile.parent().unwrap()).unwrap();
@@ -74,6 +82,12 @@ fn check_follows_health_and_status_lists_gpus() {
         "{prom}"
     );
     assert!(prom.contains("devgate_exit_records 0\n"), "{prom}");
+    assert!(
+        prom.contains(
+            "major_minor=\"195:1\",probe=\"quarantine\",status=\"unhealthy\",code=\"quarantined\"} 1\n"
+        ),
+        "{prom}"
+    );
 
     env.ok(&["uncordon", "195:1"]);
     let out = env.devgate(&["check"]);
@@ -187,5 +201,46 @@ fn a_missing_spare_is_said_to_be_missing() {
     assert!(
         err.contains("devgate: warn: spare /etc/hostname (class char) is not a device node\n"),
         "{err}"
+    );
+}
+
+/// A rejected start: the reject line's words are the contract kubelet users read, and
+/// `explain --json` carries each verdict's code beside them for tools.
+#[test]
+fn a_reject_keeps_its_line_and_explain_json_carries_the_code() {
+    let env = Env::new("reject-code");
+    let mut b = Bundle::new("reject-code", &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.write();
+    env.ok(&["cordon", "1:5", "--reason", "xid 79 seen"]);
+    let out = env.hook_stdin("prestart", b.state_json("reject-code").as_bytes());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "devgate: rejected /dev/zero (1:5): quarantined by operator: \"xid 79 seen\"; policy reject\n"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["explain", "reject-code", "--json"])).unwrap();
+    let verdicts = &v["start"]["devices"][0]["verdicts"];
+    let quarantine = verdicts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["probe"] == "quarantine")
+        .unwrap();
+    assert_eq!(
+        quarantine,
+        &serde_json::json!({"probe": "quarantine", "status": "unhealthy",
+            "code": "quarantined", "reason": "quarantined by operator: \"xid 79 seen\""})
+    );
+    let node = verdicts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["probe"] == "node");
+    assert_eq!(
+        node.unwrap(),
+        &serde_json::json!({"probe": "node", "status": "healthy"}),
+        "a healthy verdict has no code"
     );
 }

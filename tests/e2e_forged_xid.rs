@@ -203,7 +203,9 @@ fn rejected_for_xid79(env: &Env, b: &Bundle, out: &Output) {
         "{all}"
     );
     assert!(!b.marker().exists(), "the container ran although rejected");
-    assert_eq!(env.decisions().pop().unwrap()["action"], "reject");
+    let d = env.decisions().pop().unwrap();
+    assert_eq!(d["action"], "reject");
+    assert_eq!(xid_verdict(&d)["code"], "xid_critical", "{d}");
 }
 
 /// A kernel-log file of `records` (`(pri, message)`), numbered from 1.

@@ -73,6 +73,8 @@ fn fault_during_run_reaches_termination_message_exit_record_and_explain() {
             .unwrap();
     assert_eq!(exit["container_id"], id.as_str());
     assert_eq!(exit["faults"][0]["code"], "DeviceFault/Cordoned");
+    // the code the quarantine probe gives the same finding at the next start
+    assert_eq!(exit["faults"][0]["reason_code"], "quarantined");
     assert_eq!(exit["termination_message"]["written"], true);
     let explained = env.ok(&["explain", &id]);
     assert!(explained.contains("1 device fault(s)"), "{explained}");

@@ -83,13 +83,24 @@ fn xid_and_ecc_during_run_reach_termination_message() {
     let exit: serde_json::Value =
         serde_json::from_slice(&fs::read(env.dir.join(format!("state/exits/{id}.json"))).unwrap())
             .unwrap();
-    let codes: Vec<&str> = exit["faults"]
+    let codes: Vec<(&str, &str)> = exit["faults"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| f["code"].as_str().unwrap())
+        .map(|f| {
+            (
+                f["code"].as_str().unwrap(),
+                f["reason_code"].as_str().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(codes, ["DeviceFault/XID79", "DeviceFault/ECCUncorrectable"]);
+    assert_eq!(
+        codes,
+        [
+            ("DeviceFault/XID79", "xid_critical"),
+            ("DeviceFault/ECCUncorrectable", "ecc_volatile_uncorrectable")
+        ]
+    );
     assert_eq!(exit["faults"][0]["gpu_uuid"], uuid1.as_str());
     let explained = env.ok(&["explain", &id]);
     assert!(explained.contains("2 device fault(s)"), "{explained}");

@@ -187,6 +187,21 @@ fn remap_failure_rejects_with_the_figures() {
             uuid(1)
         ),
     );
+    // the decision log says the same by code
+    let last = n.env.log_lines().pop().unwrap();
+    let gpu1 = last["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"]["minor"] == 1)
+        .unwrap();
+    let nvml = gpu1["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["probe"] == "nvml")
+        .unwrap();
+    assert_eq!(nvml["code"], "row_remap_failed", "{nvml}");
     // pending remap: reset required
     let scenario = node_with(
         1,
@@ -758,6 +773,7 @@ fn missing_symbol_is_not_applicable_not_a_crash() {
         .find(|c| c["check"] == "remapped_rows")
         .unwrap();
     assert_eq!(remap["status"], "not_applicable");
+    assert_eq!(remap["code"], "not_reported");
     assert!(
         remap["reason"]
             .as_str()

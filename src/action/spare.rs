@@ -82,7 +82,7 @@ pub fn healthy_spares(
             .verdicts
             .iter()
             .filter_map(|v| match &v.verdict {
-                Verdict::Unhealthy(r) => Some(r.as_str()),
+                Verdict::Unhealthy(r) => Some(r.detail.as_str()),
                 _ => None,
             })
             .collect();

@@ -129,7 +129,7 @@ pub(super) fn status(args: &Args) -> Result<()> {
                     "      {:<15} {:<14} {}",
                     c.check,
                     c.verdict.status(),
-                    one_line(c.verdict.reason().unwrap_or(""))
+                    one_line(c.verdict.detail().unwrap_or(""))
                 );
                 outln!("{}", line.trim_end());
             }
@@ -288,7 +288,7 @@ fn explain_start(rec: &record::Decision) {
                 "    {:<11} {:<14} {}",
                 v.probe,
                 v.verdict.status(),
-                v.verdict.reason().unwrap_or("")
+                v.verdict.detail().unwrap_or("")
             );
             outln!("{}", line.trim_end());
         }

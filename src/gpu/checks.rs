@@ -4,7 +4,7 @@
 use super::nvml::facts::RemappedRows;
 use super::nvml::{GpuFacts, Link, Reading, LOST};
 use super::recovery;
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 use serde::Serialize;
 
 /// Throttle reasons that mean the hardware is protecting itself, not policy (power cap,
@@ -84,24 +84,32 @@ pub fn checks(g: &GpuFacts, limits: Limits) -> Vec<Check> {
 /// Whether NVML reached the GPU; a lost GPU is unhealthy whatever the reason.
 fn reachable(g: &GpuFacts) -> Verdict {
     match &g.unreachable {
-        Some(why) if g.is_lost() => Verdict::Unhealthy(format!("unreachable: {why}")),
-        Some(why) => Verdict::Unknown(why.clone()),
-        None if g.is_lost() => Verdict::Unhealthy(LOST.into()),
+        Some(why) if g.is_lost() => {
+            Verdict::unhealthy(Code::GpuLost, format!("unreachable: {why}"))
+        }
+        Some(why) => Verdict::unknown(Code::NvmlUnanswered, why.clone()),
+        None if g.is_lost() => Verdict::unhealthy(Code::GpuLost, LOST),
         None => Verdict::Healthy,
     }
 }
 
 fn remapped_rows(r: &RemappedRows) -> Verdict {
     if r.failure {
-        Verdict::Unhealthy(format!(
-            "row remapping failed ({} uncorrectable rows, {} correctable)",
-            r.uncorrectable, r.correctable
-        ))
+        Verdict::unhealthy(
+            Code::RowRemapFailed,
+            format!(
+                "row remapping failed ({} uncorrectable rows, {} correctable)",
+                r.uncorrectable, r.correctable
+            ),
+        )
     } else if r.pending {
-        Verdict::Unhealthy(format!(
-            "row remapping pending, reset required ({} uncorrectable rows, {} correctable)",
-            r.uncorrectable, r.correctable
-        ))
+        Verdict::unhealthy(
+            Code::RowRemapPending,
+            format!(
+                "row remapping pending, reset required ({} uncorrectable rows, {} correctable)",
+                r.uncorrectable, r.correctable
+            ),
+        )
     } else {
         Verdict::Healthy
     }
@@ -109,7 +117,10 @@ fn remapped_rows(r: &RemappedRows) -> Verdict {
 
 fn retired_pages(pending: bool) -> Verdict {
     if pending {
-        Verdict::Unhealthy("retired pages pending, reboot required".into())
+        Verdict::unhealthy(
+            Code::RetiredPagesPending,
+            "retired pages pending, reboot required",
+        )
     } else {
         Verdict::Healthy
     }
@@ -118,7 +129,10 @@ fn retired_pages(pending: bool) -> Verdict {
 fn volatile_ecc(n: u64, limits: Limits) -> Verdict {
     let max = limits.max_volatile_uncorrectable_ecc;
     if n > max {
-        Verdict::Unhealthy(format!("volatile uncorrectable ECC errors {n} > {max}"))
+        Verdict::unhealthy(
+            Code::EccVolatileUncorrectable,
+            format!("volatile uncorrectable ECC errors {n} > {max}"),
+        )
     } else {
         Verdict::Healthy
     }
@@ -134,16 +148,22 @@ fn throttle(bits: u64) -> Verdict {
     if active.is_empty() {
         Verdict::Healthy
     } else {
-        Verdict::Warn(format!(
-            "clocks throttled by {} (reasons 0x{bits:x})",
-            active.join(", ")
-        ))
+        Verdict::warn(
+            Code::Throttled,
+            format!(
+                "clocks throttled by {} (reasons 0x{bits:x})",
+                active.join(", ")
+            ),
+        )
     }
 }
 
 fn below(l: &Link, what: &str, unit: &str) -> Verdict {
     if l.current < l.max {
-        Verdict::Warn(format!("{what}{} below max {unit}{}", l.current, l.max))
+        Verdict::warn(
+            Code::PcieLinkDegraded,
+            format!("{what}{} below max {unit}{}", l.current, l.max),
+        )
     } else {
         Verdict::Healthy
     }
@@ -152,9 +172,13 @@ fn below(l: &Link, what: &str, unit: &str) -> Verdict {
 fn judge<T>(r: &Reading<T>, what: &str, f: impl FnOnce(&T) -> Verdict) -> Verdict {
     match r {
         Reading::Value(v) => f(v),
-        Reading::NotSupported(why) => Verdict::NotApplicable(format!("{what}: {why}")),
-        Reading::Lost => Verdict::Unhealthy(LOST.into()),
-        Reading::Failed(why) => Verdict::Unknown(format!("cannot read {what}: {why}")),
+        Reading::NotSupported(why) => {
+            Verdict::not_applicable(Code::NotReported, format!("{what}: {why}"))
+        }
+        Reading::Lost => Verdict::unhealthy(Code::GpuLost, LOST),
+        Reading::Failed(why) => {
+            Verdict::unknown(Code::NvmlReadFailed, format!("cannot read {what}: {why}"))
+        }
     }
 }
 
@@ -163,18 +187,16 @@ fn judge<T>(r: &Reading<T>, what: &str, f: impl FnOnce(&T) -> Verdict) -> Verdic
 pub fn verdict_for(g: &GpuFacts, checks: &[Check]) -> Verdict {
     let label = g.label();
     if g.is_lost() {
-        return Verdict::Unhealthy(format!("nvml: GPU {label}: {LOST}"));
+        return Verdict::unhealthy(Code::GpuLost, format!("nvml: GPU {label}: {LOST}"));
     }
-    let prefix = |r: String| format!("nvml: GPU {label}: {r}");
+    let prefix = format!("nvml: GPU {label}: ");
     // No answer: one reason, not one per check.
     if let Some(why) = &g.unreachable {
-        return Verdict::Unknown(prefix(why.clone()));
+        return Verdict::unknown(Code::NvmlUnanswered, format!("{prefix}{why}"));
     }
     match Verdict::worst(checks.iter().map(|c| c.verdict.clone()).collect()) {
-        Verdict::Unhealthy(r) => Verdict::Unhealthy(prefix(r)),
-        Verdict::Unknown(r) => Verdict::Unknown(prefix(r)),
-        Verdict::Warn(r) => Verdict::Warn(prefix(r)),
         Verdict::NotApplicable(_) | Verdict::Healthy => Verdict::Healthy,
+        v => v.prefixed(&prefix),
     }
 }
 
@@ -220,8 +242,9 @@ mod tests {
         });
         assert_eq!(
             verdict(&g),
-            Verdict::Unhealthy(
-                "nvml: GPU GPU-00000001-0000-0000-0000-000000000000 (0000:2b:00.0): row remapping failed (3 uncorrectable rows, 1 correctable)".into()
+            Verdict::unhealthy(
+                Code::RowRemapFailed,
+                "nvml: GPU GPU-00000001-0000-0000-0000-000000000000 (0000:2b:00.0): row remapping failed (3 uncorrectable rows, 1 correctable)"
             )
         );
         g.remapped_rows = Reading::Value(RemappedRows {
@@ -231,8 +254,9 @@ mod tests {
             failure: false,
         });
         let v = verdict(&g);
+        assert_eq!(v.code(), Some(Code::RowRemapPending));
         assert!(
-            v.reason().unwrap().ends_with(
+            v.detail().unwrap().ends_with(
                 "row remapping pending, reset required (2 uncorrectable rows, 0 correctable)"
             ),
             "{v:?}"
@@ -246,8 +270,10 @@ mod tests {
         g.volatile_uncorrectable_ecc = Reading::Value(2);
         let v = verdict(&g);
         assert_eq!(v.status(), "unhealthy");
+        // the first of the worst findings names the code; the detail names both
+        assert_eq!(v.code(), Some(Code::RetiredPagesPending));
         assert!(
-            v.reason().unwrap().ends_with(
+            v.detail().unwrap().ends_with(
                 ": retired pages pending, reboot required; volatile uncorrectable ECC errors 2 > 0"
             ),
             "{v:?}"
@@ -268,17 +294,34 @@ mod tests {
         g.pcie_width = Reading::Lost;
         assert_eq!(
             verdict(&g),
-            Verdict::Unhealthy(
-                "nvml: GPU GPU-00000002-0000-0000-0000-000000000000 (0000:3b:00.0): GPU is lost (fallen off the bus)".into()
+            Verdict::unhealthy(
+                Code::GpuLost,
+                "nvml: GPU GPU-00000002-0000-0000-0000-000000000000 (0000:3b:00.0): GPU is lost (fallen off the bus)"
             )
         );
         let pcie = &checks(&g, L)[5];
-        assert_eq!(pcie.verdict, Verdict::Unhealthy(LOST.into()));
+        assert_eq!(pcie.verdict, Verdict::unhealthy(Code::GpuLost, LOST));
+        // a GPU NVML gave no answer for, not lost: unknown, one reason
+        let slow = GpuFacts::unreachable(
+            4,
+            "NVML did not answer for this GPU in 2000 ms".into(),
+            false,
+        );
+        assert_eq!(
+            verdict(&slow),
+            Verdict::unknown(
+                Code::NvmlUnanswered,
+                "nvml: GPU index 4: NVML did not answer for this GPU in 2000 ms"
+            )
+        );
         let u = GpuFacts::unreachable(5, "GPU is lost".into(), true);
         assert!(u.is_lost());
         assert_eq!(
             verdict(&u),
-            Verdict::Unhealthy("nvml: GPU index 5: GPU is lost (fallen off the bus)".into())
+            Verdict::unhealthy(
+                Code::GpuLost,
+                "nvml: GPU index 5: GPU is lost (fallen off the bus)"
+            )
         );
     }
 
@@ -294,8 +337,9 @@ mod tests {
         let v = verdict(&g);
         assert_eq!(
             v,
-            Verdict::Warn(
-                "nvml: GPU GPU-00000000-0000-0000-0000-000000000000 (0000:1b:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x4c); PCIe link width x8 below max x16".into()
+            Verdict::warn(
+                Code::Throttled,
+                "nvml: GPU GPU-00000000-0000-0000-0000-000000000000 (0000:1b:00.0): clocks throttled by hw_slowdown, hw_thermal (reasons 0x4c); PCIe link width x8 below max x16"
             )
         );
         // an idle link (gen 1 of 5, full width) is no finding at all
@@ -314,14 +358,16 @@ mod tests {
         g.remapped_rows = Reading::from_error(NvmlError::FailedToLoadSymbol("x".into()));
         g.retired_pages_pending = Reading::from_error(NvmlError::NotSupported);
         let checks = checks(&g, L);
-        assert_eq!(checks[1].verdict.status(), "not_applicable");
+        assert_eq!(checks[1].verdict.code(), Some(Code::NotReported));
+        assert_eq!(checks[2].verdict.code(), Some(Code::NotReported));
         assert_eq!(checks[2].verdict.status(), "not_applicable");
         assert_eq!(verdict_for(&g, &checks), Verdict::Healthy);
         g.volatile_uncorrectable_ecc = Reading::from_error(NvmlError::Unknown);
         let v = verdict(&g);
         assert_eq!(v.status(), "unknown");
+        assert_eq!(v.code(), Some(Code::NvmlReadFailed));
         assert!(
-            v.reason().unwrap().contains("cannot read volatile ECC"),
+            v.detail().unwrap().contains("cannot read volatile ECC"),
             "{v:?}"
         );
     }

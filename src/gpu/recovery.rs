@@ -26,7 +26,8 @@
 //! recovered by NVIDIA's own definition; its older XID reports then warn instead of block.
 
 use super::nvml::{GpuFacts, Reading};
-use crate::model::verdict::Verdict;
+use crate::model::recovery::RecoveryAction;
+use crate::model::verdict::{Code, Verdict};
 
 pub const NONE: u32 = 0;
 pub const GPU_RESET: u32 = 1;
@@ -37,26 +38,32 @@ pub const DRAIN_AND_RESET: u32 = 4;
 /// The recovery action's verdict for a container with `gpus` NVIDIA GPUs.
 pub fn action_verdict(action: u32, gpus: usize) -> Verdict {
     let what = |name: &str, need: &str| format!("NVML recovery action {name}: {need}");
+    let bad = |detail: String| {
+        Verdict::unhealthy(RecoveryAction::from_code(action).reason_code(), detail)
+    };
     match action {
         NONE => Verdict::Healthy,
-        GPU_RESET => Verdict::Unhealthy(what(
+        GPU_RESET => bad(what(
             "GPU_RESET",
             "the GPU needs a reset (nvidia-smi -r) before new work",
         )),
-        NODE_REBOOT => Verdict::Unhealthy(what("NODE_REBOOT", "the node needs a reboot")),
-        DRAIN_P2P if gpus > 1 => Verdict::Unhealthy(what(
+        NODE_REBOOT => bad(what("NODE_REBOOT", "the node needs a reboot")),
+        DRAIN_P2P if gpus > 1 => bad(what(
             "DRAIN_P2P",
             &format!("peer-to-peer traffic must drain, and this container's {gpus} GPUs could add to it"),
         )),
-        DRAIN_P2P => Verdict::Warn(what(
-            "DRAIN_P2P",
-            "peer-to-peer traffic must drain; a container with one GPU does none",
-        )),
-        DRAIN_AND_RESET => Verdict::Unhealthy(what(
+        DRAIN_P2P => Verdict::warn(
+            Code::RecoveryDrainP2p,
+            what(
+                "DRAIN_P2P",
+                "peer-to-peer traffic must drain; a container with one GPU does none",
+            ),
+        ),
+        DRAIN_AND_RESET => bad(what(
             "DRAIN_AND_RESET",
             "peer-to-peer traffic must drain, then the GPU needs a reset",
         )),
-        other => Verdict::Unhealthy(format!(
+        other => bad(format!(
             "NVML recovery action {other} (newer than devgate knows): the GPU needs work before new use"
         )),
     }
@@ -65,8 +72,9 @@ pub fn action_verdict(action: u32, gpus: usize) -> Verdict {
 /// The drain state's verdict.
 pub fn drain_verdict(draining: bool) -> Verdict {
     if draining {
-        Verdict::Unhealthy(
-            "NVML drain state is on: the GPU is being drained and takes no new work".into(),
+        Verdict::unhealthy(
+            Code::GpuDraining,
+            "NVML drain state is on: the GPU is being drained and takes no new work",
         )
     } else {
         Verdict::Healthy
@@ -90,11 +98,15 @@ pub fn after_recovery(xid: Verdict, g: Option<&GpuFacts>) -> Verdict {
     match xid {
         Verdict::Unhealthy(r) if g.is_some_and(recovered) => {
             let r = r
+                .detail
                 .strip_suffix("; GPU reset or reboot required")
-                .unwrap_or(&r);
-            Verdict::Warn(format!(
-                "{r}; no longer blocking: NVML reports recovery action NONE and the GPU answers"
-            ))
+                .unwrap_or(&r.detail);
+            Verdict::warn(
+                Code::XidRecovered,
+                format!(
+                    "{r}; no longer blocking: NVML reports recovery action NONE and the GPU answers"
+                ),
+            )
         }
         v => v,
     }
@@ -109,34 +121,61 @@ mod tests {
     #[test]
     fn each_action_as_nvidia_defines_it() {
         assert_eq!(action_verdict(NONE, 8), Verdict::Healthy);
-        for a in [GPU_RESET, NODE_REBOOT, DRAIN_AND_RESET, 5, 7, 99] {
-            assert_eq!(action_verdict(a, 1).status(), "unhealthy", "action {a}");
+        for (a, code) in [
+            (GPU_RESET, Code::RecoveryGpuReset),
+            (NODE_REBOOT, Code::RecoveryNodeReboot),
+            (DRAIN_AND_RESET, Code::RecoveryDrainAndReset),
+            (5, Code::RecoveryOther),
+            (7, Code::RecoveryOther),
+            (99, Code::RecoveryOther),
+        ] {
+            let v = action_verdict(a, 1);
+            assert_eq!(
+                (v.status(), v.code()),
+                ("unhealthy", Some(code)),
+                "action {a}"
+            );
         }
         assert!(action_verdict(GPU_RESET, 1)
-            .reason()
+            .detail()
             .unwrap()
             .contains("nvidia-smi -r"));
         // DRAIN_P2P refuses only a container that could do peer-to-peer
-        assert_eq!(action_verdict(DRAIN_P2P, 1).status(), "warn");
+        let v = action_verdict(DRAIN_P2P, 1);
+        assert_eq!(
+            (v.status(), v.code()),
+            ("warn", Some(Code::RecoveryDrainP2p))
+        );
         let v = action_verdict(DRAIN_P2P, 2);
-        assert_eq!(v.status(), "unhealthy");
+        assert_eq!(
+            (v.status(), v.code()),
+            ("unhealthy", Some(Code::RecoveryDrainP2p))
+        );
         assert!(
-            v.reason().unwrap().contains("this container's 2 GPUs"),
+            v.detail().unwrap().contains("this container's 2 GPUs"),
             "{v:?}"
         );
-        assert_eq!(drain_verdict(true).status(), "unhealthy");
+        let v = drain_verdict(true);
+        assert_eq!(
+            (v.status(), v.code()),
+            ("unhealthy", Some(Code::GpuDraining))
+        );
         assert_eq!(drain_verdict(false), Verdict::Healthy);
     }
 
     #[test]
     fn an_xid_stops_blocking_only_when_nvml_says_the_gpu_recovered() {
-        let xid = Verdict::Unhealthy(
-            "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time; GPU reset or reboot required".into(),
+        let xid = Verdict::unhealthy(
+            Code::XidCritical,
+            "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time; GPU reset or reboot required"
         );
         let g = healthy(1);
         assert_eq!(
             after_recovery(xid.clone(), Some(&g)),
-            Verdict::Warn("xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time; no longer blocking: NVML reports recovery action NONE and the GPU answers".into())
+            Verdict::warn(
+                Code::XidRecovered,
+                "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 1 time; no longer blocking: NVML reports recovery action NONE and the GPU answers"
+            )
         );
         // no NVML facts, or facts that do not say "recovered": the report still blocks
         assert_eq!(after_recovery(xid.clone(), None), xid);
@@ -170,7 +209,7 @@ mod tests {
             assert_eq!(after_recovery(xid.clone(), Some(c)), xid, "{c:?}");
         }
         // a warning stays a warning
-        let warn = Verdict::Warn("xid: xid 154".into());
+        let warn = Verdict::warn(Code::RecoveryDrainP2p, "xid: xid 154");
         assert_eq!(after_recovery(warn.clone(), Some(&g)), warn);
     }
 }

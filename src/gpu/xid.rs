@@ -22,7 +22,7 @@ use super::kmsg::XidEvent;
 use super::pci::PciAddr;
 use crate::config::xid::{catalog_entry, describe_xid, XidAction, XidTable};
 use crate::model::recovery::{RecoveryAction, RecoveryEffect};
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 use std::collections::BTreeMap;
 
 /// The XID whose line carries the driver's recovery action.
@@ -120,8 +120,8 @@ pub fn judge_reports<'a>(
             e.text
         );
         findings.push(match to.effect() {
-            RecoveryEffect::Blocks => Verdict::Unhealthy(reason),
-            _ => Verdict::Warn(reason),
+            RecoveryEffect::Blocks => Verdict::unhealthy(to.reason_code(), reason),
+            _ => Verdict::warn(to.reason_code(), reason),
         });
     }
     for (xid, (count, last)) in &seen {
@@ -140,13 +140,15 @@ pub fn judge_reports<'a>(
             _ => "GPU reset or reboot required",
         };
         findings.push(match table.action(*xid) {
-            XidAction::Unhealthy => Verdict::Unhealthy(format!("{reason}; {advice}")),
-            _ => Verdict::Warn(reason),
+            XidAction::Unhealthy => {
+                Verdict::unhealthy(Code::XidCritical, format!("{reason}; {advice}"))
+            }
+            _ if describe_xid(*xid).is_none() => Verdict::warn(Code::XidUnknown, reason),
+            _ => Verdict::warn(Code::XidWarning, reason),
         });
     }
     match Verdict::worst(findings) {
-        Verdict::Unhealthy(r) => Verdict::Unhealthy(format!("xid: {r}")),
-        Verdict::Warn(r) => Verdict::Warn(format!("xid: {r}")),
+        v @ (Verdict::Unhealthy(_) | Verdict::Warn(_)) => v.prefixed("xid: "),
         _ => Verdict::Healthy,
     }
 }
@@ -227,31 +229,38 @@ mod tests {
         let v = judge_reports(evs.iter(), &gpu, &t);
         assert_eq!(
             v,
-            Verdict::Unhealthy(
-                "xid: xid 154 on 0000:01:00: the driver's recovery action is GPU reset required, at 0.001000 s after boot (kmsg seq 1): \"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\"".into()
+            Verdict::unhealthy(
+                Code::RecoveryGpuReset,
+                "xid: xid 154 on 0000:01:00: the driver's recovery action is GPU reset required, at 0.001000 s after boot (kmsg seq 1): \"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\""
             )
         );
         assert!(blocks(&evs[0], &t));
         // node reboot: unhealthy; drain and reset: unhealthy
-        for (n, name) in [(2, "Node Reboot Required"), (4, "Drain and Reset")] {
+        for (n, name, code) in [
+            (2, "Node Reboot Required", Code::RecoveryNodeReboot),
+            (4, "Drain and Reset", Code::RecoveryDrainAndReset),
+        ] {
             let evs = [ev(1, "0000:01:00", 154, &to(n, name))];
-            assert_eq!(judge_reports(evs.iter(), &gpu, &t).status(), "unhealthy");
+            let v = judge_reports(evs.iter(), &gpu, &t);
+            assert_eq!((v.status(), v.code()), ("unhealthy", Some(code)));
         }
         // drain P2P: a warning, not "reject every container"
         let evs = [ev(1, "0000:01:00", 154, &to(3, "Drain P2P"))];
         let v = judge_reports(evs.iter(), &gpu, &t);
         assert_eq!(v.status(), "warn", "{v:?}");
+        assert_eq!(v.code(), Some(Code::RecoveryDrainP2p));
         assert!(!blocks(&evs[0], &t));
         // an action newer than devgate asks for work before new use, as NVML's does
         let evs = [ev(1, "0000:01:00", 154, &to(9, "New"))];
         let v = judge_reports(evs.iter(), &gpu, &t);
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .contains("recovery action 0x9 (unknown to devgate)"),
             "{v:?}"
         );
         assert_eq!(v.status(), "unhealthy");
+        assert_eq!(v.code(), Some(Code::RecoveryOther));
         // another GPU's line says nothing about this one
         let evs = [ev(1, "0000:02:00", 154, &to(1, "GPU Reset Required"))];
         assert_eq!(judge_reports(evs.iter(), &gpu, &t), Verdict::Healthy);
@@ -279,8 +288,8 @@ mod tests {
             ev(4, "0000:01:00", 95, "Uncontained"),
         ];
         let v = judge_reports(later.iter(), &gpu, &t);
-        assert!(v.reason().unwrap().contains("xid 95"), "{v:?}");
-        assert!(!v.reason().unwrap().contains("xid 79"), "{v:?}");
+        assert!(v.detail().unwrap().contains("xid 95"), "{v:?}");
+        assert!(!v.detail().unwrap().contains("xid 79"), "{v:?}");
         // the clearing line for another GPU clears nothing here
         let other = [
             ev(1, "0000:01:00", 79, "GPU has fallen off the bus."),
@@ -294,7 +303,8 @@ mod tests {
         assert_eq!(judge_reports(other.iter(), &gpu, &t).status(), "unhealthy");
         // a 154 line without numbers: the catalog's word for 154, a warning
         let vague = [ev(1, "0000:01:00", 154, "GPU recovery action changed")];
-        assert_eq!(judge_reports(vague.iter(), &gpu, &t).status(), "warn");
+        let v = judge_reports(vague.iter(), &gpu, &t);
+        assert_eq!((v.status(), v.code()), ("warn", Some(Code::XidWarning)));
     }
 
     #[test]
@@ -304,8 +314,9 @@ mod tests {
         let evs = [ev(1, "0000:01:00", 4242, "brand new")];
         let v = judge_reports(evs.iter(), &gpu, &t);
         assert_eq!(v.status(), "warn");
+        assert_eq!(v.code(), Some(Code::XidUnknown));
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .contains("xid 4242 (not in NVIDIA's XID catalog devgate carries)"),
             "{v:?}"
@@ -329,7 +340,11 @@ mod tests {
             log.lines().next().unwrap().as_bytes(),
             ReadLimits::default(),
         );
-        assert_eq!(judge_reports(s.active(), &gpu3b, &t).status(), "unhealthy");
+        let v = judge_reports(s.active(), &gpu3b, &t);
+        assert_eq!(
+            (v.status(), v.code()),
+            ("unhealthy", Some(Code::XidCritical))
+        );
     }
 
     #[test]
@@ -339,8 +354,9 @@ mod tests {
         let v = judge_reports(s.active(), &PciAddr::parse("00000000:3B:00.0").unwrap(), &t);
         assert_eq!(
             v,
-            Verdict::Unhealthy(
-                "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 2 times since the driver loaded, last at 12.345678 s after boot (kmsg seq 300): \"pid=1234, name=python3, GPU has fallen off the bus.\"; node reboot required".into()
+            Verdict::unhealthy(
+                Code::XidCritical,
+                "xid: xid 79 (GPU has fallen off the bus) on 0000:3b:00 reported 2 times since the driver loaded, last at 12.345678 s after boot (kmsg seq 300): \"pid=1234, name=python3, GPU has fallen off the bus.\"; node reboot required"
             )
         );
         // application XID 31 alone: ignored
@@ -352,7 +368,7 @@ mod tests {
         // old-format address, DBE
         let v = judge_reports(s.active(), &PciAddr::parse("0000:86:00.0").unwrap(), &t);
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .contains("xid 48 (Double Bit ECC Error)"),
             "{v:?}"
@@ -363,8 +379,11 @@ mod tests {
         o.insert("31".to_string(), "unhealthy".to_string());
         let t = XidTable::new(&o).unwrap();
         let v = judge_reports(s.active(), &PciAddr::parse("0000:3b:00.0").unwrap(), &t);
-        assert_eq!(v.status(), "warn");
+        assert_eq!((v.status(), v.code()), ("warn", Some(Code::XidWarning)));
         let v = judge_reports(s.active(), &PciAddr::parse("0000:5e:00.0").unwrap(), &t);
-        assert_eq!(v.status(), "unhealthy");
+        assert_eq!(
+            (v.status(), v.code()),
+            ("unhealthy", Some(Code::XidCritical))
+        );
     }
 }

@@ -1,11 +1,12 @@
 //! The shared vocabulary every layer speaks: a device and its number, device classes,
-//! a probe's verdict, text escaping and the clock. Imports nothing else of devgate's
-//! but its error type.
+//! a probe's verdict and its reason code, text escaping and the clock. Imports nothing
+//! else of devgate's but its error type.
 
 pub mod class;
 pub(crate) mod clock;
 pub mod device;
 pub(crate) mod devtype;
+pub(crate) mod reason;
 pub mod recovery;
 pub(crate) mod text;
 pub(crate) mod verdict;

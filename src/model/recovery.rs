@@ -5,6 +5,7 @@
 //! between driver branches (`0x2 (Node Reboot Required)`, `0x2 (OS Reboot)`,
 //! `0x1 (PF FLR)`), so the number is what is read.
 
+use super::reason::Code;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +82,19 @@ impl RecoveryAction {
             RecoveryAction::DrainP2p => "drain peer-to-peer traffic".into(),
             RecoveryAction::DrainAndReset => "drain, then GPU reset required".into(),
             RecoveryAction::Other(n) => format!("recovery action {n:#x} (unknown to devgate)"),
+        }
+    }
+
+    /// The reason code of a finding that names this action, from NVML or XID 154 alike.
+    /// NONE is no finding: unspecified.
+    pub fn reason_code(self) -> Code {
+        match self {
+            RecoveryAction::None => Code::Unspecified,
+            RecoveryAction::GpuReset => Code::RecoveryGpuReset,
+            RecoveryAction::NodeReboot => Code::RecoveryNodeReboot,
+            RecoveryAction::DrainP2p => Code::RecoveryDrainP2p,
+            RecoveryAction::DrainAndReset => Code::RecoveryDrainAndReset,
+            RecoveryAction::Other(_) => Code::RecoveryOther,
         }
     }
 }

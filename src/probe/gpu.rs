@@ -12,7 +12,7 @@ use crate::gpu::xid::{blocks, judge_reports};
 use crate::gpu::{driver, recovery};
 use crate::model::class::Class;
 use crate::model::device::Device;
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 
 pub struct NvmlProbe<'a> {
     pub answer: &'a NvmlAnswer,
@@ -28,11 +28,11 @@ impl Probe for NvmlProbe<'_> {
 
     fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
         if device.class != Class::NvidiaGpu {
-            return Verdict::NotApplicable("not an NVIDIA GPU".into());
+            return Verdict::not_applicable(Code::NotNvidiaGpu, "not an NVIDIA GPU");
         }
         let gpus = match &self.answer.gpus {
             Ok(g) => g,
-            Err(why) => return Verdict::Unknown(why.clone()),
+            Err(why) => return Verdict::unknown(Code::NvmlUnanswered, why.clone()),
         };
         let minor = device.num.minor;
         match self.answer.gpu_by_minor(minor) {
@@ -46,9 +46,12 @@ impl Probe for NvmlProbe<'_> {
                 }
                 verdict_for(g, &checks)
             }
-            None if self.answer.lookup == Lookup::DriverList => Verdict::Unhealthy(format!(
-                "nvml: the driver lists no usable GPU with minor number {minor} (/proc/driver/nvidia/gpus: none, or one excluded from use)"
-            )),
+            None if self.answer.lookup == Lookup::DriverList => Verdict::unhealthy(
+                Code::GpuMissing,
+                format!(
+                    "nvml: the driver lists no usable GPU with minor number {minor} (/proc/driver/nvidia/gpus: none, or one excluded from use)"
+                ),
+            ),
             None => missing_minor(minor, gpus),
         }
     }
@@ -66,15 +69,21 @@ fn missing_minor(minor: u32, gpus: &[GpuFacts]) -> Verdict {
         })
         .collect();
     if unreachable.is_empty() {
-        Verdict::Unhealthy(format!(
-            "nvml: no GPU with minor number {minor} among the {} GPUs NVML reports",
-            gpus.len()
-        ))
+        Verdict::unhealthy(
+            Code::GpuMissing,
+            format!(
+                "nvml: no GPU with minor number {minor} among the {} GPUs NVML reports",
+                gpus.len()
+            ),
+        )
     } else {
-        Verdict::Unhealthy(format!(
-            "nvml: no reachable GPU with minor number {minor}; unreachable {}",
-            unreachable.join(", ")
-        ))
+        Verdict::unhealthy(
+            Code::GpuMissing,
+            format!(
+                "nvml: no reachable GPU with minor number {minor}; unreachable {}",
+                unreachable.join(", ")
+            ),
+        )
     }
 }
 
@@ -98,11 +107,11 @@ impl Probe for XidProbe<'_> {
     /// returns: they are the probe's one decision, read in the order it is taken.
     fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
         if device.class != Class::NvidiaGpu {
-            return Verdict::NotApplicable("not an NVIDIA GPU".into());
+            return Verdict::not_applicable(Code::NotNvidiaGpu, "not an NVIDIA GPU");
         }
         let scan = match self.scan {
             Ok(s) => s,
-            Err(e) => return Verdict::Unknown(e.clone()),
+            Err(e) => return Verdict::unknown(Code::KernelLogUnreadable, e.clone()),
         };
         let minor = device.num.minor;
         let pci = self
@@ -117,10 +126,13 @@ impl Probe for XidProbe<'_> {
             return match recovery::after_recovery(judged, facts) {
                 // The log is read oldest first: a read cut short missed the newest
                 // records, which are the ones that matter.
-                Verdict::Healthy if scan.truncated => Verdict::Unknown(format!(
-                    "kernel log read stopped after {} records; newer XID reports not seen",
-                    scan.records
-                )),
+                Verdict::Healthy if scan.truncated => Verdict::unknown(
+                    Code::KernelLogTruncated,
+                    format!(
+                        "kernel log read stopped after {} records; newer XID reports not seen",
+                        scan.records
+                    ),
+                ),
                 v => v,
             };
         }
@@ -152,11 +164,14 @@ impl Probe for XidProbe<'_> {
         blocking.sort();
         blocking.dedup();
         blocking.truncate(8);
-        Verdict::Unknown(format!(
-            "{count} reset-class XID reports on the node ({}) and the PCI address of minor {} is unknown",
-            blocking.join(", "),
-            device.num.minor
-        ))
+        Verdict::unknown(
+            Code::GpuAddressUnknown,
+            format!(
+                "{count} reset-class XID reports on the node ({}) and the PCI address of minor {} is unknown",
+                blocking.join(", "),
+                device.num.minor
+            ),
+        )
     }
 }
 
@@ -200,15 +215,15 @@ mod tests {
         );
         assert_eq!(
             p.check(&gpu_dev(1, "nvidia-gpu"), &mut Findings::default()),
-            Verdict::Unhealthy(
+            Verdict::unhealthy(
+                Code::GpuMissing,
                 "nvml: no reachable GPU with minor number 1; unreachable index 3: GPU is lost"
-                    .into()
             )
         );
         assert_eq!(
             p.check(&gpu_dev(255, "nvidia-ctl"), &mut Findings::default())
-                .status(),
-            "not_applicable"
+                .code(),
+            Some(Code::NotNvidiaGpu)
         );
         assert_eq!(snap.pci_of_minor(7).unwrap().to_string(), "0000:2b:00.0");
         let failed = NvmlAnswer {
@@ -224,7 +239,7 @@ mod tests {
         };
         assert_eq!(
             p.check(&gpu_dev(0, "nvidia-gpu"), &mut Findings::default()),
-            Verdict::Unknown("NVML did not answer in 2000 ms".into())
+            Verdict::unknown(Code::NvmlUnanswered, "NVML did not answer in 2000 ms")
         );
     }
 
@@ -249,8 +264,9 @@ mod tests {
         };
         assert_eq!(
             p.check(&gpu, &mut Findings::default()),
-            Verdict::Unknown(
-                "3 reset-class XID reports on the node (xid 48 on 0000:86:00, xid 79 on 0000:3b:00) and the PCI address of minor 1 is unknown".into()
+            Verdict::unknown(
+                Code::GpuAddressUnknown,
+                "3 reset-class XID reports on the node (xid 48 on 0000:86:00, xid 79 on 0000:3b:00) and the PCI address of minor 1 is unknown"
             )
         );
         let quiet = Ok(scan_bytes(
@@ -281,17 +297,18 @@ mod tests {
             nvml: &no_nvml,
             proc: &listed,
         };
-        assert_eq!(
-            p.check(&gpu, &mut Findings::default()).status(),
-            "unhealthy"
-        );
+        let v = p.check(&gpu, &mut Findings::default());
+        assert_eq!(v.status(), "unhealthy");
+        assert_eq!(v.code(), Some(Code::RecoveryGpuReset));
         let p = XidProbe {
             scan: &reset,
             table: &table,
             nvml: &no_nvml,
             proc: &[],
         };
-        assert_eq!(p.check(&gpu, &mut Findings::default()).status(), "unknown");
+        let v = p.check(&gpu, &mut Findings::default());
+        assert_eq!(v.status(), "unknown");
+        assert_eq!(v.code(), Some(Code::GpuAddressUnknown));
         let unreadable = Err("cannot open kernel log /dev/kmsg: permission denied".to_string());
         let p = XidProbe {
             scan: &unreadable,
@@ -299,12 +316,14 @@ mod tests {
             nvml: &no_nvml,
             proc: &[],
         };
-        assert_eq!(p.check(&gpu, &mut Findings::default()).status(), "unknown");
+        let v = p.check(&gpu, &mut Findings::default());
+        assert_eq!(v.status(), "unknown");
+        assert_eq!(v.code(), Some(Code::KernelLogUnreadable));
         let mut ctl = gpu.clone();
         ctl.class = "nvidia-ctl".into();
         assert_eq!(
-            p.check(&ctl, &mut Findings::default()).status(),
-            "not_applicable"
+            p.check(&ctl, &mut Findings::default()).code(),
+            Some(Code::NotNvidiaGpu)
         );
     }
 
@@ -341,8 +360,9 @@ mod tests {
         scan.truncated = true;
         assert_eq!(
             p(&Ok(scan)),
-            Verdict::Unknown(
-                "kernel log read stopped after 1 records; newer XID reports not seen".into()
+            Verdict::unknown(
+                Code::KernelLogTruncated,
+                "kernel log read stopped after 1 records; newer XID reports not seen"
             )
         );
     }

@@ -2,7 +2,7 @@
 //! major:minor. A GPU whose node vanished (driver unloaded, device removed) fails here.
 
 use crate::model::device::{DevNum, Device};
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 use crate::probe::findings::{Findings, Probe};
 use std::io;
 use std::path::PathBuf;
@@ -43,12 +43,15 @@ impl Probe for NodeProbe {
 impl NodeProbe {
     fn judge(&self, device: &Device) -> Verdict {
         let Some(host) = &device.host_path else {
-            return Verdict::Unhealthy(format!(
-                "no device node {} {} under {}",
-                device.num.typ.letter(),
-                device.num,
-                self.dev_root.display()
-            ));
+            return Verdict::unhealthy(
+                Code::NodeMissing,
+                format!(
+                    "no device node {} {} under {}",
+                    device.num.typ.letter(),
+                    device.num,
+                    self.dev_root.display()
+                ),
+            );
         };
         // Discovery's stat is this probe's: it found the node below dev_root with this
         // type and number (`node_is`, or a bind source's own stat giving the number) in this
@@ -61,24 +64,32 @@ impl NodeProbe {
             return Verdict::Healthy;
         }
         match crate::discover::node_metadata(&self.dev_root, host) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Verdict::Unhealthy(format!("device node {} is gone", host.display()))
-            }
-            Err(e) => Verdict::Unknown(format!("cannot stat {}: {e}", host.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Verdict::unhealthy(
+                Code::NodeMissing,
+                format!("device node {} is gone", host.display()),
+            ),
+            Err(e) => Verdict::unknown(
+                Code::NodeUnreadable,
+                format!("cannot stat {}: {e}", host.display()),
+            ),
             Ok(meta) => match DevNum::from_metadata(&meta) {
-                None => Verdict::Unhealthy(format!("{} is not a device node", host.display())),
-                Some(n) if n.typ != device.num.typ => Verdict::Unhealthy(format!(
-                    "{} is a {} device, expected {}",
-                    host.display(),
-                    n.typ.sysfs_dir(),
-                    device.num.typ.sysfs_dir()
-                )),
-                Some(n) if n != device.num => Verdict::Unhealthy(format!(
-                    "{} is {}, expected {}",
-                    host.display(),
-                    n,
-                    device.num
-                )),
+                None => Verdict::unhealthy(
+                    Code::NodeMismatch,
+                    format!("{} is not a device node", host.display()),
+                ),
+                Some(n) if n.typ != device.num.typ => Verdict::unhealthy(
+                    Code::NodeMismatch,
+                    format!(
+                        "{} is a {} device, expected {}",
+                        host.display(),
+                        n.typ.sysfs_dir(),
+                        device.num.typ.sysfs_dir()
+                    ),
+                ),
+                Some(n) if n != device.num => Verdict::unhealthy(
+                    Code::NodeMismatch,
+                    format!("{} is {}, expected {}", host.display(), n, device.num),
+                ),
                 Some(_) => Verdict::Healthy,
             },
         }
@@ -119,22 +130,25 @@ mod tests {
         );
         assert_eq!(
             p.check(&dev(Some("/dev/null"), 1, 5), &mut Findings::default()),
-            Verdict::Unhealthy("/dev/null is 1:3, expected 1:5".into())
+            Verdict::unhealthy(Code::NodeMismatch, "/dev/null is 1:3, expected 1:5")
         );
         assert_eq!(
             p.check(
                 &dev(Some("/nonexistent/nvidia9"), 195, 9),
                 &mut Findings::default()
             ),
-            Verdict::Unhealthy("device node /nonexistent/nvidia9 is gone".into())
+            Verdict::unhealthy(
+                Code::NodeMissing,
+                "device node /nonexistent/nvidia9 is gone"
+            )
         );
         assert_eq!(
             p.check(&dev(Some("/etc/hostname"), 1, 3), &mut Findings::default()),
-            Verdict::Unhealthy("/etc/hostname is not a device node".into())
+            Verdict::unhealthy(Code::NodeMismatch, "/etc/hostname is not a device node")
         );
         assert_eq!(
             p.check(&dev(None, 195, 9), &mut Findings::default()),
-            Verdict::Unhealthy("no device node c 195:9 under /dev".into())
+            Verdict::unhealthy(Code::NodeMissing, "no device node c 195:9 under /dev")
         );
     }
 
@@ -156,7 +170,10 @@ mod tests {
         assert_eq!(found.node_present, Some(true));
         assert_eq!(
             p.check(&dev(None, 195, 9), &mut found),
-            Verdict::Unhealthy("no device node c 195:9 under /nonexistent".into())
+            Verdict::unhealthy(
+                Code::NodeMissing,
+                "no device node c 195:9 under /nonexistent"
+            )
         );
         assert_eq!(found.node_present, Some(false));
     }

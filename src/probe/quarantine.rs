@@ -2,7 +2,7 @@
 
 use crate::model::device::Device;
 use crate::model::text::one_line;
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 use crate::probe::findings::{Findings, Probe};
 use crate::store::quarantine::{Ledger, Lookup};
 
@@ -18,13 +18,14 @@ impl Probe for QuarantineProbe<'_> {
     fn check(&self, device: &Device, _: &mut Findings) -> Verdict {
         match self.ledger.lookup(device.num) {
             Lookup::Clear => Verdict::Healthy,
-            Lookup::Cordoned(e) => Verdict::Unhealthy(format!(
-                "quarantined by operator: \"{}\"",
-                one_line(&e.reason)
-            )),
-            Lookup::Damaged { error, .. } => Verdict::Unhealthy(format!(
-                "quarantined by operator (entry unreadable: {error})"
-            )),
+            Lookup::Cordoned(e) => Verdict::unhealthy(
+                Code::Quarantined,
+                format!("quarantined by operator: \"{}\"", one_line(&e.reason)),
+            ),
+            Lookup::Damaged { error, .. } => Verdict::unhealthy(
+                Code::QuarantineEntryDamaged,
+                format!("quarantined by operator (entry unreadable: {error})"),
+            ),
         }
     }
 }

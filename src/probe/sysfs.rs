@@ -5,7 +5,7 @@
 
 use crate::fsutil::read_attr;
 use crate::model::device::{DevType, Device};
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 use crate::probe::findings::{Findings, Probe};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -62,34 +62,25 @@ impl SysfsProbe {
                     device.num.typ.letter(),
                     device.num
                 );
-                return (Verdict::NotApplicable(why), None);
+                return (Verdict::not_applicable(Code::NoSysfsEntry, why), None);
             }
             Err(_) => {
                 let why = format!("cannot resolve {}", entry.display());
-                return (Verdict::Unknown(why), None);
+                return (Verdict::unknown(Code::SysfsUnreadable, why), None);
             }
         };
         let base = disk_of(device, base);
         let hw = base.join("device");
         if !hw.exists() {
-            return (Verdict::NotApplicable("virtual device".into()), None);
+            return (
+                Verdict::not_applicable(Code::VirtualDevice, "virtual device"),
+                None,
+            );
         }
         let chain = device_chain(&hw);
         let pci = devices.and_then(|stop| chain.iter().find_map(|d| pci_ancestor(stop, d)));
 
-        let mut findings = Vec::new();
-        let bound = chain
-            .iter()
-            .chain(pci.iter())
-            .any(|d| d.join("driver").exists());
-        if !bound {
-            let name = chain
-                .first()
-                .and_then(|d| d.file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            findings.push(Verdict::Unhealthy(format!("no driver bound to {name}")));
-        }
+        let mut findings: Vec<Verdict> = unbound(&chain, pci.as_deref()).into_iter().collect();
         if device.num.typ == DevType::Block {
             findings.push(block_state(&hw));
         }
@@ -99,6 +90,27 @@ impl SysfsProbe {
         };
         (verdict, pci)
     }
+}
+
+/// Unhealthy when neither the device chain nor its PCI function has a driver bound.
+fn unbound(chain: &[PathBuf], pci: Option<&Path>) -> Option<Verdict> {
+    let bound = chain
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(pci)
+        .any(|d| d.join("driver").exists());
+    if bound {
+        return None;
+    }
+    let name = chain
+        .first()
+        .and_then(|d| d.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Some(Verdict::unhealthy(
+        Code::DriverUnbound,
+        format!("no driver bound to {name}"),
+    ))
 }
 
 /// A partition's hardware is its disk's (its driver, its state, its PCI function): the
@@ -231,12 +243,12 @@ pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 
 fn block_state(hw: &Path) -> Verdict {
     match read_attr(&hw.join("state")) {
-        Err(_) => Verdict::NotApplicable("no device state".into()),
+        Err(_) => Verdict::not_applicable(Code::NotReported, "no device state"),
         Ok(s) if s == "running" => Verdict::Healthy,
-        Ok(s) => Verdict::Unhealthy(format!(
-            "block device state is {:?}, not running",
-            trunc(&s)
-        )),
+        Ok(s) => Verdict::unhealthy(
+            Code::BlockNotRunning,
+            format!("block device state is {:?}, not running", trunc(&s)),
+        ),
     }
 }
 
@@ -313,18 +325,17 @@ pub(crate) mod tests {
         let p = SysfsProbe::new(&t.0);
         assert_eq!(
             p.check(&dev(DevType::Char, 195, 0), &mut Findings::default()),
-            Verdict::NotApplicable("no sysfs entry for c 195:0".into())
+            Verdict::not_applicable(Code::NoSysfsEntry, "no sysfs entry for c 195:0")
         );
         assert_eq!(
             p.check(&dev(DevType::Char, 1, 5), &mut Findings::default()),
-            Verdict::NotApplicable("virtual device".into())
+            Verdict::not_applicable(Code::VirtualDevice, "virtual device")
         );
         // an entry that is a link leading nowhere is not an absent one: unknown
         symlink("../../devices/gone", t.0.join("dev/char/195:1")).unwrap();
-        assert!(matches!(
-            p.check(&dev(DevType::Char, 195, 1), &mut Findings::default()),
-            Verdict::Unknown(_)
-        ));
+        let v = p.check(&dev(DevType::Char, 195, 1), &mut Findings::default());
+        assert_eq!(v.status(), "unknown", "{v:?}");
+        assert_eq!(v.code(), Some(Code::SysfsUnreadable));
     }
 
     #[test]
@@ -335,7 +346,7 @@ pub(crate) mod tests {
         let p = SysfsProbe::new(&t.0);
         assert_eq!(
             p.check(&dev(DevType::Char, 240, 0), &mut Findings::default()),
-            Verdict::Unhealthy("no driver bound to 0000:3b:00.0".into())
+            Verdict::unhealthy(Code::DriverUnbound, "no driver bound to 0000:3b:00.0")
         );
         symlink("../../../bus/pci/drivers/nvidia", pci.join("driver")).unwrap();
         assert_eq!(
@@ -366,7 +377,10 @@ pub(crate) mod tests {
             Verdict::Healthy
         );
         t.write(&scsi, "state", "offline\n");
-        let want = Verdict::Unhealthy("block device state is \"offline\", not running".into());
+        let want = Verdict::unhealthy(
+            Code::BlockNotRunning,
+            "block device state is \"offline\", not running",
+        );
         assert_eq!(
             p.check(&dev(DevType::Block, 8, 16), &mut Findings::default()),
             want
@@ -408,7 +422,7 @@ pub(crate) mod tests {
         if Path::new("/sys/dev/char/1:5").exists() {
             assert_eq!(
                 p.check(&dev(DevType::Char, 1, 5), &mut Findings::default()),
-                Verdict::NotApplicable("virtual device".into())
+                Verdict::not_applicable(Code::VirtualDevice, "virtual device")
             );
         }
     }

@@ -6,6 +6,7 @@ use crate::gpu::pci::PciAddr;
 use crate::gpu::GpuContext;
 use crate::model::device::DevNum;
 use crate::model::text::one_line;
+use crate::model::verdict::Code;
 use crate::probe::counters::{DeviceCounters, DeviceSnapshot, Snapshot};
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,11 @@ pub struct XidReport {
 pub struct Fault {
     /// Short and machine-readable: `DeviceFault/XID79`, `DeviceFault/ECCUncorrectable`.
     pub code: String,
+    /// The reason code the probes give the same finding (`xid_critical`, `gpu_lost`): what
+    /// the next start's verdict carries, so that faults and verdicts group together.
+    /// Unspecified in an exit record written before codes.
+    #[serde(default)]
+    pub reason_code: Code,
     /// The device as a person names it (container path, or host path).
     pub device: String,
     #[serde(flatten)]
@@ -68,8 +74,9 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
             .into_iter()
             .chain(gpu_faults(b, a))
             .chain(node_faults(b, a));
-        faults.extend(found.map(|(code, message)| Fault {
+        faults.extend(found.map(|(code, reason_code, message)| Fault {
             code,
+            reason_code,
             device: before.name.clone(),
             num: before.num,
             gpu_uuid: uuid.clone(),
@@ -79,8 +86,9 @@ pub fn diff(start: &Snapshot, now: &[DeviceSnapshot], xids: &[XidReport]) -> Vec
     faults
 }
 
-/// A fault found on one device, before it is named: its code and its message.
-type Found = (String, String);
+/// A fault found on one device, before it is named: its code, its reason code and its
+/// message.
+type Found = (String, Code, String);
 
 /// The critical XIDs the driver reported for the device's GPU (by PCI bus id) during the
 /// run, since the start's kernel log position `from`, each XID once.
@@ -107,15 +115,20 @@ fn xid_faults(b: &DeviceCounters, from: Option<u64>, xids: &[XidReport]) -> Vec<
         // XID 154 says what the GPU needs; the catalog's words say only that it changed.
         let recovery = crate::gpu::xid::parse_recovery_change(&x.text)
             .filter(|_| x.xid == crate::gpu::xid::XID_RECOVERY_ACTION)
-            .map(|(_, to)| format!("the driver's recovery action is {}", to.describe()));
-        out.push((
-            format!("DeviceFault/XID{}", x.xid),
-            recovery.unwrap_or_else(|| {
+            .map(|(_, to)| to);
+        let (reason_code, message) = match recovery {
+            Some(to) => (
+                to.reason_code(),
+                format!("the driver's recovery action is {}", to.describe()),
+            ),
+            None => (
+                Code::XidCritical,
                 describe_xid(x.xid)
                     .unwrap_or("GPU error reported by the driver")
-                    .to_string()
-            }),
-        ));
+                    .to_string(),
+            ),
+        };
+        out.push((format!("DeviceFault/XID{}", x.xid), reason_code, message));
     }
     out
 }
@@ -130,6 +143,7 @@ fn gpu_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
     if gb.reachable && !ga.reachable {
         out.push((
             "DeviceFault/GPULost".into(),
+            Code::GpuLost,
             "GPU is lost: NVML cannot reach it".into(),
         ));
     }
@@ -137,6 +151,7 @@ fn gpu_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
         if y > x {
             out.push((
                 "DeviceFault/ECCUncorrectable".into(),
+                Code::EccVolatileUncorrectable,
                 format!(
                     "{} new volatile uncorrectable ECC errors ({x} -> {y})",
                     y - x
@@ -147,6 +162,7 @@ fn gpu_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
     if !gb.remap_failure && ga.remap_failure {
         out.push((
             "DeviceFault/RowRemapFailure".into(),
+            Code::RowRemapFailed,
             "row remapping failed".into(),
         ));
     }
@@ -160,6 +176,7 @@ fn node_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
         if y > x {
             out.push((
                 "DeviceFault/AERFatal".into(),
+                Code::AerFatal,
                 format!(
                     "{} new PCIe AER fatal errors on {} ({x} -> {y})",
                     y - x,
@@ -171,6 +188,7 @@ fn node_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
     if b.node_present && !a.node_present {
         out.push((
             "DeviceFault/NodeGone".into(),
+            Code::NodeMissing,
             "device node disappeared".into(),
         ));
     }
@@ -180,7 +198,7 @@ fn node_faults(b: &DeviceCounters, a: &DeviceCounters) -> Vec<Found> {
             .as_deref()
             .map(|r| format!("cordoned by operator during the run: {r:?}"))
             .unwrap_or_else(|| "cordoned by operator during the run".into());
-        out.push(("DeviceFault/Cordoned".into(), why));
+        out.push(("DeviceFault/Cordoned".into(), Code::Quarantined, why));
     }
     out
 }
@@ -306,21 +324,22 @@ mod tests {
                 text: "".into(),
             },
         ];
-        let codes: Vec<String> = diff(&start, &[snap(now)], &xids)
+        let codes: Vec<(String, Code)> = diff(&start, &[snap(now)], &xids)
             .into_iter()
-            .map(|f| f.code)
+            .map(|f| (f.code, f.reason_code))
             .collect();
-        assert_eq!(
-            codes,
-            [
-                "DeviceFault/XID79",
-                "DeviceFault/GPULost",
+        let want = [
+            ("DeviceFault/XID79", Code::XidCritical),
+            ("DeviceFault/GPULost", Code::GpuLost),
+            (
                 "DeviceFault/ECCUncorrectable",
-                "DeviceFault/AERFatal",
-                "DeviceFault/NodeGone",
-                "DeviceFault/Cordoned"
-            ]
-        );
+                Code::EccVolatileUncorrectable,
+            ),
+            ("DeviceFault/AERFatal", Code::AerFatal),
+            ("DeviceFault/NodeGone", Code::NodeMissing),
+            ("DeviceFault/Cordoned", Code::Quarantined),
+        ];
+        assert_eq!(codes, want.map(|(c, r)| (c.to_string(), r)));
     }
 
     #[test]
@@ -341,6 +360,7 @@ mod tests {
         let f = diff(&start, &[snap(base())], &xids);
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].code, "DeviceFault/XID154");
+        assert_eq!(f[0].reason_code, Code::RecoveryNodeReboot);
         assert_eq!(
             f[0].message,
             "the driver's recovery action is node reboot required"
@@ -368,6 +388,7 @@ mod tests {
     fn fault_line_format() {
         let f = Fault {
             code: "DeviceFault/XID79".into(),
+            reason_code: Code::XidCritical,
             device: "/dev/nvidia1".into(),
             num: GPU1,
             gpu_uuid: Some("GPU-1111".into()),
@@ -384,6 +405,30 @@ mod tests {
         assert_eq!(
             f.line(),
             "devgate: DeviceFault/XID79 on /dev/nvidia1 (195:1): GPU has fallen off the bus"
+        );
+    }
+
+    /// The exit record carries each fault's reason code; one written before codes (no
+    /// `reason_code`) still reads, its code unspecified.
+    #[test]
+    fn a_fault_carries_its_reason_code_and_an_older_one_still_reads() {
+        let f = Fault {
+            code: "DeviceFault/GPULost".into(),
+            reason_code: Code::GpuLost,
+            device: "/dev/nvidia1".into(),
+            num: GPU1,
+            gpu_uuid: None,
+            message: "GPU is lost: NVML cannot reach it".into(),
+        };
+        let text = serde_json::to_string(&f).unwrap();
+        assert!(text.contains(r#""reason_code":"gpu_lost""#), "{text}");
+        assert_eq!(serde_json::from_str::<Fault>(&text).unwrap(), f);
+        let old = r#"{"code":"DeviceFault/NodeGone","device":"/dev/zero","type":"c","major":1,
+            "minor":5,"message":"device node disappeared"}"#;
+        let old: Fault = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (old.code.as_str(), old.reason_code),
+            ("DeviceFault/NodeGone", Code::Unspecified)
         );
     }
 

@@ -9,7 +9,7 @@ use crate::gpu::checks::{self, Check};
 use crate::gpu::{nvml, GpuContext};
 use crate::model::class::{self, Class, ClassRule};
 use crate::model::device::{DevNum, Device};
-use crate::model::verdict::{ProbeResult, Verdict};
+use crate::model::verdict::{Code, ProbeResult, Verdict};
 use crate::probe::{probe_all, HostNodes};
 use crate::report::record;
 use crate::store::lease::{Lease, Leases, Slot};
@@ -62,11 +62,14 @@ fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Op
         (_, Some(g)) => checks::checks(g, gpu.limits),
         (Err(why), None) => vec![Check {
             check: "nvml",
-            verdict: Verdict::Unknown(why.clone()),
+            verdict: Verdict::unknown(Code::NvmlUnanswered, why.clone()),
         }],
         (Ok(_), None) => vec![Check {
             check: "nvml",
-            verdict: Verdict::Unhealthy(format!("no GPU with minor number {minor}")),
+            verdict: Verdict::unhealthy(
+                Code::GpuMissing,
+                format!("no GPU with minor number {minor}"),
+            ),
         }],
     };
     if let Some(x) = verdicts.iter().find(|v| v.probe == "xid") {
@@ -240,7 +243,7 @@ fn probed(config: &Config, ledger: &Ledger, found: Found, slots: &[(DevNum, Slot
             let reasons = verdicts
                 .iter()
                 .filter(|r| !matches!(r.verdict, Verdict::Healthy | Verdict::NotApplicable(_)))
-                .filter_map(|r| r.verdict.reason().map(|why| labelled(&r.probe, why)))
+                .filter_map(|r| r.verdict.detail().map(|why| labelled(&r.probe, why)))
                 .collect();
             Row {
                 lease: lease_of(slots, device.num),
@@ -420,6 +423,40 @@ mod tests {
                 "devgate: 1 of 2 devices unhealthy: /dev/nvidia1 (195:1): quarantine: x"
             ),
             "{line}"
+        );
+    }
+
+    /// Each finding is one `devgate_device_reason` series with its probe, status and code;
+    /// healthy and not-applicable verdicts have none.
+    #[test]
+    fn metrics_carry_each_findings_code() {
+        let res = |probe: &str, verdict| ProbeResult {
+            probe: probe.into(),
+            verdict,
+        };
+        let mut r = row(Health::Unhealthy, "x");
+        r.verdicts = vec![
+            res("node", Verdict::Healthy),
+            res("sysfs", Verdict::not_applicable(Code::NoSysfsEntry, "n")),
+            res("nvml", Verdict::unhealthy(Code::GpuLost, "lost")),
+            res("pcie", Verdict::warn(Code::AerCorrectable, "w")),
+        ];
+        let text = crate::report::metrics::metrics_text(&[r], &[]);
+        assert!(
+            text.contains("# TYPE devgate_device_reason gauge\n"),
+            "{text}"
+        );
+        let dev = "device=\"/dev/nvidia1\",class=\"nvidia-gpu\",major_minor=\"195:1\"";
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("devgate_device_reason{"))
+            .collect();
+        assert_eq!(
+            series,
+            [
+                format!("devgate_device_reason{{{dev},probe=\"nvml\",status=\"unhealthy\",code=\"gpu_lost\"}} 1"),
+                format!("devgate_device_reason{{{dev},probe=\"pcie\",status=\"warn\",code=\"aer_correctable\"}} 1"),
+            ]
         );
     }
 

@@ -2,6 +2,7 @@
 //! node_exporter's textfile collector.
 
 use crate::model::text::one_line;
+use crate::model::verdict::Verdict;
 use crate::report::inventory::{Health, Row};
 use crate::report::record::ExitRecord;
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ pub fn metrics_text(rows: &[Row], exits: &[ExitRecord]) -> String {
     [
         device_healthy(rows),
         device_health(rows),
+        device_reasons(rows),
         device_quarantined(rows),
         spare_leased(rows),
         recent_faults(exits),
@@ -97,6 +99,34 @@ fn device_health(rows: &[Row]) -> Family {
                         u64::from(r.health == h),
                     )
                 })
+            })
+            .collect(),
+    }
+}
+
+/// One series per probe with a finding (warn, unknown, unhealthy) on a device: its status
+/// and its reason code, value 1. A device without findings has none; the code is stable,
+/// so an alert or a dashboard groups by it without reading the reason's words.
+fn device_reasons(rows: &[Row]) -> Family {
+    Family {
+        name: "devgate_device_reason",
+        help: "1 for each probe finding on the device, by probe, status and reason code.",
+        samples: rows
+            .iter()
+            .flat_map(|r| {
+                r.verdicts
+                    .iter()
+                    .filter(|v| !matches!(v.verdict, Verdict::Healthy | Verdict::NotApplicable(_)))
+                    .filter_map(move |v| {
+                        let code = v.verdict.code()?;
+                        let labels = format!(
+                            "{},probe=\"{}\",status=\"{}\",code=\"{code}\"",
+                            dev_labels(r),
+                            label(&v.probe),
+                            v.verdict.status()
+                        );
+                        Some((labels, 1))
+                    })
             })
             .collect(),
     }

@@ -36,7 +36,7 @@ use crate::gpu::GpuContext;
 use crate::model::class::Class;
 use crate::model::clock;
 use crate::model::device::Device;
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 use crate::probe::findings::{Findings, Probe};
 use crate::probe::sysfs;
 use crate::store::pcie::{self as baseline};
@@ -103,25 +103,34 @@ pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
         read_width(pci, "current_link_width"),
         read_width(pci, "max_link_width"),
     ) else {
-        return Verdict::NotApplicable("no link width".into());
+        return Verdict::not_applicable(Code::NotReported, "no link width");
     };
     let (cur, max) = match (cur, max) {
         (Ok(c), Ok(m)) => (c, m),
         (c, m) => {
-            return Verdict::Unknown(format!(
-                "cannot parse link width {:?} / {:?} of {name}",
-                c.map_or_else(|e| e, |v| v.to_string()),
-                m.map_or_else(|e| e, |v| v.to_string())
-            ))
+            return Verdict::unknown(
+                Code::PcieUnreadable,
+                format!(
+                    "cannot parse link width {:?} / {:?} of {name}",
+                    c.map_or_else(|e| e, |v| v.to_string()),
+                    m.map_or_else(|e| e, |v| v.to_string())
+                ),
+            )
         }
     };
     if cur > MAX_WIDTH {
-        return Verdict::Unhealthy(format!(
-            "PCIe link of {name} reads x{cur}, which no link is: the function does not answer config reads"
-        ));
+        return Verdict::unhealthy(
+            Code::PcieNoResponse,
+            format!(
+                "PCIe link of {name} reads x{cur}, which no link is: the function does not answer config reads"
+            ),
+        );
     }
     if cur == 0 {
-        return Verdict::Unknown(format!("PCIe link of {name} is not trained (x0)"));
+        return Verdict::unknown(
+            Code::PcieLinkUntrained,
+            format!("PCIe link of {name} is not trained (x0)"),
+        );
     }
     let port = up.and_then(|u| match read_width(u, "max_link_width") {
         Some(Ok(w)) if (1..=MAX_WIDTH).contains(&w) => Some((w, name_of(u))),
@@ -131,12 +140,13 @@ pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
     if cur >= supported {
         return Verdict::Healthy;
     }
-    Verdict::Warn(match port {
+    let detail = match port {
         Some((w, u)) => format!(
             "PCIe link of {name} is x{cur}, below the x{supported} it (x{max}) and its upstream port {u} (x{w}) support"
         ),
         None => format!("PCIe link of {name} is x{cur}, below its maximum x{max}"),
-    })
+    };
+    Verdict::warn(Code::PcieLinkDegraded, detail)
 }
 
 impl FunctionSeen {
@@ -167,11 +177,12 @@ impl FunctionSeen {
         let base = self.baseline.as_ref().map(Option::as_ref);
         let aer_read = matches!(self.aer, Some(Ok(_)));
         let mut out = vec![match (&self.aer, base) {
-            (None, _) => Verdict::NotApplicable("no AER counters".into()),
-            (Some(Err(e)), _) => {
-                Verdict::Unknown(format!("cannot read AER counters of {name}: {e}"))
-            }
-            (Some(Ok(_)), Err(e)) => Verdict::Unknown(e.clone()),
+            (None, _) => Verdict::not_applicable(Code::NotReported, "no AER counters"),
+            (Some(Err(e)), _) => Verdict::unknown(
+                Code::PcieUnreadable,
+                format!("cannot read AER counters of {name}: {e}"),
+            ),
+            (Some(Ok(_)), Err(e)) => Verdict::unknown(Code::PcieBaselineDamaged, e.clone()),
             (Some(Ok(now)), Ok(b)) => judge_aer(name, now, b),
         }];
         match (&self.replay, base) {
@@ -179,11 +190,16 @@ impl FunctionSeen {
             (Some(Reading::Value(n)), Ok(b)) => out.push(judge_replay(name, u64::from(*n), b)),
             // A damaged baseline is said once, by the AER verdict when it read one.
             (Some(Reading::Value(_)), Err(_)) if aer_read => {}
-            (Some(Reading::Value(_)), Err(e)) => out.push(Verdict::Unknown(e.clone())),
-            (Some(other), _) => out.push(Verdict::NotApplicable(format!(
-                "PCIe replay counter of {name} not judged: {}",
-                why_not(other)
-            ))),
+            (Some(Reading::Value(_)), Err(e)) => {
+                out.push(Verdict::unknown(Code::PcieBaselineDamaged, e.clone()))
+            }
+            (Some(other), _) => out.push(Verdict::not_applicable(
+                Code::NotReported,
+                format!(
+                    "PCIe replay counter of {name} not judged: {}",
+                    why_not(other)
+                ),
+            )),
         }
         out
     }
@@ -280,7 +296,7 @@ impl Probe for PcieProbe<'_> {
     fn check(&self, device: &Device, found: &mut Findings) -> Verdict {
         let Some(pci) = self.function(device, found) else {
             found.pcie = Some(Vec::new());
-            return Verdict::NotApplicable("no PCI function".into());
+            return Verdict::not_applicable(Code::NoPciFunction, "no PCI function");
         };
         let up = upstream_port(&pci);
         let mut findings = vec![judge_width(&pci, up.as_deref())];
@@ -291,8 +307,7 @@ impl Probe for PcieProbe<'_> {
         // Named like the xid and nvml reasons, so a reject line says which check spoke.
         match Verdict::worst(findings) {
             Verdict::NotApplicable(_) => Verdict::Healthy,
-            Verdict::Warn(r) => Verdict::Warn(format!("pcie: {r}")),
-            Verdict::Unhealthy(r) => Verdict::Unhealthy(format!("pcie: {r}")),
+            v @ (Verdict::Warn(_) | Verdict::Unhealthy(_)) => v.prefixed("pcie: "),
             v => v,
         }
     }
@@ -447,22 +462,20 @@ mod tests {
         );
         assert_eq!(
             judge_aer(f, &counts(50, 7, 4), Some(&base(50, 7, 3))),
-            Verdict::Unhealthy(
+            Verdict::unhealthy(
+                Code::AerFatal,
                 "PCIe AER: 1 fatal error on 0000:3b:00.0 since 2026-12-02T14:51:38Z (3 -> 4)"
-                    .into()
             )
         );
         assert_eq!(
             judge_aer(f, &counts(52, 7, 3), Some(&base(50, 7, 3))),
-            Verdict::Warn(
+            Verdict::warn(
+                Code::AerCorrectable,
                 "PCIe AER: 2 correctable errors on 0000:3b:00.0 since 2026-12-02T14:51:38Z (50 -> 52)"
-                    .into()
             )
         );
-        assert_eq!(
-            judge_aer(f, &counts(50, 8, 3), Some(&base(50, 7, 3))).status(),
-            "warn"
-        );
+        let v = judge_aer(f, &counts(50, 8, 3), Some(&base(50, 7, 3)));
+        assert_eq!((v.status(), v.code()), ("warn", Some(Code::AerNonfatal)));
         // counters below the baseline restarted: a reboot or reset, not a judgement
         assert_eq!(
             judge_aer(f, &counts(0, 0, 0), Some(&base(50, 7, 3))),
@@ -514,8 +527,9 @@ mod tests {
         fs::create_dir(f.join("aer_dev_correctable")).unwrap();
         let seen = FunctionSeen::read(&f, &state, None);
         let v = Verdict::worst(seen.judge());
+        assert_eq!(v.code(), Some(Code::PcieUnreadable), "{v:?}");
         assert_eq!(v.status(), "unknown", "{v:?}");
-        assert!(v.reason().unwrap().contains("aer_dev_correctable"), "{v:?}");
+        assert!(v.detail().unwrap().contains("aer_dev_correctable"), "{v:?}");
         let found = Findings {
             pcie: Some(vec![seen]),
             ..Findings::default()
@@ -547,8 +561,9 @@ mod tests {
         let f = "0000:3b:00.0";
         let v = judge_aer(f, &counts(0, 0, 1), Some(&base(50, 7, 0)));
         assert_eq!(v.status(), "unhealthy", "{v:?}");
+        assert_eq!(v.code(), Some(Code::AerFatal));
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .ends_with("1 fatal error on 0000:3b:00.0 since 2026-12-02T14:51:38Z (counters restarted: 0 -> 1)"),
             "{v:?}"
@@ -626,22 +641,33 @@ mod tests {
         t.write(&gpu, "current_link_width", "8\n");
         assert_eq!(
             judge_width(&gpu, Some(&port)),
-            Verdict::Warn("PCIe link of 0000:3b:00.0 is x8, below the x16 it (x16) and its upstream port 0000:00:01.0 (x16) support".into())
+            Verdict::warn(
+                Code::PcieLinkDegraded,
+                "PCIe link of 0000:3b:00.0 is x8, below the x16 it (x16) and its upstream port 0000:00:01.0 (x16) support"
+            )
         );
         // an x16 card in a slot wired x8: x8 is all it can be
         t.write(&port, "max_link_width", "8\n");
         assert_eq!(judge_width(&gpu, Some(&port)), Verdict::Healthy);
         assert_eq!(
             judge_width(&gpu, None),
-            Verdict::Warn("PCIe link of 0000:3b:00.0 is x8, below its maximum x16".into())
+            Verdict::warn(
+                Code::PcieLinkDegraded,
+                "PCIe link of 0000:3b:00.0 is x8, below its maximum x16"
+            )
         );
         // a function that stopped answering reads all ones
         t.write(&gpu, "current_link_width", "63\n");
-        assert_eq!(judge_width(&gpu, Some(&port)).status(), "unhealthy");
+        let v = judge_width(&gpu, Some(&port));
+        assert_eq!(v.status(), "unhealthy");
+        assert_eq!(v.code(), Some(Code::PcieNoResponse));
         t.write(&gpu, "current_link_width", "wide\n");
         assert_eq!(
             judge_width(&gpu, Some(&port)),
-            Verdict::Unknown("cannot parse link width \"wide\" / \"16\" of 0000:3b:00.0".into())
+            Verdict::unknown(
+                Code::PcieUnreadable,
+                "cannot parse link width \"wide\" / \"16\" of 0000:3b:00.0"
+            )
         );
         fs::remove_dir_all(&t.0).unwrap();
     }
@@ -706,7 +732,7 @@ mod tests {
         t.write(&gpu, "aer_dev_correctable", "RxErr x\n");
         let v = judge();
         assert!(
-            v.reason().unwrap().contains(
+            v.detail().unwrap().contains(
                 "cannot read AER counters of 0000:3b:00.0: aer_dev_correctable: bad count"
             ),
             "{v:?}"
@@ -721,7 +747,8 @@ mod tests {
         t.write(&port, "aer_dev_fatal", "DLP 1\nTOTAL_ERR_FATAL 1\n");
         let v = judge();
         assert!(
-            matches!(&v, Verdict::Unhealthy(r) if r.starts_with("pcie: PCIe AER: 1 fatal error on 0000:00:01.0 since ")),
+            matches!(&v, Verdict::Unhealthy(r) if r.code == Code::AerFatal
+                && r.detail.starts_with("pcie: PCIe AER: 1 fatal error on 0000:00:01.0 since ")),
             "{v:?}"
         );
         // and stays so at the next start, its "since" unmoved by a later correctable error
@@ -759,7 +786,7 @@ mod tests {
         assert_eq!(moved.aer.unwrap().correctable, 0);
         let v = judge();
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .starts_with("pcie: PCIe AER: 5 correctable errors on 0000:3b:00.0 since "),
             "{v:?}"
@@ -787,7 +814,7 @@ mod tests {
         };
         let v = PcieProbe::new(&t.0, &t.0.join("state"), None).check(&d, &mut found);
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .starts_with("pcie: PCIe link of 0000:3b:00.0 is x8"),
             "{v:?}"
@@ -798,7 +825,10 @@ mod tests {
             ..Findings::default()
         };
         let v = PcieProbe::new(&t.0, &t.0.join("state"), None).check(&d, &mut found);
-        assert_eq!(v, Verdict::NotApplicable("no PCI function".into()));
+        assert_eq!(
+            v,
+            Verdict::not_applicable(Code::NoPciFunction, "no PCI function")
+        );
         fs::remove_dir_all(&t.0).unwrap();
     }
 
@@ -824,14 +854,14 @@ mod tests {
         );
         assert_eq!(
             judge_replay(f, 905, Some(&with_replay(900, 1_796_223_098))),
-            Verdict::Warn(
+            Verdict::warn(
+                Code::PcieReplay,
                 "PCIe replay counter: 5 replays on 0000:3b:00.0 since 2026-12-02T14:51:38Z (900 -> 905)"
-                    .into()
             )
         );
         assert_eq!(
             judge_replay(f, 1, Some(&with_replay(0, 1_796_223_098)))
-                .reason()
+                .detail()
                 .unwrap(),
             "PCIe replay counter: 1 replay on 0000:3b:00.0 since 2026-12-02T14:51:38Z (0 -> 1)"
         );
@@ -932,7 +962,7 @@ mod tests {
         // replays since: one warning, then the baseline has moved past them
         let (v, _) = start(Reading::Value(43));
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .starts_with("pcie: PCIe replay counter: 3 replays on 0000:3b:00.0 since "),
             "{v:?}"
@@ -953,7 +983,8 @@ mod tests {
             assert_eq!(v, Verdict::Healthy);
             let judged = found.pcie.unwrap()[0].judge();
             let note = format!("PCIe replay counter of 0000:3b:00.0 not judged: {why}");
-            assert!(judged.contains(&Verdict::NotApplicable(note)), "{judged:?}");
+            let note = Verdict::not_applicable(Code::NotReported, note);
+            assert!(judged.contains(&note), "{judged:?}");
         }
         let b = baseline::read(&state, "0000:3b:00.0").unwrap().unwrap();
         assert_eq!(b.replay.map(|r| r.count), Some(43));
@@ -990,7 +1021,7 @@ mod tests {
         let mut found = Findings::default();
         let v = PcieProbe::new(&t.0, &state, Some(&g)).check(&d, &mut found);
         assert_eq!(v.status(), "warn", "{v:?}");
-        let why = v.reason().unwrap();
+        let why = v.detail().unwrap();
         assert!(
             why.contains("2 correctable errors") && why.contains("2 replays"),
             "{why}"
@@ -1061,7 +1092,7 @@ mod tests {
         let v = Verdict::worst(seen.judge());
         assert_eq!(v.status(), "unhealthy", "{v:?} from {seen:?}");
         assert!(
-            v.reason()
+            v.detail()
                 .unwrap()
                 .contains("1 fatal error on 0000:3b:00.0"),
             "{v:?}"
@@ -1132,7 +1163,7 @@ mod tests {
         let v = start(43);
         assert_eq!(v.status(), "warn", "{v:?}");
         assert!(
-            v.reason().unwrap().contains("3 replays on 0000:3b:00.0"),
+            v.detail().unwrap().contains("3 replays on 0000:3b:00.0"),
             "{v:?}"
         );
         assert_eq!(start(43), Verdict::Healthy, "warned once, then moved past");

@@ -4,7 +4,7 @@
 use super::seen::FunctionSeen;
 use crate::gpu::nvml::Reading;
 use crate::model::clock;
-use crate::model::verdict::Verdict;
+use crate::model::verdict::{Code, Verdict};
 use crate::store::pcie::{AerCounts, PcieBaseline, ReplayCount};
 
 /// Counters lower than the baseline restarted (the function was removed and added again:
@@ -45,17 +45,22 @@ pub fn judge_aer(name: &str, now: &AerCounts, base: Option<&PcieBaseline>) -> Ve
     };
     let mut findings = Vec::new();
     if now.fatal > aer.fatal {
-        findings.push(Verdict::Unhealthy(rise("fatal", aer.fatal, now.fatal)));
+        findings.push(Verdict::unhealthy(
+            Code::AerFatal,
+            rise("fatal", aer.fatal, now.fatal),
+        ));
     }
     if now.nonfatal > aer.nonfatal {
-        findings.push(Verdict::Warn(rise("non-fatal", aer.nonfatal, now.nonfatal)));
+        findings.push(Verdict::warn(
+            Code::AerNonfatal,
+            rise("non-fatal", aer.nonfatal, now.nonfatal),
+        ));
     }
     if now.correctable > aer.correctable {
-        findings.push(Verdict::Warn(rise(
-            "correctable",
-            aer.correctable,
-            now.correctable,
-        )));
+        findings.push(Verdict::warn(
+            Code::AerCorrectable,
+            rise("correctable", aer.correctable, now.correctable),
+        ));
     }
     match Verdict::worst(findings) {
         Verdict::NotApplicable(_) => Verdict::Healthy,
@@ -70,12 +75,15 @@ pub fn judge_replay(name: &str, now: u64, base: Option<&PcieBaseline>) -> Verdic
     match base.and_then(|b| b.replay) {
         Some(b) if now > b.count => {
             let n = now - b.count;
-            Verdict::Warn(format!(
-                "PCIe replay counter: {n} replay{} on {name} since {} ({} -> {now})",
-                if n == 1 { "" } else { "s" },
-                clock::rfc3339(b.time_unix),
-                b.count
-            ))
+            Verdict::warn(
+                Code::PcieReplay,
+                format!(
+                    "PCIe replay counter: {n} replay{} on {name} since {} ({} -> {now})",
+                    if n == 1 { "" } else { "s" },
+                    clock::rfc3339(b.time_unix),
+                    b.count
+                ),
+            )
         }
         _ => Verdict::Healthy,
     }
