@@ -359,3 +359,130 @@ fn a_terminal_on_stdin_is_refused_at_once() {
         "devgate: error: prestart: the container state is read on stdin, which is a terminal",
     );
 }
+
+/// `devgate hook STAGE` with `stdin` as the state, given `limit` to answer: a hook that
+/// blocks (on a FIFO it opened) is killed, and the test fails instead of hanging.
+fn hook_within(env: &Env, stage: &str, stdin: &[u8], limit: std::time::Duration) -> Output {
+    let mut child = env.hook_cmd(stage).spawn().unwrap();
+    let pid = child.id() as i32;
+    let mut pipe = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    std::thread::spawn(move || {
+        let _ = pipe.write_all(&data);
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) on the child this function started; the waiting thread has
+            // not reaped it, so the pid is still its own.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("devgate hook {stage} still running after {limit:?}: it blocked on an input");
+        }
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn mkfifo(path: &std::path::Path) {
+    let _ = fs::remove_file(path);
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+}
+
+/// A bundle whose container is given /dev/zero (1:5), so that devgate's config and the
+/// quarantine ledger are read.
+fn zero_bundle(tag: &str) -> Bundle {
+    let mut b = Bundle::new(tag, &["true"]);
+    b.add_device("/dev/zero", "c", 1, 5);
+    b.write();
+    b
+}
+
+/// A FIFO no one writes, in place of the bundle's config.json, devgate's config or a
+/// quarantine entry, must not hold the hook (and so the runtime) for ever: each is opened
+/// non-blocking and refused as not a regular file. The FIFO entry still quarantines.
+#[test]
+fn a_fifo_in_place_of_an_input_file_does_not_hold_the_hook() {
+    let limit = std::time::Duration::from_secs(20);
+    let env = Env::new("fifo-spec");
+    let b = zero_bundle("fifo-spec");
+    mkfifo(&b.dir.join("config.json"));
+    let out = hook_within(&env, "prestart", b.state_json("x").as_bytes(), limit);
+    assert_one_line_error(&out, "devgate: error: prestart: ");
+    assert!(text(&out).contains("not a regular file"), "{}", text(&out));
+
+    let env = Env::new("fifo-config");
+    let b = zero_bundle("fifo-config");
+    mkfifo(&env.config);
+    let out = hook_within(&env, "prestart", b.state_json("x").as_bytes(), limit);
+    assert_one_line_error(&out, "devgate: error: prestart: config");
+    assert!(text(&out).contains("not a regular file"), "{}", text(&out));
+
+    let env = Env::new("fifo-entry");
+    let b = zero_bundle("fifo-entry");
+    env.ok(&["cordon", "1:5", "--reason", "r"]);
+    mkfifo(&env.dir.join("quarantine/c-1-5.json"));
+    let out = hook_within(&env, "prestart", b.state_json("x").as_bytes(), limit);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        stderr(&out).starts_with("devgate: rejected /dev/zero (1:5): "),
+        "{}",
+        text(&out)
+    );
+}
+
+/// devgate's config past 1 MiB and a quarantine entry past 64 KiB are refused unread,
+/// however well-formed: a huge file costs the hook no more memory than its bound. The
+/// entry refused still quarantines its device.
+#[test]
+fn an_oversized_devgate_config_or_quarantine_entry_is_refused_unread() {
+    let env = Env::new("big-config");
+    let b = zero_bundle("big-config");
+    let mut cfg = fs::read(&env.config).unwrap();
+    cfg.splice(1..1, vec![b' '; 1 << 20]);
+    fs::write(&env.config, cfg).unwrap();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_one_line_error(&out, "devgate: error: prestart: config");
+    assert!(text(&out).contains("exceeds 1 MiB"), "{}", text(&out));
+
+    let env = Env::new("big-entry");
+    let b = zero_bundle("big-entry");
+    env.ok(&["cordon", "1:5", "--reason", "r"]);
+    let entry = env.dir.join("quarantine/c-1-5.json");
+    let mut e = fs::read(&entry).unwrap();
+    e.splice(1..1, vec![b' '; 64 << 10]);
+    fs::write(&entry, e).unwrap();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = stderr(&out);
+    assert!(
+        said.starts_with("devgate: rejected /dev/zero (1:5): ") && said.contains("exceeds 64 KiB"),
+        "{said}"
+    );
+}
+
+/// A quarantine entry that no longer parses (a crash mid-edit, a hand edit, a tamperer who
+/// can write there) still quarantines its device: the start is rejected, not let through
+/// as if the ledger were clear. Uncordoning it lets the start through again.
+#[test]
+fn a_damaged_quarantine_entry_still_rejects_its_device() {
+    let env = Env::new("damaged-entry");
+    let b = zero_bundle("damaged-entry");
+    env.ok(&["cordon", "1:5", "--reason", "r"]);
+    fs::write(env.dir.join("quarantine/c-1-5.json"), b"{\"reason\": ").unwrap();
+    let out = hook_with_stdin(&env, "prestart", b.state_json("x").as_bytes());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        stderr(&out).starts_with("devgate: rejected /dev/zero (1:5): "),
+        "{}",
+        text(&out)
+    );
+    env.ok(&["uncordon", "1:5"]);
+    let out = hook_with_stdin(&env, "prestart", b.state_json("y").as_bytes());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}

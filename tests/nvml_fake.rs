@@ -1895,3 +1895,58 @@ fn toolkit_config_named_by_the_toolkits_variable_counts() {
     );
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// A container's own environment and annotations only add GPUs to check, never take one
+/// off: a bad GPU its spec lists is rejected just as without them, whatever it sets. That
+/// holds for `all` (which alone only warns: the GPU stays the listed one, not one `all`
+/// chose), `void` and `none` (which alone select nothing), a CDI `all`, and devgate's own
+/// variables and the toolkit's, which in a container's env are not devgate's.
+#[test]
+fn a_containers_environment_never_takes_a_listed_gpu_off_the_check() {
+    require_root!();
+    let n = node("envlift", fake_nvml::lib(), json!({}));
+    let bad = node_with(
+        3,
+        json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
+    );
+    // what a devgate that read the container's DEVGATE_CONFIG would then go by
+    let mut lenient: Value = serde_json::from_slice(&fs::read(&n.env.config).unwrap()).unwrap();
+    lenient["policy"] = json!({"default": "allow", "on_unknown": "allow"});
+    let lenient_path = n.dir.join("lenient.json");
+    fs::write(&lenient_path, lenient.to_string()).unwrap();
+
+    let listed = spec_with_gpus(&[3]);
+    let plain = n.prestart(&listed, &bad);
+    assert_eq!(plain.status.code(), Some(1), "{}", text(&plain));
+    assert!(n.said(&plain).contains("195:3"), "{}", text(&plain));
+    let env_of = |vars: &[&str]| {
+        let mut s = listed.clone();
+        s["process"]["env"] = json!(vars);
+        s
+    };
+    let devgate_config = format!("DEVGATE_CONFIG={}", lenient_path.display());
+    let mut cdi_all = listed.clone();
+    cdi_all["annotations"] = json!({"cdi.k8s.io/x": "nvidia.com/gpu=all"});
+    let hostile = [
+        ("all", env_of(&["NVIDIA_VISIBLE_DEVICES=all"])),
+        ("void", env_of(&["NVIDIA_VISIBLE_DEVICES=void"])),
+        ("none", env_of(&["NVIDIA_VISIBLE_DEVICES=none"])),
+        ("empty", env_of(&["NVIDIA_VISIBLE_DEVICES="])),
+        (
+            "devgate's and the toolkit's variables",
+            env_of(&[
+                &devgate_config,
+                "DEVGATE_HANDED_ON=1",
+                "DEVGATE_RUNTIME_WRAPPED=1",
+                "NVIDIA_DISABLE_REQUIRE=true",
+                "NVIDIA_DRIVER_CAPABILITIES=all",
+            ]),
+        ),
+        ("a CDI all", cdi_all),
+    ];
+    for (what, spec) in hostile {
+        let out = n.prestart(&spec, &bad);
+        assert_eq!(out.status.code(), Some(1), "{what}: {}", text(&out));
+        assert_eq!(n.said(&out), n.said(&plain), "{what}");
+    }
+}

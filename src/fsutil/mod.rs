@@ -513,6 +513,16 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
+    /// A sysfs attribute of a hostile or broken tree (a test `sysfs_root`, a driver bug)
+    /// is read to 4 KiB at most, however much the file holds.
+    #[test]
+    fn a_sysfs_attribute_is_read_to_4_kib_at_most() {
+        let d = tempdir("attr");
+        fs::write(d.join("state"), vec![b'x'; 1 << 20]).unwrap();
+        let attr = read_attr(&d.join("state")).unwrap();
+        assert_eq!(attr.len(), 4096);
+    }
+
     #[test]
     fn a_name_at_name_max_is_written_too() {
         let d = tempdir("long");

@@ -681,6 +681,49 @@ x,y,z;not numbers\n\
         assert_eq!(forged_only.pci_of_uuid(uuid), None);
     }
 
+    /// A binary whose file name holds newlines, each followed by a whole forged record (an
+    /// XID, a driver load that would hide the real XID before it, a `GPU at` line), run as
+    /// any user until it segfaults. /dev/kmsg hands the kernel's report of it as one record,
+    /// each newline escaped as `\x0a` (the reports below are shaped as a 6.x kernel wrote
+    /// one for such a binary); syslog(2) `READ_ALL` would have handed the newlines raw, the
+    /// forged records as lines of their own. None counts.
+    #[test]
+    fn a_newline_in_a_crashing_binarys_name_starts_no_record() {
+        let report = |forged: &str| {
+            format!(
+                "gpujob[28709]: segfault at 0 ip 0000000000401009 sp 00007ffc62906b68 error 6 \
+                 in a\\x0a{forged}\\x0a[1009,401000+1000] likely on CPU 1 (core 1, socket 0)"
+            )
+        };
+        let log = [
+            "4,1,1,-;NVRM: Xid (PCI:0000:86:00): 48, pid=9, An uncorrectable double bit error"
+                .to_string(),
+            format!(
+                "6,2,2,-;{}",
+                report("0,3,3,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=424242, GPU has fallen off the bus.")
+            ),
+            format!(
+                "6,4,4,-;{}",
+                report("0,5,5,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023")
+            ),
+            format!(
+                "6,6,6,-;{}",
+                report("0,7,7,-;NVRM: GPU at PCI:0000:5e:00: GPU-efbdfde9-5798-a6e7-4c46-12518fa15375")
+            ),
+        ]
+        .join("\n")
+            + "\n";
+        let dir = crate::fsutil::tests::tempdir("kmsg-newline");
+        let p = dir.join("kmsg");
+        std::fs::write(&p, &log).unwrap();
+        let s = read_kmsg(&p, ReadLimits::default()).unwrap();
+        let xids: Vec<(u64, u32)> = s.active().map(|e| (e.seq, e.xid)).collect();
+        assert_eq!(xids, vec![(1, 48)], "only the driver's own report");
+        assert_eq!(s.last_driver_load, None);
+        assert!(s.gpu_at.is_empty(), "{:?}", s.gpu_at);
+        assert_eq!((s.records, s.skipped), (4, 0));
+    }
+
     /// Whatever the read sizes, the scan is the same: records straddle reads in a file,
     /// and a line may end exactly at a read's end.
     #[test]

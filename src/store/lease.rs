@@ -440,6 +440,22 @@ mod tests {
         );
     }
 
+    /// A lease names a pod's container, its pid and the devices it holds: another local
+    /// user reads neither it nor the ledger's lock.
+    #[test]
+    fn a_lease_is_readable_by_root_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let l = leases("private");
+        leased(
+            l.acquire(&cands(), &want("a", std::process::id() as i32))
+                .unwrap(),
+        );
+        for p in [l.path(num(6)), l.dir.join(".lock")] {
+            let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(format!("{mode:o}"), "600", "{}", p.display());
+        }
+    }
+
     #[test]
     fn dead_holder_is_reclaimed_damaged_file_is_kept() {
         let l = leases("reclaim");
