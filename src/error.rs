@@ -5,13 +5,13 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// A system call on a file failed.
     Io {
         what: String,
         path: PathBuf,
-        source: io::Error,
+        source: IoCause,
     },
     /// A JSON document did not parse; line and column come from serde_json.
     Parse {
@@ -38,7 +38,7 @@ impl Error {
         Error::Io {
             what: what.into(),
             path: path.as_ref().to_path_buf(),
-            source,
+            source: IoCause(source),
         }
     }
 
@@ -117,6 +117,50 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// An I/O error where the error that holds it is data too: cloned with an answer, compared
+/// in a test. It prints as the `io::Error` it holds and derefs to it (`kind()`,
+/// `raw_os_error()`); a clone keeps the OS error number, or else the kind and the text.
+#[derive(Debug)]
+pub struct IoCause(pub io::Error);
+
+impl Clone for IoCause {
+    fn clone(&self) -> Self {
+        IoCause(match self.0.raw_os_error() {
+            Some(n) => io::Error::from_raw_os_error(n),
+            None => io::Error::new(self.0.kind(), self.0.to_string()),
+        })
+    }
+}
+
+impl PartialEq for IoCause {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.kind() == other.0.kind()
+            && self.0.raw_os_error() == other.0.raw_os_error()
+            && self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for IoCause {}
+
+impl std::ops::Deref for IoCause {
+    type Target = io::Error;
+    fn deref(&self) -> &io::Error {
+        &self.0
+    }
+}
+
+impl From<io::Error> for IoCause {
+    fn from(e: io::Error) -> Self {
+        IoCause(e)
+    }
+}
+
+impl fmt::Display for IoCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 fn lower_first(s: &str) -> String {
     let mut c = s.chars();
     match c.next() {
@@ -173,6 +217,26 @@ mod tests {
             s,
             "config: line 1 column 9: invalid type: string \"x\", expected u8"
         );
+    }
+
+    #[test]
+    fn an_io_cause_clones_and_compares_as_the_error_it_holds() {
+        let os = IoCause::from(io::Error::from_raw_os_error(libc::EACCES));
+        let copy = os.clone();
+        assert_eq!(copy, os);
+        assert_eq!(copy.raw_os_error(), Some(libc::EACCES));
+        assert_eq!(copy.to_string(), "Permission denied (os error 13)");
+        let own = IoCause::from(io::Error::new(io::ErrorKind::InvalidData, "not a number"));
+        assert_eq!(own.clone(), own);
+        assert_eq!(own.clone().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(own.to_string(), "not a number");
+        assert_ne!(own, os);
+        let e = Error::io(
+            "cannot read",
+            "/x",
+            io::Error::from_raw_os_error(libc::ENOENT),
+        );
+        assert_eq!(e.clone(), e);
     }
 
     #[test]
