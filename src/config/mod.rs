@@ -236,7 +236,8 @@ impl Config {
                 ),
             ));
         }
-        xid::XidTable::new(&self.gpu.xid_actions).map_err(|e| Error::invalid(&what, e))?;
+        xid::XidTable::new(&self.gpu.xid_actions)
+            .map_err(|e| Error::invalid(&what, e.to_string()))?;
         self.check_class_names(&what)?;
         self.check_class_rules(&what)
     }

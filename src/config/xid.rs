@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -79,33 +80,71 @@ pub struct CatalogEntry {
 
 const CATALOG_TSV: &str = include_str!("xid_catalog.tsv");
 
+/// What is wrong with the XID table: a row of the built-in catalog, or one of the
+/// operator's `gpu.xid_actions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XidError {
+    /// Catalog line `line` (counted from 1) does not parse.
+    Catalog { line: usize, row: BadRow },
+    /// A `gpu.xid_actions` key that is not an XID number.
+    NotXid { key: String },
+    /// A `gpu.xid_actions` value that is not an action.
+    NotAction { key: String, value: String },
+}
+
+/// How a catalog row is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadRow {
+    /// Not 4 tab-separated fields.
+    Fields,
+    /// The first field, not a number.
+    Xid(&'static str),
+    /// The third field, not a resolution devgate knows.
+    Resolution(&'static str),
+}
+
+impl fmt::Display for XidError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            XidError::Catalog { line, row } => {
+                write!(f, "xid catalog line {line}: ")?;
+                match row {
+                    BadRow::Fields => write!(f, "not 4 tab-separated fields"),
+                    BadRow::Xid(x) => write!(f, "{x:?} is not a number"),
+                    BadRow::Resolution(r) => write!(f, "bad resolution {r:?}"),
+                }
+            }
+            XidError::NotXid { key } => write!(f, "gpu.xid_actions: {key:?} is not an XID number"),
+            XidError::NotAction { key, value } => write!(
+                f,
+                "gpu.xid_actions.{key}: {value:?} is not one of unhealthy, warn, ignore"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for XidError {}
+
 /// One data row of the catalog; `None` for a comment or blank line.
-fn parse_row(line: &'static str, number: usize) -> Option<Result<CatalogEntry, String>> {
+fn parse_row(line: &'static str, number: usize) -> Option<Result<CatalogEntry, XidError>> {
     if line.starts_with('#') || line.trim().is_empty() {
         return None;
     }
+    let bad = |row: BadRow| Some(Err(XidError::Catalog { line: number, row }));
     let mut f = line.splitn(4, '\t');
     let (Some(xid), Some(bucket), Some(resolution), Some(description)) =
         (f.next(), f.next(), f.next(), f.next())
     else {
-        return Some(Err(format!(
-            "xid catalog line {number}: not 4 tab-separated fields"
-        )));
+        return bad(BadRow::Fields);
     };
     if description.contains('\t') {
-        return Some(Err(format!(
-            "xid catalog line {number}: not 4 tab-separated fields"
-        )));
+        return bad(BadRow::Fields);
     }
     let Ok(xid) = xid.parse() else {
-        return Some(Err(format!(
-            "xid catalog line {number}: {xid:?} is not a number"
-        )));
+        return bad(BadRow::Xid(xid));
     };
     let Some(resolution) = XidResolution::parse(resolution) else {
-        return Some(Err(format!(
-            "xid catalog line {number}: bad resolution {resolution:?}"
-        )));
+        return bad(BadRow::Resolution(resolution));
     };
     Some(Ok(CatalogEntry {
         xid,
@@ -118,7 +157,7 @@ fn parse_row(line: &'static str, number: usize) -> Option<Result<CatalogEntry, S
 /// Parses the whole catalog text. Every row must parse: a unit test holds the checked-in
 /// file to that, so [`catalog_entry`] may skip the rows it is not asked about.
 #[cfg(test)]
-fn parse_catalog(text: &'static str) -> Result<Vec<CatalogEntry>, String> {
+fn parse_catalog(text: &'static str) -> Result<Vec<CatalogEntry>, XidError> {
     text.lines()
         .enumerate()
         .filter_map(|(i, line)| parse_row(line, i + 1))
@@ -148,21 +187,22 @@ pub struct XidTable {
 
 impl XidTable {
     /// Keys are XID numbers as strings, values `unhealthy`, `warn` or `ignore`.
-    pub fn new(overrides: &BTreeMap<String, String>) -> Result<XidTable, String> {
+    pub fn new(overrides: &BTreeMap<String, String>) -> Result<XidTable, XidError> {
         let mut t = XidTable::default();
         for (k, v) in overrides {
             let xid: u32 = k
                 .trim()
                 .parse()
-                .map_err(|_| format!("gpu.xid_actions: {k:?} is not an XID number"))?;
+                .map_err(|_| XidError::NotXid { key: k.clone() })?;
             let action = match v.as_str() {
                 "unhealthy" => XidAction::Unhealthy,
                 "warn" => XidAction::Warn,
                 "ignore" => XidAction::Ignore,
                 other => {
-                    return Err(format!(
-                        "gpu.xid_actions.{k}: {other:?} is not one of unhealthy, warn, ignore"
-                    ))
+                    return Err(XidError::NotAction {
+                        key: k.clone(),
+                        value: other.to_string(),
+                    })
                 }
             };
             t.overrides.insert(xid, action);
@@ -196,10 +236,32 @@ mod tests {
     fn bad_overrides_are_errors() {
         let mut o = BTreeMap::new();
         o.insert("x79".to_string(), "warn".to_string());
-        assert!(XidTable::new(&o).unwrap_err().contains("not an XID number"));
+        let e = XidTable::new(&o).unwrap_err();
+        assert_eq!(e, XidError::NotXid { key: "x79".into() });
+        assert_eq!(
+            e.to_string(),
+            "gpu.xid_actions: \"x79\" is not an XID number"
+        );
         let mut o = BTreeMap::new();
         o.insert("79".to_string(), "explode".to_string());
-        assert!(XidTable::new(&o).unwrap_err().contains("not one of"));
+        let e = XidTable::new(&o).unwrap_err();
+        assert!(matches!(e, XidError::NotAction { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "gpu.xid_actions.79: \"explode\" is not one of unhealthy, warn, ignore"
+        );
+        let row = parse_row("x\tRESET_GPU\treset\td", 7).unwrap().unwrap_err();
+        assert_eq!(row.to_string(), "xid catalog line 7: \"x\" is not a number");
+        let row = parse_row("1\tRESET_GPU\tboom\td", 8).unwrap().unwrap_err();
+        assert_eq!(
+            row.to_string(),
+            "xid catalog line 8: bad resolution \"boom\""
+        );
+        let row = parse_row("1\tRESET_GPU", 9).unwrap().unwrap_err();
+        assert_eq!(
+            row.to_string(),
+            "xid catalog line 9: not 4 tab-separated fields"
+        );
     }
 
     #[test]
@@ -238,11 +300,19 @@ mod tests {
 
     #[test]
     fn a_malformed_catalog_row_is_an_error_naming_its_line() {
-        assert!(parse_catalog("# c\n79\tRESTART_BM\treboot\n")
-            .unwrap_err()
-            .contains("line 2"));
-        assert!(parse_catalog("79\tRESTART_BM\texplode\td\n")
-            .unwrap_err()
-            .contains("bad resolution"));
+        assert_eq!(
+            parse_catalog("# c\n79\tRESTART_BM\treboot\n").unwrap_err(),
+            XidError::Catalog {
+                line: 2,
+                row: BadRow::Fields
+            }
+        );
+        assert_eq!(
+            parse_catalog("79\tRESTART_BM\texplode\td\n").unwrap_err(),
+            XidError::Catalog {
+                line: 1,
+                row: BadRow::Resolution("explode")
+            }
+        );
     }
 }
