@@ -12,7 +12,7 @@ use std::time::Duration;
 /// What the GPU probes read once per hook call: NVML's answer and the kernel log.
 pub struct GpuContext {
     pub nvml: nvml::NvmlAnswer,
-    pub kmsg: std::result::Result<kmsg::KmsgScan, String>,
+    pub kmsg: std::result::Result<kmsg::KmsgScan, kmsg::KmsgError>,
     pub xid_table: XidTable,
     pub limits: checks::Limits,
     /// The driver's own list of GPUs (minor ↔ PCI address), read before NVML.
@@ -114,7 +114,8 @@ impl GpuContext {
     }
 }
 
-pub(crate) type Kmsg = std::result::Result<kmsg::KmsgScan, String>;
+/// The kernel log as read for this hook call, or why it could not be.
+pub(crate) type Kmsg = std::result::Result<kmsg::KmsgScan, kmsg::KmsgError>;
 
 /// The kernel log, bounded by `probe_timeout_ms`, through the cache in `state_dir`.
 pub(crate) fn read_log(config: &Config) -> Kmsg {

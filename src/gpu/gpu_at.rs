@@ -211,7 +211,10 @@ mod tests {
             uuid: None,
         }];
         let down = NvmlAnswer {
-            gpus: Err("NVML did not answer in 2000 ms".into()),
+            gpus: Err(crate::gpu::nvml::QueryError::Timeout {
+                ms: 2000,
+                one_gpu: false,
+            }),
             driver_version: None,
             elapsed_us: 0,
             lookup: crate::gpu::nvml::Lookup::Enumeration,

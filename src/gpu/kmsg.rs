@@ -14,6 +14,7 @@
 //! would turn its segfault report into a line of its own, kernel facility and all.
 
 use super::gpu_at::{self, GpuAt};
+pub use super::kmsg_error::{KmsgError, KmsgStep};
 pub use super::kmsg_record::{is_driver_load, parse_record, parse_xid, Record};
 use super::kmsg_record::{parse_header, DRIVER_TAG};
 use super::pci::PciAddr;
@@ -314,7 +315,7 @@ fn find_newline(b: &[u8]) -> Option<usize> {
 /// /dev/kmsg returns one record per read() and EAGAIN at the end; EPIPE means the kernel
 /// overwrote records since the last read, and reading goes on. A regular file (a fixture,
 /// a saved log) is read the same way, in large reads.
-pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, String> {
+pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, KmsgError> {
     let mut f = open_log(path)?;
     let mut scanner = Scanner::new(limits);
     read_into(&mut f, path, &mut scanner, Instant::now())?;
@@ -322,12 +323,12 @@ pub fn read_kmsg(path: &Path, limits: ReadLimits) -> Result<KmsgScan, String> {
 }
 
 /// Opens the log without following a symlink and without blocking on reads.
-pub(crate) fn open_log(path: &Path) -> Result<File, String> {
+pub(crate) fn open_log(path: &Path) -> Result<File, KmsgError> {
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("cannot open kernel log {}: {e}", path.display()))
+        .map_err(|e| KmsgError::new(KmsgStep::Open, path, e))
 }
 
 /// Reads deadline checks apart: a clock read per record would cost a tenth of the read.
@@ -340,7 +341,7 @@ pub(crate) fn read_into(
     path: &Path,
     scanner: &mut Scanner,
     started: Instant,
-) -> Result<u64, String> {
+) -> Result<u64, KmsgError> {
     let regular = f.metadata().is_ok_and(|m| m.is_file());
     // /dev/kmsg: larger than the kernel's largest record, or it answers EINVAL. A file:
     // large reads, few calls.
@@ -364,7 +365,7 @@ pub(crate) fn read_into(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => scanner.scan.overwritten += 1,
-            Err(e) => return Err(format!("cannot read kernel log {}: {e}", path.display())),
+            Err(e) => return Err(KmsgError::new(KmsgStep::Read, path, e)),
         }
     }
     Ok(total)
@@ -591,7 +592,15 @@ x,y,z;not numbers\n\
         assert_eq!(s.events.len(), 6);
         assert_eq!(s.events.len(), 6);
         let e = read_kmsg(&dir.join("absent"), ReadLimits::default()).unwrap_err();
-        assert!(e.starts_with("cannot open kernel log /"), "{e}");
+        assert_eq!(e.step, KmsgStep::Open);
+        assert_eq!(e.source.kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot open kernel log {}: No such file or directory (os error 2)",
+                dir.join("absent").display()
+            )
+        );
         // a device that never ends stops at the byte bound
         let lim = ReadLimits {
             max_bytes: 1 << 20,
@@ -612,7 +621,7 @@ x,y,z;not numbers\n\
         let started = Instant::now();
         match read_kmsg(Path::new("/dev/kmsg"), ReadLimits::default()) {
             Ok(s) => assert!(s.records > 0 || s.last_seq.is_none()),
-            Err(e) => assert!(e.contains("/dev/kmsg"), "{e}"),
+            Err(e) => assert_eq!(e.path, Path::new("/dev/kmsg"), "{e}"),
         }
         assert!(started.elapsed() < Duration::from_secs(3));
     }

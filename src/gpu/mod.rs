@@ -18,6 +18,7 @@ mod context;
 pub mod driver;
 pub mod gpu_at;
 pub mod kmsg;
+mod kmsg_error;
 pub(crate) mod kmsg_record;
 pub(crate) mod nvml;
 pub mod pci;

@@ -2,7 +2,7 @@
 //! resolved against the driver's list or NVML's enumeration.
 
 use crate::gpu::driver::ProcGpu;
-use crate::gpu::nvml::NvmlAnswer;
+use crate::gpu::nvml::{NvmlAnswer, QueryError};
 use crate::gpu::pci::PciAddr;
 use crate::gpu::request::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
 use crate::gpu::selector::uuid_names;
@@ -20,7 +20,7 @@ pub struct GpuId {
 /// The GPUs selectors are resolved against, and who listed them; `Err` when nobody could.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KnownGpus {
-    pub ids: Result<Vec<GpuId>, String>,
+    pub ids: Result<Vec<GpuId>, QueryError>,
     /// `NVML` or `the driver`, for the warnings.
     pub by: &'static str,
 }
@@ -231,7 +231,7 @@ impl Resolved {
     /// numbering.
     fn without_list(
         &mut self,
-        why: &str,
+        why: &QueryError,
         sel: &GpuSelector,
         source: Source,
         how: &str,
@@ -392,7 +392,7 @@ mod tests {
         assert_eq!(chosen, vec![(0, all), (5, all), (2, cdi)]);
 
         let failed = NvmlAnswer {
-            gpus: Err("cannot load x".into()),
+            gpus: Err(crate::gpu::nvml::QueryError::Failed("cannot load x".into())),
             driver_version: None,
             elapsed_us: 0,
             lookup: Lookup::Enumeration,
@@ -422,7 +422,7 @@ mod tests {
     fn without_a_gpu_list_indexes_with_no_node_are_not_each_a_device() {
         let env = Source::NvidiaVisibleDevices;
         let failed = KnownGpus {
-            ids: Err("cannot load x".into()),
+            ids: Err(crate::gpu::nvml::QueryError::Failed("cannot load x".into())),
             by: "NVML",
         };
         let mut sel: Vec<_> = (0..1024).map(|i| (GpuSelector::Index(i), env)).collect();

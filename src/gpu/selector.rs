@@ -130,18 +130,26 @@ fn c_hex(s: &str, width: Option<usize>) -> Option<(u32, &str)> {
 
 /// `sscanf(token, "%x:%02x:%02x.0")` returning 3: the text after the third conversion
 /// does not matter to the count, so `0:3b:00` and `0:3b:00.7` pass as NVIDIA's do.
-/// `Some(Err)` for a bus id whose numbers cannot be any GPU's (a bus or device that
+/// [`BusId::NoGpuHas`] for a bus id whose numbers cannot be any GPU's (a bus or device that
 /// `%02x` prints wider than two digits: a negative one).
-fn pci_bus_id(t: &str) -> Option<Result<(u32, u8, u8), String>> {
+fn pci_bus_id(t: &str) -> Option<BusId> {
     let (domain, rest) = c_hex(t, None)?;
     let rest = rest.strip_prefix(':')?;
     let (bus, rest) = c_hex(rest, Some(2))?;
     let rest = rest.strip_prefix(':')?;
     let (device, _) = c_hex(rest, Some(2))?;
     Some(match (u8::try_from(bus), u8::try_from(device)) {
-        (Ok(b), Ok(v)) => Ok((domain, b, v)),
-        _ => Err("a PCI bus id whose numbers no GPU has".into()),
+        (Ok(b), Ok(v)) => BusId::Gpu(domain, b, v),
+        _ => BusId::NoGpuHas,
     })
+}
+
+/// A token read as a PCI bus id.
+enum BusId {
+    /// Domain, bus and device.
+    Gpu(u32, u8, u8),
+    /// The form of one, with numbers no GPU has.
+    NoGpuHas,
 }
 
 /// `sscanf(token, "%lu:%lu") == 2`.
@@ -206,14 +214,14 @@ pub fn parse(token: &str) -> Option<GpuSelector> {
         return Some(GpuSelector::Uuid(token.to_string()));
     }
     match pci_bus_id(token) {
-        Some(Ok((domain, bus, device))) => {
+        Some(BusId::Gpu(domain, bus, device)) => {
             return Some(GpuSelector::PciBusId {
                 domain,
                 bus,
                 device,
             })
         }
-        Some(Err(why)) => return invalid(&why),
+        Some(BusId::NoGpuHas) => return invalid("a PCI bus id whose numbers no GPU has"),
         None => {}
     }
     match c_decimal(token) {

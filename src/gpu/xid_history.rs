@@ -26,7 +26,10 @@
 //! cache anyway; the boot id covers a state_dir that is not.
 
 use super::gpu_at::{self, GpuAt, MAX_GPU_AT};
-use super::kmsg::{keep_newest, open_log, read_into, KmsgScan, ReadLimits, Scanner, XidEvent};
+use super::kmsg::{
+    keep_newest, open_log, read_into, KmsgError, KmsgScan, KmsgStep, ReadLimits, Scanner, XidEvent,
+};
+pub use super::kmsg_error::CacheError;
 use crate::fsutil::{ensure_private_dir, read_bounded, read_regular_file, write_atomic_volatile};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
@@ -82,13 +85,13 @@ pub fn read_with_history(
     limits: ReadLimits,
     state_dir: &Path,
     proc_root: &Path,
-) -> Result<KmsgScan, String> {
+) -> Result<KmsgScan, KmsgError> {
     // Start-up trick (docs/performance.md). Plain: scan the whole log each call.
     let started = Instant::now();
     let mut f = open_log(path)?;
     let meta = f
         .metadata()
-        .map_err(|e| format!("cannot stat kernel log {}: {e}", path.display()))?;
+        .map_err(|e| KmsgError::new(KmsgStep::Stat, path, e))?;
     let regular = meta.is_file();
     let boot_id = if regular {
         String::new()
@@ -135,7 +138,7 @@ pub fn read_with_history(
             here.state_dir.join(HISTORY_FILE).display()
         );
         f.seek(SeekFrom::Start(0))
-            .map_err(|e| format!("cannot seek kernel log {}: {e}", path.display()))?;
+            .map_err(|e| KmsgError::new(KmsgStep::Seek, path, e))?;
         return full_scan(&mut f, path, limits, started, Some(&here));
     }
     let complete = s.line_complete();
@@ -199,7 +202,7 @@ fn full_scan(
     limits: ReadLimits,
     started: Instant,
     here: Option<&Here>,
-) -> Result<KmsgScan, String> {
+) -> Result<KmsgScan, KmsgError> {
     let mut s = Scanner::new(limits);
     let read = read_into(f, path, &mut s, started)?;
     let complete = s.line_complete();
@@ -305,15 +308,15 @@ pub fn load(path: &Path, limits: ReadLimits) -> Option<History> {
     None
 }
 
-fn read_checked(f: &File, path: &Path) -> Result<Vec<u8>, String> {
-    let meta = f.metadata().map_err(|e| e.to_string())?;
+fn read_checked(f: &File, path: &Path) -> Result<Vec<u8>, CacheError> {
+    let meta = f.metadata().map_err(|e| CacheError::Stat(e.into()))?;
     let euid = nix::unistd::geteuid().as_raw();
     if !meta.is_file() || meta.uid() != euid || meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "not a regular file of uid {euid} with mode 0600 (uid {}, mode {:o})",
-            meta.uid(),
-            meta.mode() & 0o7777
-        ));
+        return Err(CacheError::NotPrivate {
+            euid,
+            uid: meta.uid(),
+            mode: meta.mode() & 0o7777,
+        });
     }
     read_bounded(
         f.take(MAX_CACHE_BYTES + 1),
@@ -321,12 +324,12 @@ fn read_checked(f: &File, path: &Path) -> Result<Vec<u8>, String> {
         "XID history",
         path,
     )
-    .map_err(|e| e.to_string())
+    .map_err(CacheError::Read)
 }
 
 /// The cache file's bytes, checked for what no scan could have written.
-pub fn parse(bytes: &[u8], limits: ReadLimits) -> Result<History, String> {
-    let c: History = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse(bytes: &[u8], limits: ReadLimits) -> Result<History, CacheError> {
+    let c: History = serde_json::from_slice(bytes).map_err(|e| CacheError::Json(e.to_string()))?;
     let fits = |seq: u64| seq <= c.last_seq;
     let ok = c.version == VERSION
         && c.events.len() <= limits.max_events
@@ -351,10 +354,7 @@ pub fn parse(bytes: &[u8], limits: ReadLimits) -> Result<History, String> {
     if ok {
         Ok(c)
     } else {
-        Err(format!(
-            "version {} or its contents are not what a scan writes",
-            c.version
-        ))
+        Err(CacheError::Inconsistent { version: c.version })
     }
 }
 

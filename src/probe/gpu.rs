@@ -5,7 +5,7 @@
 use super::findings::{Findings, Probe};
 use crate::config::xid::XidTable;
 use crate::gpu::checks::{checks, verdict_for, Limits};
-use crate::gpu::kmsg::KmsgScan;
+use crate::gpu::kmsg::{KmsgError, KmsgScan};
 use crate::gpu::nvml::{GpuFacts, Lookup, NvmlAnswer, Reading};
 use crate::gpu::pci::PciAddr;
 use crate::gpu::xid::{blocks, judge_reports};
@@ -32,7 +32,7 @@ impl Probe for NvmlProbe<'_> {
         }
         let gpus = match &self.answer.gpus {
             Ok(g) => g,
-            Err(why) => return Verdict::unknown(Code::NvmlUnanswered, why.clone()),
+            Err(why) => return Verdict::unknown(Code::NvmlUnanswered, why.to_string()),
         };
         let minor = device.num.minor;
         match self.answer.gpu_by_minor(minor) {
@@ -88,7 +88,7 @@ fn missing_minor(minor: u32, gpus: &[GpuFacts]) -> Verdict {
 }
 
 pub struct XidProbe<'a> {
-    pub scan: &'a Result<KmsgScan, String>,
+    pub scan: &'a Result<KmsgScan, KmsgError>,
     pub table: &'a XidTable,
     /// Where the GPUs' PCI addresses come from: NVML, else the driver's /proc list (so
     /// that a report, XID 154's recovery action above all, still counts when NVML hangs).
@@ -111,7 +111,7 @@ impl Probe for XidProbe<'_> {
         }
         let scan = match self.scan {
             Ok(s) => s,
-            Err(e) => return Verdict::unknown(Code::KernelLogUnreadable, e.clone()),
+            Err(e) => return Verdict::unknown(Code::KernelLogUnreadable, e.to_string()),
         };
         let minor = device.num.minor;
         let pci = self
@@ -227,7 +227,10 @@ mod tests {
         );
         assert_eq!(snap.pci_of_minor(7).unwrap().to_string(), "0000:2b:00.0");
         let failed = NvmlAnswer {
-            gpus: Err("NVML did not answer in 2000 ms".into()),
+            gpus: Err(crate::gpu::nvml::QueryError::Timeout {
+                ms: 2000,
+                one_gpu: false,
+            }),
             driver_version: None,
             elapsed_us: 0,
             lookup: Lookup::Enumeration,
@@ -249,7 +252,7 @@ mod tests {
     fn probe_needs_the_gpus_address_only_when_a_report_would_block() {
         let gpu = Device::linux_gpu(1);
         let no_nvml = NvmlAnswer {
-            gpus: Err("cannot load x".into()),
+            gpus: Err(crate::gpu::nvml::QueryError::Failed("cannot load x".into())),
             driver_version: None,
             elapsed_us: 0,
             lookup: Lookup::Enumeration,
@@ -309,7 +312,11 @@ mod tests {
         let v = p.check(&gpu, &mut Findings::default());
         assert_eq!(v.status(), "unknown");
         assert_eq!(v.code(), Some(Code::GpuAddressUnknown));
-        let unreadable = Err("cannot open kernel log /dev/kmsg: permission denied".to_string());
+        let unreadable = Err(KmsgError::new(
+            crate::gpu::kmsg::KmsgStep::Open,
+            std::path::Path::new("/dev/kmsg"),
+            std::io::Error::from_raw_os_error(libc::EACCES),
+        ));
         let p = XidProbe {
             scan: &unreadable,
             table: &table,
@@ -347,7 +354,7 @@ mod tests {
             b"4,1,1,-;NVRM: Xid (PCI:0000:2b:00): 13, app\n",
             ReadLimits::default(),
         );
-        let p = |scan: &Result<KmsgScan, String>| {
+        let p = |scan: &Result<KmsgScan, KmsgError>| {
             XidProbe {
                 scan,
                 table: &table,

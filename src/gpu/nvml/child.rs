@@ -3,6 +3,7 @@
 //! ([`super::view`]), opens NVML, writes the answer; then `_exit`s. And the query process
 //! ([`serve`]) that forks them for a hook with other threads.
 
+use super::error::{QueryError, ViewError};
 use super::isolate::wire::{Answer, Job};
 use super::query;
 use super::view::GpuView;
@@ -33,7 +34,7 @@ pub fn serve(args: &[OsString]) -> ! {
                 run_child(&library, &proc_root, &[(*fd, job.clone())])
             }
             Ok(nix::unistd::ForkResult::Parent { .. }) => {}
-            Err(e) => write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}"))),
+            Err(e) => write_answer(*fd, &Answer::Failed(QueryError::Fork(e).to_string())),
         }
         // SAFETY: the fd is this process's copy of the job's pipe, used by nothing else.
         drop(unsafe { OwnedFd::from_raw_fd(*fd) });
@@ -94,7 +95,7 @@ pub(super) fn run_child(library: &OsString, proc_root: &OsString, jobs: &[(RawFd
         };
         let started = Instant::now();
         let opened = std::panic::catch_unwind(|| query::open(library, flags(job)))
-            .unwrap_or_else(|_| Err("the NVML query panicked".into()));
+            .unwrap_or(Err(QueryError::Panicked));
         let init_us = started.elapsed().as_micros() as u64;
         let answer = match &opened {
             Ok(nvml) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -103,8 +104,8 @@ pub(super) fn run_child(library: &OsString, proc_root: &OsString, jobs: &[(RawFd
                 }
                 answer(nvml, job, init_us, driver_version.clone(), unisolated)
             }))
-            .unwrap_or_else(|_| Answer::Failed("the NVML query panicked".into())),
-            Err(e) => Answer::Failed(e.clone()),
+            .unwrap_or_else(|_| Answer::Failed(QueryError::Panicked.to_string())),
+            Err(e) => Answer::Failed(e.to_string()),
         };
         write_answer(*fd, &answer);
         // SAFETY: this process's copy of the job's pipe, used by nothing else after this.
@@ -126,7 +127,7 @@ pub(super) fn run_child(library: &OsString, proc_root: &OsString, jobs: &[(RawFd
 
 /// The view this child's GPU jobs are asked on, or why there is none. NVML is then opened
 /// on every GPU the driver lists: the answers stay true, only the isolation is lost.
-fn gpu_view(proc_root: &Path, jobs: &[(RawFd, Job)]) -> Result<GpuView, String> {
+fn gpu_view(proc_root: &Path, jobs: &[(RawFd, Job)]) -> Result<GpuView, ViewError> {
     let wanted: Vec<&str> = jobs
         .iter()
         .filter_map(|(_, j)| match j {
@@ -135,10 +136,10 @@ fn gpu_view(proc_root: &Path, jobs: &[(RawFd, Job)]) -> Result<GpuView, String> 
         })
         .collect();
     if wanted.is_empty() {
-        return Err("no GPU asked for by address".into());
+        return Err(ViewError::NoGpuAsked);
     }
     std::panic::catch_unwind(|| GpuView::enter(proc_root, &wanted))
-        .unwrap_or_else(|_| Err("the mount namespace setup panicked".into()))
+        .unwrap_or(Err(ViewError::Panicked))
 }
 
 /// Loads the library once for the life of this process, so that each job's open and shut
@@ -166,7 +167,7 @@ fn answer(
     job: &Job,
     init_us: u64,
     driver_version: Option<String>,
-    unisolated: Option<String>,
+    unisolated: Option<ViewError>,
 ) -> Answer {
     let gpus = match job {
         Job::Gpu { bus_id, index } => Ok(vec![query::one_gpu(nvml, bus_id, *index)]),
@@ -177,9 +178,9 @@ fn answer(
             driver_version,
             gpus,
             init_us,
-            unisolated,
+            unisolated: unisolated.map(|e| e.to_string()),
         },
-        Err(e) => Answer::Failed(e),
+        Err(e) => Answer::Failed(e.to_string()),
     }
 }
 

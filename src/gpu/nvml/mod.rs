@@ -10,17 +10,19 @@
 //! pure and is where every threshold lives.
 
 pub(crate) mod child;
+pub(crate) mod error;
 pub(crate) mod facts;
 pub(crate) mod isolate;
 pub(crate) mod query;
 pub(crate) mod stuck;
 mod view;
 
+pub use error::QueryError;
 pub use facts::{display_bus_id, GpuCounters, GpuFacts, Link, Reading, LOST};
 
 use super::driver::ProcGpu;
 use super::pci::PciAddr;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,7 +42,8 @@ pub enum Lookup {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NvmlAnswer {
     /// `Err` is the reason every GPU check is unknown (library missing, init failed, timeout).
-    pub gpus: Result<Vec<GpuFacts>, String>,
+    #[serde(serialize_with = "gpus_or_why")]
+    pub gpus: Result<Vec<GpuFacts>, QueryError>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
     pub elapsed_us: u64,
@@ -62,7 +65,7 @@ impl NvmlAnswer {
         meanwhile: impl FnOnce(),
     ) -> NvmlAnswer {
         let started = Instant::now();
-        let mut answers: Vec<Option<Result<isolate::Answer, String>>> = gpus
+        let mut answers: Vec<Option<Result<isolate::Answer, QueryError>>> = gpus
             .iter()
             .map(|(_, p)| stuck.still_stuck(&p.pci).map(Err))
             .collect();
@@ -85,9 +88,9 @@ impl NvmlAnswer {
                 answers[i] = Some(asked.answer);
             }
         }
-        let answers: Vec<Result<isolate::Answer, String>> = answers
+        let answers: Vec<Result<isolate::Answer, QueryError>> = answers
             .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err("not asked".into())))
+            .map(|a| a.unwrap_or(Err(QueryError::NotAsked)))
             .collect();
         let (facts, driver_version, init) = merge(gpus, answers);
         if !gpus.is_empty() {
@@ -118,7 +121,7 @@ impl NvmlAnswer {
             meanwhile,
         )
         .pop()
-        .map_or_else(|| Err("no answer".into()), |a| a.answer);
+        .map_or(Err(QueryError::NoAnswer), |a| a.answer);
         let (gpus, driver_version) = match answer {
             Ok(isolate::Answer::Gpus {
                 driver_version,
@@ -133,7 +136,8 @@ impl NvmlAnswer {
                 log_times(started, init);
                 (Ok(gpus), driver_version)
             }
-            Ok(isolate::Answer::Failed(e)) | Err(e) => (Err(e), None),
+            Ok(isolate::Answer::Failed(e)) => (Err(QueryError::Failed(e)), None),
+            Err(e) => (Err(e), None),
         };
         NvmlAnswer {
             gpus,
@@ -183,8 +187,8 @@ impl NvmlAnswer {
 /// whose process did not answer, or failed alone, is unknown on its own.
 fn merge(
     gpus: &[(u32, ProcGpu)],
-    answers: Vec<Result<isolate::Answer, String>>,
-) -> (Result<Vec<GpuFacts>, String>, Option<String>, InitTimes) {
+    answers: Vec<Result<isolate::Answer, QueryError>>,
+) -> (Result<Vec<GpuFacts>, QueryError>, Option<String>, InitTimes) {
     let mut version = None;
     let mut init = InitTimes::default();
     let mut facts = Vec::with_capacity(gpus.len());
@@ -218,10 +222,11 @@ fn merge(
                 ),
             ),
             Ok(isolate::Answer::Failed(e)) => {
-                failures.push(e.clone());
-                unanswered(*index, &e)
+                let f = unanswered(*index, &e);
+                failures.push(QueryError::Failed(e));
+                f
             }
-            Err(e) => unanswered(*index, &e),
+            Err(e) => unanswered(*index, &e.to_string()),
         };
         f.index = *index;
         f.minor = Reading::Value(p.minor);
@@ -260,6 +265,18 @@ fn log_times(started: Instant, init: InitTimes) {
 /// A GPU NVML gave no facts for: unknown, not lost.
 fn unanswered(index: u32, why: &str) -> GpuFacts {
     GpuFacts::unreachable(index, why.to_string(), false)
+}
+
+/// `gpus` as it was written before the error was typed: `{"Ok": [...]}`, or `{"Err":
+/// "why"}` with the reason's words.
+fn gpus_or_why<S: Serializer>(
+    gpus: &Result<Vec<GpuFacts>, QueryError>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match gpus {
+        Ok(g) => s.serialize_newtype_variant("Result", 0, "Ok", g),
+        Err(e) => s.serialize_newtype_variant("Result", 1, "Err", &e.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -313,7 +330,10 @@ pub(crate) mod tests {
                 init_us: 0,
                 unisolated: None,
             }),
-            Err("NVML did not answer for this GPU in 2000 ms".into()),
+            Err(QueryError::Timeout {
+                ms: 2000,
+                one_gpu: true,
+            }),
             Ok(Answer::Gpus {
                 driver_version: None,
                 gpus: vec![lost],
@@ -356,7 +376,10 @@ pub(crate) mod tests {
             Ok(Answer::Failed(why.into())),
             Ok(Answer::Failed(why.into())),
         ];
-        assert_eq!(merge(&gpus, all).0, Err(why.to_string()));
+        assert_eq!(
+            merge(&gpus, all).0,
+            Err(QueryError::Failed(why.to_string()))
+        );
         // one GPU's failure is that GPU's alone
         let one = vec![
             Ok(Answer::Failed("NVML init failed (x): Unknown".into())),
@@ -381,7 +404,7 @@ pub(crate) mod tests {
                 init_us: 0,
                 unisolated: None,
             }),
-            Err("x".into()),
+            Err(QueryError::NoAnswer),
         ];
         let facts = merge(&gpus, two).0.unwrap();
         assert!(facts[0]
@@ -394,13 +417,22 @@ pub(crate) mod tests {
     #[test]
     fn a_child_that_writes_garbage_is_unknown_with_a_clear_reason() {
         use isolate::{decode, Answer, MAX_ANSWER};
-        assert!(decode(b"").unwrap_err().contains("without an answer"));
-        assert!(decode(b"{\"gpus\": 1}")
-            .unwrap_err()
-            .contains("malformed answer"));
-        assert!(decode(&vec![b' '; MAX_ANSWER + 1])
-            .unwrap_err()
-            .contains("more than"));
+        let crashed = decode(b"").unwrap_err();
+        assert_eq!(crashed, QueryError::Crashed);
+        assert_eq!(
+            crashed.to_string(),
+            "the NVML query process ended without an answer (it crashed)"
+        );
+        let malformed = decode(b"{\"gpus\": 1}").unwrap_err();
+        assert!(
+            matches!(malformed, QueryError::Malformed(_)),
+            "{malformed:?}"
+        );
+        assert!(malformed.to_string().contains("malformed answer"));
+        assert_eq!(
+            decode(&vec![b' '; MAX_ANSWER + 1]).unwrap_err().to_string(),
+            format!("the NVML query process wrote more than {MAX_ANSWER} bytes")
+        );
         let a = Answer::Gpus {
             driver_version: Some("550.54.15".into()),
             gpus: vec![healthy(2), GpuFacts::unreachable(3, LOST.into(), true)],
@@ -428,8 +460,8 @@ pub(crate) mod tests {
             init_us: 0,
             unisolated: None,
         };
-        assert!(decode(&serde_json::to_vec(&many).unwrap())
-            .unwrap_err()
-            .contains("too many GPUs"));
+        let e = decode(&serde_json::to_vec(&many).unwrap()).unwrap_err();
+        assert_eq!(e, QueryError::AnsweredTooMany);
+        assert!(e.to_string().contains("too many GPUs"), "{e}");
     }
 }

@@ -6,6 +6,7 @@
 //! call devgate makes itself through [`Nvml::lib`] would panic on a missing symbol; it
 //! checks the symbol first. The process ends with `_exit` and never calls nvmlShutdown.
 
+use super::error::QueryError;
 use super::facts::{GpuFacts, Link, Reading, RemappedRows, LOST, MAX_GPUS};
 use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
@@ -24,7 +25,7 @@ pub const FI_DEV_GET_GPU_RECOVERY_ACTION: u32 = 230;
 /// 580.159.04: count 0, a lookup by PCI bus id NOT_FOUND, by index INVALID_ARGUMENT). Init
 /// attaches every GPU NVML enumerates; a query child asking about one GPU shows NVML only
 /// that GPU first ([`super::view`]).
-pub fn open(library: &OsStr, flags: InitFlags) -> Result<Nvml, String> {
+pub fn open(library: &OsStr, flags: InitFlags) -> Result<Nvml, QueryError> {
     Nvml::builder()
         .lib_path(library)
         .flags(flags)
@@ -32,12 +33,21 @@ pub fn open(library: &OsStr, flags: InitFlags) -> Result<Nvml, String> {
         .map_err(|e| init_error(library, &e))
 }
 
-fn init_error(library: &OsStr, e: &NvmlError) -> String {
-    let lib = library.to_string_lossy();
+fn init_error(library: &OsStr, e: &NvmlError) -> QueryError {
+    let library = library.to_string_lossy().into_owned();
     match e {
-        NvmlError::LibloadingError(le) => format!("cannot load {lib}: {le}"),
-        NvmlError::FailedToLoadSymbol(s) => format!("{lib} is not a usable NVML library: {s}"),
-        other => format!("NVML init failed ({lib}): {other}"),
+        NvmlError::LibloadingError(le) => QueryError::Load {
+            library,
+            cause: le.to_string(),
+        },
+        NvmlError::FailedToLoadSymbol(s) => QueryError::NotNvml {
+            library,
+            cause: s.clone(),
+        },
+        other => QueryError::Init {
+            library,
+            cause: other.to_string(),
+        },
     }
 }
 
@@ -58,12 +68,15 @@ pub fn one_gpu(nvml: &Nvml, bus_id: &str, index: u32) -> GpuFacts {
 
 /// Every GPU NVML counts, by index: only for a node whose driver list cannot be read, where
 /// nothing else says which PCI address /dev/nvidiaN is.
-pub fn every_gpu(nvml: &Nvml) -> Result<Vec<GpuFacts>, String> {
-    let count = nvml
-        .device_count()
-        .map_err(|e| format!("NVML cannot count GPUs: {e}"))?;
+pub fn every_gpu(nvml: &Nvml) -> Result<Vec<GpuFacts>, QueryError> {
+    let count = nvml.device_count().map_err(|e| QueryError::Count {
+        cause: e.to_string(),
+    })?;
     if count > MAX_GPUS {
-        return Err(format!("NVML reports {count} GPUs, more than {MAX_GPUS}"));
+        return Err(QueryError::TooMany {
+            count,
+            max: MAX_GPUS,
+        });
     }
     Ok((0..count)
         .map(|i| match nvml.device_by_index(i) {

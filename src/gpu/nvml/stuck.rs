@@ -11,6 +11,7 @@
 //! process per GPU; the file goes when the process has ended.
 
 use super::super::pci::PciAddr;
+use super::error::QueryError;
 use crate::fsutil::{
     ensure_private_dir, read_regular_file, remove_volatile, write_atomic_volatile,
 };
@@ -35,16 +36,14 @@ impl Stuck {
 
     /// Why GPU `pci` is not asked now: an earlier query of it is still stuck. A note whose
     /// process has ended (or is a zombie) is removed.
-    pub fn still_stuck(&self, pci: &PciAddr) -> Option<String> {
+    pub fn still_stuck(&self, pci: &PciAddr) -> Option<QueryError> {
         let path = self.path(pci);
         let bytes = read_regular_file(&path, 128, "stuck NVML query note").ok()?;
         let note = parse(&String::from_utf8_lossy(&bytes));
         match note {
             Some((pid, start, since)) if started_at(pid) == Some(start) => {
                 let secs = now().saturating_sub(since);
-                Some(format!(
-                    "an NVML query on this GPU has been stuck for {secs} s (pid {pid}); not asked again until it ends"
-                ))
+                Some(QueryError::Stuck { secs, pid })
             }
             _ => {
                 let _ = remove_volatile(&path);
@@ -123,7 +122,12 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let why = s.still_stuck(&pci).unwrap();
         assert!(
-            why.contains(&format!("(pid {})", std::process::id())),
+            matches!(why, QueryError::Stuck { pid, .. } if pid == std::process::id() as i32),
+            "{why:?}"
+        );
+        assert!(
+            why.to_string()
+                .contains(&format!("(pid {})", std::process::id())),
             "{why}"
         );
         // a note naming a pid whose start time differs (a reused pid) is stale

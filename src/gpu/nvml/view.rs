@@ -10,6 +10,7 @@
 //! then attaches that GPU alone, and a GPU that hangs at attach holds only the child asking
 //! about it. Nothing here outlives the child: the namespace ends with it.
 
+use super::error::ViewError;
 use crate::gpu::pci::PciAddr;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use std::ffi::OsString;
@@ -34,15 +35,17 @@ impl GpuView {
     /// back, then opens each directory of the list that one of `wanted` (NVML's
     /// `00000000:3B:00.0`) names. Nothing is covered yet ([`GpuView::show`] does). Err says why the
     /// GPUs cannot be shown one at a time (no list, not root, no namespaces).
-    pub(super) fn enter(proc_root: &Path, wanted: &[&str]) -> Result<GpuView, String> {
+    pub(super) fn enter(proc_root: &Path, wanted: &[&str]) -> Result<GpuView, ViewError> {
         let gpus_dir = proc_root.join("driver/nvidia/gpus");
         let wanted: Vec<PciAddr> = wanted.iter().filter_map(|w| PciAddr::parse(w)).collect();
         // First the namespace, then the directories: a bind's source must be a mount of
         // the namespace it is made in, so they are opened in the new one.
-        std::fs::metadata(&gpus_dir)
-            .map_err(|e| format!("cannot read {}: {e}", gpus_dir.display()))?;
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-            .map_err(|e| format!("cannot make a mount namespace: {e}"))?;
+        let unreadable = |e: std::io::Error| ViewError::Read {
+            path: gpus_dir.clone(),
+            source: e.into(),
+        };
+        std::fs::metadata(&gpus_dir).map_err(unreadable)?;
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(ViewError::Namespace)?;
         // Shared mounts would carry the tmpfs out to the host's namespace. Slave, not
         // private: the host's unmounts still reach this copy, so a child stuck on a hung
         // GPU (it may live until reboot) does not hold the node's old mounts (a container's
@@ -54,9 +57,8 @@ impl GpuView {
             MsFlags::MS_REC | MsFlags::MS_SLAVE,
             None::<&str>,
         )
-        .map_err(|e| format!("cannot make the mounts one-way: {e}"))?;
-        let entries = std::fs::read_dir(&gpus_dir)
-            .map_err(|e| format!("cannot read {}: {e}", gpus_dir.display()))?;
+        .map_err(ViewError::OneWay)?;
+        let entries = std::fs::read_dir(&gpus_dir).map_err(unreadable)?;
         let mut dirs = Vec::new();
         for e in entries.take(MAX_GPU_DIRS).flatten() {
             let name = e.file_name();
@@ -74,7 +76,10 @@ impl GpuView {
                     | nix::fcntl::OFlag::O_NOFOLLOW,
                 nix::sys::stat::Mode::empty(),
             )
-            .map_err(|e| format!("cannot open {}: {e}", gpus_dir.join(&name).display()))?;
+            .map_err(|errno| ViewError::Open {
+                path: gpus_dir.join(&name),
+                errno,
+            })?;
             // SAFETY: open returned a new descriptor that nothing else owns.
             dirs.push((addr, name, unsafe {
                 <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
@@ -92,15 +97,15 @@ impl GpuView {
     /// whose directory was not found is not shown an empty list (NVML would take it for
     /// lost): Err, and NVML sees the whole list. On Err the list is left uncovered where it
     /// could be.
-    pub(super) fn show(&mut self, bus_id: &str) -> Result<(), String> {
+    pub(super) fn show(&mut self, bus_id: &str) -> Result<(), ViewError> {
         self.uncover()?;
         let Some((_, name, fd)) = PciAddr::parse(bus_id)
             .and_then(|addr| self.dirs.iter().find(|(a, _, _)| same_function(a, &addr)))
         else {
-            return Err(format!(
-                "{} has no directory for {bus_id} that this process opened",
-                self.gpus_dir.display()
-            ));
+            return Err(ViewError::NoDirectory {
+                list: self.gpus_dir.clone(),
+                bus_id: bus_id.to_string(),
+            });
         };
         mount(
             Some("tmpfs"),
@@ -109,11 +114,17 @@ impl GpuView {
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             Some("mode=0555,size=64k"),
         )
-        .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", self.gpus_dir.display()))?;
+        .map_err(|errno| ViewError::Cover {
+            list: self.gpus_dir.clone(),
+            errno,
+        })?;
         self.covered = true;
         let target = self.gpus_dir.join(name);
         let bound = std::fs::create_dir(&target)
-            .map_err(|e| format!("cannot make {}: {e}", target.display()))
+            .map_err(|e| ViewError::MakeDir {
+                path: target.clone(),
+                source: e.into(),
+            })
             .and_then(|()| {
                 // The directory as opened before the tmpfs covered it.
                 let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
@@ -124,7 +135,10 @@ impl GpuView {
                     MsFlags::MS_BIND,
                     None::<&str>,
                 )
-                .map_err(|e| format!("cannot bind {}: {e}", target.display()))
+                .map_err(|errno| ViewError::Bind {
+                    path: target.clone(),
+                    errno,
+                })
             });
         if bound.is_err() {
             let _ = self.uncover();
@@ -133,10 +147,12 @@ impl GpuView {
     }
 
     /// Takes this view's tmpfs (and the bind in it) off the list.
-    pub(super) fn uncover(&mut self) -> Result<(), String> {
+    pub(super) fn uncover(&mut self) -> Result<(), ViewError> {
         if self.covered {
-            umount2(&self.gpus_dir, MntFlags::MNT_DETACH)
-                .map_err(|e| format!("cannot unmount {}: {e}", self.gpus_dir.display()))?;
+            umount2(&self.gpus_dir, MntFlags::MNT_DETACH).map_err(|errno| ViewError::Uncover {
+                list: self.gpus_dir.clone(),
+                errno,
+            })?;
             self.covered = false;
         }
         Ok(())
@@ -175,11 +191,15 @@ mod tests {
             Path::new("/nonexistent-devgate-proc"),
             &["00000000:3B:00.0"],
         );
-        assert!(
-            r.as_ref()
-                .is_err_and(|e| e.starts_with("cannot read /nonexistent-devgate-proc/")),
-            "{:?}",
-            r.err()
-        );
+        match r {
+            Err(ViewError::Read { path, source }) => {
+                assert_eq!(
+                    path,
+                    Path::new("/nonexistent-devgate-proc/driver/nvidia/gpus")
+                );
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("{:?}", other.err()),
+        }
     }
 }

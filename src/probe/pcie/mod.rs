@@ -620,7 +620,11 @@ mod tests {
         GpuContext {
             nvml,
             proc_gpus: proc,
-            kmsg: Err("not read".into()),
+            kmsg: Err(crate::gpu::kmsg::KmsgError::new(
+                crate::gpu::kmsg::KmsgStep::Read,
+                Path::new("/dev/kmsg"),
+                std::io::Error::from_raw_os_error(libc::EIO),
+            )),
             xid_table: Default::default(),
             limits: crate::gpu::checks::Limits {
                 max_volatile_uncorrectable_ecc: 0,
@@ -706,7 +710,10 @@ mod tests {
         assert_eq!(check(None).0.status(), "not_applicable");
         // NVML stuck or missing: the driver's /proc list still names the function
         let stuck = NvmlAnswer {
-            gpus: Err("NVML did not answer within 2000 ms".into()),
+            gpus: Err(crate::gpu::nvml::QueryError::Timeout {
+                ms: 2000,
+                one_gpu: false,
+            }),
             driver_version: None,
             elapsed_us: 0,
             lookup: crate::gpu::nvml::Lookup::Enumeration,

@@ -31,6 +31,7 @@
 mod pipes;
 pub(super) mod wire;
 
+use super::error::QueryError;
 use pipes::{exec_query_process, fork_groups, make_pipes, may_fork_children, Collected};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -39,20 +40,18 @@ pub use wire::{Answer, Job, MAX_ANSWER, QUERY_ARG};
 
 /// Reads what a child wrote. Anything but one well-formed answer is the child's fault and
 /// says so; no answer is trusted to be smaller than it says.
-pub fn decode(bytes: &[u8]) -> Result<Answer, String> {
+pub fn decode(bytes: &[u8]) -> Result<Answer, QueryError> {
     if bytes.is_empty() {
-        return Err("the NVML query process ended without an answer (it crashed)".into());
+        return Err(QueryError::Crashed);
     }
     if bytes.len() > MAX_ANSWER {
-        return Err(format!(
-            "the NVML query process wrote more than {MAX_ANSWER} bytes"
-        ));
+        return Err(QueryError::AnswerTooLarge { max: MAX_ANSWER });
     }
-    let a: Answer = serde_json::from_slice(bytes)
-        .map_err(|e| format!("the NVML query process wrote a malformed answer: {e}"))?;
+    let a: Answer =
+        serde_json::from_slice(bytes).map_err(|e| QueryError::Malformed(e.to_string()))?;
     if let Answer::Gpus { gpus, .. } = &a {
         if gpus.len() > super::facts::MAX_GPUS as usize {
-            return Err("the NVML query process answered for too many GPUs".into());
+            return Err(QueryError::AnsweredTooMany);
         }
     }
     Ok(a)
@@ -60,7 +59,7 @@ pub fn decode(bytes: &[u8]) -> Result<Answer, String> {
 
 /// What one job came back with.
 pub struct Asked {
-    pub answer: Result<Answer, String>,
+    pub answer: Result<Answer, QueryError>,
     /// The child that had not answered by the deadline, where the hook forked it itself.
     pub stuck: Option<i32>,
 }
@@ -91,7 +90,7 @@ pub fn ask(
         Ok(p) => p,
         Err(e) => {
             meanwhile();
-            return fail_all(jobs, &e);
+            return fail_all(jobs, e);
         }
     };
     let writes: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
@@ -108,7 +107,7 @@ pub fn ask(
     meanwhile();
     let mut started = match started {
         Ok(s) => s,
-        Err(e) => return fail_all(jobs, &e),
+        Err(e) => return fail_all(jobs, e),
     };
     let mut got = Collected::new(jobs.len());
     if let Started::Forked(pids) = &mut started {
@@ -144,10 +143,8 @@ pub fn ask(
             };
             let answer = match (r, job) {
                 (Some(bytes), _) => decode(&bytes),
-                (None, Job::Gpu { .. }) => {
-                    Err(format!("NVML did not answer for this GPU in {ms} ms"))
-                }
-                (None, Job::Every) => Err(format!("NVML did not answer in {ms} ms")),
+                (None, Job::Gpu { .. }) => Err(QueryError::Timeout { ms, one_gpu: true }),
+                (None, Job::Every) => Err(QueryError::Timeout { ms, one_gpu: false }),
             };
             Asked { answer, stuck }
         })
@@ -242,10 +239,10 @@ impl Started {
     }
 }
 
-fn fail_all(jobs: &[Job], why: &str) -> Vec<Asked> {
+fn fail_all(jobs: &[Job], why: QueryError) -> Vec<Asked> {
     jobs.iter()
         .map(|_| Asked {
-            answer: Err(why.to_string()),
+            answer: Err(why.clone()),
             stuck: None,
         })
         .collect()

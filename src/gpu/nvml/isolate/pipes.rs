@@ -5,17 +5,18 @@
 use super::wire::{Answer, Job, MAX_ANSWER, QUERY_ARG};
 use crate::fsutil::program;
 use crate::gpu::nvml::child::{run_child, write_answer};
+use crate::gpu::nvml::error::QueryError;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-pub(super) fn make_pipes(n: usize) -> Result<Vec<(OwnedFd, OwnedFd)>, String> {
+pub(super) fn make_pipes(n: usize) -> Result<Vec<(OwnedFd, OwnedFd)>, QueryError> {
     (0..n)
         .map(|_| {
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-                .map_err(|e| format!("cannot make a pipe: {e}"))
+                .map_err(QueryError::Pipe)
         })
         .collect()
 }
@@ -61,7 +62,7 @@ pub(super) fn fork_groups(
             }
             Err(e) => {
                 for (fd, _) in &mine {
-                    write_answer(*fd, &Answer::Failed(format!("cannot fork: {e}")));
+                    write_answer(*fd, &Answer::Failed(QueryError::Fork(e).to_string()));
                 }
             }
         }
@@ -76,18 +77,15 @@ pub(super) fn exec_query_process(
     proc_root: &Path,
     writes: &[RawFd],
     jobs: &[Job],
-) -> Result<std::process::Child, String> {
+) -> Result<std::process::Child, QueryError> {
     // A statically linked devgate (the hook front) cannot load NVML, in its children
     // either: it asks the dynamically linked devgate beside it.
     let mut cmd = if program::linked_statically() {
-        let mut c = Command::new(program::devgate_beside().map_err(|e| e.to_string())?);
+        let mut c = Command::new(program::devgate_beside().map_err(QueryError::NoDevgate)?);
         c.env(program::HANDED_ON_ENV, "1");
         c
     } else {
-        Command::new(
-            std::env::current_exe()
-                .map_err(|e| format!("cannot find devgate's own binary: {e}"))?,
-        )
+        Command::new(std::env::current_exe().map_err(|e| QueryError::OwnBinary(e.into()))?)
     };
     cmd.arg0("devgate")
         .arg(QUERY_ARG)
@@ -112,8 +110,10 @@ pub(super) fn exec_query_process(
             Ok(())
         });
     }
-    cmd.spawn()
-        .map_err(|e| format!("cannot start the NVML query process: {e}"))
+    cmd.spawn().map_err(|e| QueryError::Spawn {
+        program: PathBuf::from(cmd.get_program()),
+        source: e.into(),
+    })
 }
 
 /// What the pipes brought so far: each job's bytes, and whether its pipe has ended.
