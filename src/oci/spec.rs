@@ -16,6 +16,29 @@ use std::path::{Path, PathBuf};
 
 pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
+/// A CRI annotation whose containerd key and CRI-O key hold different values
+/// (`Spec::cri_annotation`): one of them is the pod's own forgery, so neither names
+/// anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnotationConflict {
+    /// containerd's key.
+    pub containerd: String,
+    /// CRI-O's key.
+    pub crio: String,
+}
+
+impl fmt::Display for AnnotationConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the annotations {} and {} disagree (one is the pod's own)",
+            self.containerd, self.crio
+        )
+    }
+}
+
+impl std::error::Error for AnnotationConflict {}
+
 // Every struct below is read by `go_object!`: exact keys once each, a key Go's
 // encoding/json would fold to one of them refused (see gokeys).
 
@@ -278,14 +301,15 @@ impl Spec {
         &'a self,
         state: &'a BTreeMap<String, String>,
         (containerd, crio): (&str, &str),
-    ) -> std::result::Result<Option<&'a str>, String> {
+    ) -> std::result::Result<Option<&'a str>, AnnotationConflict> {
         match (
             self.annotation(state, containerd),
             self.annotation(state, crio),
         ) {
-            (Some(a), Some(b)) if a != b => Err(format!(
-                "the annotations {containerd} and {crio} disagree (one is the pod's own)"
-            )),
+            (Some(a), Some(b)) if a != b => Err(AnnotationConflict {
+                containerd: containerd.to_string(),
+                crio: crio.to_string(),
+            }),
             (a, b) => Ok(a.or(b)),
         }
     }

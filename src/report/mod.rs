@@ -2,6 +2,7 @@
 //! faults found at stop, the termination message kubelet shows, and the node inventory
 //! behind `status`, `check` and `metrics`.
 
+pub(crate) mod error;
 pub(crate) mod fault;
 pub(crate) mod inventory;
 pub(crate) mod metrics;

@@ -18,6 +18,7 @@
 
 use crate::model::text::one_line;
 use crate::oci::spec::Spec;
+use crate::report::error::TargetError;
 use crate::report::termination::{self, NAME_KEYS, UID_KEYS};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -52,28 +53,32 @@ fn attempt_of(name: &str) -> Option<u64> {
 
 /// The newest `<n>.log` in `dir`, by number. Only names are read here; the file itself is
 /// opened without following any symlink.
-fn newest_attempt(dir: &Path) -> Result<PathBuf, String> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+fn newest_attempt(dir: &Path) -> Result<PathBuf, TargetError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| TargetError::CannotList {
+        dir: dir.to_path_buf(),
+        source: e.into(),
+    })?;
     entries
         .take(DIR_ENTRIES_LIMIT)
         .filter_map(|e| e.ok())
         .filter_map(|e| Some((attempt_of(e.file_name().to_str()?)?, e.file_name())))
         .max_by_key(|(n, _)| *n)
         .map(|(_, name)| dir.join(name))
-        .ok_or_else(|| format!("no <n>.log in {}", dir.display()))
+        .ok_or_else(|| TargetError::NoAttempt {
+            dir: dir.to_path_buf(),
+        })
 }
 
 /// One CRI annotation that both runtimes set, as a plain path component.
 fn component<'a>(
     spec: &'a Spec,
     state_annotations: &'a BTreeMap<String, String>,
-    keys: (&str, &str),
-) -> Result<&'a str, String> {
+    keys: (&'static str, &'static str),
+) -> Result<&'a str, TargetError> {
     match spec.cri_annotation(state_annotations, keys)? {
         Some(v) if termination::plain_name(v) => Ok(v),
-        Some(_) => Err(format!("{} is not a plain file name", keys.0)),
-        None => Err(format!("no {} or {} annotation", keys.0, keys.1)),
+        Some(_) => Err(TargetError::NotPlainName { key: keys.0 }),
+        None => Err(TargetError::NoAnnotation { keys }),
     }
 }
 
@@ -85,7 +90,7 @@ pub fn container_log_dir(
     spec: &Spec,
     state_annotations: &BTreeMap<String, String>,
     logs_dir: &Path,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, TargetError> {
     let ns = component(spec, state_annotations, NAMESPACE_KEYS)?;
     let pod = component(spec, state_annotations, POD_NAME_KEYS)?;
     let uid = component(spec, state_annotations, UID_KEYS)?;
@@ -99,7 +104,7 @@ pub fn log_file(
     spec: &Spec,
     state_annotations: &BTreeMap<String, String>,
     logs_dir: &Path,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, TargetError> {
     let dir = container_log_dir(spec, state_annotations, logs_dir)?;
     let Some(path) = spec.annotation(state_annotations, LOG_PATH_KEY) else {
         return newest_attempt(&dir);
@@ -110,10 +115,10 @@ pub fn log_file(
         .and_then(|n| n.to_str())
         .and_then(attempt_of);
     if path.parent() != Some(dir.as_path()) || attempt.is_none() {
-        return Err(format!(
-            "{LOG_PATH_KEY} is not <n>.log in {} (the pod's own?)",
-            dir.display()
-        ));
+        return Err(TargetError::LogPathElsewhere {
+            key: LOG_PATH_KEY,
+            dir,
+        });
     }
     Ok(path.to_path_buf())
 }
@@ -251,9 +256,9 @@ mod tests {
         let (d, none) = (Path::new("/var/log/pods"), BTreeMap::new());
         let mut forged = CD.to_vec();
         forged.push(("io.kubernetes.pod.uid", "victim"));
-        assert!(log_file(&spec_with(&forged), &none, d)
-            .unwrap_err()
-            .contains("disagree"));
+        let e = log_file(&spec_with(&forged), &none, d).unwrap_err();
+        assert!(matches!(e, TargetError::Conflict(_)), "{e:?}");
+        assert!(e.to_string().contains("disagree"), "{e}");
         for p in [
             "/etc/shadow",
             "/var/log/pods/kube-system_etcd_u0/etcd/0.log",

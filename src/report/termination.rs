@@ -11,6 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::oci::spec::Spec;
+use crate::report::error::TargetError;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::File;
@@ -59,19 +60,20 @@ pub fn host_file(
     spec: &Spec,
     state_annotations: &BTreeMap<String, String>,
     pods_dir: &Path,
-) -> std::result::Result<PathBuf, String> {
+) -> std::result::Result<PathBuf, TargetError> {
     let (uid, name) = match (
         spec.cri_annotation(state_annotations, UID_KEYS)?,
         spec.cri_annotation(state_annotations, NAME_KEYS)?,
     ) {
         (Some(u), Some(n)) => (u, n),
-        _ => return Err("no CRI pod uid and container name annotations".into()),
+        _ => return Err(TargetError::NoPodAnnotations),
     };
     if !plain_name(uid) || !plain_name(name) {
-        return Err("the CRI pod uid or container name is not a plain file name".into());
+        return Err(TargetError::PodNamesNotPlain);
     }
     let dir = pods_dir.join(uid).join("containers").join(name);
-    spec.mounts
+    let found = spec
+        .mounts
         .iter()
         .rev()
         .filter(|m| m.is_bind())
@@ -82,13 +84,8 @@ pub fn host_file(
                 Err(_) => return false,
             };
             matches!(rest.next(), Some(Component::Normal(_))) && rest.next().is_none()
-        })
-        .ok_or_else(|| {
-            format!(
-                "no bind mount of kubelet's termination file in {}",
-                dir.display()
-            )
-        })
+        });
+    found.ok_or(TargetError::NoTerminationMount { dir })
 }
 
 /// kubelet's terminationMessagePolicy, from the container annotation it sets (labels.go's
@@ -207,7 +204,7 @@ pub fn deliver(
     pods_dir: &Path,
     lines: &[String],
 ) -> Delivery {
-    let not_written = |why: String| Delivery {
+    let not_written = |why: &dyn std::fmt::Display| Delivery {
         host_path: None,
         written: false,
         note: format!("not written: {why}"),
@@ -215,11 +212,11 @@ pub fn deliver(
         left_for_logs: false,
     };
     let Some(spec) = spec else {
-        return not_written("no bundle spec".into());
+        return not_written(&"no bundle spec");
     };
     match host_file(spec, state_annotations, pods_dir) {
         Ok(h) => write(pods_dir, &h, lines, policy(spec, state_annotations)),
-        Err(why) => not_written(why),
+        Err(why) => not_written(&why),
     }
 }
 
@@ -488,6 +485,7 @@ mod tests {
             ],
         );
         let e = host_file(&s, &none, pods).unwrap_err();
-        assert!(e.contains("disagree"), "{e}");
+        assert!(matches!(e, TargetError::Conflict(_)), "{e:?}");
+        assert!(e.to_string().contains("disagree"), "{e}");
     }
 }
