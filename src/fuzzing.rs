@@ -388,7 +388,7 @@ pub fn aer_counters(data: &[u8]) {
         match parse_aer(text, key) {
             Ok(n) => parsed.push(n),
             // two quoted pieces of at most 64 characters, each escaped to at most 10 bytes
-            Err(e) => assert!(e.len() <= 2048, "{e}"),
+            Err(e) => assert!(e.to_string().len() <= 2048, "{e}"),
         }
     }
     for (i, &n) in parsed.iter().enumerate() {

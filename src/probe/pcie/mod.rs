@@ -91,10 +91,22 @@ fn gpu_function(sysfs_root: &Path, device: &Device, gpu: &GpuContext) -> Option<
 
 const NVIDIA_VENDOR: &str = "0x10de";
 
-fn read_width(dir: &Path, file: &str) -> Option<Result<u32, String>> {
+fn read_width(dir: &Path, file: &str) -> Option<Result<u32, NotAWidth>> {
     let t = read_attr(&dir.join(file)).ok()?;
-    Some(t.parse::<u32>().map_err(|_| shorten(&t)))
+    Some(t.parse::<u32>().map_err(|_| NotAWidth(shorten(&t))))
 }
+
+/// A link width file's text, shortened, where it is not a number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NotAWidth(String);
+
+impl std::fmt::Display for NotAWidth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "link width {:?} is not a number", self.0)
+    }
+}
+
+impl std::error::Error for NotAWidth {}
 
 /// The link width against what both ends support. Generation is not judged (see above).
 pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
@@ -112,8 +124,8 @@ pub fn judge_width(pci: &Path, up: Option<&Path>) -> Verdict {
                 Code::PcieUnreadable,
                 format!(
                     "cannot parse link width {:?} / {:?} of {name}",
-                    c.map_or_else(|e| e, |v| v.to_string()),
-                    m.map_or_else(|e| e, |v| v.to_string())
+                    c.map_or_else(|e| e.0, |v| v.to_string()),
+                    m.map_or_else(|e| e.0, |v| v.to_string())
                 ),
             )
         }
@@ -161,7 +173,7 @@ impl FunctionSeen {
         // counters restarted. Read the other way round, a gate on the same function at the
         // same time (a GPU two pods share) could write a newer baseline in between, and
         // counts below it read as a restart: a fatal rise passed and was retaken past.
-        let baseline = baseline::read(state_dir, &name).map_err(|e| e.to_string());
+        let baseline = baseline::read(state_dir, &name);
         FunctionSeen {
             dir: dir.to_path_buf(),
             name,
@@ -182,7 +194,7 @@ impl FunctionSeen {
                 Code::PcieUnreadable,
                 format!("cannot read AER counters of {name}: {e}"),
             ),
-            (Some(Ok(_)), Err(e)) => Verdict::unknown(Code::PcieBaselineDamaged, e.clone()),
+            (Some(Ok(_)), Err(e)) => Verdict::unknown(Code::PcieBaselineDamaged, e.to_string()),
             (Some(Ok(now)), Ok(b)) => judge_aer(name, now, b),
         }];
         match (&self.replay, base) {
@@ -191,7 +203,7 @@ impl FunctionSeen {
             // A damaged baseline is said once, by the AER verdict when it read one.
             (Some(Reading::Value(_)), Err(_)) if aer_read => {}
             (Some(Reading::Value(_)), Err(e)) => {
-                out.push(Verdict::unknown(Code::PcieBaselineDamaged, e.clone()))
+                out.push(Verdict::unknown(Code::PcieBaselineDamaged, e.to_string()))
             }
             (Some(other), _) => out.push(Verdict::not_applicable(
                 Code::NotReported,
@@ -363,6 +375,7 @@ pub fn advance_baselines(
 
 #[cfg(test)]
 mod tests {
+    use super::aer::{AerError, AerFault};
     use super::*;
     use crate::model::device::{DevNum, DevType};
     use crate::probe::sysfs::tests::Tree;
@@ -413,24 +426,37 @@ mod tests {
             ("RxErr -1\n", "bad count \"-1\""),
             ("RxErr 99999999999999999999999\n", "bad count"),
         ] {
-            let e = parse_aer(text, "TOTAL_ERR_COR").unwrap_err();
+            let e = parse_aer(text, "TOTAL_ERR_COR").unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
         // a hostile or broken tree: an endless file is read to its bound and refused
         let t = Tree::new("pcie-huge");
         let f = t.pci("0000:3b:00.0", true);
         t.write(&f, "aer_dev_fatal", &"x".repeat(100_000));
-        assert!(
-            matches!(read_aer(&f), Some(Err(e)) if e.starts_with("aer_dev_fatal: unexpected line"))
-        );
+        assert!(matches!(
+            read_aer(&f),
+            Some(Err(AerError::Parse {
+                file: "aer_dev_fatal",
+                fault: AerFault::UnexpectedLine(_)
+            }))
+        ));
         t.write(&f, "aer_dev_fatal", "TOTAL_ERR_FATAL 0\n");
         t.write(&f, "aer_dev_nonfatal", &"RxErr 1\n".repeat(10_000));
-        assert!(matches!(read_aer(&f), Some(Err(e)) if e.contains("more than 64 lines")));
+        let e = read_aer(&f).unwrap().unwrap_err();
+        assert_eq!(
+            e,
+            AerError::Parse {
+                file: "aer_dev_nonfatal",
+                fault: AerFault::TooManyLines { max: 64 }
+            }
+        );
+        assert_eq!(e.to_string(), "aer_dev_nonfatal: more than 64 lines");
         fs::remove_dir_all(&t.0).unwrap();
         let many = "RxErr 0\n".repeat(100);
-        assert!(parse_aer(&many, "TOTAL_ERR_COR")
-            .unwrap_err()
-            .contains("more than 64 lines"));
+        assert_eq!(
+            parse_aer(&many, "TOTAL_ERR_COR"),
+            Err(AerFault::TooManyLines { max: 64 })
+        );
     }
 
     fn counts(c: u64, n: u64, f: u64) -> AerCounts {
@@ -544,10 +570,21 @@ mod tests {
         fs::remove_file(f.join("aer_dev_fatal")).unwrap();
         fs::create_dir(f.join("aer_dev_fatal")).unwrap();
         assert!(
-            matches!(read_aer(&f), Some(Err(e)) if e.starts_with("aer_dev_fatal: cannot read")),
+            matches!(
+                read_aer(&f),
+                Some(Err(AerError::Read {
+                    file: "aer_dev_fatal",
+                    ..
+                }))
+            ),
             "{:?}",
             read_aer(&f)
         );
+        assert!(read_aer(&f)
+            .unwrap()
+            .unwrap_err()
+            .to_string()
+            .starts_with("aer_dev_fatal: cannot read: "));
         fs::remove_dir_all(&t.0).unwrap();
     }
 
