@@ -2,6 +2,7 @@
 //! healthy spare (`remap`), editing its device cgroup (`cgroup`) and its /dev (`nsdev`).
 
 pub mod cgroup;
+pub(crate) mod error;
 pub(crate) mod nsdev;
 pub(crate) mod remap;
 pub(crate) mod spare;

@@ -4,6 +4,7 @@
 //! failure leaves the container rejected, saying why, and gives back what it leased.
 
 use super::cgroup::{self, Location};
+use super::error::RemapError;
 use super::nsdev::{self, ContainerProcess};
 use super::spare::{self, give_back, Grant, Holder, Leased, SpareRequest};
 use crate::config::Config;
@@ -87,16 +88,11 @@ fn rootfs(state: &State, spec: &Spec) -> Result<PathBuf> {
 /// Why a cgroup cannot take a remap that lasts: systemd re-applies a unit's device
 /// policy on `systemctl daemon-reload`, undoing a direct edit. The runtime wrapper remaps
 /// in the spec instead, which the runtime hands to systemd.
-pub fn systemd_refusal(loc: &Location, systemd_running: bool) -> Option<String> {
+pub fn systemd_refusal(loc: &Location, systemd_running: bool) -> Option<RemapError> {
     let unit = loc.systemd_unit()?;
-    systemd_running.then(|| {
-        format!(
-            "{} belongs to systemd unit {unit}, whose device policy systemd re-applies on \
-             daemon-reload, undoing a hook's edit; under the systemd cgroup driver remap with \
-             devgate's runtime wrapper, which changes the spec before the runtime creates the \
-             container (docs/wrapper.md)",
-            loc.describe()
-        )
+    systemd_running.then(|| RemapError::SystemdUnit {
+        cgroup: loc.describe(),
+        unit,
     })
 }
 
@@ -121,11 +117,11 @@ struct Ctx<'a> {
 }
 
 /// Denies `bad` and allows `spare` in the container's device cgroup; says what was edited.
-fn edit_cgroup(cx: &Ctx, bad: DevNum, spare: DevNum) -> std::result::Result<String, String> {
+fn edit_cgroup(cx: &Ctx, bad: DevNum, spare: DevNum) -> std::result::Result<String, RemapError> {
     match &cx.loc {
         Location::V1 { dir, .. } => cgroup::v1::remap(dir, bad, spare)
             .map(|()| cx.loc.describe())
-            .map_err(|e| format!("cannot edit the device cgroup: {e}")),
+            .map_err(RemapError::EditCgroup),
         Location::V2 { dir, .. } => cgroup::v2::remap(dir, bad, spare)
             .map(|r| {
                 format!(
@@ -136,12 +132,12 @@ fn edit_cgroup(cx: &Ctx, bad: DevNum, spare: DevNum) -> std::result::Result<Stri
                     r.new
                 )
             })
-            .map_err(|e| format!("cannot extend the device programs: {e}")),
+            .map_err(RemapError::ExtendPrograms),
     }
 }
 
 /// Replaces the container's node for `d` with one for `spare`; says what the node is now.
-fn edit_node(cx: &Ctx, d: &Device, spare: DevNum) -> std::result::Result<String, String> {
+fn edit_node(cx: &Ctx, d: &Device, spare: DevNum) -> std::result::Result<String, RemapError> {
     let Some(cp) = &d.container_path else {
         return Ok("no container path (a cgroup rule only)".to_string());
     };
@@ -166,13 +162,13 @@ fn edit_node(cx: &Ctx, d: &Device, spare: DevNum) -> std::result::Result<String,
             r.gid
         )
     })
-    .map_err(|e| format!("cannot replace the node in the container: {e}"))
+    .map_err(RemapError::ReplaceNode)
 }
 
 /// One device: lease a spare, then the cgroup (first: the node is useless without it, and
 /// the bad device must be shut off whatever happens to the node), then the node. A
 /// failure gives the spare back.
-fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRecord, String> {
+fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRecord, RemapError> {
     let d = &dec.device;
     let req = SpareRequest {
         device: d,
@@ -188,7 +184,7 @@ fn remap_one(cx: &mut Ctx, dec: &DeviceDecision) -> std::result::Result<RemapRec
     };
     let Leased { lease, reclaimed } =
         spare::lease_spare(cx.config, cx.ledger, cx.gpu, &cx.leases, &req)
-            .map_err(|e| e.to_string())?;
+            .map_err(RemapError::Lease)?;
     cx.taken.push(lease.spare);
     let spare = lease.spare;
     let edited = edit_cgroup(cx, d.num, spare)
@@ -300,7 +296,7 @@ pub fn apply(
     } = match target(state, spec, process) {
         Ok(t) => t,
         Err(why) => {
-            fail_all(decisions, &why);
+            fail_all(decisions, &why.to_string());
             return Applied::default();
         }
     };
@@ -335,21 +331,21 @@ fn target(
     state: &State,
     spec: &Spec,
     process: Option<&ContainerProcess>,
-) -> std::result::Result<Target, String> {
+) -> std::result::Result<Target, RemapError> {
     let Some(process) = process else {
-        return Err("the runtime state has no container pid".to_string());
+        return Err(RemapError::NoPid);
     };
     let pid = process.pid;
-    let pidfd = process.pidfd()?;
+    let pidfd = process.pidfd().map_err(RemapError::Pidfd)?;
     // Read by pid number, then checked alive by locate's pidfd check below.
     let pid_start = lease::pid_start(pid);
-    let loc = cgroup::locate(pid, pidfd).map_err(|e| e.to_string())?;
+    let loc = cgroup::locate(pid, pidfd).map_err(RemapError::Locate)?;
     let cgroups_path = spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref());
-    cgroup::path::check(loc.path(), cgroups_path, &state.id)?;
+    cgroup::path::check(loc.path(), cgroups_path, &state.id).map_err(RemapError::Misplaced)?;
     if let Some(why) = systemd_refusal(&loc, systemd_running()) {
         return Err(why);
     }
-    let rootfs = rootfs(state, spec).map_err(|e| e.to_string())?;
+    let rootfs = rootfs(state, spec).map_err(RemapError::Rootfs)?;
     Ok(Target {
         pid,
         pidfd,
@@ -401,15 +397,20 @@ mod tests {
             path: "/system.slice/docker-ab.scope".into(),
         };
         let why = systemd_refusal(&scope, true).unwrap();
+        assert!(
+            matches!(&why, RemapError::SystemdUnit { unit, .. } if unit == "docker-ab.scope"),
+            "{why:?}"
+        );
+        let why = why.to_string();
         assert!(why.contains("systemd unit docker-ab.scope"), "{why}");
         assert!(why.contains("daemon-reload"), "{why}");
         assert!(why.contains("devgate's runtime wrapper"), "{why}");
         assert!(!why.contains('\n'), "one line: {why}");
-        assert_eq!(systemd_refusal(&scope, false), None);
+        assert!(systemd_refusal(&scope, false).is_none());
         let plain = Location::V2 {
             dir: "/sys/fs/cgroup/t1".into(),
             path: "/t1".into(),
         };
-        assert_eq!(systemd_refusal(&plain, true), None);
+        assert!(systemd_refusal(&plain, true).is_none());
     }
 }

@@ -7,7 +7,7 @@
 //! and differ only in what they do with the lease (edit the cgroup and /dev, or the spec).
 
 use crate::config::Config;
-use crate::error::Error;
+use crate::error::{Error, IoCause};
 use crate::gpu::GpuContext;
 use crate::model::class::Class;
 use crate::model::clock;
@@ -21,10 +21,14 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The device as a spare: its host node, probed like any assigned device.
-fn spare_device(path: &Path, class: &Class) -> std::result::Result<Device, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let num = DevNum::from_metadata(&meta)
-        .ok_or_else(|| format!("{} is not a device node", path.display()))?;
+fn spare_device(path: &Path, class: &Class) -> std::result::Result<Device, SpareError> {
+    let meta = std::fs::metadata(path).map_err(|e| SpareError::Stat {
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    let num = DevNum::from_metadata(&meta).ok_or_else(|| SpareError::NotDevice {
+        path: path.to_path_buf(),
+    })?;
     Ok(Device::on_host(
         num,
         class.clone(),
@@ -175,25 +179,54 @@ impl fmt::Display for NoSpare {
 /// `DeviceAllow=/dev/char/MAJ:MIN` (`/dev/block/…`) and leaves out a device whose link is
 /// missing: systemd's next daemon-reload would then take the spare away. The link must
 /// exist and name the spare.
-pub fn systemd_can_grant(dev_root: &Path, num: DevNum) -> Result<(), String> {
+pub fn systemd_can_grant(dev_root: &Path, num: DevNum) -> Result<(), SpareError> {
     let link = dev_root
         .join(num.typ.sysfs_dir())
         .join(format!("{}:{}", num.major, num.minor));
     match std::fs::metadata(&link) {
         Ok(m) if DevNum::from_metadata(&m) == Some(num) => Ok(()),
-        Ok(_) => Err(format!(
-            "{} is not {} {num}",
-            link.display(),
-            num.typ.letter()
-        )),
-        Err(e) => Err(format!(
-            "{} is missing ({e}); under the systemd cgroup driver runc grants a device \
-             through DeviceAllow= on that path and skips it when absent, so systemd would \
-             take the spare away at its next daemon-reload",
-            link.display()
-        )),
+        Ok(_) => Err(SpareError::WrongLink { link, num }),
+        Err(e) => Err(SpareError::NoLink {
+            link,
+            source: e.into(),
+        }),
     }
 }
+
+/// Why a configured spare cannot stand in: its node, or (under the systemd cgroup driver)
+/// its /dev/char (/dev/block) link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpareError {
+    /// The configured path cannot be stat'ed.
+    Stat { path: PathBuf, source: IoCause },
+    /// The configured path is not a device node.
+    NotDevice { path: PathBuf },
+    /// The link resolves to another device than `num`.
+    WrongLink { link: PathBuf, num: DevNum },
+    /// The link is missing (or does not resolve).
+    NoLink { link: PathBuf, source: IoCause },
+}
+
+impl fmt::Display for SpareError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpareError::Stat { path, source } => write!(f, "{}: {source}", path.display()),
+            SpareError::NotDevice { path } => write!(f, "{} is not a device node", path.display()),
+            SpareError::WrongLink { link, num } => {
+                write!(f, "{} is not {} {num}", link.display(), num.typ.letter())
+            }
+            SpareError::NoLink { link, source } => write!(
+                f,
+                "{} is missing ({source}); under the systemd cgroup driver runc grants a device \
+                 through DeviceAllow= on that path and skips it when absent, so systemd would \
+                 take the spare away at its next daemon-reload",
+                link.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SpareError {}
 
 /// The healthy spares `grant` can give, and a clause for each it cannot.
 fn grantable(
@@ -340,11 +373,20 @@ mod tests {
             minor: 7,
         };
         let e = systemd_can_grant(&d, full).unwrap_err();
+        assert!(matches!(e, SpareError::NoLink { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("char/1:7 is missing"), "{e}");
         assert!(e.contains("daemon-reload"), "{e}");
         std::os::unix::fs::symlink("/dev/null", d.join("char/1:7")).unwrap();
         let e = systemd_can_grant(&d, full).unwrap_err();
-        assert!(e.ends_with("char/1:7 is not c 1:7"), "{e}");
+        assert_eq!(
+            e,
+            SpareError::WrongLink {
+                link: d.join("char/1:7"),
+                num: full
+            }
+        );
+        assert!(e.to_string().ends_with("char/1:7 is not c 1:7"), "{e}");
         std::fs::remove_file(d.join("char/1:7")).unwrap();
         std::os::unix::fs::symlink("/dev/full", d.join("char/1:7")).unwrap();
         assert_eq!(systemd_can_grant(&d, full), Ok(()));

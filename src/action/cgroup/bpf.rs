@@ -9,6 +9,7 @@
 //! where `access_type` is `(access << 16) | type`, type 1 block / 2 char, access bits
 //! mknod 1, read 2, write 4.
 
+use super::error::{ProgramError, RuleError};
 use crate::model::device::{DevNum, DevType};
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
 
@@ -78,7 +79,7 @@ struct Match {
     allow: bool,
 }
 
-fn access_bits(s: Option<&str>) -> Result<u32, String> {
+fn access_bits(s: Option<&str>) -> Result<u32, RuleError> {
     let s = s.unwrap_or("");
     if s.is_empty() {
         return Ok(ACC_ALL);
@@ -89,22 +90,27 @@ fn access_bits(s: Option<&str>) -> Result<u32, String> {
             'r' => ACC_READ,
             'w' => ACC_WRITE,
             'm' => ACC_MKNOD,
-            _ => return Err(format!("device rule access {s:?}: unknown access {c:?}")),
+            _ => {
+                return Err(RuleError::UnknownAccess {
+                    access: s.to_string(),
+                    letter: c,
+                })
+            }
         };
     }
     Ok(bits)
 }
 
-fn number(what: &str, n: Option<i64>, max: i64) -> Result<Option<u32>, String> {
+fn number(what: &'static str, n: Option<i64>, max: i64) -> Result<Option<u32>, RuleError> {
     match n {
         None => Ok(None),
         Some(n) if n < 0 => Ok(None), // -1 is the runtimes' wildcard
         Some(n) if n <= max => Ok(Some(n as u32)),
-        Some(n) => Err(format!("device rule {what} {n} out of range")),
+        Some(n) => Err(RuleError::OutOfRange { what, n }),
     }
 }
 
-fn to_match(r: &LinuxDeviceCgroup) -> Result<Option<Match>, String> {
+fn to_match(r: &LinuxDeviceCgroup) -> Result<Option<Match>, RuleError> {
     let typ = match r.typ() {
         None | Some(LinuxDeviceType::A) => None,
         Some(LinuxDeviceType::C) | Some(LinuxDeviceType::U) => Some(DEV_CHAR),
@@ -123,7 +129,7 @@ fn to_match(r: &LinuxDeviceCgroup) -> Result<Option<Match>, String> {
 /// The program for `rules`. Rules are tested last to first and the first that matches
 /// returns; a rule that matches everything ends the program (the verifier refuses
 /// unreachable instructions), else the tail denies.
-pub fn program(rules: &[LinuxDeviceCgroup]) -> Result<Vec<Insn>, String> {
+pub fn program(rules: &[LinuxDeviceCgroup]) -> Result<Vec<Insn>, RuleError> {
     let mut prog = vec![
         insn(LDX_MEM_W, R2, R1, 0, 0),
         insn(ALU32_AND_K, R2, 0, 0, 0xffff),
@@ -221,13 +227,13 @@ pub fn compose(prefix: &[Insn], program: Option<&[Insn]>) -> Vec<Insn> {
 }
 
 /// Why a program read back from the kernel cannot be copied as it is, if it cannot.
-pub fn not_copyable(prog: &[Insn]) -> Option<String> {
+pub fn not_copyable(prog: &[Insn]) -> Option<ProgramError> {
     if prog.is_empty() {
-        return Some("the kernel returned no instructions".into());
+        return Some(ProgramError::NoInstructions);
     }
-    prog.iter().enumerate().find_map(|(i, x)| match x.code {
-        CALL | CALLX => Some(format!("instruction {i} is a call")),
-        LD_IMM64 if x.src != 0 => Some(format!("instruction {i} loads a map or object reference")),
+    prog.iter().enumerate().find_map(|(at, x)| match x.code {
+        CALL | CALLX => Some(ProgramError::Call { at }),
+        LD_IMM64 if x.src != 0 => Some(ProgramError::ObjectReference { at }),
         _ => None,
     })
 }
@@ -418,8 +424,23 @@ mod tests {
 
     #[test]
     fn bad_rules_are_refused() {
-        assert!(program(&[rule(true, Some(C), Some(1), Some(3), "rx")]).is_err());
-        assert!(program(&[rule(true, Some(C), Some(1 << 40), Some(3), "r")]).is_err());
+        let e = program(&[rule(true, Some(C), Some(1), Some(3), "rx")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "device rule access \"rx\": unknown access 'x'"
+        );
+        let e = program(&[rule(true, Some(C), Some(1 << 40), Some(3), "r")]).unwrap_err();
+        assert_eq!(
+            e,
+            RuleError::OutOfRange {
+                what: "major",
+                n: 1 << 40
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "device rule major 1099511627776 out of range"
+        );
     }
 
     #[test]
@@ -540,12 +561,17 @@ mod tests {
         assert_eq!(not_copyable(&p), None);
         let mut with_call = p.clone();
         with_call.insert(3, insn(CALL, 0, 0, 0, 14));
+        assert_eq!(not_copyable(&with_call), Some(ProgramError::Call { at: 3 }));
         assert_eq!(
-            not_copyable(&with_call).as_deref(),
-            Some("instruction 3 is a call")
+            not_copyable(&with_call).unwrap().to_string(),
+            "instruction 3 is a call"
         );
         let map = [insn(LD_IMM64, R1, 1, 0, 5), insn(0, 0, 0, 0, 0)];
-        assert!(not_copyable(&map).unwrap().contains("map"));
+        assert_eq!(
+            not_copyable(&map),
+            Some(ProgramError::ObjectReference { at: 0 })
+        );
+        assert!(not_copyable(&map).unwrap().to_string().contains("map"));
         let plain = [insn(LD_IMM64, R1, 0, 0, 5), insn(0, 0, 0, 0, 0)];
         assert_eq!(not_copyable(&plain), None);
         assert!(not_copyable(&[]).is_some());

@@ -6,12 +6,14 @@
 //! controllers a process's /proc/PID/cgroup happens to list.
 
 pub mod bpf;
+pub mod error;
 pub mod path;
 pub mod v1;
 pub mod v2;
 
 use crate::error::{Error, Result};
 use crate::fsutil::read_bounded;
+use error::LocateError;
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceCgroupBuilder};
 use std::fs::File;
 use std::os::fd::RawFd;
@@ -38,14 +40,18 @@ pub enum Layout {
 
 impl Layout {
     /// From the statfs f_type of /sys/fs/cgroup and of /sys/fs/cgroup/unified.
-    pub fn from_fs_types(root: i64, unified: Option<i64>) -> std::result::Result<Layout, String> {
+    pub fn from_fs_types(
+        root: i64,
+        unified: Option<i64>,
+    ) -> std::result::Result<Layout, LocateError> {
         match root {
             CGROUP2_SUPER_MAGIC => Ok(Layout::Unified),
             TMPFS_MAGIC if unified == Some(CGROUP2_SUPER_MAGIC) => Ok(Layout::Hybrid),
             TMPFS_MAGIC => Ok(Layout::Legacy),
-            t => Err(format!(
-                "{CGROUP_ROOT} is neither cgroup2 nor a tmpfs of v1 hierarchies (filesystem type {t:#x})"
-            )),
+            t => Err(LocateError::NotCgroupFs {
+                root: CGROUP_ROOT,
+                fs_type: t,
+            }),
         }
     }
 
@@ -75,7 +81,7 @@ pub fn layout() -> Result<Layout> {
     let root = Path::new(CGROUP_ROOT);
     let t = fs_type(root).map_err(|e| Error::io("cannot statfs", root, e))?;
     let unified = fs_type(&root.join("unified")).ok();
-    Layout::from_fs_types(t, unified).map_err(|m| Error::invalid("cgroup layout", m))
+    Layout::from_fs_types(t, unified).map_err(|m| Error::invalid("cgroup layout", m.to_string()))
 }
 
 /// Where a container's device policy lives.
@@ -228,7 +234,7 @@ pub fn locate_from(
     layout: Layout,
     proc_cgroup: &str,
     mountinfo: &str,
-) -> std::result::Result<Location, String> {
+) -> std::result::Result<Location, LocateError> {
     let lines = parse_proc_cgroup(proc_cgroup);
     let mounts = parse_mountinfo(mountinfo);
     let under_root = |m: &MountEntry| m.mount_point.starts_with(CGROUP_ROOT);
@@ -237,41 +243,37 @@ pub fn locate_from(
             let l = lines
                 .iter()
                 .find(|l| l.id == 0 && l.controllers.is_empty())
-                .ok_or("the process has no cgroup2 cgroup (no 0:: line)")?;
+                .ok_or(LocateError::NoCgroup2Line)?;
             let m = last_mount(&mounts, |m| {
                 m.fstype == "cgroup2" && m.mount_point == Path::new(CGROUP_ROOT)
             })
-            .ok_or_else(|| format!("no cgroup2 hierarchy is mounted at {CGROUP_ROOT}"))?;
+            .ok_or(LocateError::NoCgroup2Mount { root: CGROUP_ROOT })?;
             (l, m)
         }
         Layout::Hybrid | Layout::Legacy => {
             let l = lines
                 .iter()
                 .find(|l| l.id != 0 && l.controllers.iter().any(|c| c == "devices"))
-                .ok_or("the process has no v1 devices cgroup")?;
+                .ok_or(LocateError::NoDevicesLine)?;
             let m = last_mount(&mounts, |m| {
                 m.fstype == "cgroup"
                     && under_root(m)
                     && m.super_options.iter().any(|o| o == "devices")
             })
-            .ok_or("the process is in a v1 devices cgroup but no devices controller is mounted")?;
+            .ok_or(LocateError::NoDevicesMount)?;
             (l, m)
         }
     };
-    let dir = join_under(mount, &line.path).ok_or_else(|| {
-        format!(
-            "cgroup {:?} is not under the mount {} (root {})",
-            line.path,
-            mount.mount_point.display(),
-            mount.root
-        )
+    let dir = join_under(mount, &line.path).ok_or_else(|| LocateError::NotUnderMount {
+        cgroup: line.path.clone(),
+        mount: mount.mount_point.clone(),
+        root: mount.root.clone(),
     })?;
     if dir == mount.mount_point {
-        return Err(format!(
-            "the process is in the root cgroup {:?} of {}; devgate never edits the root cgroup",
-            line.path,
-            mount.mount_point.display()
-        ));
+        return Err(LocateError::RootCgroup {
+            cgroup: line.path.clone(),
+            mount: mount.mount_point.clone(),
+        });
     }
     let path = line.path.clone();
     Ok(match layout {
@@ -299,8 +301,12 @@ pub fn locate(pid: i32, pidfd: RawFd) -> Result<Location> {
         ));
     }
     let mi = read_proc(Path::new("/proc/self/mountinfo"))?;
-    locate_from(layout, &cg, &mi)
-        .map_err(|m| Error::invalid(format!("device cgroup of pid {pid} ({})", layout.name()), m))
+    locate_from(layout, &cg, &mi).map_err(|m| {
+        Error::invalid(
+            format!("device cgroup of pid {pid} ({})", layout.name()),
+            m.to_string(),
+        )
+    })
 }
 
 /// `….scope` (runc's and crun's systemd driver, `cri-containerd-ID.scope`,
@@ -398,7 +404,11 @@ mod tests {
             Ok(Layout::Legacy)
         );
         let e = Layout::from_fs_types(0xef53, None).unwrap_err();
-        assert!(e.contains("filesystem type 0xef53"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "/sys/fs/cgroup is neither cgroup2 nor a tmpfs of v1 hierarchies (filesystem type \
+             0xef53)"
+        );
     }
 
     #[test]
@@ -461,9 +471,15 @@ mod tests {
         );
         // unified needs the cgroup2 at /sys/fs/cgroup itself, not the hybrid's unified/
         let e = locate_from(Layout::Unified, "0::/t1\n", MOUNTINFO).unwrap_err();
-        assert!(
-            e.contains("no cgroup2 hierarchy is mounted at /sys/fs/cgroup"),
-            "{e}"
+        assert_eq!(
+            e,
+            LocateError::NoCgroup2Mount {
+                root: "/sys/fs/cgroup"
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "no cgroup2 hierarchy is mounted at /sys/fs/cgroup"
         );
     }
 
@@ -492,11 +508,12 @@ mod tests {
     #[test]
     fn the_root_cgroup_is_never_a_container_cgroup() {
         let e = locate_from(Layout::Unified, "0::/\n", MOUNTINFO_V2_OVER_HYBRID).unwrap_err();
-        assert!(e.contains("devgate never edits the root cgroup"), "{e}");
+        assert!(matches!(e, LocateError::RootCgroup { .. }), "{e:?}");
         let e = locate_from(Layout::Hybrid, "5:devices:/\n0::/t1\n", MOUNTINFO).unwrap_err();
-        assert!(
-            e.contains("root cgroup \"/\" of /sys/fs/cgroup/devices"),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "the process is in the root cgroup \"/\" of /sys/fs/cgroup/devices; devgate never \
+             edits the root cgroup"
         );
         let mi = "25 1 0:22 /kube /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
         assert!(locate_from(Layout::Unified, "0::/kube\n", mi).is_err());
@@ -511,9 +528,14 @@ mod tests {
             "41 31 0:38 / /u rw - cgroup2 cgroup2 rw\n",
         )
         .unwrap_err();
-        assert!(e.contains("no devices controller is mounted"), "{e}");
+        assert_eq!(e, LocateError::NoDevicesMount);
+        assert!(
+            e.to_string().contains("no devices controller is mounted"),
+            "{e}"
+        );
         let e = locate_from(Layout::Legacy, "0::/t\n", MOUNTINFO).unwrap_err();
-        assert!(e.contains("no v1 devices cgroup"), "{e}");
+        assert_eq!(e, LocateError::NoDevicesLine);
+        assert_eq!(e.to_string(), "the process has no v1 devices cgroup");
         assert!(locate_from(Layout::Hybrid, "garbage\n", MOUNTINFO).is_err());
         assert!(locate_from(Layout::Unified, "", "").is_err());
     }

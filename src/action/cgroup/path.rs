@@ -8,6 +8,8 @@
 //! - systemd driver: `slice:prefix:name`, e.g. `kubepods-besteffort-pod123.slice:cri-containerd:abc`
 //!   is `/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod123.slice/cri-containerd-abc.scope`.
 
+use super::error::{LocateError, SpecPlace};
+
 /// One place the spec allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expected {
@@ -120,28 +122,26 @@ pub fn expected(cgroups_path: Option<&str>, id: &str) -> Vec<Expected> {
 
 /// Whether `actual` (a path from /proc/PID/cgroup) is where the spec puts the container;
 /// `Err` says what was expected, in one clause.
-pub fn check(actual: &str, cgroups_path: Option<&str>, id: &str) -> Result<(), String> {
+pub fn check(actual: &str, cgroups_path: Option<&str>, id: &str) -> Result<(), LocateError> {
     let Some(parts) = components(actual) else {
-        return Err(format!("cgroup {actual:?} has a '..' component"));
+        return Err(LocateError::DotDot {
+            cgroup: actual.to_string(),
+        });
     };
     if expected(cgroups_path, id).iter().any(|e| e.matches(&parts)) {
         return Ok(());
     }
-    let want = match cgroups_path.filter(|p| !p.is_empty()) {
-        Some(p) => {
-            let sd = systemd_paths(p);
-            if sd.is_empty() {
-                format!("cgroupsPath {p:?}")
-            } else {
-                format!("cgroupsPath {p:?}, that is {}", sd.join(" or "))
-            }
-        }
-        None => format!("no cgroupsPath: a cgroup named after the container id {id:?}"),
+    let spec = match cgroups_path.filter(|p| !p.is_empty()) {
+        Some(p) => SpecPlace::CgroupsPath {
+            path: p.to_string(),
+            systemd: systemd_paths(p),
+        },
+        None => SpecPlace::NoPath { id: id.to_string() },
     };
-    Err(format!(
-        "the container's process is in cgroup {actual:?}, not where its spec puts it ({want}); \
-         its pid may belong to another process now"
-    ))
+    Err(LocateError::Misplaced {
+        cgroup: actual.to_string(),
+        spec,
+    })
 }
 
 #[cfg(test)]
@@ -219,8 +219,19 @@ mod tests {
     #[test]
     fn check_refuses_another_cgroup_and_the_root() {
         let e = check("/", None, "t1").unwrap_err();
-        assert!(e.contains("container id \"t1\""), "{e}");
-        assert!(e.contains("its pid may belong to another process"), "{e}");
+        assert_eq!(
+            e,
+            LocateError::Misplaced {
+                cgroup: "/".into(),
+                spec: SpecPlace::NoPath { id: "t1".into() }
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "the container's process is in cgroup \"/\", not where its spec puts it (no \
+             cgroupsPath: a cgroup named after the container id \"t1\"); its pid may belong to \
+             another process now"
+        );
         assert!(check("/other/t12", None, "t1").is_err());
         assert!(check("/t1/child", None, "t1").is_err());
         assert!(check("/x/kubepods/pod1/abc", Some("/kubepods/pod1/abc"), "abc").is_err());
@@ -232,11 +243,17 @@ mod tests {
         let sd = "kubepods.slice:cri-containerd:abc";
         let e = check("/kubepods.slice/cri-containerd-abd.scope", Some(sd), "abc").unwrap_err();
         assert!(
-            e.contains("that is /kubepods.slice/cri-containerd-abc.scope"),
+            e.to_string()
+                .contains("(cgroupsPath \"kubepods.slice:cri-containerd:abc\", that is /kubepods.slice/cri-containerd-abc.scope)"),
             "{e}"
         );
         assert!(check("/system.slice/runc-t1x.scope", None, "t1").is_err());
-        assert!(check("/a/../t1", None, "t1").is_err());
+        assert_eq!(
+            check("/a/../t1", None, "t1"),
+            Err(LocateError::DotDot {
+                cgroup: "/a/../t1".into()
+            })
+        );
         // a relative path never matches an empty tail
         assert!(check("/x", Some("."), "abc").is_err());
     }

@@ -1,6 +1,7 @@
 //! The v1 devices controller: `TYPE MAJ:MIN ACCESS` written to devices.deny and
 //! devices.allow, checked afterwards against devices.list.
 
+use super::error::{ListRule, RuleError};
 use crate::error::{Error, Result};
 use crate::fsutil::read_bounded;
 use crate::model::device::{DevNum, DevType};
@@ -74,7 +75,7 @@ pub fn check_list(
     entries: &[ListEntry],
     bad: DevNum,
     spare: DevNum,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RuleError> {
     // A default-allow cgroup lists only `a *:* rwm` and hides its deny exceptions; the
     // kernel accepted the deny write, which is all there is to see.
     let allow_all = entries.len() == 1
@@ -88,23 +89,19 @@ pub fn check_list(
     let opens =
         |e: &&ListEntry| e.covers(bad) && (e.access.contains('r') || e.access.contains('w'));
     if let Some(e) = entries.iter().find(opens) {
-        return Err(format!(
-            "{} {} is still allowed by the rule {} {}:{} {}",
-            bad.typ.letter(),
+        return Err(RuleError::StillAllowed {
             bad,
-            e.typ.map(|t| t.letter()).unwrap_or('a'),
-            e.major.map(|m| m.to_string()).unwrap_or("*".into()),
-            e.minor.map(|m| m.to_string()).unwrap_or("*".into()),
-            e.access
-        ));
+            rule: ListRule {
+                typ: e.typ,
+                major: e.major,
+                minor: e.minor,
+                access: e.access.clone(),
+            },
+        });
     }
     let rw = |e: &&ListEntry| e.covers(spare) && e.access.contains('r') && e.access.contains('w');
     if !entries.iter().any(|e| rw(&e)) {
-        return Err(format!(
-            "{} {} is not allowed for read and write",
-            spare.typ.letter(),
-            spare
-        ));
+        return Err(RuleError::SpareNotAllowed { spare });
     }
     Ok(())
 }
@@ -130,7 +127,7 @@ pub fn remap(dir: &Path, bad: DevNum, spare: DevNum) -> Result<()> {
     check_list(&entries, bad, spare).map_err(|m| {
         Error::invalid(
             format!("devices cgroup {}", dir.join("devices.list").display()),
-            m,
+            m.to_string(),
         )
     })
 }
@@ -155,12 +152,16 @@ mod tests {
         let ok = parse_list("c *:* m\nb *:* m\nc 1:3 rwm\nc 1:7 rwm\nc 136:* rwm\n");
         assert_eq!(check_list(&ok, ZERO, FULL), Ok(()));
         let e = check_list(&parse_list("c 1:* rwm\nc 1:7 rwm\n"), ZERO, FULL).unwrap_err();
-        assert_eq!(e, "c 1:5 is still allowed by the rule c 1:* rwm");
+        assert_eq!(
+            e.to_string(),
+            "c 1:5 is still allowed by the rule c 1:* rwm"
+        );
         let e = check_list(&parse_list("c 1:7 r\n"), ZERO, FULL).unwrap_err();
-        assert!(e.contains("not allowed for read and write"), "{e}");
+        assert_eq!(e, RuleError::SpareNotAllowed { spare: FULL });
+        assert_eq!(e.to_string(), "c 1:7 is not allowed for read and write");
         assert_eq!(check_list(&parse_list("a *:* rwm\n"), ZERO, FULL), Ok(()));
         let e = check_list(&parse_list("c *:* rw\nc 1:7 rwm\n"), ZERO, FULL).unwrap_err();
-        assert!(e.contains("rule c *:* rw"), "{e}");
+        assert!(e.to_string().contains("rule c *:* rw"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! Raw bpf(2) through libc; no library, nothing loaded from a file.
 
 use super::bpf;
+use super::error::ProgramError;
 use crate::error::{Error, Result};
 use crate::model::device::DevNum;
 use oci_spec::runtime::LinuxDeviceCgroup;
@@ -174,7 +175,7 @@ fn query_fd(cg: &File, dir: &Path) -> Result<(Vec<u32>, u32)> {
 const LOAD_ATTEMPTS: usize = 5;
 
 /// Loads a device program; the verifier's complaint, if any, is in the error.
-pub fn load(prog: &[bpf::Insn]) -> std::result::Result<OwnedFd, String> {
+pub fn load(prog: &[bpf::Insn]) -> std::result::Result<OwnedFd, ProgramError> {
     let insns = bpf::encode(prog);
     let license = b"Apache-2.0\0";
     let mut name = [0u8; 16];
@@ -208,15 +209,12 @@ pub fn load(prog: &[bpf::Insn]) -> std::result::Result<OwnedFd, String> {
     let text = String::from_utf8_lossy(&log);
     let text = text.trim_end_matches('\0').trim();
     let tail: Vec<&str> = text.lines().rev().take(3).collect();
-    let mut msg = format!(
-        "BPF_PROG_LOAD of a {}-instruction device program: {e}",
-        insns.len()
-    );
-    if !tail.is_empty() {
-        msg.push_str(": verifier: ");
-        msg.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" / "));
-    }
-    Err(msg)
+    Err(ProgramError::Load {
+        insns: insns.len(),
+        source: e.into(),
+        verifier: (!tail.is_empty())
+            .then(|| tail.into_iter().rev().collect::<Vec<_>>().join(" / ")),
+    })
 }
 
 /// Calls `f` again while it fails with EAGAIN, at most LOAD_ATTEMPTS times.
@@ -282,18 +280,15 @@ fn prog_id(fd: &OwnedFd) -> io::Result<u32> {
 
 /// A program's instructions as the kernel keeps them (after verification), if they can be
 /// copied into a new program as they are.
-pub fn instructions(fd: &OwnedFd) -> std::result::Result<Vec<bpf::Insn>, String> {
+pub fn instructions(fd: &OwnedFd) -> std::result::Result<Vec<bpf::Insn>, ProgramError> {
     let mut info = ProgInfo::default();
-    prog_info(fd, &mut info).map_err(|e| format!("BPF_OBJ_GET_INFO_BY_FD: {e}"))?;
+    prog_info(fd, &mut info).map_err(|e| ProgramError::Info(e.into()))?;
     if info.nr_map_ids != 0 {
-        return Err(format!("it uses {} map(s)", info.nr_map_ids));
+        return Err(ProgramError::UsesMaps(info.nr_map_ids));
     }
     let n = info.xlated_prog_len / 8;
     if n == 0 || n > MAX_INSNS {
-        return Err(format!(
-            "the kernel gives {} bytes of its instructions",
-            info.xlated_prog_len
-        ));
+        return Err(ProgramError::InstructionBytes(info.xlated_prog_len));
     }
     let mut raw = vec![0u64; n as usize];
     let mut again = ProgInfo {
@@ -301,9 +296,9 @@ pub fn instructions(fd: &OwnedFd) -> std::result::Result<Vec<bpf::Insn>, String>
         xlated_prog_insns: raw.as_mut_ptr() as u64,
         ..Default::default()
     };
-    prog_info(fd, &mut again).map_err(|e| format!("BPF_OBJ_GET_INFO_BY_FD: {e}"))?;
+    prog_info(fd, &mut again).map_err(|e| ProgramError::Info(e.into()))?;
     if again.xlated_prog_len != n * 8 {
-        return Err("its instructions changed while read".into());
+        return Err(ProgramError::InstructionsChanged);
     }
     let prog = bpf::decode(&raw);
     match bpf::not_copyable(&prog) {
@@ -338,7 +333,8 @@ fn compose_once(
     let ctx = || format!("cgroup {}", dir.display());
     if old.is_empty() {
         // No program: the container may open any device; allow all but the bad one.
-        let fd = load(&bpf::compose(prefix, None)).map_err(|m| Error::invalid(ctx(), m))?;
+        let fd =
+            load(&bpf::compose(prefix, None)).map_err(|m| Error::invalid(ctx(), m.to_string()))?;
         attach(cg, &fd, BPF_F_ALLOW_MULTI, None).map_err(|e| {
             Error::io(
                 "cannot attach a device program (BPF_F_ALLOW_MULTI) to",
@@ -483,9 +479,10 @@ pub fn remap(dir: &Path, bad: DevNum, spare: DevNum) -> Result<Composed> {
 /// Attaches a program built from `rules` beside whatever is there: a runtime's own attach,
 /// for tests and benchmarks.
 pub fn attach_new(dir: &Path, rules: &[LinuxDeviceCgroup]) -> Result<()> {
-    let prog = bpf::program(rules).map_err(|m| Error::invalid("device rules", m))?;
+    let prog = bpf::program(rules).map_err(|m| Error::invalid("device rules", m.to_string()))?;
     let cg = open_cgroup(dir)?;
-    let fd = load(&prog).map_err(|m| Error::invalid(format!("cgroup {}", dir.display()), m))?;
+    let fd = load(&prog)
+        .map_err(|m| Error::invalid(format!("cgroup {}", dir.display()), m.to_string()))?;
     attach(&cg, &fd, BPF_F_ALLOW_MULTI, None).map_err(|e| {
         Error::io(
             "cannot attach device program (BPF_F_ALLOW_MULTI) to",

@@ -28,7 +28,7 @@ mod child;
 mod process;
 mod wire;
 
-pub use process::{pidfd_alive, pidfd_open, ContainerProcess};
+pub use process::{pidfd_alive, pidfd_open, ContainerProcess, PidfdError};
 
 use child::child;
 use process::{pipe, read_report, reap};
@@ -76,9 +76,9 @@ fn s_ifmt(t: DevType) -> libc::mode_t {
 
 /// Splits a container path into its components, refusing `..`, `.` and anything that is
 /// not an absolute path of plain names.
-fn components(p: &Path) -> std::result::Result<Vec<CString>, String> {
+fn components(p: &Path) -> std::result::Result<Vec<CString>, NodePath> {
     if !p.is_absolute() {
-        return Err("is not absolute".into());
+        return Err(NodePath::Relative);
     }
     let mut out = Vec::new();
     for c in p.components() {
@@ -86,18 +86,43 @@ fn components(p: &Path) -> std::result::Result<Vec<CString>, String> {
             Component::RootDir => {}
             Component::Normal(n) => {
                 if n.len() > 255 {
-                    return Err("has a component longer than 255 bytes".into());
+                    return Err(NodePath::LongComponent);
                 }
-                out.push(CString::new(n.as_bytes()).map_err(|_| "contains NUL".to_string())?);
+                out.push(CString::new(n.as_bytes()).map_err(|_| NodePath::Nul)?);
             }
-            _ => return Err("has a '.' or '..' component".into()),
+            _ => return Err(NodePath::Dots),
         }
     }
     if out.is_empty() || out.len() > 64 {
-        return Err("has no name or too many components".into());
+        return Err(NodePath::Count);
     }
     Ok(out)
 }
+
+/// What is wrong with a container path devgate would make a node at; it follows the path
+/// in the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodePath {
+    Relative,
+    LongComponent,
+    Nul,
+    Dots,
+    Count,
+}
+
+impl std::fmt::Display for NodePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NodePath::Relative => "is not absolute",
+            NodePath::LongComponent => "has a component longer than 255 bytes",
+            NodePath::Nul => "contains NUL",
+            NodePath::Dots => "has a '.' or '..' component",
+            NodePath::Count => "has no name or too many components",
+        })
+    }
+}
+
+impl std::error::Error for NodePath {}
 
 /// 16 hex digits from the kernel's random pool: the private directory's name. Not a
 /// defence on its own (inotify sees any name); it only keeps names from colliding.
@@ -157,7 +182,7 @@ struct Held {
 /// The path's components, the rootfs, the container's process (by pidfd, checked alive)
 /// and its root, and the private directory's name.
 fn hold(edit: &NodeEdit, ctx: &str) -> Result<Held> {
-    let comps = components(edit.container_path).map_err(|m| Error::invalid(ctx, m))?;
+    let comps = components(edit.container_path).map_err(|m| Error::invalid(ctx, m.to_string()))?;
     let rootfs = CString::new(edit.rootfs.as_os_str().as_bytes())
         .map_err(|_| Error::invalid(ctx, "rootfs path contains NUL"))?;
     let proc_root_path = PathBuf::from(format!("/proc/{}/root", edit.pid));

@@ -3,7 +3,8 @@
 
 use super::child::errno;
 use super::wire::Wire;
-use crate::error::{Error, Result};
+use crate::error::{Error, IoCause, Result};
+use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -38,30 +39,71 @@ pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
 #[derive(Debug)]
 pub struct ContainerProcess {
     pub pid: i32,
-    fd: std::result::Result<OwnedFd, String>,
+    fd: std::result::Result<OwnedFd, PidfdError>,
 }
 
 impl ContainerProcess {
     pub fn open(pid: i32) -> ContainerProcess {
         ContainerProcess {
             pid,
-            fd: pidfd_open(pid).map_err(|e| {
-                format!(
-                    "cannot open a pidfd for container process {pid}: {}",
-                    e.to_string().to_lowercase()
-                )
+            fd: pidfd_open(pid).map_err(|e| PidfdError {
+                pid,
+                source: e.into(),
             }),
         }
     }
 
     /// The pidfd, or why there is none (the process had exited when the hook started).
-    pub fn pidfd(&self) -> std::result::Result<RawFd, String> {
+    pub fn pidfd(&self) -> std::result::Result<RawFd, PidfdError> {
         self.fd
             .as_ref()
             .map(|f| f.as_raw_fd())
             .map_err(Clone::clone)
     }
 }
+
+/// No pidfd for the container's process `pid` (it had exited when the hook started).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PidfdError {
+    pub pid: i32,
+    pub source: IoCause,
+}
+
+impl fmt::Display for PidfdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot open a pidfd for container process {}: {}",
+            self.pid,
+            self.source.to_string().to_lowercase()
+        )
+    }
+}
+
+impl std::error::Error for PidfdError {}
+
+/// Why the /dev edit's child gave no report by the deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChildError {
+    TimedOut,
+    Poll(IoCause),
+    Read(IoCause),
+    /// The child's pipe ended before a whole report.
+    NoReport,
+}
+
+impl fmt::Display for ChildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChildError::TimedOut => f.write_str("timed out"),
+            ChildError::Poll(e) => write!(f, "poll: {e}"),
+            ChildError::Read(e) => write!(f, "read: {e}"),
+            ChildError::NoReport => f.write_str("the child exited without a report"),
+        }
+    }
+}
+
+impl std::error::Error for ChildError {}
 
 /// True while the process behind `pidfd` has not exited. A file under /proc/PID opened
 /// before this returns true belongs to that process, not to a later one with its pid.
@@ -83,12 +125,12 @@ pub(super) fn read_full(
     fd: &OwnedFd,
     buf: &mut [u8],
     deadline: Instant,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), ChildError> {
     let mut got = 0usize;
     while got < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err("timed out".into());
+            return Err(ChildError::TimedOut);
         }
         let mut p = libc::pollfd {
             fd: fd.as_raw_fd(),
@@ -104,7 +146,7 @@ pub(super) fn read_full(
             )
         };
         if n < 0 && errno() != libc::EINTR {
-            return Err(format!("poll: {}", std::io::Error::last_os_error()));
+            return Err(ChildError::Poll(std::io::Error::last_os_error().into()));
         }
         if n <= 0 {
             continue;
@@ -121,17 +163,20 @@ pub(super) fn read_full(
             if errno() == libc::EINTR {
                 continue;
             }
-            return Err(format!("read: {}", std::io::Error::last_os_error()));
+            return Err(ChildError::Read(std::io::Error::last_os_error().into()));
         }
         if k == 0 {
-            return Err("the child exited without a report".into());
+            return Err(ChildError::NoReport);
         }
         got += k as usize;
     }
     Ok(())
 }
 
-pub(super) fn read_report(fd: &OwnedFd, deadline: Instant) -> std::result::Result<Wire, String> {
+pub(super) fn read_report(
+    fd: &OwnedFd,
+    deadline: Instant,
+) -> std::result::Result<Wire, ChildError> {
     let mut buf = [0u8; std::mem::size_of::<Wire>()];
     read_full(fd, &mut buf, deadline)?;
     // SAFETY: Wire is repr(C) plain integers; every bit pattern is valid.
