@@ -11,6 +11,7 @@
 
 use crate::model::device::{DevNum, DevType};
 use serde_json::{json, Value};
+use std::fmt;
 
 const R: u8 = 1;
 const W: u8 = 2;
@@ -33,28 +34,69 @@ pub struct Rule {
     pub access: u8,
 }
 
-fn number(v: Option<&Value>) -> Result<Option<u32>, String> {
+/// Why the spec's device rules cannot be rewritten: a rule no runtime accepts, or one no
+/// list of allows can leave a device out of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleError {
+    /// A major or minor beyond any device's.
+    OutOfRange(i64),
+    /// A major or minor that is not an integer (the JSON value, as written).
+    NotInteger(String),
+    UnknownAccess(char),
+    UnknownType(String),
+    /// An allow over every device of a type (`None`: of both): a privileged container.
+    AllowsEvery(Option<DevType>),
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleError::OutOfRange(n) => write!(f, "device number {n} out of range"),
+            RuleError::NotInteger(v) => write!(f, "device number {v} is not an integer"),
+            RuleError::UnknownAccess(c) => write!(
+                f,
+                "unknown device access {:?}",
+                c.escape_default().to_string()
+            ),
+            RuleError::UnknownType(t) => write!(
+                f,
+                "unknown device type {:?}",
+                t.escape_default().to_string()
+            ),
+            RuleError::AllowsEvery(typ) => {
+                let what = typ.map_or("c and b".to_string(), |t| t.letter().to_string());
+                write!(
+                    f,
+                    "the spec allows every {what} device (a privileged container): no list of \
+                     allows can leave one out, and under the systemd driver crun grants them \
+                     all (DevicePolicy=auto)"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+fn number(v: Option<&Value>) -> Result<Option<u32>, RuleError> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_i64() {
             Some(-1) => Ok(None),
             Some(n) => u32::try_from(n)
                 .map(Some)
-                .map_err(|_| format!("device number {n} out of range")),
-            None => Err(format!("device number {v} is not an integer")),
+                .map_err(|_| RuleError::OutOfRange(n)),
+            None => Err(RuleError::NotInteger(v.to_string())),
         },
     }
 }
 
-fn access_bits(s: &str) -> Result<u8, String> {
+fn access_bits(s: &str) -> Result<u8, RuleError> {
     s.chars().try_fold(0, |acc, c| match c {
         'r' => Ok(acc | R),
         'w' => Ok(acc | W),
         'm' => Ok(acc | M),
-        _ => Err(format!(
-            "unknown device access {:?}",
-            c.escape_default().to_string()
-        )),
+        _ => Err(RuleError::UnknownAccess(c)),
     })
 }
 
@@ -69,17 +111,12 @@ impl Rule {
         }
     }
 
-    pub fn parse(v: &Value) -> Result<Rule, String> {
+    pub fn parse(v: &Value) -> Result<Rule, RuleError> {
         let typ = match v.get("type").and_then(Value::as_str) {
             None | Some("a") => None,
             Some("c") | Some("u") => Some(DevType::Char),
             Some("b") => Some(DevType::Block),
-            Some(t) => {
-                return Err(format!(
-                    "unknown device type {:?}",
-                    t.escape_default().to_string()
-                ))
-            }
+            Some(t) => return Err(RuleError::UnknownType(t.to_string())),
         };
         Ok(Rule {
             allow: v.get("allow").and_then(Value::as_bool).unwrap_or(false),
@@ -135,7 +172,7 @@ fn meets<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
 
 /// `a` with what `d` denies taken out, as allows. Fails only where the allows would have
 /// to name every major: a rule over every device of a type.
-fn minus(a: Rule, d: &Rule) -> Result<Vec<Rule>, String> {
+fn minus(a: Rule, d: &Rule) -> Result<Vec<Rule>, RuleError> {
     let overlap = meets(a.typ, d.typ)
         && meets(a.major, d.major)
         && meets(a.minor, d.minor)
@@ -157,14 +194,7 @@ fn minus(a: Rule, d: &Rule) -> Result<Vec<Rule>, String> {
         return Ok(out);
     }
     if a.major.is_none() && d.major.is_some() {
-        let what = a
-            .typ
-            .map_or("c and b".to_string(), |t| t.letter().to_string());
-        return Err(format!(
-            "the spec allows every {what} device (a privileged container): no list of allows \
-             can leave one out, and under the systemd driver crun grants them all \
-             (DevicePolicy=auto)"
-        ));
+        return Err(RuleError::AllowsEvery(a.typ));
     }
     if a.minor.is_none() && d.minor.is_some() {
         let mut out = Vec::new();
@@ -188,7 +218,7 @@ fn minus(a: Rule, d: &Rule) -> Result<Vec<Rule>, String> {
     })
 }
 
-fn subtract(allows: Vec<Rule>, d: &Rule) -> Result<Vec<Rule>, String> {
+fn subtract(allows: Vec<Rule>, d: &Rule) -> Result<Vec<Rule>, RuleError> {
     let mut out = Vec::with_capacity(allows.len());
     for a in allows {
         out.extend(minus(a, d)?);
@@ -199,7 +229,7 @@ fn subtract(allows: Vec<Rule>, d: &Rule) -> Result<Vec<Rule>, String> {
 /// The spec's rules as the allows that follow a deny-all: those after its last deny-all,
 /// with each later deny folded in. No deny-all at all starts from denying every device,
 /// as cgroup v2's program does: a container can only lose access, never gain it.
-pub fn effective_allows(rules: &[Value]) -> Result<Vec<Rule>, String> {
+pub fn effective_allows(rules: &[Value]) -> Result<Vec<Rule>, RuleError> {
     let parsed = rules
         .iter()
         .map(Rule::parse)
@@ -237,7 +267,7 @@ pub fn granted(allows: &[Rule], num: DevNum) -> u8 {
 /// `b *:* m` to every container after the spec's rules, so no spec can take it away.
 /// A rule naming `bad` alone that is left with `m` only is dropped: it grants nothing
 /// the runtime does not.
-pub fn without(allows: Vec<Rule>, bad: DevNum) -> Result<Vec<Rule>, String> {
+pub fn without(allows: Vec<Rule>, bad: DevNum) -> Result<Vec<Rule>, RuleError> {
     let mut left = subtract(allows, &Rule::exact(false, bad, R | W))?;
     left.retain(|r| !(r.access == M && *r == Rule::exact(true, bad, M)));
     Ok(left)
@@ -284,9 +314,16 @@ mod tests {
             r.to_value(),
             json!({"allow": true, "type": "a", "access": "rwm"})
         );
-        assert!(Rule::parse(&json!({"type": "p"})).is_err());
-        assert!(Rule::parse(&json!({"access": "rx"})).is_err());
-        assert!(Rule::parse(&json!({"major": 1u64 << 40})).is_err());
+        let e = Rule::parse(&json!({"type": "p"})).unwrap_err();
+        assert_eq!(e, RuleError::UnknownType("p".into()));
+        assert_eq!(e.to_string(), "unknown device type \"p\"");
+        let e = Rule::parse(&json!({"access": "r\nx"})).unwrap_err();
+        assert_eq!(e, RuleError::UnknownAccess('\n'));
+        assert_eq!(e.to_string(), "unknown device access \"\\\\n\"");
+        let e = Rule::parse(&json!({"major": 1u64 << 40})).unwrap_err();
+        assert_eq!(e.to_string(), "device number 1099511627776 out of range");
+        let e = Rule::parse(&json!({"minor": "7"})).unwrap_err();
+        assert_eq!(e.to_string(), "device number \"7\" is not an integer");
     }
 
     #[test]

@@ -3,15 +3,17 @@
 //! same outcomes as the hook-time remap: every device remapped, or the container rejected
 //! saying why with every spare taken for it given back.
 
-use super::spec_rewrite::{self, Swap};
+use super::spec_rewrite::{self, RewriteError, Swap};
 use crate::action::remap::{abandon, fail_all, wanted, Applied, RemapRecord};
-use crate::action::spare::{self, give_back, Grant, Holder, Leased, SpareRequest};
+use crate::action::spare::{self, give_back, Grant, Holder, Leased, NoSpare, SpareRequest};
 use crate::config::Config;
+use crate::error::Error;
 use crate::gpu::GpuContext;
 use crate::model::device::{self, DevNum};
 use crate::policy::{DeviceDecision, Disposition};
 use crate::store::lease::{self, Leases};
 use crate::store::quarantine::Ledger;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub struct SpecRemap<'a> {
@@ -36,17 +38,12 @@ impl SpecRemap<'_> {
         leases: &Leases,
         taken: &[DevNum],
         dec: &DeviceDecision,
-    ) -> Result<Leased, String> {
+    ) -> Result<Leased, SpecRemapError> {
         let d = &dec.device;
         if device::is_default_device(d.num) {
             // runc and crun append their default rules after the spec's: a deny in the
             // spec cannot hold for these.
-            return Err(format!(
-                "the runtime allows {} {} to every container after the spec's own rules, so \
-                 the spec cannot deny it",
-                d.num.typ.letter(),
-                d.num
-            ));
+            return Err(SpecRemapError::DefaultDevice(d.num));
         }
         // No container process exists yet: the lease names this process (the runtime's
         // once exec'd, alive until the container is created) and the runtime's state
@@ -67,20 +64,24 @@ impl SpecRemap<'_> {
                 Grant::Cgroup
             },
         };
-        spare::lease_spare(config, ledger, gpu, leases, &req).map_err(|e| e.to_string())
+        spare::lease_spare(config, ledger, gpu, leases, &req).map_err(SpecRemapError::Lease)
     }
 
     fn write(
         &mut self,
         swaps: &[Swap],
         dev_root: &Path,
-    ) -> Result<Vec<spec_rewrite::Changed>, String> {
-        let mut doc: serde_json::Value = serde_json::from_slice(&self.bytes)
-            .map_err(|e| format!("cannot parse {}: {e}", self.spec_file.display()))?;
-        let changed = spec_rewrite::rewrite(&mut doc, swaps, dev_root)?;
-        let bytes = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
-        spec_rewrite::replace_file(self.spec_file, &bytes)
-            .map_err(|e| format!("cannot rewrite the spec: {e}"))?;
+    ) -> Result<Vec<spec_rewrite::Changed>, SpecRemapError> {
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&self.bytes).map_err(|e| SpecRemapError::Parse {
+                path: self.spec_file.to_path_buf(),
+                cause: e.to_string(),
+            })?;
+        let changed =
+            spec_rewrite::rewrite(&mut doc, swaps, dev_root).map_err(SpecRemapError::Rewrite)?;
+        let bytes =
+            serde_json::to_vec(&doc).map_err(|e| SpecRemapError::Serialize(e.to_string()))?;
+        spec_rewrite::replace_file(self.spec_file, &bytes).map_err(SpecRemapError::Replace)?;
         self.bytes = bytes;
         Ok(changed)
     }
@@ -122,7 +123,7 @@ impl SpecRemap<'_> {
             Err(m) => {
                 // Every device fails alike: none of them was written.
                 self.give_back_all(&leases, &held);
-                fail_all(decisions, &m);
+                fail_all(decisions, &m.to_string());
                 return Applied::default();
             }
         };
@@ -168,6 +169,45 @@ impl SpecRemap<'_> {
         }
     }
 }
+
+/// Why the wrapper's remap could not be written into the spec.
+#[derive(Debug)]
+pub enum SpecRemapError {
+    /// The device is one runc and crun allow every container after the spec's rules.
+    DefaultDevice(DevNum),
+    /// No spare could be leased.
+    Lease(NoSpare),
+    /// The spec file's bytes are not JSON (serde_json's words).
+    Parse { path: PathBuf, cause: String },
+    /// The spec cannot take the swap.
+    Rewrite(RewriteError),
+    /// The rewritten document could not be written out as JSON.
+    Serialize(String),
+    /// The spec file could not be replaced.
+    Replace(Error),
+}
+
+impl fmt::Display for SpecRemapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpecRemapError::DefaultDevice(num) => write!(
+                f,
+                "the runtime allows {} {num} to every container after the spec's own rules, \
+                 so the spec cannot deny it",
+                num.typ.letter()
+            ),
+            SpecRemapError::Lease(e) => e.fmt(f),
+            SpecRemapError::Parse { path, cause } => {
+                write!(f, "cannot parse {}: {cause}", path.display())
+            }
+            SpecRemapError::Rewrite(e) => e.fmt(f),
+            SpecRemapError::Serialize(e) => f.write_str(e),
+            SpecRemapError::Replace(e) => write!(f, "cannot rewrite the spec: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SpecRemapError {}
 
 /// What [`SpecRemap::lease_all`] leased: each spare with the index of its decision, and the
 /// decision whose spare could not be leased, with why.

@@ -14,10 +14,11 @@
 //!
 //! The same rule edit is applied to the resources `update` passes on (see update.rs).
 
-use super::device_rules;
+use super::device_rules::{self, RuleError};
 use crate::error::{Error, Result};
 use crate::model::device::{DevNum, DevType};
 use serde_json::Value;
+use std::fmt;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,36 @@ pub struct Swap {
     pub spare: DevNum,
     pub spare_path: PathBuf,
 }
+
+/// Why a config.json cannot take a remap: a part of it that is not the shape every runtime
+/// reads, or device rules no list of allows can be made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RewriteError {
+    NotObject,
+    LinuxNotObject,
+    ResourcesNotObject,
+    DevicesNotArray,
+    /// `linux.resources.devices` cannot be rewritten.
+    Rules(RuleError),
+}
+
+impl fmt::Display for RewriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RewriteError::NotObject => f.write_str("config.json is not a JSON object"),
+            RewriteError::LinuxNotObject => f.write_str("config.json linux is not an object"),
+            RewriteError::ResourcesNotObject => {
+                f.write_str("config.json linux.resources is not an object")
+            }
+            RewriteError::DevicesNotArray => {
+                f.write_str("config.json linux.resources.devices is not an array")
+            }
+            RewriteError::Rules(e) => write!(f, "config.json linux.resources.devices: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RewriteError {}
 
 /// What the rewrite did for one swap, for the record.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -54,7 +85,7 @@ fn dev_type(letter: &str) -> Option<DevType> {
 pub fn remap_rules(
     rules: &mut Vec<Value>,
     swaps: &[Swap],
-) -> std::result::Result<Vec<String>, String> {
+) -> std::result::Result<Vec<String>, RuleError> {
     let mut allows = device_rules::effective_allows(rules)?;
     let mut spares = Vec::new();
     let mut said = Vec::new();
@@ -91,11 +122,9 @@ pub fn rewrite(
     doc: &mut Value,
     swaps: &[Swap],
     dev_root: &Path,
-) -> std::result::Result<Vec<Changed>, String> {
+) -> std::result::Result<Vec<Changed>, RewriteError> {
     let mut out = vec![Changed::default(); swaps.len()];
-    let root = doc
-        .as_object_mut()
-        .ok_or("config.json is not a JSON object")?;
+    let root = doc.as_object_mut().ok_or(RewriteError::NotObject)?;
     if let Some(mounts) = root.get_mut("mounts").and_then(Value::as_array_mut) {
         swap_bind_mounts(mounts, swaps, dev_root, &mut out);
     }
@@ -103,7 +132,7 @@ pub fn rewrite(
         .entry("linux")
         .or_insert_with(|| Value::Object(Default::default()))
         .as_object_mut()
-        .ok_or("config.json linux is not an object")?;
+        .ok_or(RewriteError::LinuxNotObject)?;
     if let Some(devices) = linux.get_mut("devices").and_then(Value::as_array_mut) {
         swap_linux_devices(devices, swaps, &mut out);
     }
@@ -182,19 +211,18 @@ fn swap_device_rules(
     linux: &mut serde_json::Map<String, Value>,
     swaps: &[Swap],
     out: &mut [Changed],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RewriteError> {
     let resources = linux
         .entry("resources")
         .or_insert_with(|| Value::Object(Default::default()))
         .as_object_mut()
-        .ok_or("config.json linux.resources is not an object")?;
+        .ok_or(RewriteError::ResourcesNotObject)?;
     let rules = resources
         .entry("devices")
         .or_insert_with(|| Value::Array(Vec::new()))
         .as_array_mut()
-        .ok_or("config.json linux.resources.devices is not an array")?;
-    let said = remap_rules(rules, swaps)
-        .map_err(|e| format!("config.json linux.resources.devices: {e}"))?;
+        .ok_or(RewriteError::DevicesNotArray)?;
+    let said = remap_rules(rules, swaps).map_err(RewriteError::Rules)?;
     for (said, changed) in said.into_iter().zip(out.iter_mut()) {
         changed.rules = format!("linux.resources.devices: {said}");
     }
@@ -400,9 +428,19 @@ mod tests {
                 &[swap(c(195, 1), c(195, 7), "/dev/nvidia7")],
                 Path::new("/dev"),
             )
-            .unwrap_err()
-            .to_string();
-            assert!(e.contains("allows every c device"), "{all}: {e}");
+            .unwrap_err();
+            assert_eq!(
+                e,
+                RewriteError::Rules(RuleError::AllowsEvery(Some(DevType::Char))),
+                "{all}"
+            );
+            let e = e.to_string();
+            assert!(
+                e.starts_with(
+                    "config.json linux.resources.devices: the spec allows every c device"
+                ),
+                "{all}: {e}"
+            );
             assert!(e.contains("privileged"), "{all}: {e}");
         }
     }
