@@ -3,11 +3,13 @@
 //! spec"), and kubelet then starts no pod. The host's `ctr plugins ls`, run inside the host
 //! root against the socket containerd's config names, says each plugin's status.
 
+use super::doctor::error::ConfigError;
 use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
 use super::host_exec::{self as host, RunError};
 use crate::error::{Error, Result};
 use serde::Deserialize;
-use std::path::Path;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -60,8 +62,9 @@ struct DumpGrpc {
 }
 
 /// containerd's socket, from its `config dump` (`[grpc] address`).
-pub(crate) fn grpc_address(dump: &str) -> std::result::Result<String, String> {
-    let d: DumpGrpc = toml::from_str(dump).map_err(|e| e.message().to_string())?;
+pub(crate) fn grpc_address(dump: &str) -> std::result::Result<String, CriCheckError> {
+    let d: DumpGrpc =
+        toml::from_str(dump).map_err(|e| CriCheckError::Address(e.message().to_string()))?;
     Ok(match d.grpc.address.trim() {
         "" => DEFAULT_ADDRESS.to_string(),
         a => a.to_string(),
@@ -69,26 +72,70 @@ pub(crate) fn grpc_address(dump: &str) -> std::result::Result<String, String> {
 }
 
 /// `ctr --address ADDR plugins ls` inside `root`.
-fn plugins_ls(root: &Path, ctr: &Path, address: &str) -> std::result::Result<String, String> {
+fn plugins_ls(
+    root: &Path,
+    ctr: &Path,
+    address: &str,
+) -> std::result::Result<String, CriCheckError> {
     let mut cmd = Command::new(ctr);
     cmd.args(["--address", address, "plugins", "ls"])
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    host::run_inside(&mut cmd, root)?;
     let shown = format!("{} --address {address} plugins ls", ctr.display());
-    let out = host::output_within(cmd, CTR_DEADLINE, MAX_LISTING).map_err(|e| match e {
-        RunError::Spawn(e) => format!("cannot run {shown}: {e}"),
-        e => format!("{shown} {e}"),
-    })?;
-    String::from_utf8(out).map_err(|_| format!("{shown} wrote other than UTF-8"))
+    let failed = |run: RunError| CriCheckError::Ctr {
+        shown: shown.clone(),
+        run,
+    };
+    host::run_inside(&mut cmd, root).map_err(failed)?;
+    let out = host::output_within(cmd, CTR_DEADLINE, MAX_LISTING).map_err(failed)?;
+    String::from_utf8(out).map_err(|_| CriCheckError::NotUtf8 { shown })
 }
+
+/// Why containerd's CRI plugins could not be asked about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CriCheckError {
+    /// The host root has no `ctr` program.
+    NoCtr(PathBuf),
+    /// containerd's dump could not be had or read.
+    Config(ConfigError),
+    /// The dump's `[grpc]` table is not TOML of its shape (toml's words).
+    Address(String),
+    /// `ctr … plugins ls` (`shown`) fell short.
+    Ctr { shown: String, run: RunError },
+    /// What it wrote is not UTF-8.
+    NotUtf8 { shown: String },
+}
+
+impl From<ConfigError> for CriCheckError {
+    fn from(e: ConfigError) -> Self {
+        CriCheckError::Config(e)
+    }
+}
+
+impl fmt::Display for CriCheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CriCheckError::NoCtr(root) => write!(f, "no ctr under {}", root.display()),
+            CriCheckError::Config(e) => e.fmt(f),
+            CriCheckError::Address(msg) => f.write_str(msg),
+            CriCheckError::Ctr { shown, run } => match run {
+                RunError::Spawn(e) => write!(f, "cannot run {shown}: {e}"),
+                RunError::Root(_) => run.fmt(f),
+                e => write!(f, "{shown} {e}"),
+            },
+            CriCheckError::NotUtf8 { shown } => write!(f, "{shown} wrote other than UTF-8"),
+        }
+    }
+}
+
+impl std::error::Error for CriCheckError {}
 
 /// What the host's containerd at `root` (`bin`, as the host names it) lists for its CRI
 /// plugins: `Ok(None)` where they loaded or the config disables them, `Ok(Some(why))`
 /// where one did not, `Err` where this could not be asked.
-fn cri_problem(root: &Path, bin: &Path) -> std::result::Result<Option<String>, String> {
+fn cri_problem(root: &Path, bin: &Path) -> std::result::Result<Option<String>, CriCheckError> {
     let Some(ctr) = host::program_under(root, &CTR_PROGRAMS) else {
-        return Err(format!("no ctr under {}", root.display()));
+        return Err(CriCheckError::NoCtr(root.to_path_buf()));
     };
     let conf = Path::new("/etc/containerd/config.toml");
     let dump = containerd_dump_in(root, bin, Some(conf))?;

@@ -8,6 +8,7 @@
 use super::conffile::read_opt;
 use super::containerd_config::{self, Edit};
 use super::cri_plugins;
+use super::doctor::error::ConfigError;
 use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
 use super::hooks_config::absolute;
 use super::host_exec;
@@ -114,7 +115,7 @@ fn check_effective(root: &Path, spec: &Path) -> Result<()> {
     let conf = Path::new("/etc/containerd/config.toml");
     let cri = containerd_dump_in(root, &bin, Some(conf))
         .and_then(|dump| parse_containerd_dump(&dump))
-        .map_err(bad)?;
+        .map_err(|e: ConfigError| bad(e.to_string()))?;
     if cri.disabled {
         say!("devgate: containerd's CRI plugin is disabled here: kubelet does not use it");
         return Ok(());

@@ -1,6 +1,7 @@
 //! Running a host's own program inside the host root the installer is given (`--root`),
 //! as the DaemonSet does from its pod: the host's systemctl, the host's containerd.
 
+use crate::error::IoCause;
 use crate::model::text::one_line;
 use std::ffi::CString;
 use std::fs;
@@ -13,12 +14,12 @@ use std::time::{Duration, Instant};
 
 /// Makes `cmd` run inside `root` (chroot, then `/` as its directory), where `root` is not
 /// already `/`; its program and arguments are then paths as the host names them.
-pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), String> {
+pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), RunError> {
     if root == Path::new("/") {
         return Ok(());
     }
     let dir = CString::new(root.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("{} holds a NUL byte", root.display()))?;
+        .map_err(|_| RunError::Root(root.to_path_buf()))?;
     // SAFETY: chroot and chdir are async-signal-safe; the path was made before fork.
     unsafe {
         cmd.pre_exec(move || {
@@ -40,11 +41,14 @@ pub(crate) fn program_under(root: &Path, candidates: &[&str]) -> Option<PathBuf>
         .map(|p| Path::new("/").join(p))
 }
 
-/// How a host program run with [`output_within`] fell short.
-#[derive(Debug)]
+/// How a host program run with [`output_within`] (inside a host root, [`run_inside`]) fell
+/// short.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RunError {
-    Spawn(std::io::Error),
-    Wait(std::io::Error),
+    /// The host root's path holds a NUL byte: no program can be run inside it.
+    Root(PathBuf),
+    Spawn(IoCause),
+    Wait(IoCause),
     Deadline(Duration),
     /// Its exit status, and the last line it wrote on stderr (else stdout).
     Failed(ExitStatus, String),
@@ -54,6 +58,7 @@ pub(crate) enum RunError {
 impl std::fmt::Display for RunError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            RunError::Root(root) => write!(f, "{} holds a NUL byte", root.display()),
             RunError::Spawn(e) => write!(f, "cannot run: {e}"),
             RunError::Wait(e) => write!(f, "cannot wait for it: {e}"),
             RunError::Deadline(d) => write!(f, "did not finish in {} s", d.as_secs()),
@@ -97,7 +102,7 @@ pub(crate) fn output_within(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(RunError::Spawn)?;
+        .map_err(|e| RunError::Spawn(e.into()))?;
     let stdout = drain(child.stdout.take(), max_out + 1);
     let stderr = drain(child.stderr.take(), 64 << 10);
     let started = Instant::now();
@@ -112,7 +117,7 @@ pub(crate) fn output_within(
                 let _ = child.wait();
                 return Err(RunError::Deadline(deadline));
             }
-            Err(e) => return Err(RunError::Wait(e)),
+            Err(e) => return Err(RunError::Wait(e.into())),
         }
     };
     let left = deadline.saturating_sub(started.elapsed());

@@ -52,11 +52,11 @@ fn run(root: &Path, args: &[&str], deadline: Duration) -> Result<()> {
         // Inside a pod, systemctl may take the chroot for one and then ignore `restart`
         // without an error; the chroot here is the host's own root.
         .env("SYSTEMD_IGNORE_CHROOT", "1");
-    host::run_inside(&mut cmd, root).map_err(|e| Error::invalid("--root", e))?;
+    host::run_inside(&mut cmd, root).map_err(|e| Error::invalid("--root", e.to_string()))?;
     let shown = format!("systemctl {}", args.join(" "));
     match host::output_within(cmd, deadline, MAX_OUTPUT) {
         Ok(_) => Ok(()),
-        Err(RunError::Spawn(e)) => Err(Error::io(format!("cannot run {shown}"), &prog, e)),
+        Err(RunError::Spawn(e)) => Err(Error::io(format!("cannot run {shown}"), &prog, e.0)),
         Err(e) => Err(Error::invalid(shown, e.to_string())),
     }
 }

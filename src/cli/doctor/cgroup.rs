@@ -33,13 +33,18 @@ pub(crate) fn describe_cgroup_mode(mode: CgroupMode, top: &Path) -> String {
     }
 }
 
-pub(crate) fn read_cgroup_mode(sysfs_root: &Path) -> Result<(CgroupMode, PathBuf), String> {
+pub(crate) fn read_cgroup_mode(
+    sysfs_root: &Path,
+) -> Result<(CgroupMode, PathBuf), super::error::NodeError> {
     let top = sysfs_root.join("fs/cgroup");
     let is_cgroup2 = |p: &Path| {
         nix::sys::statfs::statfs(p)
             .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
     };
-    let top_v2 = is_cgroup2(&top).map_err(|e| format!("cannot statfs {}: {e}", top.display()))?;
+    let top_v2 = is_cgroup2(&top).map_err(|errno| super::error::NodeError::Statfs {
+        path: top.clone(),
+        errno,
+    })?;
     let unified_v2 = !top_v2 && is_cgroup2(&top.join("unified")).unwrap_or(false);
     Ok((cgroup_mode(top_v2, unified_v2), top))
 }

@@ -17,6 +17,7 @@
 //! readers and pure judges in runtimes/, cgroup.rs, nvml.rs and node.rs.
 
 pub(crate) mod cgroup;
+pub(crate) mod error;
 mod line;
 pub(crate) mod node;
 mod node_checks;
@@ -27,6 +28,7 @@ pub(crate) mod runtimes;
 mod toolkit;
 
 use crate::config::{self, Config};
+use crate::error::Error;
 use crate::model::text::one_line;
 use line::{Line, Mark};
 pub(crate) use options::{FixCmd, Options};
@@ -40,7 +42,7 @@ usage: devgate [--config PATH] doctor [--bin PATH] [--hooks-dir DIR]... [--crio-
                                        [--containerd BIN] [--containerd-config FILE]
                                        [--nvidia-runtime-config FILE] [--kubelet-config FILE]";
 
-fn parse(argv: &[String]) -> Result<Options, String> {
+fn parse(argv: &[String]) -> Result<Options, Error> {
     let p = crate::cli::args::parse(
         argv,
         &[
@@ -54,21 +56,20 @@ fn parse(argv: &[String]) -> Result<Options, String> {
             "--kubelet-config",
         ],
         &[],
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     if let Some(extra) = p.positional.get(1) {
-        return Err(format!("unexpected argument {extra:?}"));
+        return Err(Error::Usage(format!("unexpected argument {extra:?}")));
     }
-    let path = |name: &str| -> Result<Option<PathBuf>, String> {
+    let path = |name: &str| -> Result<Option<PathBuf>, Error> {
         match p.value(name) {
-            Some("") => Err(format!("{name} needs a value")),
+            Some("") => Err(Error::Usage(format!("{name} needs a value"))),
             v => Ok(v.map(PathBuf::from)),
         }
     };
     let mut hooks_dirs = Vec::new();
     for d in p.values("--hooks-dir") {
         if d.is_empty() {
-            return Err("--hooks-dir needs a value".into());
+            return Err(Error::Usage("--hooks-dir needs a value".into()));
         }
         hooks_dirs.push(PathBuf::from(d));
     }
@@ -93,7 +94,7 @@ pub(crate) fn cli(argv: &[String]) -> Option<i32> {
     let opts = match parse(argv) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("devgate: error: {}\n{USAGE}", one_line(&e));
+            eprintln!("devgate: error: {}\n{USAGE}", one_line(&e.to_string()));
             return Some(2);
         }
     };

@@ -1,6 +1,8 @@
 //! The node's side: devgate's directories, the spares, and the kernel log. Pure judges first
 //! in each part, then the reader. The cgroup mode and driver are in cgroup.rs, NVML in nvml.rs.
 
+use super::error::{ConfigError, NodeError};
+use crate::error::Error;
 use crate::model::device::{DevNum, DevType};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -15,13 +17,12 @@ use std::path::{Path, PathBuf};
 
 /// Checks the whole path of a directory devgate writes into (the runtime's own check,
 /// fsutil::check_path). Ok: a note for the ✓ line.
-pub fn check_safe_dir(dir: &Path) -> Result<String, String> {
-    match crate::fsutil::check_path(dir) {
-        Ok(crate::fsutil::DirState::Present) => {
-            Ok("every directory on its path is root's and not writable by others".into())
+pub fn check_safe_dir(dir: &Path) -> Result<&'static str, Error> {
+    match crate::fsutil::check_path(dir)? {
+        crate::fsutil::DirState::Present => {
+            Ok("every directory on its path is root's and not writable by others")
         }
-        Ok(crate::fsutil::DirState::Absent) => Ok("absent; devgate creates it".into()),
-        Err(e) => Err(e.to_string()),
+        crate::fsutil::DirState::Absent => Ok("absent; devgate creates it"),
     }
 }
 
@@ -29,12 +30,15 @@ pub fn check_safe_dir(dir: &Path) -> Result<String, String> {
 // Spares: the device, and the /dev/char (or /dev/block) link systemd needs.
 
 /// A spare's device number, or why it is not a usable device.
-pub fn spare_device(path: &Path) -> Result<DevNum, String> {
+pub(crate) fn spare_device(path: &Path) -> Result<DevNum, NodeError> {
     let meta = fs::metadata(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => format!("{} does not exist", path.display()),
-        _ => format!("cannot stat {}: {e}", path.display()),
+        io::ErrorKind::NotFound => NodeError::Missing(path.to_path_buf()),
+        _ => NodeError::Stat {
+            path: path.to_path_buf(),
+            source: e.into(),
+        },
     })?;
-    DevNum::from_metadata(&meta).ok_or_else(|| format!("{} is not a device node", path.display()))
+    DevNum::from_metadata(&meta).ok_or_else(|| NodeError::NotDevice(path.to_path_buf()))
 }
 
 /// The /dev/char/MAJ:MIN (or /dev/block) name for `num` under `dev_root`.
@@ -47,12 +51,17 @@ pub fn dev_link(dev_root: &Path, num: DevNum) -> PathBuf {
 }
 
 /// Ok: the link resolves to the spare's own device. Err: what is wrong with it.
-pub fn check_dev_link(link: &Path, num: DevNum) -> Result<(), String> {
+pub(crate) fn check_dev_link(link: &Path, num: DevNum) -> Result<(), NodeError> {
     match fs::symlink_metadata(link) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(format!("{} is missing", link.display()))
+            return Err(NodeError::LinkMissing(link.to_path_buf()))
         }
-        Err(e) => return Err(format!("cannot stat {}: {e}", link.display())),
+        Err(e) => {
+            return Err(NodeError::Stat {
+                path: link.to_path_buf(),
+                source: e.into(),
+            })
+        }
         Ok(_) => {}
     }
     match fs::metadata(link)
@@ -60,12 +69,11 @@ pub fn check_dev_link(link: &Path, num: DevNum) -> Result<(), String> {
         .and_then(|m| DevNum::from_metadata(&m))
     {
         Some(n) if n == num => Ok(()),
-        Some(n) => Err(format!(
-            "{} resolves to {} {n}, not the spare",
-            link.display(),
-            n.typ.letter()
-        )),
-        None => Err(format!("{} does not resolve to a device", link.display())),
+        Some(found) => Err(NodeError::LinkElsewhere {
+            link: link.to_path_buf(),
+            found,
+        }),
+        None => Err(NodeError::LinkNotDevice(link.to_path_buf())),
     }
 }
 
@@ -104,9 +112,9 @@ struct CheckpointData {
 }
 
 /// resource name → device ids, the NVIDIA ones only (`nvidia.com/…`).
-pub fn nvidia_registered(text: &str) -> Result<BTreeMap<String, Vec<String>>, String> {
+pub(crate) fn nvidia_registered(text: &str) -> Result<BTreeMap<String, Vec<String>>, ConfigError> {
     let c: Checkpoint =
-        serde_json::from_str(text).map_err(|e| format!("not a kubelet checkpoint: {e}"))?;
+        serde_json::from_str(text).map_err(|e| ConfigError::NotCheckpoint(e.to_string()))?;
     Ok(c.data
         .registered
         .unwrap_or_default()
@@ -135,23 +143,26 @@ pub fn advertised_as<'a>(
 // ---------------------------------------------------------------------------------------
 // The kernel log: opened the way the hook opens it, one record read.
 
-pub fn read_one_kmsg_record(path: &Path) -> Result<String, String> {
+pub(crate) fn read_one_kmsg_record(path: &Path) -> Result<&'static str, NodeError> {
     let mut f = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| crate::error::Error::io("cannot open", path, e).to_string())?;
+        .map_err(|e| NodeError::Open(Error::io("cannot open", path, e)))?;
     // Larger than the kernel's largest record, or /dev/kmsg answers EINVAL.
     let mut buf = vec![0u8; 64 << 10];
     loop {
         return match f.read(&mut buf) {
-            Ok(0) => Ok("readable (empty)".into()),
-            Ok(_) => Ok("readable".into()),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok("readable (no records)".into()),
+            Ok(0) => Ok("readable (empty)"),
+            Ok(_) => Ok("readable"),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok("readable (no records)"),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             // The oldest records were overwritten: readable all the same.
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => Ok("readable".into()),
-            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => Ok("readable"),
+            Err(e) => Err(NodeError::Read {
+                path: path.to_path_buf(),
+                source: e.into(),
+            }),
         };
     }
 }
@@ -176,7 +187,7 @@ mod tests {
             "absent; devgate creates it"
         );
         fs::set_permissions(d.join("state"), fs::Permissions::from_mode(0o777)).unwrap();
-        let e = check_safe_dir(&d.join("state")).unwrap_err();
+        let e = check_safe_dir(&d.join("state")).unwrap_err().to_string();
         assert!(
             e.ends_with("is writable by group or others (mode 777)"),
             "{e}"

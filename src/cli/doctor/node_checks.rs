@@ -2,6 +2,7 @@
 //! GPUs, and each spare (its device, its /dev/char link, hidden from the device plugin).
 
 use super::cgroup::{self, DriverVerdict, DriverVote};
+use super::error::ConfigError;
 use super::line::Line;
 use super::node;
 use super::nvml::{self, NvmlAnswer};
@@ -36,7 +37,7 @@ pub(crate) fn cgroup_checks(opts: &Options, config: &Config, votes: Vec<DriverVo
         Ok((mode, top)) => Line::pass("cgroup mode", cgroup::describe_cgroup_mode(mode, &top)),
         Err(e) => Line::fail(
             "cgroup mode",
-            e,
+            e.to_string(),
             "mount the cgroup hierarchy at /sys/fs/cgroup (or set sysfs_root in the config)",
         ),
     }];
@@ -62,7 +63,7 @@ pub(crate) fn cgroup_checks(opts: &Options, config: &Config, votes: Vec<DriverVo
                     },
                 })
             }
-            Err(e) => lines.push(Line::note("cgroup driver", e)),
+            Err(e) => lines.push(Line::note("cgroup driver", e.to_string())),
         }
     }
     lines.push(match cgroup::decide_driver(kubelet_vote.as_ref(), &votes) {
@@ -160,11 +161,7 @@ pub(crate) fn spare_checks(config: &Config, config_path: &Path, nvml: &NvmlAnswe
         .join("device-plugins/kubelet_internal_checkpoint");
     let registered = match std::fs::symlink_metadata(&checkpoint) {
         Err(_) => None,
-        Ok(_) => Some(
-            runtimes::read_small(&checkpoint)
-                .and_then(|t| node::nvidia_registered(&t))
-                .map_err(|e| format!("{}: {e}", checkpoint.display())),
-        ),
+        Ok(_) => Some(runtimes::read_small(&checkpoint).and_then(|t| node::nvidia_registered(&t))),
     };
     // The GPUs the device plugin may advertise: every GPU NVML sees but the spares.
     let spare_minors: Vec<u32> = config
@@ -228,7 +225,8 @@ pub(crate) fn spare_checks(config: &Config, config_path: &Path, nvml: &NvmlAnswe
 
 /// What kubelet's checkpoint says the NVIDIA device plugin registered: None when there is no
 /// checkpoint.
-type Registered = Option<Result<std::collections::BTreeMap<String, Vec<String>>, String>>;
+/// kubelet's checkpoint of the devices each plugin registered: None where it is absent.
+type Registered = Option<Result<std::collections::BTreeMap<String, Vec<String>>, ConfigError>>;
 
 /// Is the spare hidden from the device plugin? kubelet would otherwise hand the "spare"
 /// to another pod. Long because each way of not knowing (not a GPU, NVML does not name it,
@@ -265,7 +263,7 @@ fn hidden_check(
     // Where the checkpoint cannot tell, a person can: the note says how.
     let why = match registered {
         None => format!("cannot tell, {} is absent", checkpoint.display()),
-        Some(Err(e)) => format!("cannot tell, {e}"),
+        Some(Err(e)) => format!("cannot tell, {}: {e}", checkpoint.display()),
         Some(Ok(r)) if r.is_empty() => {
             "no NVIDIA device plugin is registered with kubelet".to_string()
         }

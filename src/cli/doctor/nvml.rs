@@ -30,10 +30,30 @@ pub(crate) struct GpuInfo {
     pub(crate) bus_id: Option<String>,
     pub(crate) minor: Option<u32>,
     /// Ok(on) or why it could not be read.
-    pub(crate) persistence: Result<bool, String>,
+    pub(crate) persistence: Result<bool, Unread>,
     /// Why NVML gave no handle for this index.
     pub(crate) unreachable: Option<String>,
 }
+
+/// Why NVML gave no reading of a GPU's setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unread {
+    /// The GPU does not support it.
+    NotSupported,
+    /// NVML's error, in its words.
+    Nvml(String),
+}
+
+impl std::fmt::Display for Unread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unread::NotSupported => f.write_str("not supported"),
+            Unread::Nvml(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for Unread {}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum NvmlAnswer {
@@ -137,7 +157,7 @@ fn gpu_info(nvml: &Nvml, index: u32) -> GpuInfo {
                 uuid: None,
                 bus_id: None,
                 minor: None,
-                persistence: Err(e.to_string()),
+                persistence: Err(Unread::Nvml(e.to_string())),
                 unreachable: Some(e.to_string()),
             }
         }
@@ -152,8 +172,8 @@ fn gpu_info(nvml: &Nvml, index: u32) -> GpuInfo {
             .map(|p| crate::gpu::nvml::display_bus_id(&p.bus_id)),
         minor: dev.minor_number().ok(),
         persistence: dev.is_in_persistent_mode().map_err(|e| match e {
-            NvmlError::NotSupported => "not supported".to_string(),
-            other => other.to_string(),
+            NvmlError::NotSupported => Unread::NotSupported,
+            other => Unread::Nvml(other.to_string()),
         }),
         unreachable: None,
     }

@@ -3,6 +3,7 @@
 //! each runtime's cgroup driver for the cgroup checks.
 
 use super::cgroup::DriverVote;
+use super::error::{ConfigError, RuntimeNotWired};
 use super::line::Line;
 use super::options::{FixCmd, Options};
 use super::runtimes::binary::{self, Identity};
@@ -23,7 +24,7 @@ fn podman_line(opts: &Options, fix: &FixCmd, is_devgate: &dyn Fn(&Path) -> bool)
             Err(e) => {
                 return Line::fail(
                     "podman",
-                    e,
+                    e.to_string(),
                     "correct containers.conf (podman fails on it too)",
                 )
             }
@@ -72,7 +73,7 @@ fn podman_runtime_line(confs: &[(PathBuf, String)], hooks: String, fix: &FixCmd)
         Ok(podman::PodmanRuntime::Other(_)) => Line::pass("podman", hooks),
         Err(e) => Line::fail(
             "podman",
-            e,
+            e.to_string(),
             "correct containers.conf (podman fails on it too)",
         ),
     }
@@ -204,7 +205,7 @@ fn crio_check(
         Err(e) => {
             return Line::fail(
                 "cri-o",
-                e,
+                e.to_string(),
                 "correct CRI-O's configuration (crio config prints what it reads)",
             )
         }
@@ -231,7 +232,7 @@ fn crio_check(
 }
 
 /// CRI-O's configuration, from `--crio-config` or /etc/crio/crio.conf and its conf.d.
-fn crio_config(opts: &Options) -> Result<crio::CrioConfig, String> {
+fn crio_config(opts: &Options) -> Result<crio::CrioConfig, ConfigError> {
     let main = opts
         .crio_config
         .clone()
@@ -242,11 +243,10 @@ fn crio_config(opts: &Options) -> Result<crio::CrioConfig, String> {
         && std::fs::symlink_metadata(&main).is_err()
         && std::fs::symlink_metadata(main.with_extension("conf.d")).is_err();
     if named_but_absent {
-        Err(format!(
-            "--crio-config {}: no such file, nor {}",
-            main.display(),
-            main.with_extension("conf.d").display()
-        ))
+        Err(ConfigError::CrioConfigAbsent {
+            dropins: main.with_extension("conf.d"),
+            main,
+        })
     } else {
         crio::read_crio(&main).and_then(|f| crio::parse_crio(&f))
     }
@@ -296,7 +296,7 @@ fn containerd_checks(
         Err(e) => {
             return vec![Line::fail(
                 "containerd",
-                e,
+                e.to_string(),
                 "correct containerd's configuration (`containerd config dump` must succeed)",
             )]
         }
@@ -323,7 +323,7 @@ fn containerd_checks(
         Ok(t) => Line::pass("containerd", format!("default {t}")),
         Err(e) => Line::fail(
             "containerd",
-            e,
+            e.to_string(),
             containerd::containerd_fix(&cri, &default, fix),
         ),
     }];
@@ -361,7 +361,7 @@ fn judge_runtime(
     rt: &CriRuntime,
     id: &Identity,
     nvidia_config: &Path,
-) -> Result<String, String> {
+) -> Result<String, RuntimeNotWired> {
     let is_devgate = |p: &Path| id.is_devgate(p);
     let spec = if rt.base_runtime_spec.is_empty() {
         BaseSpec::NotSet

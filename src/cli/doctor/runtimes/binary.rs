@@ -3,7 +3,8 @@
 //! NVIDIA's runtime and the runtime that one would run, or another runtime. Identity says
 //! which files are devgate.
 
-use super::files::{one_line_toml, read_small, which};
+use super::files::{read_small, toml_error, which};
+use crate::cli::doctor::error::ConfigError;
 use crate::fsutil::program;
 use crate::wrapper::PROGRAM;
 use serde::Deserialize;
@@ -144,7 +145,7 @@ pub(crate) enum Binary {
     /// NVIDIA's runtime, and the low-level runtime it would run (devgate's wrapper or not).
     Nvidia {
         path: PathBuf,
-        runs: Result<PathBuf, String>,
+        runs: Result<PathBuf, ConfigError>,
         runs_devgate: bool,
     },
     Other(PathBuf),
@@ -170,11 +171,11 @@ struct NvidiaRuntimeSection {
 
 /// The candidates NVIDIA's runtime tries, in order (`nvidia-container-runtime.runtimes`);
 /// its built-in list when the file does not set one.
-pub(crate) fn nvidia_runtime_candidates(text: Option<&str>) -> Result<Vec<String>, String> {
+pub(crate) fn nvidia_runtime_candidates(text: Option<&str>) -> Result<Vec<String>, ConfigError> {
     let listed = match text {
         Some(t) => {
             toml::from_str::<NvidiaConfig>(t)
-                .map_err(|e| one_line_toml(&e))?
+                .map_err(|e| toml_error(None, &e))?
                 .runtime
                 .runtimes
         }
@@ -214,11 +215,11 @@ pub(crate) fn classify_binary(name: &str, id: &Identity, nvidia_config: &Path) -
             Err(_) => None,
         };
         let runs = nvidia_runtime_candidates(text.as_deref())
-            .map_err(|e| format!("{}: {e}", nvidia_config.display()))
+            .map_err(|e| e.in_file(nvidia_config))
             .and_then(|c| {
                 c.iter()
                     .find_map(|r| which(r))
-                    .ok_or_else(|| format!("none of its runtimes ({}) is installed", c.join(", ")))
+                    .ok_or(ConfigError::NoneInstalled(c))
             });
         let runs_devgate = runs.as_ref().is_ok_and(|p| id.is_wrapper(p));
         return Binary::Nvidia {

@@ -3,8 +3,9 @@
 //! is devgate's runtime wrapper?
 
 use super::binary::Binary;
-use super::files::one_line_toml;
+use super::files::{one_line_toml, toml_error};
 use super::hooks::runs_devgate_hook;
+use crate::cli::doctor::error::{ConfigError, RuntimeNotWired};
 use crate::cli::doctor::options::FixCmd;
 use crate::cli::hooks_config::NODE_WIDE_SETTINGS;
 use crate::cli::host_exec::{self as host, RunError};
@@ -87,17 +88,13 @@ struct DumpRuncOptions {
     systemd_cgroup: Option<bool>,
 }
 
-pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String> {
-    let dump: Dump = toml::from_str(text).map_err(|e| one_line_toml(&e))?;
+pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, ConfigError> {
+    let dump: Dump = toml::from_str(text).map_err(|e| toml_error(None, &e))?;
     let (version, plugin) = match dump.version {
         Some(3) => (3, CRI_V3),
         Some(2) => (2, CRI_V2),
-        Some(v) => {
-            return Err(format!(
-                "config version {v} is not one devgate knows (2 or 3)"
-            ))
-        }
-        None => return Err("the dump names no config version".into()),
+        Some(v) => return Err(ConfigError::DumpVersion(v)),
+        None => return Err(ConfigError::NoDumpVersion),
     };
     let disabled = dump
         .disabled_plugins
@@ -107,7 +104,10 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String>
         Some(v) => v
             .clone()
             .try_into()
-            .map_err(|e: toml::de::Error| format!("plugins.\"{plugin}\": {}", one_line_toml(&e)))?,
+            .map_err(|e: toml::de::Error| ConfigError::Plugin {
+                plugin,
+                msg: one_line_toml(&e),
+            })?,
         None => CriPlugin::default(),
     };
     let runtimes = cri
@@ -145,7 +145,7 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, String>
 
 /// Runs `containerd [--config FILE] config dump` with a deadline and a bound on its output
 /// (`host_exec::output_within`).
-pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, String> {
+pub(crate) fn containerd_dump(bin: &Path, config: Option<&Path>) -> Result<String, ConfigError> {
     containerd_dump_in(Path::new("/"), bin, config)
 }
 
@@ -156,9 +156,13 @@ pub(crate) fn containerd_dump_in(
     root: &Path,
     bin: &Path,
     config: Option<&Path>,
-) -> Result<String, String> {
+) -> Result<String, ConfigError> {
+    let failed = |run: RunError| ConfigError::DumpRun {
+        bin: bin.to_path_buf(),
+        run,
+    };
     let mut cmd = Command::new(bin);
-    host::run_inside(&mut cmd, root)?;
+    host::run_inside(&mut cmd, root).map_err(failed)?;
     // The daemon's working directory (systemd's default): containerd 1.x globs a relative
     // `imports` entry from there, so the dump must read the drop-ins the daemon reads.
     cmd.current_dir("/");
@@ -171,19 +175,15 @@ pub(crate) fn containerd_dump_in(
         cmd.arg("--config").arg(c);
     }
     cmd.args(["config", "dump"]);
-    let out = host::output_within(cmd, DUMP_DEADLINE, MAX_DUMP).map_err(|e| match e {
-        RunError::TooLarge(_) => format!("containerd's dump is larger than {MAX_DUMP} bytes"),
-        RunError::Spawn(e) => format!("cannot run {}: {e}", bin.display()),
-        e => format!("{} config dump {e}", bin.display()),
-    })?;
-    String::from_utf8(out).map_err(|_| "containerd's dump is not UTF-8".into())
+    let out = host::output_within(cmd, DUMP_DEADLINE, MAX_DUMP).map_err(failed)?;
+    String::from_utf8(out).map_err(|_| ConfigError::DumpNotUtf8)
 }
 
 /// What a base runtime spec file holds, as far as devgate cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum BaseSpec {
     NotSet,
-    Unreadable(String),
+    Unreadable(ConfigError),
     /// Keys a complete spec has and this one lacks.
     Incomplete(Vec<&'static str>),
     /// Settings the CRI clears on the spec it generates, which a base spec gives every
@@ -211,7 +211,7 @@ struct SpecShape {
 pub(crate) fn examine_base_spec(text: &str, is_devgate: &dyn Fn(&Path) -> bool) -> BaseSpec {
     let shape: SpecShape = match serde_json::from_str(text) {
         Ok(s) => s,
-        Err(e) => return BaseSpec::Unreadable(format!("not an OCI spec: {e}")),
+        Err(e) => return BaseSpec::Unreadable(ConfigError::NotSpec(e.to_string())),
     };
     let missing: Vec<&'static str> = [
         ("ociVersion", shape.oci_version.is_some()),
@@ -272,22 +272,24 @@ fn node_wide_settings(text: &str) -> Vec<&'static str> {
 
 /// Why a base spec fails whatever the runtime's binary is (containerd uses the file whole
 /// for every container), or None.
-fn base_spec_error(name: &str, spec_path: &str, spec: &BaseSpec) -> Option<String> {
+fn base_spec_error(name: &str, spec_path: &str, spec: &BaseSpec) -> Option<RuntimeNotWired> {
+    let (name, spec_path) = (name.to_string(), spec_path.to_string());
     match spec {
-        BaseSpec::Unreadable(e) => Some(format!(
-            "runtime {name}: base_runtime_spec {spec_path}: {e} (the CRI plugin fails to start)"
-        )),
-        BaseSpec::NodeWide(set) => Some(format!(
-            "runtime {name}: base_runtime_spec {spec_path} sets {}, which every container on \
-             the node then gets (containerd's CRI applies its own defaults only without a base \
-             spec); remove them from the file and restart containerd",
-            set.join(", ")
-        )),
-        BaseSpec::Incomplete(missing) => Some(format!(
-            "runtime {name}: base_runtime_spec {spec_path} is not a complete spec (no {}); \
-             containerd reads it at start and uses it whole for every container",
-            missing.join(", ")
-        )),
+        BaseSpec::Unreadable(e) => Some(RuntimeNotWired::Unreadable {
+            name,
+            spec_path,
+            why: Box::new(e.clone()),
+        }),
+        BaseSpec::NodeWide(set) => Some(RuntimeNotWired::NodeWide {
+            name,
+            spec_path,
+            set: set.clone(),
+        }),
+        BaseSpec::Incomplete(missing) => Some(RuntimeNotWired::Incomplete {
+            name,
+            spec_path,
+            missing: missing.clone(),
+        }),
         BaseSpec::NotSet | BaseSpec::Complete { .. } => None,
     }
 }
@@ -298,7 +300,7 @@ pub(crate) fn judge_containerd_runtime(
     rt: &CriRuntime,
     spec: &BaseSpec,
     binary: &Binary,
-) -> Result<String, String> {
+) -> Result<String, RuntimeNotWired> {
     let spec_path = &rt.base_runtime_spec;
     if let Some(e) = base_spec_error(name, spec_path, spec) {
         return Err(e);
@@ -315,31 +317,28 @@ pub(crate) fn judge_containerd_runtime(
         };
         return Ok(format!("runtime {name} {}{note}", binary.describe()));
     }
+    let (name, spec_path) = (name.to_string(), spec_path.clone());
     match hooks {
-        Some((true, true)) if binary.runs_crun() => Err(format!(
-            "runtime {name} starts from {spec_path}, whose hooks run devgate, but it {} with \
-             them alone: crun discards a hook's output, so a reject reaches kubelet without \
-             devgate's line",
-            binary.describe()
-        )),
+        Some((true, true)) if binary.runs_crun() => Err(RuntimeNotWired::CrunHooksAlone {
+            name,
+            spec_path,
+            binary: binary.describe(),
+        }),
         Some((true, true)) => Ok(format!(
             "runtime {name} starts from {spec_path}, a complete spec whose hooks run devgate at \
              start and poststop"
         )),
-        Some((true, false)) => Err(format!(
-            "runtime {name}: {spec_path} runs devgate at start but not at poststop"
-        )),
-        Some((false, true)) => Err(format!(
-            "runtime {name}: {spec_path} runs devgate at poststop but not at start"
-        )),
-        Some((false, false)) => Err(format!(
-            "runtime {name}: {spec_path} has no hook that runs devgate, and the runtime {}",
-            binary.describe()
-        )),
-        None => Err(format!(
-            "runtime {name} has no base_runtime_spec and {}",
-            binary.describe()
-        )),
+        Some((true, false)) => Err(RuntimeNotWired::StartOnly { name, spec_path }),
+        Some((false, true)) => Err(RuntimeNotWired::StopOnly { name, spec_path }),
+        Some((false, false)) => Err(RuntimeNotWired::NoHook {
+            name,
+            spec_path,
+            binary: binary.describe(),
+        }),
+        None => Err(RuntimeNotWired::NoBaseSpec {
+            name,
+            binary: binary.describe(),
+        }),
     }
 }
 
@@ -435,9 +434,12 @@ disabled_plugins = ["cri"]
         assert_eq!(c.runtimes["runc"].base_runtime_spec, "");
         assert_eq!(c.runtimes["runc"].systemd_cgroup, None);
 
-        assert!(parse_containerd_dump("version = 1\n")
-            .unwrap_err()
-            .contains("config version 1"));
+        let e = parse_containerd_dump("version = 1\n").unwrap_err();
+        assert_eq!(e, ConfigError::DumpVersion(1));
+        assert_eq!(
+            e.to_string(),
+            "config version 1 is not one devgate knows (2 or 3)"
+        );
         assert!(parse_containerd_dump("version = [\n").is_err());
     }
 
@@ -573,14 +575,17 @@ disabled_plugins = ["cri"]
             &wrapper,
         )
         .unwrap_err();
+        assert!(matches!(e, RuntimeNotWired::NodeWide { .. }), "{e:?}");
         assert_eq!(
-            e,
+            e.to_string(),
             "runtime runc: base_runtime_spec /s.json sets process.rlimits, which every container \
              on the node then gets (containerd's CRI applies its own defaults only without a base \
              spec); remove them from the file and restart containerd"
         );
     }
 
+    /// Long because each case is the same judge with one input changed (the spec, the
+    /// binary); they read as a table.
     #[test]
     fn containerd_runtime_judgement() {
         let rt = CriRuntime {
@@ -604,7 +609,9 @@ disabled_plugins = ["cri"]
             "runtime runc runs devgate's runtime wrapper /usr/bin/devgate-runc"
         );
         let misnamed = Binary::DevgateMisnamed("/usr/bin/devgate".into());
-        let e = judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &misnamed).unwrap_err();
+        let e = judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &misnamed)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.ends_with("runs devgate as /usr/bin/devgate, which is the runtime wrapper only when named devgate-runtime (a link to devgate) or run as `devgate runtime`"),
             "{e}"
@@ -616,21 +623,36 @@ disabled_plugins = ["cri"]
             &BaseSpec::Incomplete(vec!["process"]),
             &wrapper,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("not a complete spec (no process)"), "{e}");
         let e =
             judge_containerd_runtime("runc", &rt, &BaseSpec::NotSet, &Binary::Default).unwrap_err();
-        assert_eq!(e, "runtime runc has no base_runtime_spec and runs runc");
+        assert_eq!(
+            e,
+            RuntimeNotWired::NoBaseSpec {
+                name: "runc".into(),
+                binary: "runs runc".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "runtime runc has no base_runtime_spec and runs runc"
+        );
         let nv = Binary::Nvidia {
             path: "/usr/bin/nvidia-container-runtime".into(),
             runs: Ok("/usr/bin/runc".into()),
             runs_devgate: false,
         };
-        let e = judge_containerd_runtime("nvidia", &rt, &BaseSpec::NotSet, &nv).unwrap_err();
+        let e = judge_containerd_runtime("nvidia", &rt, &BaseSpec::NotSet, &nv)
+            .unwrap_err()
+            .to_string();
         assert!(e.ends_with("which runs /usr/bin/runc"), "{e}");
         // crun with the hooks alone: the reject line never reaches kubelet.
         let crun = Binary::Other("/usr/bin/crun".into());
-        let e = judge_containerd_runtime("runc", &rt, &ok, &crun).unwrap_err();
+        let e = judge_containerd_runtime("runc", &rt, &ok, &crun)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("crun discards a hook's output"), "{e}");
         let nv_crun = Binary::Nvidia {
             path: "/usr/bin/nvidia-container-runtime".into(),

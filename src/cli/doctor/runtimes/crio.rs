@@ -1,7 +1,8 @@
 //! CRI-O's configuration: the hooks directories it reads, its cgroup manager, and the
 //! runtime it runs by default.
 
-use super::files::{one_line_toml, read_small, MAX_HOOK_FILES};
+use super::files::{read_small, toml_error, MAX_HOOK_FILES};
+use crate::cli::doctor::error::ConfigError;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fs;
@@ -67,11 +68,10 @@ pub(crate) fn default_runtime_binary(c: &CrioConfig) -> (String, String) {
 }
 
 /// Merges CRI-O's files in the order CRI-O reads them (crio.conf, then the drop-ins sorted).
-pub(crate) fn parse_crio(files: &[(PathBuf, String)]) -> Result<CrioConfig, String> {
+pub(crate) fn parse_crio(files: &[(PathBuf, String)]) -> Result<CrioConfig, ConfigError> {
     let mut c = CrioConfig::default();
     for (path, text) in files {
-        let f: CrioFile = toml::from_str(text)
-            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let f: CrioFile = toml::from_str(text).map_err(|e| toml_error(Some(path), &e))?;
         let r = f.crio.runtime;
         if r.hooks_dir.is_some() {
             c.hooks_dir = r.hooks_dir;
@@ -92,7 +92,7 @@ pub(crate) fn parse_crio(files: &[(PathBuf, String)]) -> Result<CrioConfig, Stri
 }
 
 /// crio.conf and the drop-ins beside it (`crio.conf.d/*.conf`, sorted).
-pub(crate) fn read_crio(main: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+pub(crate) fn read_crio(main: &Path) -> Result<Vec<(PathBuf, String)>, ConfigError> {
     let mut files = Vec::new();
     if fs::symlink_metadata(main).is_ok() {
         files.push((main.to_path_buf(), read_small(main)?));
@@ -147,8 +147,11 @@ mod tests {
             default_runtime_binary(&CrioConfig::default()),
             ("crun".to_string(), "crun".to_string())
         );
-        assert!(parse_crio(&[("/x".into(), "[crio\n".into())])
-            .unwrap_err()
-            .starts_with("/x: "));
+        let e = parse_crio(&[("/x".into(), "[crio\n".into())]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Toml { path: Some(p), .. } if p == Path::new("/x")),
+            "{e:?}"
+        );
+        assert!(e.to_string().starts_with("/x: "), "{e}");
     }
 }

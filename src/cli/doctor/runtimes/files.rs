@@ -2,6 +2,7 @@
 //! PATH, a TOML error on one line. A leaf, so each runtime's module imports it and not
 //! `runtimes`, which declares them.
 
+use crate::cli::doctor::error::ConfigError;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -30,29 +31,32 @@ fn is_executable(p: &Path) -> bool {
 
 /// Reads a small file, following symlinks as the runtimes do, bounded. Opened
 /// non-blocking, so a FIFO planted under a config name cannot hang doctor.
-pub(crate) fn read_small(path: &Path) -> Result<String, String> {
+pub(crate) fn read_small(path: &Path) -> Result<String, ConfigError> {
     let f = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| crate::error::Error::io("cannot open", path, e).to_string())?;
+        .map_err(|e| ConfigError::Io(crate::error::Error::io("cannot open", path, e)))?;
     let meta = f
         .metadata()
-        .map_err(|e| crate::error::Error::io("cannot stat", path, e).to_string())?;
+        .map_err(|e| ConfigError::Io(crate::error::Error::io("cannot stat", path, e)))?;
     if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
+        return Err(ConfigError::NotRegular(path.to_path_buf()));
     }
     let mut buf = Vec::new();
     f.take(MAX_SMALL_FILE + 1)
         .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            source: e.into(),
+        })?;
     if buf.len() as u64 > MAX_SMALL_FILE {
-        return Err(format!(
-            "{} is larger than {MAX_SMALL_FILE} bytes",
-            path.display()
-        ));
+        return Err(ConfigError::TooLarge {
+            path: path.to_path_buf(),
+            max: MAX_SMALL_FILE,
+        });
     }
-    String::from_utf8(buf).map_err(|_| format!("{} is not UTF-8 text", path.display()))
+    String::from_utf8(buf).map_err(|_| ConfigError::NotUtf8(path.to_path_buf()))
 }
 
 /// A TOML error on one line: toml prints it over several, with the offending line quoted.
@@ -61,4 +65,12 @@ pub(crate) fn one_line_toml(e: &toml::de::Error) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// A TOML error as a [`ConfigError`], naming `path` where there is one.
+pub(crate) fn toml_error(path: Option<&Path>, e: &toml::de::Error) -> ConfigError {
+    ConfigError::Toml {
+        path: path.map(Path::to_path_buf),
+        msg: one_line_toml(e),
+    }
 }

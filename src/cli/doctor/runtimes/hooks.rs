@@ -2,6 +2,7 @@
 //! poststop, for every container?
 
 use super::files::{read_small, MAX_HOOK_FILES};
+use crate::cli::doctor::error::{ConfigError, HooksNotWired};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fs;
@@ -52,7 +53,7 @@ impl When {
 #[derive(Debug, Clone)]
 pub(crate) struct HookFile {
     pub(crate) path: PathBuf,
-    pub(crate) parsed: Result<OciHooksFile, String>,
+    pub(crate) parsed: Result<OciHooksFile, ConfigError>,
 }
 
 /// Reads every `*.json` in `dirs`; a file in a later directory replaces the one with the
@@ -74,8 +75,10 @@ pub(crate) fn read_hook_dirs(dirs: &[PathBuf]) -> Vec<HookFile> {
         for name in names {
             let path = dir.join(&name);
             let parsed = read_small(&path).and_then(|t| {
-                serde_json::from_str::<OciHooksFile>(&t)
-                    .map_err(|e| format!("{}: {e}", path.display()))
+                serde_json::from_str::<OciHooksFile>(&t).map_err(|e| ConfigError::Json {
+                    path: path.clone(),
+                    msg: e.to_string(),
+                })
             });
             by_name.insert(name, HookFile { path, parsed });
         }
@@ -101,30 +104,28 @@ pub(crate) fn judge_hook_files(
     files: &[HookFile],
     dirs: &[PathBuf],
     is_devgate: &dyn Fn(&Path) -> bool,
-) -> Result<String, String> {
+) -> Result<String, HooksNotWired> {
     let ours: Vec<(&HookFile, &OciHooksFile)> = files
         .iter()
         .filter_map(|f| f.parsed.as_ref().ok().map(|p| (f, p)))
         .filter(|(_, p)| runs_devgate_hook(&p.hook.path, &p.hook.args, is_devgate))
         .collect();
     if ours.is_empty() {
-        let broken: Vec<&str> = files
+        let broken = files
             .iter()
             .filter(|f| f.path.to_string_lossy().contains("devgate"))
-            .filter_map(|f| f.parsed.as_ref().err().map(String::as_str))
-            .collect();
-        if let Some(e) = broken.first() {
-            return Err(format!("cannot read a devgate hook file: {e}"));
+            .find_map(|f| f.parsed.as_ref().err());
+        if let Some(e) = broken {
+            return Err(HooksNotWired::Unreadable(e.clone()));
         }
-        let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
-        return Err(format!("no hook in {} runs devgate", shown.join(", ")));
+        return Err(HooksNotWired::NoHook(dirs.to_vec()));
     }
     let mut start = None;
     let mut stop = None;
     let mut conditional = None;
     for (f, p) in &ours {
         if !p.when.matches_all() {
-            conditional = Some(f.path.display().to_string());
+            conditional = Some(f.path.clone());
             continue;
         }
         if p.stages.iter().any(|s| START_STAGES.contains(&s.as_str())) {
@@ -148,20 +149,11 @@ pub(crate) fn judge_hook_files(
             ))
         }
         (None, None) => Err(match conditional {
-            Some(c) => format!(
-                "{c} runs devgate only for containers matching its `when` (devgate needs \
-                 {{\"always\": true}} alone)"
-            ),
-            None => "devgate's hook file names no prestart or poststop stage".into(),
+            Some(c) => HooksNotWired::Conditional(c),
+            None => HooksNotWired::NoStage,
         }),
-        (Some((f, _)), None) => Err(format!(
-            "{} runs devgate at start but not at poststop (exit reasons and spare leases need it)",
-            f.path.display()
-        )),
-        (None, Some((f, _))) => Err(format!(
-            "{} runs devgate at poststop but not at prestart: starts are not gated",
-            f.path.display()
-        )),
+        (Some((f, _)), None) => Err(HooksNotWired::StartOnly(f.path.clone())),
+        (None, Some((f, _))) => Err(HooksNotWired::StopOnly(f.path.clone())),
     }
 }
 
@@ -181,7 +173,10 @@ mod tests {
     fn file(path: &str, json: &str) -> HookFile {
         HookFile {
             path: path.into(),
-            parsed: serde_json::from_str(json).map_err(|e| e.to_string()),
+            parsed: serde_json::from_str(json).map_err(|e| ConfigError::Json {
+                path: path.into(),
+                msg: e.to_string(),
+            }),
         }
     }
 
@@ -198,10 +193,9 @@ mod tests {
             judge_hook_files(std::slice::from_ref(&good), &dirs, &dg).unwrap(),
             "/h2/devgate.json runs /usr/bin/devgate hook auto at start and poststop"
         );
-        assert_eq!(
-            judge_hook_files(&[], &dirs, &dg).unwrap_err(),
-            "no hook in /h1, /h2 runs devgate"
-        );
+        let e = judge_hook_files(&[], &dirs, &dg).unwrap_err();
+        assert_eq!(e, HooksNotWired::NoHook(dirs.clone()));
+        assert_eq!(e.to_string(), "no hook in /h1, /h2 runs devgate");
         let other = file(
             "/h1/x.json",
             r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":true},"stages":["prestart"]}"#,
@@ -212,20 +206,32 @@ mod tests {
             r#"{"version":"1.0.0","hook":{"path":"/usr/bin/devgate","args":["devgate","hook","prestart"]},
                "when":{"always":true},"stages":["prestart"]}"#,
         );
-        assert!(judge_hook_files(&[pre_only], &dirs, &dg)
-            .unwrap_err()
-            .contains("not at poststop"));
+        let e = judge_hook_files(&[pre_only], &dirs, &dg).unwrap_err();
+        assert_eq!(e, HooksNotWired::StartOnly("/h1/devgate.json".into()));
+        assert_eq!(
+            e.to_string(),
+            "/h1/devgate.json runs devgate at start but not at poststop (exit reasons and spare \
+             leases need it)"
+        );
         let conditional = file(
             "/h1/devgate.json",
             r#"{"version":"1.0.0","hook":{"path":"/usr/bin/devgate","args":["devgate","hook","auto"]},
                "when":{"always":true,"commands":["sh"]},"stages":["prestart","poststop"]}"#,
         );
-        assert!(judge_hook_files(&[conditional], &dirs, &dg)
-            .unwrap_err()
-            .contains("only for containers matching its `when`"));
+        assert_eq!(
+            judge_hook_files(&[conditional], &dirs, &dg)
+                .unwrap_err()
+                .to_string(),
+            "/h1/devgate.json runs devgate only for containers matching its `when` (devgate \
+             needs {\"always\": true} alone)"
+        );
         let broken = file("/h1/devgate.json", "{");
-        assert!(judge_hook_files(&[broken], &dirs, &dg)
-            .unwrap_err()
-            .starts_with("cannot read a devgate hook file"));
+        let e = judge_hook_files(&[broken], &dirs, &dg).unwrap_err();
+        assert!(matches!(e, HooksNotWired::Unreadable(_)), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with("cannot read a devgate hook file: /h1/devgate.json: "),
+            "{e}"
+        );
     }
 }

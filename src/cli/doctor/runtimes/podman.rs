@@ -3,7 +3,8 @@
 //! followed by its `.d` drop-ins sorted by name; CONTAINERS_CONF replaces them all. Without
 //! `[engine] hooks_dir` podman (4 and 5) reads /usr/share/containers/oci/hooks.d alone.
 
-use super::files::{one_line_toml, read_small, MAX_HOOK_FILES};
+use super::files::{read_small, toml_error, MAX_HOOK_FILES};
+use crate::cli::doctor::error::ConfigError;
 use crate::cli::hooks_config::PACKAGE_HOOKS_DIR;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,20 +18,14 @@ const CONTAINERS_CONFS: [&str; 2] = [
 /// podman's hooks directories: containers.conf's `[engine] hooks_dir` over the files in
 /// order, a later file's list replacing an earlier one's unless it ends in podman 5's
 /// `{append=true}`; containers/common's DefaultHooksDirs where none sets it.
-pub(crate) fn podman_hook_dirs(files: &[(PathBuf, String)]) -> Result<Vec<PathBuf>, String> {
+pub(crate) fn podman_hook_dirs(files: &[(PathBuf, String)]) -> Result<Vec<PathBuf>, ConfigError> {
     let mut dirs: Vec<PathBuf> = vec![PACKAGE_HOOKS_DIR.into()];
     for (path, text) in files {
-        let v: toml::Value = toml::from_str(text)
-            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let v: toml::Value = toml::from_str(text).map_err(|e| toml_error(Some(path), &e))?;
         let Some(list) = v.get("engine").and_then(|e| e.get("hooks_dir")) else {
             continue;
         };
-        let bad = || {
-            format!(
-                "{}: [engine] hooks_dir is not a list of paths",
-                path.display()
-            )
-        };
+        let bad = || ConfigError::HooksDirNotPaths(path.clone());
         let items = list.as_array().ok_or_else(bad)?;
         let (append, paths) = match items.split_last() {
             Some((toml::Value::Table(t), rest)) => (
@@ -110,13 +105,15 @@ pub(crate) enum PodmanRuntime {
 
 /// containers.conf's `[engine] runtime` (default crun) and its `[engine.runtimes]` paths,
 /// a later file's value replacing an earlier one's.
-pub(crate) fn podman_runtime(files: &[(PathBuf, String)]) -> Result<PodmanRuntime, String> {
+pub(crate) fn podman_runtime(files: &[(PathBuf, String)]) -> Result<PodmanRuntime, ConfigError> {
     let mut name = "crun".to_string();
     let mut paths: Vec<(String, Vec<PathBuf>)> = Vec::new();
     for (path, text) in files {
-        let bad = |what: &str| format!("{}: [engine] {what}", path.display());
-        let v: toml::Value = toml::from_str(text)
-            .map_err(|e| format!("{}: {}", path.display(), one_line_toml(&e)))?;
+        let bad = |what: &'static str| ConfigError::Engine {
+            path: path.clone(),
+            what,
+        };
+        let v: toml::Value = toml::from_str(text).map_err(|e| toml_error(Some(path), &e))?;
         let Some(engine) = v.get("engine") else {
             continue;
         };
@@ -225,7 +222,12 @@ mod tests {
         // A file podman cannot read stops podman too; doctor says which.
         let bad = conf("/etc/containers/containers.conf", "[engine\n");
         let e = podman_hook_dirs(&[bad]).unwrap_err();
-        assert!(e.starts_with("/etc/containers/containers.conf: "), "{e}");
+        assert!(matches!(e, ConfigError::Toml { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with("/etc/containers/containers.conf: "),
+            "{e}"
+        );
     }
 
     /// The files podman reads: CONTAINERS_CONF alone where set; else the two files and the
@@ -293,6 +295,9 @@ mod tests {
         assert_eq!(podman_runtime(&[named]).unwrap(), Crun("fast".into()));
         let bad = conf("/etc/containers/containers.conf", "[engine]\nruntime = 3\n");
         let e = podman_runtime(&[bad]).unwrap_err();
-        assert!(e.starts_with("/etc/containers/containers.conf: "), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "/etc/containers/containers.conf: [engine] runtime is not a name"
+        );
     }
 }
