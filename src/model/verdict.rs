@@ -165,10 +165,25 @@ enum Status {
     NotApplicable,
 }
 
-impl TryFrom<ProbeResultWire> for ProbeResult {
-    type Error = String;
+/// A probe result read back whose status needs a reason and has none. serde takes its text
+/// (it needs only `Display`) into the error of the record being read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingReason {
+    pub probe: String,
+}
 
-    fn try_from(w: ProbeResultWire) -> Result<ProbeResult, String> {
+impl std::fmt::Display for MissingReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "probe {:?}: missing field `reason`", self.probe)
+    }
+}
+
+impl std::error::Error for MissingReason {}
+
+impl TryFrom<ProbeResultWire> for ProbeResult {
+    type Error = MissingReason;
+
+    fn try_from(w: ProbeResultWire) -> Result<ProbeResult, MissingReason> {
         let ProbeResultWire {
             probe,
             status,
@@ -186,7 +201,7 @@ impl TryFrom<ProbeResultWire> for ProbeResult {
             Status::NotApplicable => Verdict::NotApplicable,
         };
         let Some(detail) = reason else {
-            return Err(format!("probe {probe:?}: missing field `reason`"));
+            return Err(MissingReason { probe });
         };
         let verdict = with(Reason::new(code, detail));
         Ok(ProbeResult { probe, verdict })
@@ -220,7 +235,10 @@ mod tests {
         let err = serde_json::from_str::<ProbeResult>(r#"{"probe":"pcie","status":"warn"}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("reason"), "{err}");
+        assert!(
+            err.starts_with("probe \"pcie\": missing field `reason`"),
+            "{err}"
+        );
         assert!(
             serde_json::from_str::<ProbeResult>(r#"{"probe":"pcie","status":"fine"}"#).is_err()
         );
