@@ -142,6 +142,24 @@ impl Node {
         assert_eq!(out.status.code(), Some(1), "{}", text(out));
         assert_eq!(self.said(out).trim_end(), line, "{}", text(out));
     }
+
+    /// The reason code of the nvml verdict on /dev/nvidia`minor` in the last decision.
+    fn nvml_code(&self, minor: u32) -> String {
+        let last = self.env.log_lines().pop().unwrap();
+        let gpu = last["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["device"]["minor"] == minor)
+            .unwrap_or_else(|| panic!("no /dev/nvidia{minor} in {last}"));
+        let nvml = gpu["verdicts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["probe"] == "nvml")
+            .unwrap_or_else(|| panic!("no nvml verdict in {gpu}"));
+        nvml["code"].as_str().unwrap_or_default().to_string()
+    }
 }
 
 fn stderr(out: &Output) -> String {
@@ -188,20 +206,7 @@ fn remap_failure_rejects_with_the_figures() {
         ),
     );
     // the decision log says the same by code
-    let last = n.env.log_lines().pop().unwrap();
-    let gpu1 = last["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"]["minor"] == 1)
-        .unwrap();
-    let nvml = gpu1["verdicts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["probe"] == "nvml")
-        .unwrap();
-    assert_eq!(nvml["code"], "row_remap_failed", "{nvml}");
+    assert_eq!(n.nvml_code(1), "row_remap_failed");
     // pending remap: reset required
     let scenario = node_with(
         1,
@@ -339,6 +344,7 @@ fn a_gpu_hanging_in_nvml_makes_only_its_own_containers_unknown() {
             bus(3)
         ),
     );
+    assert_eq!(n.nvml_code(3), "nvml_timeout");
     // The hook has exited (its output is complete) while the process it left on GPU 3 is
     // still inside NVML, holding none of the hook's stdio.
     let hung = Hung::read(&pids);
@@ -379,6 +385,7 @@ fn a_gpu_hanging_in_nvml_makes_only_its_own_containers_unknown() {
         )),
         "{said}"
     );
+    assert_eq!(n.nvml_code(3), "nvml_stuck");
     assert_eq!(Hung::logged(&pids).len(), hung.pids.len());
     // once it has ended, GPU 3 is asked again (and hangs again)
     drop(hung);

@@ -87,7 +87,7 @@ fn reachable(g: &GpuFacts) -> Verdict {
         Some(why) if g.is_lost() => {
             Verdict::unhealthy(Code::GpuLost, format!("unreachable: {why}"))
         }
-        Some(why) => Verdict::unknown(Code::NvmlUnanswered, why.clone()),
+        Some(why) => Verdict::unknown(g.unreachable_code(), why.clone()),
         None if g.is_lost() => Verdict::unhealthy(Code::GpuLost, LOST),
         None => Verdict::Healthy,
     }
@@ -192,7 +192,7 @@ pub fn verdict_for(g: &GpuFacts, checks: &[Check]) -> Verdict {
     let prefix = format!("nvml: GPU {label}: ");
     // No answer: one reason, not one per check.
     if let Some(why) = &g.unreachable {
-        return Verdict::unknown(Code::NvmlUnanswered, format!("{prefix}{why}"));
+        return Verdict::unknown(g.unreachable_code(), format!("{prefix}{why}"));
     }
     match Verdict::worst(checks.iter().map(|c| c.verdict.clone()).collect()) {
         Verdict::NotApplicable(_) | Verdict::Healthy => Verdict::Healthy,

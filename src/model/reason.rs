@@ -99,8 +99,12 @@ codes! {
     /// The device is not an NVIDIA GPU (not applicable).
     NotNvidiaGpu = "not_nvidia_gpu",
     /// NVML gave no answer for the GPU: the library missing, its init failing, the query
-    /// timed out, stuck or crashed, no handle for a GPU that is not lost.
+    /// crashed, no handle for a GPU that is not lost.
     NvmlUnanswered = "nvml_unanswered",
+    /// NVML did not answer by `probe_timeout_ms`: often a GPU hanging in the driver.
+    NvmlTimeout = "nvml_timeout",
+    /// An earlier hook's NVML query of the GPU is still stuck, so it was not asked again.
+    NvmlStuck = "nvml_stuck",
     /// One NVML reading failed.
     NvmlReadFailed = "nvml_read_failed",
     /// NVML or the driver knows no GPU with the node's minor number.

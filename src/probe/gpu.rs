@@ -32,7 +32,7 @@ impl Probe for NvmlProbe<'_> {
         }
         let gpus = match &self.answer.gpus {
             Ok(g) => g,
-            Err(why) => return Verdict::unknown(Code::NvmlUnanswered, why.to_string()),
+            Err(why) => return Verdict::unknown(why.code(), why.to_string()),
         };
         let minor = device.num.minor;
         match self.answer.gpu_by_minor(minor) {
@@ -242,7 +242,7 @@ mod tests {
         };
         assert_eq!(
             p.check(&gpu_dev(0, "nvidia-gpu"), &mut Findings::default()),
-            Verdict::unknown(Code::NvmlUnanswered, "NVML did not answer in 2000 ms")
+            Verdict::unknown(Code::NvmlTimeout, "NVML did not answer in 2000 ms")
         );
     }
 

@@ -62,7 +62,7 @@ fn gpu_status(gpu: &GpuContext, device: &Device, verdicts: &[ProbeResult]) -> Op
         (_, Some(g)) => checks::checks(g, gpu.limits),
         (Err(why), None) => vec![Check {
             check: "nvml",
-            verdict: Verdict::unknown(Code::NvmlUnanswered, why.to_string()),
+            verdict: Verdict::unknown(why.code(), why.to_string()),
         }],
         (Ok(_), None) => vec![Check {
             check: "nvml",

@@ -5,6 +5,7 @@
 //! answers all take it.
 
 use crate::error::{Error, IoCause};
+use crate::model::reason::Code;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -53,6 +54,18 @@ pub enum QueryError {
     OwnBinary(IoCause),
     /// The query process did not start (`program`).
     Spawn { program: PathBuf, source: IoCause },
+}
+
+impl QueryError {
+    /// The reason code a verdict on this failure carries: a hang and a query still stuck
+    /// are told apart from every other way NVML gives no answer.
+    pub fn code(&self) -> Code {
+        match self {
+            QueryError::Timeout { .. } => Code::NvmlTimeout,
+            QueryError::Stuck { .. } => Code::NvmlStuck,
+            _ => Code::NvmlUnanswered,
+        }
+    }
 }
 
 impl fmt::Display for QueryError {

@@ -3,6 +3,7 @@
 //! (`super::query`); the hook only reads them.
 
 use crate::gpu::pci::PciAddr;
+use crate::model::reason::Code;
 use nvml_wrapper::error::NvmlError;
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +80,10 @@ pub struct GpuFacts {
     /// Why no handle could be had for this index (the GPU is lost or NVML refused).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unreachable: Option<String>,
+    /// The reason code of `unreachable`, where the hook itself knows more than the words (a
+    /// deadline missed, a query still stuck); never on the wire from a query child.
+    #[serde(skip)]
+    pub unreachable_code: Option<Code>,
     pub minor: Reading<u32>,
     pub uuid: Reading<String>,
     /// As NVML writes it: `00000000:3B:00.0`.
@@ -105,6 +110,11 @@ fn not_in_answer<T>() -> Reading<T> {
 }
 
 impl GpuFacts {
+    /// The code a verdict on an unreachable GPU that is not lost carries.
+    pub fn unreachable_code(&self) -> Code {
+        self.unreachable_code.unwrap_or(Code::NvmlUnanswered)
+    }
+
     pub(crate) fn unreachable(index: u32, why: String, lost: bool) -> GpuFacts {
         fn r<T>(lost: bool) -> Reading<T> {
             if lost {
@@ -116,6 +126,7 @@ impl GpuFacts {
         GpuFacts {
             index,
             unreachable: Some(why),
+            unreachable_code: None,
             minor: r(lost),
             uuid: r(lost),
             pci_bus_id: r(lost),

@@ -226,7 +226,10 @@ fn merge(
                 failures.push(QueryError::Failed(e));
                 f
             }
-            Err(e) => unanswered(*index, &e.to_string()),
+            Err(e) => GpuFacts {
+                unreachable_code: Some(e.code()),
+                ..unanswered(*index, &e.to_string())
+            },
         };
         f.index = *index;
         f.minor = Reading::Value(p.minor);
@@ -288,6 +291,7 @@ pub(crate) mod tests {
         GpuFacts {
             index,
             unreachable: None,
+            unreachable_code: None,
             minor: Reading::Value(index),
             uuid: Reading::Value(format!("GPU-{index:08x}-0000-0000-0000-000000000000")),
             pci_bus_id: Reading::Value(format!("00000000:{:02X}:00.0", 0x1b + index * 0x10)),

@@ -95,6 +95,7 @@ fn facts_of(dev: &Device, index: u32) -> GpuFacts {
     GpuFacts {
         index,
         unreachable: None,
+        unreachable_code: None,
         minor: Reading::from_result(dev.minor_number()),
         uuid: Reading::from_result(dev.uuid()),
         pci_bus_id: Reading::from_result(dev.pci_info().map(|p| p.bus_id)),
