@@ -39,6 +39,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub const HISTORY_FILE: &str = "xid-history.json";
+/// An earlier devgate's name for the same file: read, or an upgrade on a running node would
+/// forget the reports of this boot the ring has lost since. Removed at the next write.
+const EARLIER_HISTORY_FILE: &str = "kmsg-cache.json";
 const VERSION: u32 = 1;
 /// 4096 events of at most 160 characters of text, and 256 `GPU at` records, fit.
 const MAX_CACHE_BYTES: u64 = 4 << 20;
@@ -102,8 +105,8 @@ pub fn read_with_history(
             None => return full_scan(&mut f, path, limits, started, None),
         }
     };
-    let cache_path = state_dir.join(HISTORY_FILE);
-    let cached = load(&cache_path, limits).filter(|c| {
+    let (kept, earlier) = load_kept(state_dir, limits);
+    let cached = kept.filter(|c| {
         c.boot_id == boot_id
             && c.path == path
             && (c.dev, c.ino, c.rdev) == (meta.dev(), meta.ino(), meta.rdev())
@@ -144,7 +147,7 @@ pub fn read_with_history(
     let complete = s.line_complete();
     let mut scan = s.finish();
     merge(&mut scan, &c, limits);
-    if worth_writing(&c, &scan, offset) {
+    if earlier || worth_writing(&c, &scan, offset) {
         save(&here, &scan, &mut f, offset, complete, limits);
     }
     Ok(scan)
@@ -226,7 +229,11 @@ fn merge(scan: &mut KmsgScan, c: &History, limits: ReadLimits) {
         gpu_at::remember(&mut at, g);
     }
     scan.gpu_at = at;
-    scan.last_seq = scan.last_seq.or(Some(c.last_seq));
+    if scan.last_seq.is_none() {
+        // nothing new read: the cache's last record is still the last
+        scan.last_seq = Some(c.last_seq);
+        scan.last_ts_usec = Some(c.last_ts_usec);
+    }
 }
 
 /// Writes the cache for what `scan` covers, when it proves something: records were read,
@@ -274,8 +281,18 @@ fn save(h: &Here, scan: &KmsgScan, f: &mut File, offset: u64, complete: bool, li
     }
     let written =
         ensure_private_dir(h.state_dir).and_then(|()| write_atomic_volatile(&path, &json, 0o600));
-    if let Err(e) = written {
-        log::warn!("cannot write the XID history: {e}");
+    match written {
+        Ok(()) => drop(std::fs::remove_file(h.state_dir.join(EARLIER_HISTORY_FILE))),
+        Err(e) => log::warn!("cannot write the XID history: {e}"),
+    }
+}
+
+/// The history in `state_dir`, else the one an earlier devgate kept, under the same checks;
+/// and whether it is that one.
+fn load_kept(state_dir: &Path, limits: ReadLimits) -> (Option<History>, bool) {
+    match load(&state_dir.join(HISTORY_FILE), limits) {
+        Some(c) => (Some(c), false),
+        None => (load(&state_dir.join(EARLIER_HISTORY_FILE), limits), true),
     }
 }
 
@@ -701,6 +718,43 @@ mod tests {
             assert_eq!((s.events[0].seq, s.events[0].xid), (5, 79));
         }
         same(&cached, &whole);
+    }
+
+    /// devgate kept this history as `kmsg-cache.json` before it was `xid-history.json`, in
+    /// the same form. An upgrade lands on a running node (the next container runs the new
+    /// binary; /run is kept): the history an earlier devgate kept of this boot must still
+    /// count, or a report the ring has since lost (a pod's flood of its own XIDs wraps it)
+    /// is forgotten at the upgrade and its GPU passes. Once read, it is kept under the new
+    /// name only.
+    #[test]
+    fn an_upgrade_keeps_the_history_an_earlier_devgate_kept() {
+        let d = dir("legacy");
+        let log = d.0.join("kmsg");
+        let state = d.0.join("state");
+        let lim = ReadLimits::default();
+        fs::write(&log, chatter(0, 4) + AT + XID + &chatter(6, 20)).unwrap();
+        read_with_history(&log, lim, &state, &no_proc()).unwrap();
+        // what the earlier devgate kept: a report on 0000:99:00 the log no longer holds
+        let mut c: History =
+            serde_json::from_slice(&fs::read(state.join(HISTORY_FILE)).unwrap()).unwrap();
+        c.events[0].pci.bus = 0x99;
+        fs::remove_file(state.join(HISTORY_FILE)).unwrap();
+        let legacy = state.join("kmsg-cache.json");
+        fs::write(&legacy, serde_json::to_vec(&c).unwrap()).unwrap();
+        fs::set_permissions(&legacy, fs::Permissions::from_mode(0o600)).unwrap();
+        let s = read_with_history(&log, lim, &state, &no_proc()).unwrap();
+        assert_eq!(
+            s.events.iter().map(|e| e.pci.bus).collect::<Vec<_>>(),
+            [0x99],
+            "the earlier devgate's history was dropped"
+        );
+        assert!(!legacy.exists(), "the old name is left behind");
+        let kept = load(&state.join(HISTORY_FILE), lim).expect("kept under the new name");
+        assert_eq!(kept.events, s.events);
+        // the new name, once there, is the history: a stale old file is not read
+        fs::write(&legacy, b"{}").unwrap();
+        let again = read_with_history(&log, lim, &state, &no_proc()).unwrap();
+        assert_eq!(again.events, s.events);
     }
 
     #[test]
