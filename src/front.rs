@@ -2,7 +2,7 @@
 //! one crate: `devgate`, linked dynamically because it loads NVML, and two fronts that
 //! every container start runs, linked statically because a static program starts in a
 //! fraction of the time (docs/changelog.md): `devgate-hook`, what the hook files run
-//! ([`hook_front`], src/hook_main.rs), and `devgate-runtime`, the runtime wrapper
+//! (`cli::hook_front`, src/hook_main.rs), and `devgate-runtime`, the runtime wrapper
 //! (`crate::wrapper`, src/runtime_main.rs). A static glibc program cannot load NVML (a
 //! library linked against libc itself), so a front hands what may need it to the devgate
 //! beside it, before devgate's config is read and before anything is written:
@@ -37,43 +37,8 @@ use crate::oci::stage::Stage;
 use crate::oci::state::State;
 use crate::pipeline::{self, Input};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
-
-/// `devgate-hook`, the statically linked hook front (src/hook_main.rs): `hook STAGE` runs
-/// here (`run_hook`, which hands on what may need NVML); anything else goes to the
-/// dynamically linked devgate beside it at once.
-pub fn hook_front(argv: Vec<String>, started: Instant) -> i32 {
-    match hook_command(&argv) {
-        Some((stage, config)) => run_hook(stage, config.as_deref(), &argv, started),
-        None => fail(&exec_devgate(&argv)),
-    }
-}
-
-/// `[--config PATH] hook STAGE`, read as devgate's own parser (`cli::args`) reads it: the
-/// stage and the config. None for any other command line, which devgate then parses
-/// itself (and reports, when it is wrong).
-pub(crate) fn hook_command(argv: &[String]) -> Option<(&str, Option<PathBuf>)> {
-    let mut config = None;
-    let mut words = Vec::new();
-    let mut args = argv.iter();
-    while let Some(a) = args.next() {
-        if a == "--config" {
-            config = Some(PathBuf::from(args.next()?));
-        } else if let Some(path) = a.strip_prefix("--config=") {
-            config = Some(PathBuf::from(path));
-        } else if a.starts_with("--") || a == "-h" || a == "-V" {
-            // another command's option, or help or version
-            return None;
-        } else {
-            words.push(a.as_str());
-        }
-    }
-    match words[..] {
-        ["hook", stage] => Some((stage, config)),
-        _ => None,
-    }
-}
 
 /// `hook STAGE` (`auto`: the stage from the state's status), in devgate and in the hook
 /// front alike: the state read from stdin and the stage's input (`pipeline::Input`), then
@@ -216,7 +181,9 @@ pub(crate) fn exec_devgate(args: &[String]) -> Error {
     Error::io("cannot run", &devgate, e)
 }
 
-fn fail(e: &Error) -> i32 {
+/// Prints `e` as devgate's one error line; the exit status of a failed command. (cli's
+/// commands print theirs through this too.)
+pub(crate) fn fail(e: &Error) -> i32 {
     print_error(&format!("devgate: error: {e}"));
     2
 }
@@ -230,35 +197,6 @@ fn print_error(line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_front_runs_only_the_hook_command_lines() {
-        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let hook =
-            |s: &str| hook_command(&argv(s)).map(|(stage, config)| (stage.to_string(), config));
-        assert_eq!(hook("hook prestart"), Some(("prestart".into(), None)));
-        assert_eq!(
-            hook("--config /c.json hook auto"),
-            Some(("auto".into(), Some(PathBuf::from("/c.json"))))
-        );
-        assert_eq!(
-            hook("--config=/a hook poststop --config /b"),
-            Some(("poststop".into(), Some(PathBuf::from("/b"))))
-        );
-        for other in [
-            "status",
-            "hook",
-            "hook prestart extra",
-            "hook prestart --json",
-            "--help hook prestart",
-            "-V hook prestart",
-            "hook prestart --config",
-            "--unknown hook prestart",
-            "",
-        ] {
-            assert_eq!(hook(other), None, "{other}");
-        }
-    }
 
     #[test]
     fn a_hook_in_the_dynamically_linked_devgate_is_never_handed_on() {

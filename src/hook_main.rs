@@ -15,5 +15,5 @@ use std::time::Instant;
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     let started = Instant::now();
     devgate::cli::process_start();
-    devgate::cli::run_program(|| devgate::front::hook_front(devgate::cli::utf8_args(), started))
+    devgate::cli::run_program(|| devgate::cli::hook_front(devgate::cli::utf8_args(), started))
 }

@@ -3,7 +3,6 @@
 //! `cli`, which dispatches to them.
 
 use crate::error::Error;
-use crate::model::text::one_line;
 use std::io::Write;
 
 /// Ends the process with `code`.
@@ -37,13 +36,6 @@ pub(crate) fn write_stdout(text: &str) {
     }
 }
 
-pub(crate) fn fail(e: &Error) -> i32 {
-    print_error(&format!("devgate: error: {e}"));
-    2
-}
-
-/// An error names spec paths and other outside text: printed as one escaped line, like
-/// every other line devgate prints.
-pub(crate) fn print_error(line: &str) {
-    eprintln!("{}", one_line(line));
-}
+/// The error line and exit status every devgate program shares, written once in the front
+/// (the layer below cli that the hook front's own failures go through).
+pub(crate) use crate::front::fail;
