@@ -692,8 +692,6 @@ mod tests {
         assert!(s.events.iter().all(|e| e.text != "forged"));
     }
 
-    /// The fuzz seeds are the parser's own cases: the two a scan writes parse, the rest
-    /// do not.
     /// The cache's reports and a scan's are bounded together the same way: another
     /// GPU's flood since the cache does not push the cache's report out.
     #[test]
@@ -757,6 +755,8 @@ mod tests {
         assert_eq!(again.events, s.events);
     }
 
+    /// The fuzz seeds are the parser's own cases: the two a scan writes parse, the rest
+    /// do not.
     #[test]
     fn fuzz_seeds_parse_as_named() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/xid_history");
