@@ -16,7 +16,7 @@ STATEDIR    = /var/lib/devgate/quarantine
 CONFIG_ARG  = $(if $(filter /etc,$(SYSCONFDIR)),,--config $(CONFIG))
 GEN        ?= target/install
 
-.PHONY: all build test test-forky test-deps demo bench bench-kmsg bench-nvml bench-remap bench-wrapper bench-state bench-pcie install uninstall deb rpm clean lint fuzz bench-gate
+.PHONY: all build test test-forky test-deps test-k8s k8s-binaries demo bench bench-kmsg bench-nvml bench-remap bench-wrapper bench-state bench-pcie install uninstall deb rpm clean lint fuzz bench-gate
 
 all: build
 
@@ -27,9 +27,20 @@ build:
 # the end-to-end tests again on the 2026 stack (Debian forky: containerd 2, runc 1.3,
 # crun 1.2x, podman 5), and a boot of that image under systemd (docs/development.md). On a
 # fresh Debian/Ubuntu machine it first installs the runtimes and tools the tests use.
-test: test-deps
+test: test-deps k8s-binaries
 	$(CARGO) test --locked -- --test-threads=4
 	$(MAKE) test-forky
+
+# The real node's Kubernetes binaries, both releases under tests/k8s (scripts/k8s-binaries.sh):
+# built once per pin under /var/cache/devgate-tests/k8s (minutes), found at once after.
+k8s-binaries:
+	./scripts/k8s-binaries.sh build all
+
+# Only the real-node tests (tests/e2e_kubelet.rs), on this machine's runtimes, then on forky's.
+# DEVGATE_K8S_KEEP=1 leaves each node up and prints how to reach it (docs/development.md).
+test-k8s: test-deps k8s-binaries
+	$(CARGO) test --locked --test e2e_kubelet -- --nocapture
+	./scripts/forky-stack.sh test $$($(CARGO) test --locked --no-run --message-format=json --test e2e_kubelet 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
 
 # The e2e suite inside the forky image (scripts/forky-stack.sh; built once per package
 # versions under /var/cache/devgate-tests), and systemd 262 booting it as PID 1.

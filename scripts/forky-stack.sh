@@ -264,11 +264,13 @@ run_tests() {
     [ ${#bins[@]} -gt 0 ] || mapfile -t bins < <(cd "$repo" && test_bins)
     [ ${#bins[@]} -gt 0 ] || die "no e2e test binaries (cargo test --no-run failed?)"
     local cargo; cargo=$(command -v cargo)
+    # The Kubernetes binaries the host pass built (scripts/k8s-binaries.sh): no Go inside.
+    local k8s=${DEVGATE_K8S_CACHE:-/var/cache/devgate-tests/k8s}
     export FORKY_BINDS; FORKY_BINDS=$(binds "$repo" "$target" "${CARGO_HOME:-$HOME/.cargo}" \
-        "${RUSTUP_HOME:-$HOME/.rustup}" | tr '\n' ' ')
+        "${RUSTUP_HOME:-$HOME/.rustup}" "$k8s" | tr '\n' ' ')
     # cargo and rustc from the host's toolchain: the tests build the fake NVML with them.
     export FORKY_PATH; FORKY_PATH=$(dirname "$cargo")
-    export FORKY_ENV="DEVGATE_STACK=forky CARGO=$cargo CARGO_TARGET_DIR=$target"
+    export FORKY_ENV="DEVGATE_STACK=forky CARGO=$cargo CARGO_TARGET_DIR=$target DEVGATE_K8S_CACHE=$k8s"
     # What the tests will meet: the image's runtimes, not the host's.
     enter "$root" sh -c 'echo "forky-stack: inside: $(. /etc/os-release; echo "$PRETTY_NAME");" \
         "$(runc --version | head -n1); $(crun --version | head -n1);" \

@@ -31,3 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || die "cargo is not installed (https://rustup.rs)"
+# Go builds the real node's Kubernetes binaries (scripts/k8s-binaries.sh); test infrastructure
+# only. The project's machines have it; elsewhere install Go 1.26 or later.
+command -v go >/dev/null || [ -n "$(ls /var/cache/devgate-tests/k8s/*/done 2>/dev/null)" ] ||
+    die "go is not installed (https://go.dev/doc/install): the real-node tests build Kubernetes with it"

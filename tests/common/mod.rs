@@ -758,6 +758,7 @@ pub fn unmount_under(dir: &Path) {
 pub mod boot;
 pub mod cri;
 pub mod fake;
+pub mod k8s;
 pub mod kubelet;
 pub mod wrapper;
 

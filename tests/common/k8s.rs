@@ -1,0 +1,820 @@
+//! A real one-node Kubernetes cluster for the tests, built from Kubernetes' own modules
+//! (scripts/k8s-binaries.sh): etcd, kube-apiserver, kube-scheduler,
+//! kube-controller-manager, containerd with devgate installed as docs/install.md says, the
+//! fake GPUs' device plugin, and kubelet. Everything listens on loopback and lives under
+//! one temp dir; each process is started and stopped by pid.
+//!
+//! The processes share one private mount namespace in which /run, /var/tmp, /var/lib and
+//! /var/log are fresh tmpfs mounts: kubelet and containerd use some fixed paths whatever
+//! their configuration says (/var/lib/kubelet/device-plugins, /var/log/containers, shim
+//! sockets), and a test never writes into the host's.
+//!
+//! Pods are hostNetwork (there is no pod network); containerd's CNI directory holds one
+//! loopback network so that the runtime reports its network ready and the node is Ready,
+//! as a node with a CNI plugin is. Pods ask for `nvidia.com/gpu` as on a GPU node; the
+//! device plugin hands out /dev/nvidiaN (char 195:N under the test's dev root) and
+//! NVIDIA_VISIBLE_DEVICES as NVIDIA's does.
+//!
+//! `DEVGATE_K8S_KEEP=1` leaves the node up at the end of a test and prints how to reach it
+//! (docs/development.md, "The real node").
+
+use super::cri::Config as CriConfig;
+use super::fake_nvml;
+use super::*;
+use std::cell::RefCell;
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// Longer than any step takes on a 2-core machine; a step that never happens fails the
+/// test with the logs that say why instead of hanging it.
+pub const STEP_DEADLINE: Duration = Duration::from_secs(240);
+
+/// The node's name, as kubelet registers it.
+pub const NODE: &str = "devgate-node";
+
+/// The releases under tests/k8s, oldest first (`v1.36`, `v1.37`).
+pub fn releases() -> Vec<String> {
+    let out = output_of(Command::new(script()).arg("releases"));
+    assert!(
+        out.status.success(),
+        "k8s-binaries.sh releases: {}",
+        text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/k8s-binaries.sh")
+}
+
+/// The bin dir of `release`'s binaries (or of the suite's plugins, for "plugins"): built now where they are not cached (minutes),
+/// found at once where they are. A build that fails fails the test with its output.
+pub fn binaries(release: &str) -> PathBuf {
+    let out = output_of(Command::new(script()).args(["build", release]));
+    let said = text(&out);
+    assert!(
+        out.status.success(),
+        "k8s-binaries.sh build {release}:\n{said}"
+    );
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let bin = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    assert!(bin.is_dir(), "no {}: {said}", bin.display());
+    bin
+}
+
+/// A free TCP port on loopback (the kernel's pick, released at once: the process that
+/// binds it next is started right after).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One process of the node, stopped by pid when dropped.
+struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The last `n` lines of `path`.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// What a test sets up beyond the defaults.
+#[derive(Default)]
+pub struct Options {
+    /// kube-apiserver's --authorization-mode (AlwaysAllow where empty).
+    pub authorization: Option<&'static str>,
+}
+
+pub struct K8sNode {
+    pub release: String,
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub env: Env,
+    pub gpus: fake_nvml::GpuNode,
+    pub kubeconfig: PathBuf,
+    pub kubelet_root: PathBuf,
+    pub pod_logs: PathBuf,
+    pub containerd_socket: PathBuf,
+    holder: RefCell<Option<Proc>>,
+    procs: RefCell<Vec<Proc>>,
+}
+
+impl K8sNode {
+    /// Starts the whole node for `release` and waits until it is Ready with its GPUs
+    /// allocatable. Fails the test, with the last log lines of the process that did not
+    /// come up, where one does not.
+    pub fn start(tag: &str, release: &str, opts: Options) -> K8sNode {
+        let bin = binaries(release);
+        let dir = tempdir(tag);
+        let gpus = fake_nvml::GpuNode::new(&format!("{tag}-gpus"));
+        let nvml = fake_nvml::private_lib(&gpus.dir, &fake_nvml::node_with(0, json!({})));
+        let kubelet_root = dir.join("kubelet");
+        let pod_logs = dir.join("pod-logs");
+        let mut config = gpus.config();
+        config["nvml_library"] = json!(nvml);
+        config["kubelet_pods_dir"] = json!(kubelet_root.join("pods"));
+        config["kubelet_pod_logs_dir"] = json!(pod_logs);
+        let env = Env::with(&format!("{tag}-devgate"), config);
+        let mut node = K8sNode {
+            release: release.to_string(),
+            kubeconfig: dir.join("admin.kubeconfig"),
+            containerd_socket: dir.join("containerd/containerd.sock"),
+            dir,
+            bin,
+            env,
+            gpus,
+            kubelet_root,
+            pod_logs,
+            holder: RefCell::new(None),
+            procs: RefCell::new(Vec::new()),
+        };
+        node.start_namespace();
+        node.start_control_plane(&opts);
+        node.start_containerd();
+        node.start_kubelet();
+        node.wait_ready();
+        node
+    }
+
+    /// The namespace every process of the node enters, held by a sleeping process.
+    fn start_namespace(&mut self) {
+        let ready = self.dir.join("ns-ready");
+        let log = self.dir.join("namespace.log");
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(
+                r#"for d in /run /var/tmp /var/lib /var/log; do
+                     mount -t tmpfs -o mode=755 tmpfs "$d" || exit 1
+                   done
+                   mkdir -p /run/containerd /var/log/containers /var/lib/containers \
+                            /var/lib/kubelet/device-plugins
+                   : > "$0"; exec sleep infinity"#,
+            )
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&log).unwrap())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        *self.holder.borrow_mut() = Some(Proc {
+            name: "namespace",
+            child,
+            log: log.clone(),
+        });
+        self.wait(
+            "the node's mount namespace",
+            || ready.exists().then_some(()),
+            "namespace",
+        );
+    }
+
+    /// `program` inside the node's mount namespace.
+    pub fn command(&self, program: &Path) -> Command {
+        let holder = self.holder.borrow().as_ref().unwrap().child.id();
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount=/proc/{holder}/ns/mnt"))
+            .arg("--")
+            .arg(program);
+        c
+    }
+
+    fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) {
+        let log = self.dir.join(format!("{name}.log"));
+        let out = fs::File::create(&log).unwrap();
+        let child = self
+            .command(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        eprintln!("k8s node: started {name} (pid {})", child.id());
+        self.procs.borrow_mut().push(Proc { name, child, log });
+    }
+
+    /// Waits for `check` to give a value, failing with `process`'s last log lines when it
+    /// exits first or the deadline passes.
+    fn wait<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>, process: &str) -> T {
+        let end = Instant::now() + STEP_DEADLINE;
+        loop {
+            if let Some(v) = check() {
+                return v;
+            }
+            let mut procs = self.procs.borrow_mut();
+            let mut holder = self.holder.borrow_mut();
+            for p in procs.iter_mut().chain(holder.iter_mut()) {
+                if let Ok(Some(st)) = p.child.try_wait() {
+                    // What it wrote last may still be on its way to the file.
+                    std::thread::sleep(Duration::from_millis(500));
+                    panic!(
+                        "k8s node: {} exited ({st}) while waiting for {what}; its last lines:\n{}",
+                        p.name,
+                        tail(&p.log, 40)
+                    );
+                }
+            }
+            if Instant::now() > end {
+                let log = self.dir.join(format!("{process}.log"));
+                panic!(
+                    "k8s node: no {what} within {STEP_DEADLINE:?}; {process}'s last lines:\n{}",
+                    tail(&log, 40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn start_control_plane(&mut self, opts: &Options) {
+        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let dir = self.dir.clone();
+        let d = |p: &str| dir.join(p).display().to_string();
+        let etcd_args = vec![
+            "--name=default".to_string(),
+            format!("--data-dir={}", d("etcd")),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            "--unsafe-no-fsync".to_string(),
+            "--log-level=warn".to_string(),
+        ];
+        let etcd = self.bin.join("etcd");
+        self.spawn("etcd", &etcd, &etcd_args);
+
+        // The service-account signing key, and a token per identity (static tokens: the
+        // identities are the ones a kubeadm cluster's components have).
+        let key = self.dir.join("sa.key");
+        let out = output_of(
+            Command::new("openssl")
+                .args(["genrsa", "-out"])
+                .arg(&key)
+                .arg("2048"),
+        );
+        assert!(out.status.success(), "openssl genrsa: {}", text(&out));
+        let tokens = [
+            ("admin", "admin", "system:masters"),
+            ("kubelet", "system:node:devgate-node", "system:nodes"),
+            ("scheduler", "system:kube-scheduler", ""),
+            ("controller-manager", "system:kube-controller-manager", ""),
+        ];
+        let mut csv = String::new();
+        for (name, user, group) in tokens {
+            csv.push_str(&format!("{name}-token,{user},{name},\"{group}\"\n"));
+        }
+        fs::write(self.dir.join("tokens.csv"), csv).unwrap();
+        let server = format!("https://127.0.0.1:{api_port}");
+        for (name, _, _) in tokens {
+            fs::write(
+                self.dir.join(format!("{name}.kubeconfig")),
+                kubeconfig(&server, &format!("{name}-token")),
+            )
+            .unwrap();
+        }
+        let gates = self.feature_gates();
+        let mut api_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_string(),
+            "--advertise-address=127.0.0.1".to_string(),
+            // 1.37 refuses a loopback address for the kubernetes Service's endpoints; no
+            // test reaches the API through that Service.
+            "--endpoint-reconciler-type=none".to_string(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", d("apiserver-certs")),
+            format!("--token-auth-file={}", d("tokens.csv")),
+            format!(
+                "--authorization-mode={}",
+                opts.authorization.unwrap_or("AlwaysAllow")
+            ),
+            "--service-account-issuer=https://kubernetes.default.svc".to_string(),
+            format!("--service-account-key-file={}", key.display()),
+            format!("--service-account-signing-key-file={}", key.display()),
+            "--service-cluster-ip-range=10.96.0.0/24".to_string(),
+            "--allow-privileged=true".to_string(),
+        ];
+        api_args.extend(gates.iter().cloned());
+        if let Some(rc) = self.runtime_config() {
+            api_args.push(rc);
+        }
+        let apiserver = self.bin.join("kube-apiserver");
+        self.spawn("kube-apiserver", &apiserver, &api_args);
+        self.wait(
+            "kube-apiserver ready",
+            || {
+                let out = self.kubectl_out(&["get", "--raw", "/readyz"]);
+                (out.status.success()).then_some(())
+            },
+            "kube-apiserver",
+        );
+
+        let mut cm_args = vec![
+            format!("--kubeconfig={}", d("controller-manager.kubeconfig")),
+            "--bind-address=127.0.0.1".to_string(),
+            format!("--secure-port={}", free_port()),
+            "--leader-elect=false".to_string(),
+            format!("--service-account-private-key-file={}", key.display()),
+            "--use-service-account-credentials=false".to_string(),
+            "--controllers=*".to_string(),
+        ];
+        cm_args.extend(gates.iter().cloned());
+        let cm = self.bin.join("kube-controller-manager");
+        self.spawn("kube-controller-manager", &cm, &cm_args);
+        let mut sched_args = vec![
+            format!("--kubeconfig={}", d("scheduler.kubeconfig")),
+            "--bind-address=127.0.0.1".to_string(),
+            format!("--secure-port={}", free_port()),
+            "--leader-elect=false".to_string(),
+        ];
+        sched_args.extend(gates.iter().cloned());
+        let sched = self.bin.join("kube-scheduler");
+        self.spawn("kube-scheduler", &sched, &sched_args);
+    }
+
+    /// The feature gates the DRA device-taint API needs where it is not on by default.
+    fn feature_gates(&self) -> Vec<String> {
+        if self.release == "v1.36" {
+            vec!["--feature-gates=DRADeviceTaints=true,DRADeviceTaintRules=true".to_string()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn runtime_config(&self) -> Option<String> {
+        (self.release == "v1.36").then(|| "--runtime-config=resource.k8s.io/v1beta2=true".into())
+    }
+
+    /// containerd with devgate's snippet and base spec as docs/install.md lays them, and
+    /// the CRI settings a node without a registry needs.
+    fn start_containerd(&mut self) {
+        let cd = self.dir.join("containerd");
+        fs::create_dir_all(&cd).unwrap();
+        let cni = self.dir.join("cni");
+        fs::create_dir_all(&cni).unwrap();
+        fs::write(
+            cni.join("10-loopback.conflist"),
+            r#"{"cniVersion": "1.0.0", "name": "devgate-test", "plugins": [{"type": "loopback"}]}"#,
+        )
+        .unwrap();
+        let base_spec = self.dir.join("devgate-base-spec.json");
+        fs::write(&base_spec, containerd_base_spec_for(&self.env)).unwrap();
+        let config = CriConfig::of_containerd();
+        let name = format!("hooks/containerd/{}", config.snippet());
+        let snippet = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tables: Vec<&str> = snippet
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("version ="))
+            .collect();
+        let tables = tables.join("\n").replace(
+            "/etc/containerd/devgate-base-spec.json",
+            base_spec.to_str().unwrap(),
+        );
+        let cni_table = match config {
+            CriConfig::V2 => format!(
+                "[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  conf_dir = \"{}\"\n  bin_dir = \"{}\"\n",
+                cni.display(),
+                cni.display()
+            ),
+            CriConfig::V3 => format!(
+                "[plugins.'io.containerd.cri.v1.runtime'.cni]\n  conf_dir = '{}'\n  bin_dirs = ['{}']\n",
+                cni.display(),
+                cni.display()
+            ),
+        };
+        let text = format!(
+            "{}\nroot = \"{}\"\nstate = \"{}\"\n\n[grpc]\n  address = \"{}\"\n\n\
+             [ttrpc]\n  address = \"{}.ttrpc\"\n\n{tables}\n\n{}\n{cni_table}",
+            config.top(),
+            cd.join("root").display(),
+            cd.join("state").display(),
+            self.containerd_socket.display(),
+            self.containerd_socket.display(),
+            config.plugin_settings(PAUSE_IMAGE),
+        );
+        fs::write(cd.join("config.toml"), text).unwrap();
+        config.say_loaded(&name);
+        let args = vec![
+            "--config".to_string(),
+            cd.join("config.toml").display().to_string(),
+        ];
+        self.spawn("containerd", Path::new("/usr/bin/containerd"), &args);
+        let sock = self.containerd_socket.clone();
+        self.wait(
+            "containerd's socket",
+            || sock.exists().then_some(()),
+            "containerd",
+        );
+        self.import_images();
+    }
+
+    /// The test image (busybox) and the sandbox image (pause, built from the release's
+    /// tree), imported into containerd's k8s.io namespace.
+    fn import_images(&mut self) {
+        let podman = Podman::new("k8s-img");
+        let archive = podman.dir.join("image.tar");
+        podman.save(&archive);
+        self.ctr_ok(&["images", "import", archive.to_str().unwrap()]);
+        let rootfs = self.dir.join("pause-rootfs");
+        fs::create_dir_all(&rootfs).unwrap();
+        fs::copy(self.bin.join("pause"), rootfs.join("pause")).unwrap();
+        let tar = self.dir.join("pause-rootfs.tar");
+        let out = output_of(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&rootfs)
+                .arg("-cf")
+                .arg(&tar)
+                .arg("."),
+        );
+        assert!(out.status.success(), "tar: {}", text(&out));
+        let out = output_of(
+            podman
+                .cmd()
+                .args(["import", "--change", "ENTRYPOINT=[\"/pause\"]"])
+                .arg(&tar)
+                .arg(PAUSE_IMAGE),
+        );
+        assert!(out.status.success(), "podman import: {}", text(&out));
+        let pause = self.dir.join("pause.tar");
+        let out = output_of(
+            podman
+                .cmd()
+                .args(["save", "--format", "oci-archive", "-o"])
+                .arg(&pause)
+                .arg(PAUSE_IMAGE),
+        );
+        assert!(out.status.success(), "podman save: {}", text(&out));
+        self.ctr_ok(&["images", "import", pause.to_str().unwrap()]);
+    }
+
+    /// What the fake NVML answers from now on (every hook call loads it anew).
+    pub fn set_nvml(&self, scenario: &Value) {
+        let path = self.gpus.dir.join("libnvidia-ml.so.1.json");
+        let tmp = self.gpus.dir.join("libnvidia-ml.so.1.json.tmp");
+        fs::write(&tmp, serde_json::to_vec_pretty(scenario).unwrap()).unwrap();
+        fs::rename(&tmp, &path).unwrap();
+    }
+
+    pub fn ctr_ok(&self, args: &[&str]) -> String {
+        let out = output_of(
+            self.command(Path::new("/usr/bin/ctr"))
+                .arg("--address")
+                .arg(&self.containerd_socket)
+                .args(["--namespace", "k8s.io"])
+                .args(args),
+        );
+        assert!(out.status.success(), "ctr {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn start_kubelet(&mut self) {
+        let root = self.kubelet_root.clone();
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(&self.pod_logs).unwrap();
+        let config = self.dir.join("kubelet-config.yaml");
+        fs::write(&config, self.kubelet_config()).unwrap();
+        // kubelet's own config where devgate doctor looks for it.
+        fs::copy(&config, root.join("config.yaml")).unwrap();
+        let args = vec![
+            format!("--config={}", config.display()),
+            format!(
+                "--kubeconfig={}",
+                self.dir.join("kubelet.kubeconfig").display()
+            ),
+            format!("--root-dir={}", root.display()),
+            format!("--hostname-override={NODE}"),
+            "--node-ip=127.0.0.1".to_string(),
+            "--v=2".to_string(),
+        ];
+        let kubelet = self.bin.join("kubelet");
+        self.spawn("kubelet", &kubelet, &args);
+        let gpus = (0..8)
+            .map(|i| format!("{}={i}", fake_nvml::uuid(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let args = vec![
+            // kubelet's device-plugin socket is always here, whatever --root-dir says.
+            "--plugin-dir=/var/lib/kubelet/device-plugins".to_string(),
+            format!("--dev-root={}", self.gpus.dev_root.display()),
+            format!("--gpus={gpus}"),
+        ];
+        let plugin = binaries("plugins").join("fake-gpu-plugin");
+        self.spawn("fake-gpu-plugin", &plugin, &args);
+    }
+
+    fn kubelet_config(&self) -> String {
+        let port = free_port();
+        format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This machine's hybrid cgroups (kubelet 1.35+ refuses cgroup v1 by default).
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+containerRuntimeEndpoint: unix://{socket}
+podLogsDir: {logs}
+volumePluginDir: {plugins}
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzPort: 0
+failSwapOn: false
+resolvConf: ""
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+# A test machine's disk is shared: evict nothing, collect no images.
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "0%"
+  imagefs.available: "0%"
+  nodefs.inodesFree: "0%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+localStorageCapacityIsolation: false
+"#,
+            socket = self.containerd_socket.display(),
+            logs = self.pod_logs.display(),
+            plugins = self.dir.join("volume-plugins").display(),
+        )
+    }
+
+    fn wait_ready(&mut self) {
+        self.wait(
+            "the node Ready with 8 nvidia.com/gpu allocatable",
+            || {
+                let node = self.get_json(&["get", "node", NODE])?;
+                let ready = node["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                let gpus = node["status"]["allocatable"]["nvidia.com/gpu"].as_str() == Some("8");
+                (ready && gpus).then_some(())
+            },
+            "kubelet",
+        );
+        self.wait(
+            "the default service account",
+            || {
+                self.kubectl_out(&["get", "serviceaccount", "default"])
+                    .status
+                    .success()
+                    .then_some(())
+            },
+            "kube-controller-manager",
+        );
+        eprintln!(
+            "k8s node: {} Ready (kubelet {}, containerd {})",
+            self.release,
+            self.kubectl(&[
+                "get",
+                "node",
+                NODE,
+                "-o",
+                "jsonpath={.status.nodeInfo.kubeletVersion}"
+            ]),
+            self.kubectl(&[
+                "get",
+                "node",
+                NODE,
+                "-o",
+                "jsonpath={.status.nodeInfo.containerRuntimeVersion}"
+            ]),
+        );
+    }
+
+    pub fn kubectl_out(&self, args: &[&str]) -> Output {
+        output_of(
+            Command::new(self.bin.join("kubectl"))
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .arg("--request-timeout=30s")
+                .args(args)
+                .stdin(Stdio::null()),
+        )
+    }
+
+    /// kubectl's output; fails the test where kubectl fails.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_out(args);
+        assert!(out.status.success(), "kubectl {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of `object`.
+    pub fn apply(&self, object: &Value) {
+        let mut child = Command::new(self.bin.join("kubectl"))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(object.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "kubectl apply: {}", text(&out));
+    }
+
+    /// An object as JSON, or None where kubectl cannot get it.
+    pub fn get_json(&self, args: &[&str]) -> Option<Value> {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        let out = self.kubectl_out(&a);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    pub fn pod(&self, name: &str) -> Value {
+        self.get_json(&["get", "pod", name])
+            .unwrap_or_else(|| panic!("no pod {name}"))
+    }
+
+    /// Waits until `check` says yes of pod `name`; on the deadline, fails with the pod,
+    /// its events and kubelet's last lines.
+    pub fn wait_pod<T>(
+        &self,
+        name: &str,
+        what: &str,
+        mut check: impl FnMut(&Value) -> Option<T>,
+    ) -> T {
+        let end = Instant::now() + STEP_DEADLINE;
+        loop {
+            if let Some(pod) = self.get_json(&["get", "pod", name]) {
+                if let Some(v) = check(&pod) {
+                    return v;
+                }
+            }
+            if Instant::now() > end {
+                let pod = self.kubectl_out(&["get", "pod", name, "-o", "yaml"]);
+                panic!(
+                    "pod {name}: not {what} within {STEP_DEADLINE:?}:\n{}\nevents:\n{}\nkubelet:\n{}",
+                    text(&pod),
+                    self.events(name).join("\n"),
+                    tail(&self.dir.join("kubelet.log"), 40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The messages of the events about pod `name`, each as `reason: message`.
+    pub fn events(&self, name: &str) -> Vec<String> {
+        let sel = format!("involvedObject.name={name}");
+        let Some(list) = self.get_json(&["get", "events", "--field-selector", &sel]) else {
+            return Vec::new();
+        };
+        list["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{}: {}",
+                            e["reason"].as_str().unwrap_or(""),
+                            e["message"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Deletes pod `name` and waits until it is gone (its GPU free again).
+    pub fn delete_pod(&self, name: &str) {
+        self.kubectl(&["delete", "pod", name, "--wait=true", "--timeout=120s"]);
+    }
+
+    /// Prints where the node is and leaves it up (DEVGATE_K8S_KEEP=1).
+    fn keep(&mut self) {
+        eprintln!(
+            "k8s node kept up (DEVGATE_K8S_KEEP): {rel}\n  kubectl: {bin}/kubectl --kubeconfig {kc}\n  \
+             logs: {dir}/*.log\n  devgate: {dg} --config {cfg}\n  stop: kill {pids}",
+            rel = self.release,
+            bin = self.bin.display(),
+            kc = self.kubeconfig.display(),
+            dir = self.dir.display(),
+            dg = devgate_bin().display(),
+            cfg = self.env.config.display(),
+            pids = self
+                .procs
+                .borrow()
+                .iter()
+                .chain(self.holder.borrow().iter())
+                .map(|p| p.child.id().to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        // A dropped Child leaves its process running.
+        self.procs.borrow_mut().clear();
+        *self.holder.borrow_mut() = None;
+    }
+}
+
+impl Drop for K8sNode {
+    fn drop(&mut self) {
+        if std::env::var_os("DEVGATE_K8S_KEEP").is_some() {
+            return self.keep();
+        }
+        // kubelet first, so that it starts nothing more; then the containers it left,
+        // then the rest in the reverse order of their start.
+        for name in ["fake-gpu-plugin", "kubelet"] {
+            if let Some(p) = self.procs.borrow_mut().iter_mut().find(|p| p.name == name) {
+                p.stop();
+            }
+        }
+        self.remove_tasks();
+        for p in self.procs.borrow_mut().iter_mut().rev() {
+            p.stop();
+        }
+        if let Some(h) = self.holder.borrow_mut().as_mut() {
+            h.stop();
+        }
+        unmount_under(&self.dir);
+    }
+}
+
+impl K8sNode {
+    /// Kills and removes every task kubelet left in containerd, so that their shims end.
+    fn remove_tasks(&self) {
+        let ctr = |args: &[&str]| {
+            self.command(Path::new("/usr/bin/ctr"))
+                .arg("--address")
+                .arg(&self.containerd_socket)
+                .args(["--namespace", "k8s.io"])
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+        };
+        let Ok(tasks) = ctr(&["tasks", "ls", "-q"]) else {
+            return;
+        };
+        for id in String::from_utf8_lossy(&tasks.stdout).lines() {
+            let _ = ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
+            let _ = ctr(&["tasks", "rm", "-f", id]);
+        }
+    }
+}
+
+/// The sandbox image: pause, built from the release's own tree.
+pub const PAUSE_IMAGE: &str = "localhost/devgate-pause:test";
+
+fn kubeconfig(server: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: devgate\n  cluster:\n    server: {server}\n    \
+         insecure-skip-tls-verify: true\nusers:\n- name: devgate\n  user:\n    token: {token}\n\
+         contexts:\n- name: devgate\n  context:\n    cluster: devgate\n    user: devgate\n\
+         current-context: devgate\n"
+    )
+}

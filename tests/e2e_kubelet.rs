@@ -1,0 +1,419 @@
+//! What a cluster shows of devgate's verdicts, on a real node: kube-apiserver, scheduler,
+//! controller-manager and kubelet built from Kubernetes' own modules (two releases, the
+//! newest and the one before), containerd with devgate as docs/install.md installs it,
+//! and GPUs handed out by a device plugin as NVIDIA's does (tests/common/k8s.rs). What
+//! is asserted is what `kubectl get pod -o json` and the pod's events say.
+
+mod common;
+use common::fake_nvml;
+use common::k8s::{self, K8sNode, Options};
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// One node at a time: each is a whole control plane on a 2-core machine.
+static ONE_NODE: Mutex<()> = Mutex::new(());
+
+/// A CRI pod sandbox sets cpu.weight, which a unified node without the cpu controller
+/// (this project's machines' cgroup2) cannot give: say so, naming the cases, and skip.
+fn skip_without_cpu_on_v2() -> bool {
+    match common::node::unified_without("cpu") {
+        Some(why) => {
+            eprintln!(
+                "skipped: {why}: no pod sandbox can start, so the real-kubelet cases \
+                 (reject, retry, fault messages, 8 containers) run on the hybrid layout only"
+            );
+            true
+        }
+        None => false,
+    }
+}
+
+fn release_named(minor: &str) -> String {
+    let all = k8s::releases();
+    assert!(
+        all.iter().any(|r| r == minor),
+        "{minor} is not among {all:?}"
+    );
+    minor.to_string()
+}
+
+#[test]
+fn kubelet_v1_37_shows_what_devgate_says() {
+    require_root!();
+    if skip_without_cpu_on_v2() {
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    run_cases(&release_named("v1.37"));
+}
+
+#[test]
+fn kubelet_v1_36_shows_what_devgate_says() {
+    require_root!();
+    if skip_without_cpu_on_v2() {
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    run_cases(&release_named("v1.36"));
+}
+
+fn run_cases(release: &str) {
+    let tag = format!("k8s-{}", release.replace('.', ""));
+    let mut n = K8sNode::start(&tag, release, Options::default());
+    xid_rejects_a_start(&mut n);
+    uncordon_lets_kubelets_retry_start_the_pod(&mut n);
+    faults_during_runs_reach_the_pod_status(&mut n);
+}
+
+// ---- pods ----------------------------------------------------------------------------
+
+const GO: &str = "/go";
+
+/// A container of the test image running `script`, with the go dir mounted; `gpu` asks
+/// for one nvidia.com/gpu.
+fn container(name: &str, script: &str, policy: &str, gpu: bool) -> Value {
+    let mut c = json!({
+        "name": name,
+        "image": TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", script],
+        "terminationMessagePolicy": policy,
+        "volumeMounts": [{"name": "go", "mountPath": GO}],
+    });
+    if gpu {
+        c["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    }
+    c
+}
+
+/// A pod of `containers`; `go` is a host dir the test and the apps talk through.
+fn pod(name: &str, restart: &str, go: &Path, containers: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "hostNetwork": true,
+            "restartPolicy": restart,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "go", "hostPath": {"path": go, "type": "Directory"}}],
+            "containers": containers,
+        }
+    })
+}
+
+fn go_dir(n: &K8sNode, name: &str) -> PathBuf {
+    let d = n.dir.join(format!("go-{name}"));
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The status of container `name` of `pod`.
+fn status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    pod["status"]["containerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+fn container_id(st: &Value) -> Option<String> {
+    st["containerID"]
+        .as_str()?
+        .split_once("://")
+        .map(|(_, id)| id.to_string())
+}
+
+/// The line devgate printed for the start of `cid` (its decision log).
+fn decision_message(n: &K8sNode, cid: &str) -> Option<String> {
+    n.env
+        .log_lines()
+        .into_iter()
+        .find(|d| d["container_id"] == cid && d["message"].is_string())
+        .map(|d| d["message"].as_str().unwrap().to_string())
+}
+
+/// The fault line devgate wrote when `cid` stopped, from its exit record's first fault
+/// (`devgate: <code> on <device> (<GPU UUID>): <message>`, report::fault).
+fn exit_text(n: &K8sNode, cid: &str) -> Option<String> {
+    let rec = fs::read(n.env.dir.join(format!("state/exits/{cid}.json"))).ok()?;
+    let rec: Value = serde_json::from_slice(&rec).ok()?;
+    let f = &rec["faults"][0];
+    Some(format!(
+        "devgate: {} on {} ({}): {}",
+        f["code"].as_str()?,
+        f["device"].as_str()?,
+        f["gpu_uuid"].as_str()?,
+        f["message"].as_str()?
+    ))
+}
+
+// ---- the kernel log ------------------------------------------------------------------
+
+const DRIVER_LOAD: &str =
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Thu Feb 22 01:44:30 UTC 2024";
+
+fn xid_79(i: usize) -> String {
+    let bus = fake_nvml::bus(i);
+    let bus = bus.rsplit_once('.').unwrap().0;
+    format!("NVRM: Xid (PCI:{bus}): 79, pid=2241, GPU has fallen off the bus.")
+}
+
+// ---- the cases -----------------------------------------------------------------------
+
+/// Every GPU of the fake node, with `edit` applied to each.
+fn every_gpu(edit: Value) -> Value {
+    let mut node = fake_nvml::node_with(0, json!({}));
+    for g in node["gpus"].as_array_mut().unwrap() {
+        for (k, v) in edit.as_object().unwrap() {
+            g[k] = v.clone();
+        }
+    }
+    node
+}
+
+/// XID 79 on every GPU, and NVML asking for a node reboot as after a real one: the start
+/// is rejected, and the whole `devgate: rejected …` line is in the container's terminated
+/// message and in kubelet's Failed event. A driver load then ends the XIDs.
+fn xid_rejects_a_start(n: &mut K8sNode) {
+    n.set_nvml(&every_gpu(
+        json!({"recovery_action": fake_nvml::recovery::NODE_REBOOT}),
+    ));
+    let mut records: Vec<String> = (0..8).map(xid_79).collect();
+    let refs: Vec<&str> = records.iter().map(String::as_str).collect();
+    fs::write(&n.gpus.kmsg, fake_nvml::kmsg_records(&refs)).unwrap();
+    let go = go_dir(n, "xid");
+    n.apply(&pod(
+        "xid",
+        "Always",
+        &go,
+        vec![container("app", "echo started > /go/started", "File", true)],
+    ));
+    let (cid, message) = n.wait_pod("xid", "rejected by devgate", |p| {
+        let st = status(p, "app")?;
+        let term = &st["lastState"]["terminated"];
+        let term = if term.is_object() {
+            term
+        } else {
+            &st["state"]["terminated"]
+        };
+        let msg = term["message"].as_str()?;
+        msg.contains("devgate: rejected")
+            .then(|| (container_id(st), msg.to_string()))
+    });
+    let cid = cid.or_else(|| {
+        n.env
+            .log_lines()
+            .into_iter()
+            .rev()
+            .find(|d| d["action"] == "reject")
+            .and_then(|d| d["container_id"].as_str().map(str::to_string))
+    });
+    let cid = cid.expect("the rejected container's id");
+    let line = decision_message(n, &cid).expect("devgate's reject line in its log");
+    assert!(line.starts_with("devgate: rejected /dev/nvidia"), "{line}");
+    assert!(
+        line.contains("xid 79 (GPU has fallen off the bus)"),
+        "{line}"
+    );
+    assert!(
+        message.contains(&line),
+        "the pod's message lacks devgate's whole line:\n{message}\n{line}"
+    );
+    assert!(
+        !go.join("started").exists(),
+        "the app ran on a GPU with XID 79"
+    );
+    let events = n.events("xid");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("Failed: ") && e.contains(&line)),
+        "no Failed event with devgate's whole line: {events:#?}"
+    );
+    n.delete_pod("xid");
+    n.set_nvml(&every_gpu(json!({})));
+    records.push(DRIVER_LOAD.to_string());
+    let refs: Vec<&str> = records.iter().map(String::as_str).collect();
+    fs::write(&n.gpus.kmsg, fake_nvml::kmsg_records(&refs)).unwrap();
+}
+
+fn cordon_all(n: &K8sNode, reason: &str) {
+    for i in 0..8 {
+        n.env
+            .ok(&["cordon", &format!("195:{i}"), "--reason", reason]);
+    }
+}
+
+fn uncordon_all(n: &K8sNode) {
+    for i in 0..8 {
+        n.env.ok(&["uncordon", &format!("195:{i}")]);
+    }
+}
+
+/// Every GPU cordoned: kubelet's starts are rejected; after `devgate uncordon` kubelet's
+/// own next retry starts the same pod, with no delete.
+fn uncordon_lets_kubelets_retry_start_the_pod(n: &mut K8sNode) {
+    cordon_all(n, "bad fan");
+    let go = go_dir(n, "retry");
+    n.apply(&pod(
+        "retry",
+        "Always",
+        &go,
+        vec![container(
+            "app",
+            "echo started > /go/started; sleep 3600",
+            "File",
+            true,
+        )],
+    ));
+    let uid = n.wait_pod("retry", "rejected by devgate", |p| {
+        let st = status(p, "app")?;
+        let msg = st["lastState"]["terminated"]["message"].as_str()?;
+        msg.contains("devgate: rejected /dev/nvidia")
+            .then(|| p["metadata"]["uid"].as_str().unwrap().to_string())
+    });
+    assert!(!go.join("started").exists());
+    uncordon_all(n);
+    n.wait_pod("retry", "running after uncordon", |p| {
+        let st = status(p, "app")?;
+        st["state"]["running"].is_object().then_some(())
+    });
+    assert_eq!(
+        n.pod("retry")["metadata"]["uid"],
+        uid.as_str(),
+        "the pod was replaced"
+    );
+    wait_for("the app to start", || go.join("started").exists());
+    n.delete_pod("retry");
+}
+
+/// What each faulted app does before it waits: write its GPU's name, then wait for the
+/// test to cordon it and say go.
+fn faulted(app: &str) -> String {
+    format!(
+        "{app}; ls /dev | grep '^nvidia[0-9]' > /go/dev.tmp; mv /go/dev.tmp /go/dev; \
+         while [ ! -e /go/now ]; do sleep 0.1; done; exit 1"
+    )
+}
+
+/// Waits for the app behind `go` to name its GPU, cordons that GPU, and lets the app exit.
+fn fault_during_run(n: &K8sNode, go: &Path) -> u32 {
+    wait_for("the app to name its GPU", || go.join("dev").exists());
+    let dev = fs::read_to_string(go.join("dev")).unwrap();
+    let minor: u32 = dev.trim().trim_start_matches("nvidia").parse().unwrap();
+    n.env.ok(&[
+        "cordon",
+        &format!("195:{minor}"),
+        "--reason",
+        "xid 79 during run",
+    ]);
+    fs::write(go.join("now"), "").unwrap();
+    minor
+}
+
+/// Four pods at once, each on its own GPU, each faulted during its run:
+/// - restartPolicy Never, ~4 KB in the termination file: devgate's whole DeviceFault line
+///   and the app's last line;
+/// - restartPolicy Always: the restart is rejected and, once the pod settles in
+///   CrashLoopBackOff, its status still names the DeviceFault;
+/// - FallbackToLogsOnError: the app's last log line and devgate's line;
+/// - a pod of 8 containers: devgate's line survives the status manager's share.
+fn faults_during_runs_reach_the_pod_status(n: &mut K8sNode) {
+    let big = "head -c 3990 /dev/zero | tr '\\0' x > /dev/termination-log; \
+               echo ' app: CUDA error' >> /dev/termination-log";
+    let log = "echo 'app: CUDA error: an illegal memory access was encountered'";
+    let cases = [
+        ("never", "Never", "File", big),
+        ("always", "Always", "File", "true"),
+        ("fallback", "Never", "FallbackToLogsOnError", log),
+        ("eight", "Never", "File", big),
+    ];
+    let mut gos = Vec::new();
+    for (name, restart, policy, app) in cases {
+        let go = go_dir(n, name);
+        let mut containers = vec![container("app", &faulted(app), policy, true)];
+        if name == "eight" {
+            for i in 1..8 {
+                containers.push(container(&format!("side{i}"), "sleep 3600", "File", false));
+            }
+        }
+        n.apply(&pod(name, restart, &go, containers));
+        gos.push(go);
+    }
+    let minors: Vec<u32> = gos.iter().map(|go| fault_during_run(n, go)).collect();
+
+    // Never, a full termination file.
+    let (cid, msg) = terminated(n, "never", "state");
+    let line = exit_text(n, &cid).expect("an exit record");
+    assert_eq!(line, fault_line(minors[0]));
+    assert!(
+        msg.contains(&line),
+        "no whole fault line in:\n{msg}\n{line}"
+    );
+    assert!(msg.ends_with("x app: CUDA error\n"), "{msg}");
+
+    // Always: the restart rejected; CrashLoopBackOff still names the fault.
+    let last = n.wait_pod("always", "in CrashLoopBackOff", |p| {
+        let st = status(p, "app")?;
+        (st["state"]["waiting"]["reason"] == "CrashLoopBackOff")
+            .then(|| {
+                st["lastState"]["terminated"]["message"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .flatten()
+    });
+    assert!(last.contains("devgate: rejected /dev/nvidia"), "{last}");
+    assert!(
+        last.contains(&format!("DeviceFault/Cordoned on /dev/nvidia{}", minors[1])),
+        "{last}"
+    );
+
+    // FallbackToLogsOnError.
+    let (cid, msg) = terminated(n, "fallback", "state");
+    let line = exit_text(n, &cid).expect("an exit record");
+    assert!(
+        msg.contains("app: CUDA error: an illegal memory access was encountered\n"),
+        "{msg}"
+    );
+    assert!(msg.contains(&line), "no fault line in:\n{msg}\n{line}");
+
+    // 8 containers: 12288 / 8 bytes each, devgate's line first.
+    let (cid, msg) = terminated(n, "eight", "state");
+    let line = exit_text(n, &cid).expect("an exit record");
+    assert!(msg.len() <= 12288 / 8, "{}", msg.len());
+    assert!(
+        msg.starts_with(&line),
+        "devgate's line is not first in the share:\n{msg}"
+    );
+
+    uncordon_all(n);
+    for (name, ..) in cases {
+        n.delete_pod(name);
+    }
+}
+
+fn fault_line(minor: u32) -> String {
+    format!(
+        "devgate: DeviceFault/Cordoned on /dev/nvidia{minor} ({}): cordoned by operator \
+         during the run: \"xid 79 during run\"",
+        fake_nvml::uuid(minor as usize)
+    )
+}
+
+/// The container id and terminated message of container `app` of `pod`, once it
+/// terminated and devgate's poststop wrote its exit record.
+fn terminated(n: &mut K8sNode, pod: &str, which: &str) -> (String, String) {
+    let (cid, msg) = n.wait_pod(pod, "terminated", |p| {
+        let st = status(p, "app")?;
+        let t = &st[which]["terminated"];
+        Some((container_id(st)?, t["message"].as_str()?.to_string()))
+    });
+    let exits = n.env.dir.join(format!("state/exits/{cid}.json"));
+    wait_for("devgate's exit record", || exits.exists());
+    (cid, msg)
+}
