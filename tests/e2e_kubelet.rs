@@ -62,7 +62,11 @@ fn kubelet_v1_36_shows_what_devgate_says() {
 
 fn run_cases(release: &str) {
     let tag = format!("k8s-{}", release.replace('.', ""));
-    let mut n = K8sNode::start(&tag, release, Options::default());
+    let opts = Options {
+        devgate_by_hand: true,
+        ..Options::default()
+    };
+    let mut n = K8sNode::start(&tag, release, opts);
     xid_rejects_a_start(&mut n);
     uncordon_lets_kubelets_retry_start_the_pod(&mut n);
     faults_during_runs_reach_the_pod_status(&mut n);

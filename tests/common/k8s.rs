@@ -21,9 +21,11 @@
 use super::cri::Config as CriConfig;
 use super::fake_nvml;
 use super::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::io::Read;
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::unix::fs::OpenOptionsExt;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -119,6 +121,9 @@ pub fn tail(path: &Path, n: usize) -> String {
 pub struct Options {
     /// kube-apiserver's --authorization-mode (AlwaysAllow where empty).
     pub authorization: Option<&'static str>,
+    /// devgate installed by hand, as docs/install.md says (else the node has no devgate
+    /// until a test installs it).
+    pub devgate_by_hand: bool,
 }
 
 pub struct K8sNode {
@@ -130,9 +135,12 @@ pub struct K8sNode {
     pub kubeconfig: PathBuf,
     pub kubelet_root: PathBuf,
     pub pod_logs: PathBuf,
-    pub containerd_socket: PathBuf,
     holder: RefCell<Option<Proc>>,
     procs: RefCell<Vec<Proc>>,
+    /// The node's systemctl's requests (a FIFO) and what was read of them.
+    systemd: RefCell<Option<(fs::File, Vec<u8>)>>,
+    /// How many times the node's systemctl restarted containerd.
+    pub restarts: Cell<u32>,
 }
 
 impl K8sNode {
@@ -154,7 +162,6 @@ impl K8sNode {
         let mut node = K8sNode {
             release: release.to_string(),
             kubeconfig: dir.join("admin.kubeconfig"),
-            containerd_socket: dir.join("containerd/containerd.sock"),
             dir,
             bin,
             env,
@@ -163,30 +170,50 @@ impl K8sNode {
             pod_logs,
             holder: RefCell::new(None),
             procs: RefCell::new(Vec::new()),
+            systemd: RefCell::new(None),
+            restarts: Cell::new(0),
         };
         node.start_namespace();
         node.start_control_plane(&opts);
-        node.start_containerd();
+        node.start_containerd(opts.devgate_by_hand);
         node.start_kubelet();
         node.wait_ready();
         node
     }
 
-    /// The namespace every process of the node enters, held by a sleeping process.
+    /// The namespace every process of the node enters, held by a sleeping process: /etc
+    /// and /usr are overlays whose writes go to a tmpfs, /run, /var/tmp, /var/lib and
+    /// /var/log are fresh tmpfs mounts; systemd's socket directory is there, with
+    /// `SYSTEMCTL` as the node's systemctl.
     fn start_namespace(&mut self) {
         let ready = self.dir.join("ns-ready");
         let log = self.dir.join("namespace.log");
+        let upper = self.dir.join("ns-upper");
+        fs::create_dir_all(&upper).unwrap();
         let child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .args(["--mount", "--propagation", "private", "sh", "-ec"])
             .arg(
-                r#"for d in /run /var/tmp /var/lib /var/log; do
-                     mount -t tmpfs -o mode=755 tmpfs "$d" || exit 1
+                r#"ready=$0 up=$1 systemctl=$2
+                   mount -t tmpfs -o mode=755 tmpfs "$up"
+                   for d in etc usr; do
+                       mkdir -p "$up/$d/upper" "$up/$d/work"
+                       mount -t overlay overlay \
+                           -o "lowerdir=/$d,upperdir=$up/$d/upper,workdir=$up/$d/work" "/$d"
                    done
-                   mkdir -p /run/containerd /var/log/containers /var/lib/containers \
-                            /var/lib/kubelet/device-plugins
-                   : > "$0"; exec sleep infinity"#,
+                   for d in /run /var/tmp /var/lib /var/log; do
+                       mount -t tmpfs -o mode=755 tmpfs "$d"
+                   done
+                   mkdir -p /run/containerd /run/systemd/system /run/devgate-test-systemd/answers \
+                            /var/log/containers /var/lib/containers \
+                            /var/lib/kubelet/device-plugins /etc/containerd
+                   mkfifo -m 600 /run/devgate-test-systemd/requests
+                   printf '%s' "$systemctl" > /usr/bin/systemctl
+                   chmod 755 /usr/bin/systemctl
+                   : > "$ready"; exec sleep infinity"#,
             )
             .arg(&ready)
+            .arg(&upper)
+            .arg(SYSTEMCTL)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&log).unwrap())
             .stderr(fs::File::create(&log).unwrap())
@@ -202,6 +229,63 @@ impl K8sNode {
             || ready.exists().then_some(()),
             "namespace",
         );
+        // Opened without waiting for a writer; kept open, so that a writer never waits.
+        let fifo = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(self.ns_path("/run/devgate-test-systemd/requests"))
+            .unwrap();
+        *self.systemd.borrow_mut() = Some((fifo, Vec::new()));
+    }
+
+    /// A path of the node's mount namespace, as this process reaches it.
+    pub fn ns_path(&self, path: &str) -> PathBuf {
+        let holder = self.holder.borrow().as_ref().unwrap().child.id();
+        PathBuf::from(format!("/proc/{holder}/root")).join(path.trim_start_matches('/'))
+    }
+
+    /// Answers what the node's systemctl asked since the last look: the test acts as the
+    /// node's systemd for containerd, which it started by pid.
+    fn serve_systemd(&self) {
+        let mut lines = Vec::new();
+        if let Some((fifo, buf)) = self.systemd.borrow_mut().as_mut() {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = fifo.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=end).collect();
+                lines.push(String::from_utf8_lossy(&line).trim().to_string());
+            }
+        }
+        for line in lines {
+            let (id, args) = line.split_once(' ').unwrap_or((&line, ""));
+            let rc = match args {
+                "restart containerd.service" | "restart containerd" => {
+                    self.restarts.set(self.restarts.get() + 1);
+                    eprintln!("k8s node: systemctl {args}");
+                    self.restart_containerd();
+                    0
+                }
+                "is-active --quiet containerd.service" | "is-active --quiet containerd" => {
+                    if self.containerd_running() {
+                        0
+                    } else {
+                        3
+                    }
+                }
+                _ => {
+                    eprintln!("k8s node: systemctl {args}: not served by the test node");
+                    1
+                }
+            };
+            let dir = self.ns_path("/run/devgate-test-systemd/answers");
+            fs::write(dir.join(format!("{id}.tmp")), rc.to_string()).unwrap();
+            fs::rename(dir.join(format!("{id}.tmp")), dir.join(id)).unwrap();
+        }
     }
 
     /// `program` inside the node's mount namespace.
@@ -214,7 +298,7 @@ impl K8sNode {
         c
     }
 
-    fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) {
+    fn spawn(&self, name: &'static str, program: &Path, args: &[String]) {
         let log = self.dir.join(format!("{name}.log"));
         let out = fs::File::create(&log).unwrap();
         let child = self
@@ -234,6 +318,7 @@ impl K8sNode {
     fn wait<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>, process: &str) -> T {
         let end = Instant::now() + STEP_DEADLINE;
         loop {
+            self.serve_systemd();
             if let Some(v) = check() {
                 return v;
             }
@@ -382,11 +467,38 @@ impl K8sNode {
         (self.release == "v1.36").then(|| "--runtime-config=resource.k8s.io/v1beta2=true".into())
     }
 
-    /// containerd with devgate's snippet and base spec as docs/install.md lays them, and
-    /// the CRI settings a node without a registry needs.
-    fn start_containerd(&mut self) {
+    /// containerd as the node's service: its config at /etc/containerd/config.toml, its
+    /// socket at /run/containerd/containerd.sock, with the CRI settings a node without a
+    /// registry needs, and devgate's snippet and base spec as docs/install.md lays them
+    /// where `by_hand`.
+    fn start_containerd(&mut self, by_hand: bool) {
+        let config = CriConfig::of_containerd();
+        let mut text = self.containerd_config(config);
+        if by_hand {
+            let base_spec = self.dir.join("devgate-base-spec.json");
+            fs::write(&base_spec, containerd_base_spec_for(&self.env)).unwrap();
+            let name = format!("hooks/containerd/{}", config.snippet());
+            let snippet = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let tables: Vec<&str> = snippet
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("version ="))
+                .collect();
+            text.push_str(&tables.join("\n").replace(
+                "/etc/containerd/devgate-base-spec.json",
+                base_spec.to_str().unwrap(),
+            ));
+            text.push('\n');
+            config.say_loaded(&name);
+        }
+        fs::write(self.ns_path("/etc/containerd/config.toml"), text).unwrap();
+        self.spawn_containerd();
+        self.import_images();
+    }
+
+    /// The node's containerd config.toml without devgate: what a node has before it.
+    fn containerd_config(&self, config: CriConfig) -> String {
         let cd = self.dir.join("containerd");
-        fs::create_dir_all(&cd).unwrap();
         let cni = self.dir.join("cni");
         fs::create_dir_all(&cni).unwrap();
         fs::write(
@@ -394,20 +506,6 @@ impl K8sNode {
             r#"{"cniVersion": "1.0.0", "name": "devgate-test", "plugins": [{"type": "loopback"}]}"#,
         )
         .unwrap();
-        let base_spec = self.dir.join("devgate-base-spec.json");
-        fs::write(&base_spec, containerd_base_spec_for(&self.env)).unwrap();
-        let config = CriConfig::of_containerd();
-        let name = format!("hooks/containerd/{}", config.snippet());
-        let snippet = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&name))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let tables: Vec<&str> = snippet
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("version ="))
-            .collect();
-        let tables = tables.join("\n").replace(
-            "/etc/containerd/devgate-base-spec.json",
-            base_spec.to_str().unwrap(),
-        );
         let cni_table = match config {
             CriConfig::V2 => format!(
                 "[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  conf_dir = \"{}\"\n  bin_dir = \"{}\"\n",
@@ -420,30 +518,53 @@ impl K8sNode {
                 cni.display()
             ),
         };
-        let text = format!(
-            "{}\nroot = \"{}\"\nstate = \"{}\"\n\n[grpc]\n  address = \"{}\"\n\n\
-             [ttrpc]\n  address = \"{}.ttrpc\"\n\n{tables}\n\n{}\n{cni_table}",
+        format!(
+            "{}\nroot = \"{}\"\nstate = \"/run/containerd\"\n\n[grpc]\n  address = \"{SOCKET}\"\n\n\
+             {}\n{cni_table}\n",
             config.top(),
             cd.join("root").display(),
-            cd.join("state").display(),
-            self.containerd_socket.display(),
-            self.containerd_socket.display(),
             config.plugin_settings(PAUSE_IMAGE),
-        );
-        fs::write(cd.join("config.toml"), text).unwrap();
-        config.say_loaded(&name);
-        let args = vec![
-            "--config".to_string(),
-            cd.join("config.toml").display().to_string(),
-        ];
-        self.spawn("containerd", Path::new("/usr/bin/containerd"), &args);
-        let sock = self.containerd_socket.clone();
+        )
+    }
+
+    /// containerd as its unit starts it (the default config path), until its socket is up.
+    fn spawn_containerd(&self) {
+        self.spawn("containerd", Path::new("/usr/bin/containerd"), &[]);
+        let sock = self.ns_path(SOCKET);
         self.wait(
             "containerd's socket",
             || sock.exists().then_some(()),
             "containerd",
         );
-        self.import_images();
+    }
+
+    fn containerd_running(&self) -> bool {
+        let mut procs = self.procs.borrow_mut();
+        let Some(p) = procs.iter_mut().find(|p| p.name == "containerd") else {
+            return false;
+        };
+        matches!(p.child.try_wait(), Ok(None)) && self.ns_path(SOCKET).exists()
+    }
+
+    /// What `systemctl restart containerd` does on a node: containerd stops (its shims and
+    /// containers stay, KillMode=process) and starts again on its config.
+    fn restart_containerd(&self) {
+        let old = {
+            let mut procs = self.procs.borrow_mut();
+            let i = procs.iter().position(|p| p.name == "containerd").unwrap();
+            procs.remove(i)
+        };
+        let mut old = old;
+        old.stop();
+        let log = self.dir.join("containerd.log");
+        let prev = fs::read_to_string(&log).unwrap_or_default();
+        fs::write(self.dir.join("containerd.log.previous"), prev).unwrap();
+        self.spawn("containerd", Path::new("/usr/bin/containerd"), &[]);
+        let sock = self.ns_path(SOCKET);
+        let end = Instant::now() + STEP_DEADLINE;
+        while !sock.exists() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The test image (busybox) and the sandbox image (pause, built from the release's
@@ -498,7 +619,7 @@ impl K8sNode {
         let out = output_of(
             self.command(Path::new("/usr/bin/ctr"))
                 .arg("--address")
-                .arg(&self.containerd_socket)
+                .arg(SOCKET)
                 .args(["--namespace", "k8s.io"])
                 .args(args),
         );
@@ -551,7 +672,7 @@ failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
-containerRuntimeEndpoint: unix://{socket}
+containerRuntimeEndpoint: unix://{SOCKET}
 podLogsDir: {logs}
 volumePluginDir: {plugins}
 address: 127.0.0.1
@@ -577,7 +698,6 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 localStorageCapacityIsolation: false
 "#,
-            socket = self.containerd_socket.display(),
             logs = self.pod_logs.display(),
             plugins = self.dir.join("volume-plugins").display(),
         )
@@ -690,6 +810,7 @@ localStorageCapacityIsolation: false
     ) -> T {
         let end = Instant::now() + STEP_DEADLINE;
         loop {
+            self.serve_systemd();
             if let Some(pod) = self.get_json(&["get", "pod", name]) {
                 if let Some(v) = check(&pod) {
                     return v;
@@ -791,7 +912,7 @@ impl K8sNode {
         let ctr = |args: &[&str]| {
             self.command(Path::new("/usr/bin/ctr"))
                 .arg("--address")
-                .arg(&self.containerd_socket)
+                .arg(SOCKET)
                 .args(["--namespace", "k8s.io"])
                 .args(args)
                 .stdin(Stdio::null())
@@ -806,6 +927,25 @@ impl K8sNode {
         }
     }
 }
+
+/// containerd's socket on the node, as its packages place it.
+pub const SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// The node's systemctl: asks the test, which starts and stops the node's processes by
+/// pid, through a FIFO it reads (the installer runs it inside the host root, read-only).
+const SYSTEMCTL: &str = r#"#!/bin/sh
+# The devgate test node's systemctl: the test serves it (tests/common/k8s.rs).
+d=/run/devgate-test-systemd
+id=$$.$(date +%s%N)
+echo "$id $*" > $d/requests
+i=0
+while [ ! -e "$d/answers/$id" ]; do
+    i=$((i + 1))
+    [ $i -lt 1800 ] || { echo "systemctl: the test node did not answer" >&2; exit 1; }
+    sleep 0.1
+done
+exit "$(cat "$d/answers/$id")"
+"#;
 
 /// The sandbox image: pause, built from the release's own tree.
 pub const PAUSE_IMAGE: &str = "localhost/devgate-pause:test";
