@@ -4,6 +4,7 @@
 # (docs/development.md, "The forky stack").
 #
 #   forky-stack.sh image          build it once per cache key; print its path last
+#   forky-stack.sh mirror         the Debian mirror this machine's apt sources name
 #   forky-stack.sh enter CMD...   run CMD inside it (pivot_root, private mount namespace)
 #   forky-stack.sh boot           boot it under systemd-nspawn with systemd as PID 1, check
 #                                 that systemd reaches a running state, power it off
@@ -24,9 +25,11 @@ CACHE=${DEVGATE_FORKY_CACHE:-/var/cache/devgate-tests/forky}
 KEYRING=${DEVGATE_FORKY_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
 SUITE=forky
 # The runtimes under test; the tools the tests run inside (cc for the test's C helpers,
-# make for the install tests, iproute2/procps for the network-less pods' checks).
+# make for the install tests, iproute2/procps for the network-less pods' checks, CNI
+# plugins and openssl for the real node of tests/common/k8s.rs).
 PACKAGES=(containerd runc crun podman conmon systemd dbus busybox-static mount util-linux
-          gcc libc6-dev make tar procps iproute2 ca-certificates)
+          gcc libc6-dev make tar procps iproute2 ca-certificates containernetworking-plugins
+          openssl)
 # What `forky-stack.sh image` prints (and what the key covers besides the versions).
 RECIPE_VERSION=3
 
@@ -300,11 +303,12 @@ if [ "$(id -u)" != 0 ] && [ "$cmd" = all ]; then
 fi
 case "$cmd" in
     image) image ;;
+    mirror) mirror ;;
     enter) root=$(image); enter "$root" "$@" ;;
     boot) root=$(image); boot "$root" ;;
     test) root=$(image); run_tests "$root" "$@" ;;
     all) root=$(image); boot "$root"
          FORKY_CGROUP=host run_tests "$root"
          FORKY_CGROUP=v2 run_tests "$root" ;;
-    *) die "usage: $0 image | enter CMD... | boot | test [BIN...] | all" ;;
+    *) die "usage: $0 image | mirror | enter CMD... | boot | test [BIN...] | all" ;;
 esac

@@ -10,9 +10,10 @@ set -euo pipefail
 # protobuf-compiler: protoc, which builds k8s-cri (the CRI tests' typed client);
 # make, tar, git: the install, podman-import and clone-and-demo tests;
 # rpm: reading the .rpm in the package check; mmdebstrap, systemd-container: the forky
-# stack's image and its systemd boot (scripts/forky-stack.sh).
+# stack's image and its systemd boot (scripts/forky-stack.sh); containernetworking-plugins,
+# openssl: the real node's pod network and service-account key (tests/common/k8s.rs).
 packages=(runc crun busybox-static podman containerd protobuf-compiler
-          make tar git rpm mmdebstrap systemd-container)
+          make tar git rpm mmdebstrap systemd-container containernetworking-plugins openssl)
 
 die() { echo "install-test-deps: $*" >&2; exit 1; }
 

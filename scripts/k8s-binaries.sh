@@ -6,8 +6,8 @@
 #
 #   k8s-binaries.sh releases         the releases under tests/k8s/, one a line
 #   k8s-binaries.sh build RELEASE    build them once per cache key; print the bin dir last
-#                                    (RELEASE "plugins": the suite's plugins; "all": every
-#                                    release and the plugins)
+#                                    (RELEASE "plugins": the suite's plugins; "base": the
+#                                    installer image's base; "all": all of them)
 #   k8s-binaries.sh pin VERSION      (maintainers) write tests/k8s/vMAJOR.MINOR/ for a
 #                                    k8s.io/kubernetes version: go.mod, go.sum, tools.go
 #
@@ -111,6 +111,7 @@ build_plugins() {
 build() {
     local release=$1 version key out dir start
     [ "$release" != plugins ] || { build_plugins; return; }
+    [ "$release" != base ] || { build_base; return; }
     [ -f "$REPO/tests/k8s/$release/go.mod" ] || die "no release $release under tests/k8s ($(releases | tr '\n' ' '))"
     version=$(pinned "$release")
     key=$(key_of "$release")
@@ -168,12 +169,35 @@ build() {
     echo "$out/bin"
 }
 
+# debian:bookworm-slim's stand-in, which packaging/kubernetes/Containerfile builds the
+# installer image FROM: Debian bookworm's minimal base from this machine's mirror (no
+# registry is reachable), once per machine.
+build_base() {
+    local out=$CACHE/bookworm-slim-$RECIPE_VERSION
+    if [ -e "$out/done" ]; then
+        log "cached: the installer's base image in $out"
+        echo "$out"
+        return
+    fi
+    command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
+    mkdir -p "$CACHE"
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    mmdebstrap --quiet --variant=minbase --format=tar bookworm "$out.tmp/rootfs.tar" \
+        "deb $("$REPO/scripts/forky-stack.sh" mirror) bookworm main" >&2
+    log "built the installer's base image (Debian bookworm, minbase)"
+    touch "$out.tmp/done"
+    rm -rf "$out"
+    mv "$out.tmp" "$out"
+    echo "$out"
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
     releases) releases ;;
     pin) [ $# = 1 ] || die "usage: $0 pin VERSION"; pin "$1" ;;
     build)
         [ $# = 1 ] || die "usage: $0 build RELEASE|all"
-        if [ "$1" = all ]; then for r in $(releases) plugins; do build "$r"; done; else build "$1"; fi ;;
+        if [ "$1" = all ]; then for r in $(releases) plugins base; do build "$r"; done; else build "$1"; fi ;;
     *) die "usage: $0 releases | build RELEASE|all | pin VERSION" ;;
 esac

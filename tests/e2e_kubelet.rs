@@ -421,3 +421,254 @@ fn terminated(n: &mut K8sNode, pod: &str, which: &str) -> (String, String) {
     wait_for("devgate's exit record", || exits.exists());
     (cid, msg)
 }
+
+// ---- the cluster installer -----------------------------------------------------------
+
+const INSTALLER_IMAGE: &str = "localhost/devgate:test";
+
+/// packaging/kubernetes/daemonset.yaml on the real DaemonSet controller, with the image
+/// built from packaging/kubernetes/Containerfile and the ConfigMap's config pointed at the
+/// fake GPUs: the installer pod becomes Ready and devgate is on (an XID-79 pod is
+/// rejected, a healthy one runs); a rerun changes nothing; deleting the DaemonSet leaves
+/// devgate on; the documented uninstall gives config.toml back byte for byte and pods
+/// start. Every pod's open-file limit is what it was before devgate.
+#[test]
+fn the_daemonset_installs_devgate_and_the_documented_uninstall_removes_it() {
+    require_root!();
+    if skip_without_cpu_on_v2() {
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    let release = k8s::releases().pop().unwrap();
+    let n = K8sNode::start("k8s-installer", &release, Options::default());
+    n.import_installer_image(INSTALLER_IMAGE);
+    // The DaemonSet's pause container, under the name the manifest gives it.
+    n.ctr_ok(&[
+        "images",
+        "tag",
+        k8s::PAUSE_IMAGE,
+        "registry.k8s.io/pause:3.9",
+    ]);
+    n.kubectl(&["label", "node", k8s::NODE, "nvidia.com/gpu.present=true"]);
+    let config_toml = n.ns_path("/etc/containerd/config.toml");
+    let before = fs::read(&config_toml).unwrap();
+    let nofile_before = open_file_limit(&n, "nofile-before");
+
+    let objects = installer_objects(&n, &["--enable", "--restart"]);
+    for o in &objects {
+        n.apply(o);
+    }
+    let first = installer_ready(&n, None);
+    assert_eq!(n.restarts.get(), 1, "containerd restarts");
+    let installed = fs::read(&config_toml).unwrap();
+    assert_ne!(
+        installed, before,
+        "config.toml does not name devgate's spec"
+    );
+    devgate_rejects_an_xid_79(&n, "installed");
+    assert_eq!(open_file_limit(&n, "nofile-installed"), nofile_before);
+
+    // A rerun (the pod made anew) changes nothing and restarts nothing.
+    n.kubectl(&["-n", "kube-system", "delete", "pod", &first, "--wait=true"]);
+    installer_ready(&n, Some(&first));
+    assert_eq!(
+        fs::read(&config_toml).unwrap(),
+        installed,
+        "a rerun changed config.toml"
+    );
+    assert_eq!(n.restarts.get(), 1, "a rerun restarted containerd");
+
+    // Deleting the DaemonSet first leaves devgate on, and the node starts pods.
+    n.kubectl(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "daemonset",
+        "devgate-installer",
+        "--wait=true",
+    ]);
+    devgate_rejects_an_xid_79(&n, "after-delete");
+    assert_eq!(open_file_limit(&n, "nofile-after-delete"), nofile_before);
+
+    // The documented removal: the init container's args are uninstall-host's.
+    let uninstall = installer_objects(&n, &[]);
+    for o in &uninstall {
+        n.apply(o);
+    }
+    installer_ready(&n, None);
+    assert_eq!(n.restarts.get(), 2, "containerd restarts");
+    assert_eq!(
+        String::from_utf8_lossy(&fs::read(&config_toml).unwrap()),
+        String::from_utf8_lossy(&before),
+        "config.toml is not as it was"
+    );
+    // devgate is off: XID 79 on every GPU no longer stops a start.
+    set_xid_79_everywhere(&n);
+    assert_eq!(open_file_limit(&n, "nofile-removed"), nofile_before);
+    assert!(
+        !n.ns_path("/usr/local/bin/devgate").exists(),
+        "the programs stayed"
+    );
+}
+
+/// The manifest's objects, with the image built here, the ConfigMap's config pointed at
+/// the fake GPUs, and the init container's args: install-host's plus `install` where
+/// given, else the uninstall docs/install.md gives.
+fn installer_objects(n: &K8sNode, install: &[&str]) -> Vec<Value> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut objects = n.manifest(&repo.join("packaging/kubernetes/daemonset.yaml"));
+    // The node's GPUs and kubelet's directories, beside the ConfigMap's own settings.
+    let ours: Value = serde_json::from_slice(&fs::read(&n.env.config).unwrap()).unwrap();
+    for o in &mut objects {
+        match o["kind"].as_str() {
+            Some("ConfigMap") => {
+                let text = o["data"]["config.json"].as_str().unwrap();
+                let mut config: Value = serde_json::from_str(text).unwrap();
+                for key in [
+                    "dev_root",
+                    "nvml_library",
+                    "kmsg_path",
+                    "kubelet_pods_dir",
+                    "kubelet_pod_logs_dir",
+                ] {
+                    config[key] = ours[key].clone();
+                }
+                o["data"]["config.json"] = json!(config.to_string());
+            }
+            Some("DaemonSet") => {
+                let init = &mut o["spec"]["template"]["spec"]["initContainers"][0];
+                assert_eq!(init["image"], "REGISTRY/devgate:0.1.0");
+                init["image"] = json!(INSTALLER_IMAGE);
+                if install.is_empty() {
+                    init["args"] = json!([
+                        "uninstall-host",
+                        "--root",
+                        "/host",
+                        "--prefix",
+                        "/usr/local",
+                        "--restart",
+                        "--programs"
+                    ]);
+                } else {
+                    let args: Vec<&str> = init["args"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|a| a.as_str().unwrap())
+                        .collect();
+                    assert!(args.ends_with(install), "{args:?}");
+                }
+            }
+            _ => {}
+        }
+    }
+    objects
+}
+
+/// Waits until the DaemonSet's pod (other than `not`) is Ready; returns its name. On the
+/// deadline, fails with what the installer said.
+fn installer_ready(n: &K8sNode, not: Option<&str>) -> String {
+    let end = std::time::Instant::now() + k8s::STEP_DEADLINE;
+    loop {
+        n.serve_systemd();
+        let pods = n.get_json(&[
+            "-n",
+            "kube-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=devgate",
+        ]);
+        let ready = pods.as_ref().and_then(|p| {
+            p["items"].as_array()?.iter().find_map(|pod| {
+                let name = pod["metadata"]["name"].as_str()?;
+                let ok = Some(name) != not
+                    && pod["metadata"]["deletionTimestamp"].is_null()
+                    && pod["status"]["conditions"]
+                        .as_array()?
+                        .iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                ok.then(|| name.to_string())
+            })
+        });
+        if let Some(name) = ready {
+            return name;
+        }
+        if std::time::Instant::now() > end {
+            panic!(
+                "the installer pod is not Ready: {pods:#?}\ninstaller:\n{}\nkubelet:\n{}",
+                text(&n.kubectl_out(&[
+                    "-n",
+                    "kube-system",
+                    "logs",
+                    "-l",
+                    "app.kubernetes.io/name=devgate",
+                    "-c",
+                    "install"
+                ])),
+                k8s::tail(&n.dir.join("kubelet.log"), 30)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+fn set_xid_79_everywhere(n: &K8sNode) {
+    n.set_nvml(&every_gpu(
+        json!({"recovery_action": fake_nvml::recovery::NODE_REBOOT}),
+    ));
+    let records: Vec<String> = (0..8).map(xid_79).collect();
+    let refs: Vec<&str> = records.iter().map(String::as_str).collect();
+    fs::write(&n.gpus.kmsg, fake_nvml::kmsg_records(&refs)).unwrap();
+}
+
+fn clear_xids(n: &K8sNode) {
+    n.set_nvml(&every_gpu(json!({})));
+    let mut records: Vec<String> = (0..8).map(xid_79).collect();
+    records.push(DRIVER_LOAD.to_string());
+    let refs: Vec<&str> = records.iter().map(String::as_str).collect();
+    fs::write(&n.gpus.kmsg, fake_nvml::kmsg_records(&refs)).unwrap();
+}
+
+/// With XID 79 on every GPU a GPU pod is rejected by devgate; once the driver reloads, a
+/// GPU pod runs.
+fn devgate_rejects_an_xid_79(n: &K8sNode, tag: &str) {
+    set_xid_79_everywhere(n);
+    let name = format!("xid-{tag}");
+    let go = go_dir(n, &name);
+    n.apply(&pod(
+        &name,
+        "Always",
+        &go,
+        vec![container("app", "echo started > /go/started", "File", true)],
+    ));
+    n.wait_pod(&name, "rejected by devgate", |p| {
+        let st = status(p, "app")?;
+        let msg = st["lastState"]["terminated"]["message"].as_str()?;
+        msg.contains("devgate: rejected /dev/nvidia").then_some(())
+    });
+    assert!(!go.join("started").exists());
+    n.delete_pod(&name);
+    clear_xids(n);
+}
+
+/// The open-file limits (soft and hard) a GPU pod's app sees, once it ran.
+fn open_file_limit(n: &K8sNode, name: &str) -> String {
+    let go = go_dir(n, name);
+    n.apply(&pod(
+        name,
+        "Never",
+        &go,
+        vec![container(
+            "app",
+            "echo \"$(ulimit -n) $(ulimit -Hn)\" > /go/nofile.tmp; mv /go/nofile.tmp /go/nofile",
+            "File",
+            true,
+        )],
+    ));
+    n.wait_pod(name, "succeeded", |p| {
+        (p["status"]["phase"] == "Succeeded").then_some(())
+    });
+    n.delete_pod(name);
+    fs::read_to_string(go.join("nofile")).unwrap()
+}

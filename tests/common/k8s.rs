@@ -1,17 +1,17 @@
 //! A real one-node Kubernetes cluster for the tests, built from Kubernetes' own modules
 //! (scripts/k8s-binaries.sh): etcd, kube-apiserver, kube-scheduler,
 //! kube-controller-manager, containerd with devgate installed as docs/install.md says, the
-//! fake GPUs' device plugin, and kubelet. Everything listens on loopback and lives under
-//! one temp dir; each process is started and stopped by pid.
+//! fake GPUs' device plugin, and kubelet. Everything lives under one temp dir; each
+//! process is started and stopped by pid.
 //!
 //! The processes share one private mount namespace in which /run, /var/tmp, /var/lib and
 //! /var/log are fresh tmpfs mounts: kubelet and containerd use some fixed paths whatever
 //! their configuration says (/var/lib/kubelet/device-plugins, /var/log/containers, shim
 //! sockets), and a test never writes into the host's.
 //!
-//! Pods are hostNetwork (there is no pod network); containerd's CNI directory holds one
-//! loopback network so that the runtime reports its network ready and the node is Ready,
-//! as a node with a CNI plugin is. Pods ask for `nvidia.com/gpu` as on a GPU node; the
+//! The node has a network namespace of its own: its components listen on its loopback
+//! at their usual ports, and pods that are not hostNetwork get addresses on a bridge
+//! there (the CNI bridge plugin); nothing reaches the host's network. Pods ask for `nvidia.com/gpu` as on a GPU node; the
 //! device plugin hands out /dev/nvidiaN (char 195:N under the test's dev root) and
 //! NVIDIA_VISIBLE_DEVICES as NVIDIA's does.
 //!
@@ -24,7 +24,6 @@ use super::*;
 use std::cell::{Cell, RefCell};
 use std::io::Read;
 use std::io::Write;
-use std::net::TcpListener;
 use std::os::unix::fs::OpenOptionsExt;
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -71,16 +70,6 @@ pub fn binaries(release: &str) -> PathBuf {
         .unwrap_or_default();
     assert!(bin.is_dir(), "no {}: {said}", bin.display());
     bin
-}
-
-/// A free TCP port on loopback (the kernel's pick, released at once: the process that
-/// binds it next is started right after).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One process of the node, stopped by pid when dropped.
@@ -191,9 +180,10 @@ impl K8sNode {
         let upper = self.dir.join("ns-upper");
         fs::create_dir_all(&upper).unwrap();
         let child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-ec"])
+            .args(["--mount", "--net", "--propagation", "private", "sh", "-ec"])
             .arg(
                 r#"ready=$0 up=$1 systemctl=$2
+                   ip link set lo up
                    mount -t tmpfs -o mode=755 tmpfs "$up"
                    for d in etc usr; do
                        mkdir -p "$up/$d/upper" "$up/$d/work"
@@ -246,7 +236,7 @@ impl K8sNode {
 
     /// Answers what the node's systemctl asked since the last look: the test acts as the
     /// node's systemd for containerd, which it started by pid.
-    fn serve_systemd(&self) {
+    pub fn serve_systemd(&self) {
         let mut lines = Vec::new();
         if let Some((fifo, buf)) = self.systemd.borrow_mut().as_mut() {
             let mut chunk = [0u8; 4096];
@@ -288,11 +278,12 @@ impl K8sNode {
         }
     }
 
-    /// `program` inside the node's mount namespace.
+    /// `program` inside the node's mount and network namespaces.
     pub fn command(&self, program: &Path) -> Command {
         let holder = self.holder.borrow().as_ref().unwrap().child.id();
         let mut c = Command::new("nsenter");
         c.arg(format!("--mount=/proc/{holder}/ns/mnt"))
+            .arg(format!("--net=/proc/{holder}/ns/net"))
             .arg("--")
             .arg(program);
         c
@@ -347,7 +338,7 @@ impl K8sNode {
     }
 
     fn start_control_plane(&mut self, opts: &Options) {
-        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+        let (etcd_port, peer_port, api_port) = (2379, 2380, 6443);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let dir = self.dir.clone();
@@ -434,7 +425,7 @@ impl K8sNode {
         let mut cm_args = vec![
             format!("--kubeconfig={}", d("controller-manager.kubeconfig")),
             "--bind-address=127.0.0.1".to_string(),
-            format!("--secure-port={}", free_port()),
+            "--secure-port=10257".to_string(),
             "--leader-elect=false".to_string(),
             format!("--service-account-private-key-file={}", key.display()),
             "--use-service-account-credentials=false".to_string(),
@@ -446,7 +437,7 @@ impl K8sNode {
         let mut sched_args = vec![
             format!("--kubeconfig={}", d("scheduler.kubeconfig")),
             "--bind-address=127.0.0.1".to_string(),
-            format!("--secure-port={}", free_port()),
+            "--secure-port=10259".to_string(),
             "--leader-elect=false".to_string(),
         ];
         sched_args.extend(gates.iter().cloned());
@@ -501,21 +492,15 @@ impl K8sNode {
         let cd = self.dir.join("containerd");
         let cni = self.dir.join("cni");
         fs::create_dir_all(&cni).unwrap();
-        fs::write(
-            cni.join("10-loopback.conflist"),
-            r#"{"cniVersion": "1.0.0", "name": "devgate-test", "plugins": [{"type": "loopback"}]}"#,
-        )
-        .unwrap();
+        fs::write(cni.join("10-bridge.conflist"), CNI_BRIDGE).unwrap();
         let cni_table = match config {
             CriConfig::V2 => format!(
-                "[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  conf_dir = \"{}\"\n  bin_dir = \"{}\"\n",
+                "[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  conf_dir = \"{}\"\n  bin_dir = \"{CNI_BIN}\"\n",
                 cni.display(),
-                cni.display()
             ),
             CriConfig::V3 => format!(
-                "[plugins.'io.containerd.cri.v1.runtime'.cni]\n  conf_dir = '{}'\n  bin_dirs = ['{}']\n",
+                "[plugins.'io.containerd.cri.v1.runtime'.cni]\n  conf_dir = '{}'\n  bin_dirs = ['{CNI_BIN}']\n",
                 cni.display(),
-                cni.display()
             ),
         };
         format!(
@@ -663,7 +648,6 @@ impl K8sNode {
     }
 
     fn kubelet_config(&self) -> String {
-        let port = free_port();
         format!(
             r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -676,7 +660,7 @@ containerRuntimeEndpoint: unix://{SOCKET}
 podLogsDir: {logs}
 volumePluginDir: {plugins}
 address: 127.0.0.1
-port: {port}
+port: 10250
 readOnlyPort: 0
 healthzPort: 0
 failSwapOn: false
@@ -749,7 +733,7 @@ localStorageCapacityIsolation: false
 
     pub fn kubectl_out(&self, args: &[&str]) -> Output {
         output_of(
-            Command::new(self.bin.join("kubectl"))
+            self.command(&self.bin.join("kubectl"))
                 .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
                 .arg("--request-timeout=30s")
                 .args(args)
@@ -766,7 +750,8 @@ localStorageCapacityIsolation: false
 
     /// `kubectl apply -f -` of `object`.
     pub fn apply(&self, object: &Value) {
-        let mut child = Command::new(self.bin.join("kubectl"))
+        let mut child = self
+            .command(&self.bin.join("kubectl"))
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .args(["apply", "-f", "-"])
             .stdin(Stdio::piped())
@@ -928,6 +913,13 @@ impl K8sNode {
     }
 }
 
+/// The pod network: a bridge in the node's own network namespace (Debian's
+/// containernetworking-plugins).
+const CNI_BRIDGE: &str = r#"{"cniVersion": "1.0.0", "name": "devgate-test", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]]}}]}"#;
+const CNI_BIN: &str = "/usr/lib/cni";
+
 /// containerd's socket on the node, as its packages place it.
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
 
@@ -957,4 +949,74 @@ fn kubeconfig(server: &str, token: &str) -> String {
          contexts:\n- name: devgate\n  context:\n    cluster: devgate\n    user: devgate\n\
          current-context: devgate\n"
     )
+}
+
+impl K8sNode {
+    /// The installer image, built as docs/install.md says: `podman build -f
+    /// packaging/kubernetes/Containerfile` over this build's programs, FROM the cached
+    /// stand-in of debian:bookworm-slim; imported into containerd as `name`.
+    pub fn import_installer_image(&self, name: &str) {
+        let base = binaries("base").join("rootfs.tar");
+        let podman = Podman::new("k8s-installer");
+        let out = output_of(
+            podman
+                .cmd()
+                .arg("import")
+                .arg(&base)
+                .arg("docker.io/library/debian:bookworm-slim"),
+        );
+        assert!(out.status.success(), "podman import: {}", text(&out));
+        let ctx = self.dir.join("installer-context");
+        fs::create_dir_all(ctx.join("target/release")).unwrap();
+        fs::create_dir_all(ctx.join("packaging")).unwrap();
+        for (bin, name) in [
+            (devgate_bin(), "devgate"),
+            (devgate_runtime_bin(), "devgate-runtime"),
+            (devgate_hook_bin(), "devgate-hook"),
+        ] {
+            fs::copy(&bin, ctx.join("target/release").join(name)).unwrap();
+        }
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        fs::copy(
+            repo.join("packaging/config.json"),
+            ctx.join("packaging/config.json"),
+        )
+        .unwrap();
+        let out = output_of(
+            podman
+                .cmd()
+                .args(["build", "--pull=never", "-f"])
+                .arg(repo.join("packaging/kubernetes/Containerfile"))
+                .args(["-t", name])
+                .arg(&ctx),
+        );
+        assert!(out.status.success(), "podman build: {}", text(&out));
+        let archive = self.dir.join("installer.tar");
+        let out = output_of(
+            podman
+                .cmd()
+                .args(["save", "--format", "docker-archive", "-o"])
+                .arg(&archive)
+                .arg(name),
+        );
+        assert!(out.status.success(), "podman save: {}", text(&out));
+        self.ctr_ok(&["images", "import", archive.to_str().unwrap()]);
+    }
+
+    /// The objects of a manifest file, as JSON (kubectl reads the YAML; nothing is sent).
+    pub fn manifest(&self, path: &Path) -> Vec<Value> {
+        let out = self.kubectl(&[
+            "create",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "-f",
+            path.to_str().unwrap(),
+        ]);
+        // One JSON document per object, one after the other.
+        serde_json::Deserializer::from_str(&out)
+            .into_iter::<Value>()
+            .map(Result::unwrap)
+            .collect()
+    }
 }
