@@ -565,6 +565,31 @@ fn installer_objects(n: &K8sNode, install: &[&str]) -> Vec<Value> {
     objects
 }
 
+/// The last lines the installer's init containers wrote, from kubelet's pod logs.
+fn installer_log(n: &K8sNode) -> String {
+    let mut logs = Vec::new();
+    for pod in fs::read_dir(&n.pod_logs).into_iter().flatten().flatten() {
+        let name = pod.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("kube-system_devgate-installer-") {
+            continue;
+        }
+        for f in fs::read_dir(pod.path().join("install"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            logs.push(f.path());
+        }
+    }
+    logs.sort_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok());
+    logs.iter()
+        .rev()
+        .take(2)
+        .map(|p| format!("{}:\n{}", p.display(), k8s::tail(p, 15)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Waits until the DaemonSet's pod (other than `not`) is Ready; returns its name. On the
 /// deadline, fails with what the installer said.
 fn installer_ready(n: &K8sNode, not: Option<&str>) -> String {
@@ -597,15 +622,7 @@ fn installer_ready(n: &K8sNode, not: Option<&str>) -> String {
         if std::time::Instant::now() > end {
             panic!(
                 "the installer pod is not Ready: {pods:#?}\ninstaller:\n{}\nkubelet:\n{}",
-                text(&n.kubectl_out(&[
-                    "-n",
-                    "kube-system",
-                    "logs",
-                    "-l",
-                    "app.kubernetes.io/name=devgate",
-                    "-c",
-                    "install"
-                ])),
+                installer_log(n),
                 k8s::tail(&n.dir.join("kubelet.log"), 30)
             );
         }
