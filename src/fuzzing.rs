@@ -22,6 +22,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+mod cli_model;
 mod toolkit_model;
 mod toolkit_sources;
 
@@ -251,6 +252,20 @@ pub fn toolkit_sources(data: &[u8]) {
     }
 }
 
+/// A GPU list and device tokens, read by nvidia-container-cli's `select_devices` (the
+/// reference model `cli_model`, glibc's own number reading) and by devgate: every GPU the
+/// cli hands over for a token, devgate checks. The input: a GPU count byte, four bytes per
+/// GPU (`cli_model::gpus_from`), then comma-separated tokens.
+pub fn cli_selection(data: &[u8]) {
+    let (gpus, rest) = cli_model::gpus_from(data);
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    for token in text.split(',').take(64) {
+        cli_model::check(token, &gpus);
+    }
+}
+
 /// A value of NVIDIA_VISIBLE_DEVICES and of a CDI annotation, as a container sets them.
 pub fn gpu_selector_values(data: &[u8]) {
     let Ok(value) = std::str::from_utf8(data) else {
@@ -277,16 +292,18 @@ pub fn gpu_selector_values(data: &[u8]) {
                 domain,
                 bus,
                 device,
+                ..
             } => {
                 let printed = format!("{domain:08x}:{bus:02x}:{device:02x}.0");
-                assert_eq!(
-                    crate::gpu::selector::parse(&printed),
+                match crate::gpu::selector::parse(&printed) {
                     Some(GpuSelector::PciBusId {
-                        domain,
-                        bus,
-                        device
-                    })
-                );
+                        domain: d,
+                        bus: b,
+                        device: v,
+                        ..
+                    }) => assert_eq!((d, b, v), (domain, bus, device)),
+                    other => panic!("{printed:?}: {other:?}"),
+                }
             }
             GpuSelector::Uuid(u) => {
                 assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-"));
@@ -300,13 +317,35 @@ pub fn gpu_selector_values(data: &[u8]) {
     }
 }
 
+/// glibc's `sscanf(token, "%lu:%lu")` when it converts both and each fits a GPU or MIG
+/// index (`select_mig_device`'s reading, where the cli falls through to it).
+fn glibc_mig(c: &std::ffi::CStr) -> Option<(u32, u32)> {
+    let (mut g, mut m): (libc::c_ulong, libc::c_ulong) = (0, 0);
+    // SAFETY: a NUL-terminated string, a NUL-terminated format and two c_ulong
+    // out-pointers for its two %lu conversions.
+    let n = unsafe {
+        libc::sscanf(
+            c.as_ptr(),
+            c"%lu:%lu".as_ptr(),
+            &mut g as *mut libc::c_ulong,
+            &mut m as *mut libc::c_ulong,
+        )
+    };
+    (n == 2)
+        .then(|| u32::try_from(g).ok().zip(u32::try_from(m).ok()))
+        .flatten()
+}
+
 /// What libnvidia-container's `select_devices` makes of a token that is not `all` or
 /// `GPU-…`, by glibc's own `sscanf` and `strtoull` (`strtoumax` on Linux): `Some(Ok(pci))`
 /// for `%x:%02x:%02x.0` read as a bus id a GPU can have (the `%02x` values fit two digits),
-/// `Some(Err(()))` for one no GPU has, `Some(Ok(Index))` for a whole-token number below
-/// `UINTMAX_MAX`, `None` when NVIDIA refuses the token.
+/// with the `%lu:%lu` MIG device the cli falls through to where no GPU has it;
+/// `Some(Ok(Index))` for a whole-token number below `UINTMAX_MAX`; for a bus id no GPU
+/// has, the MIG device, or `Some(Err(()))` without one; `None` when NVIDIA refuses the
+/// token.
 fn glibc_reading(token: &str) -> Option<Result<GpuSelector, ()>> {
     let c = std::ffi::CString::new(token).ok()?;
+    let mig = glibc_mig(&c);
     let (mut d, mut b, mut v) = (0u32, 0u32, 0u32);
     // SAFETY: a NUL-terminated string, a NUL-terminated format and three u32 out-pointers
     // for its three %x conversions.
@@ -320,12 +359,14 @@ fn glibc_reading(token: &str) -> Option<Result<GpuSelector, ()>> {
         )
     };
     if n == 3 {
-        return Some(match (u8::try_from(b), u8::try_from(v)) {
-            (Ok(bus), Ok(device)) => Ok(GpuSelector::PciBusId {
+        return Some(match (u8::try_from(b), u8::try_from(v), mig) {
+            (Ok(bus), Ok(device), _) => Ok(GpuSelector::PciBusId {
                 domain: d,
                 bus,
                 device,
+                or_mig: mig,
             }),
+            (_, _, Some((gpu, instance))) => Ok(GpuSelector::Mig { gpu, instance }),
             _ => Err(()),
         });
     }
@@ -426,7 +467,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 17] = [
+        let targets: [(&str, Target); 18] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -440,6 +481,7 @@ mod tests {
             ("gpu_selector_values", super::gpu_selector_values),
             ("toolkit_selectors", super::toolkit_selectors),
             ("toolkit_sources", super::toolkit_sources),
+            ("cli_selection", super::cli_selection),
             ("gpu_at", super::gpu_at),
             ("xid_history", super::xid_history),
             ("nvml_answer", super::nvml_answer),

@@ -466,7 +466,8 @@ mod tests {
                     GpuSelector::PciBusId {
                         domain: 0,
                         bus: 0x3b,
-                        device: 0
+                        device: 0,
+                        or_mig: Some((0, 3)),
                     },
                     Source::NvidiaVisibleDevices
                 ),
