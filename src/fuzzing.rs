@@ -245,7 +245,9 @@ pub fn toolkit_selectors(data: &[u8]) {
 /// (`toolkit_sources::check_sources`). The input is NUL-separated entries, each a tag byte and
 /// its text: `a` a `cdi.k8s.io/` annotation's value, `o` another key's annotation, `m` a
 /// mount of `/dev/null` at the text, `n` one at the plugin's root joined with the text,
-/// `s` a mount `source<TAB>destination`, `e` the variable (the first one).
+/// `s` a mount `source<TAB>destination`, `e` the variable (the first one), `c` a legacy
+/// CUDA image (`CUDA_VERSION`), `A` a node whose toolkit reads the mounts
+/// (`accept-nvidia-visible-devices-as-volume-mounts`).
 pub fn toolkit_sources(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         toolkit_sources::check_sources(&toolkit_sources::Sources::from_entries(text));
