@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 mod cli_model;
+mod rule_model;
 mod toolkit_model;
 mod toolkit_sources;
 
@@ -254,6 +255,14 @@ pub fn toolkit_sources(data: &[u8]) {
     }
 }
 
+/// One `linux.resources.devices` allow rule after a deny-all, read by each runtime's
+/// reference model (`rule_model`: crun's C `int`s, eBPF and systemd; runc; youki; cgroup
+/// v1) and by devgate (`model::rule_number`): every device a runtime grants through it,
+/// devgate's reading covers, or devgate refuses the rule. The input: `rule_model::rule_from`.
+pub fn rule_numbers(data: &[u8]) {
+    rule_model::check(&rule_model::rule_from(data));
+}
+
 /// A GPU list and device tokens, read by nvidia-container-cli's `select_devices` (the
 /// reference model `cli_model`, glibc's own number reading) and by devgate: every GPU the
 /// cli hands over for a token, devgate checks. The input: a GPU count byte, four bytes per
@@ -469,7 +478,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 18] = [
+        let targets: [(&str, Target); 19] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -484,6 +493,7 @@ mod tests {
             ("toolkit_selectors", super::toolkit_selectors),
             ("toolkit_sources", super::toolkit_sources),
             ("cli_selection", super::cli_selection),
+            ("rule_numbers", super::rule_numbers),
             ("gpu_at", super::gpu_at),
             ("xid_history", super::xid_history),
             ("nvml_answer", super::nvml_answer),
