@@ -4,7 +4,7 @@
 //! to v1.20), `DevicesFromEnvvars` at v1.11.0. The differential fuzz target
 //! `toolkit_selectors` and the fixed corpus below hold devgate's reading equal to it.
 //! Below the toolkit, nvidia-container-cli reads each device it is handed by glibc's rules:
-//! that grammar is `selector::parse`, checked against glibc itself (`glibc_tests`).
+//! that grammar is `selector::parse`, checked against glibc itself (`fuzzing::glibc`).
 //!
 //! The other two sources, from the same file (`cdiDeviceRequestsFromAnnotations`,
 //! `requestsFromMounts`, `visibleDevicesFromMounts`, `VisibleDevices`) and from
