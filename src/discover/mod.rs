@@ -33,8 +33,9 @@ struct Candidate {
 }
 
 /// Candidates from `linux.devices`. FIFOs are not devices; an unknown type is an error
-/// because no runtime would create it either.
-fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
+/// because no runtime would create it either. In a user namespace the runtime binds the
+/// host's node at the entry's path instead of making one (`in_user_namespace`).
+fn from_linux_devices(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) -> Result<()> {
     for (i, d) in spec.devices().iter().enumerate() {
         let ctx = format!("config.json linux.devices[{i}] {}", d.path.display());
         let typ = match d.typ.as_str() {
@@ -65,8 +66,50 @@ fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
             uid: d.uid,
             gid: d.gid,
         });
+        if spec.user_namespace() {
+            out.extend(in_user_namespace(&d.path, num, dev_root, &ctx)?);
+        }
     }
     Ok(())
+}
+
+/// The node a `linux.devices` entry is in a user namespace, where runc and crun cannot
+/// mknod and bind the host's node at its path instead (crun's `libcrun_create_dev` with
+/// `binds`, runc's `bindMountDeviceNode`), whatever numbers the entry gives: that node,
+/// when it is another device. A path below /dev is looked for under dev_root as discovery
+/// looks (never leaving it); any other path the runtime would bind from wherever it is,
+/// which devgate does not stat (it may be a pod's volume), so the spec is refused.
+fn in_user_namespace(
+    path: &Path,
+    num: DevNum,
+    dev_root: &Path,
+    ctx: &str,
+) -> Result<Option<Candidate>> {
+    let Some(rest) = path
+        .strip_prefix("/dev")
+        .ok()
+        .filter(|_| lexically_below(path, Path::new("/dev")))
+    else {
+        return Err(Error::invalid(
+            ctx,
+            "in a user namespace the runtime binds the host's node at this path, and devgate              reads nodes below /dev only",
+        ));
+    };
+    let host = dev_root.join(rest);
+    let Ok(meta) = crate::fsutil::stat_beneath(dev_root, &host) else {
+        return Ok(None);
+    };
+    Ok(DevNum::from_metadata(&meta)
+        .filter(|n| *n != num)
+        .map(|n| Candidate {
+            num: n,
+            container_path: Some(path.to_path_buf()),
+            host_path: Some(host),
+            source: Source::LinuxDevices,
+            file_mode: Some(meta.mode() & 0o7777),
+            uid: Some(meta.uid()),
+            gid: Some(meta.gid()),
+        }))
 }
 
 /// A path that is lexically below `root`: absolute, no `.` or `..`, and starting with it.
@@ -290,7 +333,7 @@ pub fn discover(
     sysfs_root: &Path,
 ) -> Result<Vec<Device>> {
     let mut cands = Vec::new();
-    from_linux_devices(spec, &mut cands)?;
+    from_linux_devices(spec, dev_root, &mut cands)?;
     from_bind_mounts(spec, dev_root, &mut cands);
     from_rules(spec, &mut cands)?;
     from_wildcard_rules(spec, dev_root, &mut cands);
@@ -791,6 +834,48 @@ mod tests {
             r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":0,"access":"rw"}]}}}"#,
         );
         assert!(!s.device_rules().iter().any(wildcard_reaches_nvidia));
+    }
+
+    /// In a user namespace runc and crun cannot mknod: they bind the host's node at a
+    /// `linux.devices` entry's path (crun's `libcrun_create_dev` with `binds`), whatever
+    /// numbers the entry gives. `/dev/nvidia1` listed as `c 1:3` is GPU 1 there.
+    #[test]
+    fn in_a_user_namespace_a_listed_path_is_the_hosts_node_there() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for mknod (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("devgate-userns-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        nix::sys::stat::mknod(
+            &d.join("nvidia1"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(195, 1),
+        )
+        .unwrap();
+        let listed = |ns: &str, path: &str| {
+            spec(&format!(
+                r#"{{"linux":{{"namespaces":[{ns}],
+                    "devices":[{{"path":"{path}","type":"c","major":1,"minor":3}}]}}}}"#
+            ))
+        };
+        let gpus = |s: &Spec| -> Result<Vec<String>> {
+            let got = discover(s, &class::builtin(), &d, Path::new("/nonexistent-sys"))?;
+            Ok(got
+                .iter()
+                .filter(|x| x.class == "nvidia-gpu")
+                .map(|x| x.num.to_string())
+                .collect())
+        };
+        let userns = r#"{"type":"user"}"#;
+        assert_eq!(gpus(&listed(userns, "/dev/nvidia1")).unwrap(), ["195:1"]);
+        assert!(gpus(&listed(r#"{"type":"pid"}"#, "/dev/nvidia1")).unwrap().is_empty());
+        // a host path outside /dev is no node devgate may stat: refused, named
+        let e = gpus(&listed(userns, "/tmp/nvidia1")).unwrap_err().to_string();
+        assert!(e.starts_with("config.json linux.devices[0] /tmp/nvidia1: "), "{e}");
+        let _ = fs::remove_dir_all(&d);
     }
 
     #[test]
