@@ -99,13 +99,9 @@ impl Reading {
     }
 }
 
-/// What a config.toml's text says about [`KEY`], read as TOML: only the top-level key
-/// counts (one under `[nvidia-container-cli]` is that table's).
-pub fn parse(text: &str) -> Says {
-    parse_key(text, KEY)
-}
-
-/// What a config.toml's text says about the top-level boolean `key`.
+/// What a config.toml's text says about the boolean `key` ([`KEY`], [`MOUNTS_KEY`]), read
+/// as TOML: only the top-level key counts (one under `[nvidia-container-cli]` is that
+/// table's).
 fn parse_key(text: &str, key: &str) -> Says {
     let table = match text.parse::<toml::Table>() {
         Ok(t) => t,
@@ -222,6 +218,10 @@ pub fn reading(explicit: Option<&Path>, candidates: &[PathBuf]) -> Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(text: &str) -> Says {
+        parse_key(text, KEY)
+    }
 
     #[test]
     fn only_the_top_level_key_counts() {
