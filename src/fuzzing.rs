@@ -329,7 +329,6 @@ pub fn gpu_selector_values(data: &[u8]) {
     }
 }
 
-
 /// What an NVML query process writes on its pipe: refused with a reason, or read into an
 /// answer that writes back out the same.
 pub fn nvml_answer(data: &[u8]) {

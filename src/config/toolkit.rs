@@ -336,7 +336,11 @@ mod tests {
         assert!(!volume_mounts(None, &[none.clone()]));
         for p in [&off, &unset, &bad] {
             assert!(!volume_mounts(Some(p), &[]), "{}", p.display());
-            assert!(!volume_mounts(None, &[on.clone(), p.clone()]), "{}", p.display());
+            assert!(
+                !volume_mounts(None, &[on.clone(), p.clone()]),
+                "{}",
+                p.display()
+            );
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

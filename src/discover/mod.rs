@@ -247,7 +247,10 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
     use oci_spec::runtime::LinuxDeviceType as T;
     for (i, r) in spec.device_rules().iter().enumerate() {
         let numbers = rule_numbers(r.major(), r.minor()).map_err(|e| {
-            Error::invalid(format!("config.json linux.resources.devices[{i}]"), e.to_string())
+            Error::invalid(
+                format!("config.json linux.resources.devices[{i}]"),
+                e.to_string(),
+            )
         })?;
         if !r.allow() {
             continue;
@@ -801,7 +804,10 @@ mod tests {
             let s = spec(&json);
             assert!(may_name_devices(&s), "{major}:{minor}");
             assert!(may_name_nvidia_nodes(&s), "{major}:{minor}");
-            let e = disc(&json).map(|d| format!("{d:?}")).unwrap_err().to_string();
+            let e = disc(&json)
+                .map(|d| format!("{d:?}"))
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.starts_with("config.json linux.resources.devices[1]: "),
                 "{major}:{minor}: {e}"
@@ -823,10 +829,7 @@ mod tests {
             let s = spec(&format!(
                 r#"{{"linux":{{"resources":{{"devices":[{{"allow":false,"access":"rwm"}},{r}]}}}}}}"#
             ));
-            assert!(
-                s.device_rules().iter().any(wildcard_reaches_nvidia),
-                "{r}"
-            );
+            assert!(s.device_rules().iter().any(wildcard_reaches_nvidia), "{r}");
             assert!(may_name_nvidia_nodes(&s), "{r}");
         }
         // a GPU's minor 0 with its major is that GPU alone
@@ -871,10 +874,17 @@ mod tests {
         };
         let userns = r#"{"type":"user"}"#;
         assert_eq!(gpus(&listed(userns, "/dev/nvidia1")).unwrap(), ["195:1"]);
-        assert!(gpus(&listed(r#"{"type":"pid"}"#, "/dev/nvidia1")).unwrap().is_empty());
+        assert!(gpus(&listed(r#"{"type":"pid"}"#, "/dev/nvidia1"))
+            .unwrap()
+            .is_empty());
         // a host path outside /dev is no node devgate may stat: refused, named
-        let e = gpus(&listed(userns, "/tmp/nvidia1")).unwrap_err().to_string();
-        assert!(e.starts_with("config.json linux.devices[0] /tmp/nvidia1: "), "{e}");
+        let e = gpus(&listed(userns, "/tmp/nvidia1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("config.json linux.devices[0] /tmp/nvidia1: "),
+            "{e}"
+        );
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -94,7 +94,8 @@ fn mig_index(c: &CStr) -> Option<(u64, u64)> {
 /// The GPU one token selects (a MIG device by its parent), or `None`: unknown device.
 fn select_one(dev: &str, gpus: &[Gpu]) -> Option<usize> {
     let c = CString::new(dev).ok()?;
-    let prefixed = |p: &str| dev.len() > p.len() && dev.as_bytes()[..4].eq_ignore_ascii_case(p.as_bytes());
+    let prefixed =
+        |p: &str| dev.len() > p.len() && dev.as_bytes()[..4].eq_ignore_ascii_case(p.as_bytes());
     if prefixed("GPU-") {
         if let Some(i) = gpus.iter().position(|g| eq_ignore_case(&g.uuid, dev)) {
             return Some(i);
@@ -102,7 +103,8 @@ fn select_one(dev: &str, gpus: &[Gpu]) -> Option<usize> {
     }
     if let Some(buf) = pci_format(&c) {
         let hit = gpus.iter().position(|g| {
-            g.busid.len() >= buf.len() && g.busid.as_bytes()[..buf.len()].eq_ignore_ascii_case(buf.as_bytes())
+            g.busid.len() >= buf.len()
+                && g.busid.as_bytes()[..buf.len()].eq_ignore_ascii_case(buf.as_bytes())
         });
         if hit.is_some() {
             return hit;
@@ -112,7 +114,9 @@ fn select_one(dev: &str, gpus: &[Gpu]) -> Option<usize> {
         return Some(n as usize);
     }
     if prefixed("MIG-") {
-        let hit = gpus.iter().position(|g| g.migs.iter().any(|m| eq_ignore_case(m, dev)));
+        let hit = gpus
+            .iter()
+            .position(|g| g.migs.iter().any(|m| eq_ignore_case(m, dev)));
         if hit.is_some() {
             return hit;
         }
@@ -228,7 +232,11 @@ mod tests {
         assert_eq!(sel("1:0:0"), set(&[1]), "no GPU at 1:00:00: MIG 1:0");
         assert_eq!(sel("0:2b:00.0"), set(&[1]), "a GPU's bus id");
         assert_eq!(sel("0:0b:00.0"), set(&[0]), "no GPU at 0b: MIG 0:0");
-        assert_eq!(sel("0:4b:00.0"), Cli::Refused, "MIG 0:4: GPU 0 has one MIG device");
+        assert_eq!(
+            sel("0:4b:00.0"),
+            Cli::Refused,
+            "MIG 0:4: GPU 0 has one MIG device"
+        );
         assert_eq!(sel("2:0:0"), Cli::Refused, "GPU 2 has no MIG device");
         assert_eq!(sel("+1,all"), set(&[0, 1, 2]));
         assert_eq!(sel("gpu-00000002-0000-0000-0000-000000000000"), set(&[2]));
@@ -243,8 +251,20 @@ mod tests {
     fn devgate_reads_each_token_as_the_cli_does() {
         let g = three();
         for t in [
-            "1:0:0", "0:1:ff", "+1:0:0", "1:2:-1", "0:2b:00.0", "0:4b:00.0", "1", "+2", " 0",
-            "1:1", "0x1:0:0", "01:0:0.0", "all", "ALL",
+            "1:0:0",
+            "0:1:ff",
+            "+1:0:0",
+            "1:2:-1",
+            "0:2b:00.0",
+            "0:4b:00.0",
+            "1",
+            "+2",
+            " 0",
+            "1:1",
+            "0x1:0:0",
+            "01:0:0.0",
+            "all",
+            "ALL",
         ] {
             check(t, &g);
         }

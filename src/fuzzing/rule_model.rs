@@ -205,7 +205,9 @@ fn devgate(r: &Rule) -> Option<impl Fn(Dev) -> bool> {
     };
     Some(move |d: Dev| match typ {
         None => true,
-        Some(b) => b == d.block && major.is_none_or(|m| m == d.major) && minor.is_none_or(|m| m == d.minor),
+        Some(b) => {
+            b == d.block && major.is_none_or(|m| m == d.major) && minor.is_none_or(|m| m == d.minor)
+        }
     })
 }
 
@@ -282,7 +284,15 @@ pub fn rule_from(data: &[u8]) -> Rule {
             _ => Some(raw),
         }
     };
-    let types = [None, Some("a"), Some("c"), Some("b"), Some("u"), Some("p"), Some("x")];
+    let types = [
+        None,
+        Some("a"),
+        Some("c"),
+        Some("b"),
+        Some("u"),
+        Some("p"),
+        Some("x"),
+    ];
     let access = ["rwm", "rw", "r", "m", "w", "", "rx"];
     Rule {
         typ: types[usize::from(b(0)) % types.len()].map(str::to_string),
@@ -329,7 +339,11 @@ mod tests {
         assert_eq!(grants(runc(&r), gpu(1)), None);
         assert_eq!(grants(cgroup_v1(&r), gpu(1)), None);
         let r = rule("c", 2147483843, 1);
-        assert_eq!(grants(crun_ebpf(&r), gpu(1)), Some(true), "a wildcard major");
+        assert_eq!(
+            grants(crun_ebpf(&r), gpu(1)),
+            Some(true),
+            "a wildcard major"
+        );
         assert_eq!(grants(runc(&r), gpu(1)), Some(false));
         let r = rule("c", 4294967295, 1);
         assert_eq!(grants(cgroup_v1(&r), gpu(1)), Some(true), "~0 is *");

@@ -458,10 +458,7 @@ mod tests {
                            "source":"/dev/null","type":"bind"}]}"#,
         );
         let got = gpu_selectors(&s);
-        assert!(
-            got.iter().any(|(g, _)| *g == GpuSelector::All),
-            "{got:?}"
-        );
+        assert!(got.iter().any(|(g, _)| *g == GpuSelector::All), "{got:?}");
         // the node's toolkit reads the mounts: GPU 0 alone, as the toolkit hands it over
         let got = gpu_selectors_with(&s, Keys(true, true));
         assert_eq!(got, [(GpuSelector::Index(0), Source::NvidiaVisibleDevices)]);
