@@ -333,7 +333,7 @@ mod tests {
         assert!(volume_mounts(Some(&on), &[]));
         assert!(volume_mounts(None, &[none.clone(), on.clone()]));
         assert!(!volume_mounts(None, &[]));
-        assert!(!volume_mounts(None, &[none.clone()]));
+        assert!(!volume_mounts(None, std::slice::from_ref(&none)));
         for p in [&off, &unset, &bad] {
             assert!(!volume_mounts(Some(p), &[]), "{}", p.display());
             assert!(

@@ -78,7 +78,7 @@ pub fn crun_ebpf(r: &Rule) -> Reading {
     // letters other than r, w, m are ignored; a read needs `r`
     let read = reads(&r.access);
     Reading::Grants(Box::new(move |d: Dev| {
-        read && typ.is_none_or(|b| b == d.block)
+        read && typ.map_or(true, |b| b == d.block)
             && (major < 0 || imm_matches(major, d.major))
             && (minor < 0 || imm_matches(minor, d.minor))
     }))
@@ -91,7 +91,7 @@ pub fn crun_systemd(r: &Rule) -> Reading {
     let (raw_major, raw_minor) = (r.major.unwrap_or(0), r.minor.unwrap_or(0));
     // has_allow_all, before anything else: the last rule an allow of type `a`, empty or
     // none with both numbers <= 0 is `DevicePolicy=auto`
-    let any_type = r.typ.as_deref().is_none_or(|t| t.is_empty() || t == "a");
+    let any_type = r.typ.as_deref().map_or(true, |t| t.is_empty() || t == "a");
     if any_type && wild(raw_major) && wild(raw_minor) {
         return Reading::Grants(Box::new(|_| true));
     }
@@ -152,7 +152,7 @@ pub fn youki(r: &Rule) -> Reading {
         _ => true,
     };
     Reading::Grants(Box::new(move |d: Dev| {
-        read && typ.is_none_or(|b| b == d.block) && one(major, d.major) && one(minor, d.minor)
+        read && typ.map_or(true, |b| b == d.block) && one(major, d.major) && one(minor, d.minor)
     }))
 }
 
@@ -176,8 +176,8 @@ pub fn cgroup_v1(r: &Rule) -> Reading {
     let read = reads(&r.access);
     Reading::Grants(Box::new(move |d: Dev| {
         read && d.block == typ
-            && major.is_none_or(|m| m == d.major)
-            && minor.is_none_or(|m| m == d.minor)
+            && major.map_or(true, |m| m == d.major)
+            && minor.map_or(true, |m| m == d.minor)
     }))
 }
 
@@ -206,7 +206,9 @@ fn devgate(r: &Rule) -> Option<impl Fn(Dev) -> bool> {
     Some(move |d: Dev| match typ {
         None => true,
         Some(b) => {
-            b == d.block && major.is_none_or(|m| m == d.major) && minor.is_none_or(|m| m == d.minor)
+            b == d.block
+                && major.map_or(true, |m| m == d.major)
+                && minor.map_or(true, |m| m == d.minor)
         }
     })
 }

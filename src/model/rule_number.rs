@@ -65,7 +65,7 @@ pub fn rule_numbers(
     let major = one("major", major, MAX_MAJOR)?;
     let minor = one("minor", minor, MAX_MINOR)?;
     // crun's DeviceAllow= (systemd, no bpffs): both 0-or-any is `char-*`/`block-*`.
-    let loose = |n: Option<u32>| n.is_none_or(|n| n == 0);
+    let loose = |n: Option<u32>| n.map_or(true, |n| n == 0);
     Ok(if loose(major) && loose(minor) {
         (None, None)
     } else {
