@@ -92,7 +92,8 @@ fn in_user_namespace(
     else {
         return Err(Error::invalid(
             ctx,
-            "in a user namespace the runtime binds the host's node at this path, and devgate              reads nodes below /dev only",
+            "in a user namespace the runtime binds the host's node at this path, and devgate \
+             reads nodes below /dev only",
         ));
     };
     let host = dev_root.join(rest);
