@@ -1988,7 +1988,11 @@ fn round_4_selectors_check_the_gpu_the_toolkit_hands_over() {
         spec["process"]["env"] = json!([format!("NVIDIA_VISIBLE_DEVICES={token}")]);
         let out = defaults.prestart(&spec, &bad);
         assert_eq!(out.status.code(), Some(1), "{token}: {}", text(&out));
-        assert!(defaults.said(&out).contains("remapping failed"), "{}", text(&out));
+        assert!(
+            defaults.said(&out).contains("remapping failed"),
+            "{}",
+            text(&out)
+        );
     }
     let mut legacy = base_spec(&["true"]);
     legacy["process"]["env"] = json!(["CUDA_VERSION=12.2"]);
@@ -1998,7 +2002,11 @@ fn round_4_selectors_check_the_gpu_the_toolkit_hands_over() {
     }));
     let out = defaults.prestart(&legacy, &bad);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(defaults.said(&out).contains("remapping failed"), "{}", text(&out));
+    assert!(
+        defaults.said(&out).contains("remapping failed"),
+        "{}",
+        text(&out)
+    );
     let reads_mounts = node(
         "round4-mounts",
         fake_nvml::lib(),
@@ -2006,5 +2014,9 @@ fn round_4_selectors_check_the_gpu_the_toolkit_hands_over() {
     );
     let out = reads_mounts.prestart(&legacy, &bad);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(!reads_mounts.said(&out).contains("remapping failed"), "{}", text(&out));
+    assert!(
+        !reads_mounts.said(&out).contains("remapping failed"),
+        "{}",
+        text(&out)
+    );
 }
