@@ -22,6 +22,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+mod cli_model;
+mod glibc;
+mod rule_model;
 mod toolkit_model;
 mod toolkit_sources;
 
@@ -244,10 +247,34 @@ pub fn toolkit_selectors(data: &[u8]) {
 /// (`toolkit_sources::check_sources`). The input is NUL-separated entries, each a tag byte and
 /// its text: `a` a `cdi.k8s.io/` annotation's value, `o` another key's annotation, `m` a
 /// mount of `/dev/null` at the text, `n` one at the plugin's root joined with the text,
-/// `s` a mount `source<TAB>destination`, `e` the variable (the first one).
+/// `s` a mount `source<TAB>destination`, `e` the variable (the first one), `c` a legacy
+/// CUDA image (`CUDA_VERSION`), `A` a node whose toolkit reads the mounts
+/// (`accept-nvidia-visible-devices-as-volume-mounts`).
 pub fn toolkit_sources(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         toolkit_sources::check_sources(&toolkit_sources::Sources::from_entries(text));
+    }
+}
+
+/// One `linux.resources.devices` allow rule after a deny-all, read by each runtime's
+/// reference model (`rule_model`: crun's C `int`s, eBPF and systemd; runc; youki; cgroup
+/// v1) and by devgate (`model::rule_number`): every device a runtime grants through it,
+/// devgate's reading covers, or devgate refuses the rule. The input: `rule_model::rule_from`.
+pub fn rule_numbers(data: &[u8]) {
+    rule_model::check(&rule_model::rule_from(data));
+}
+
+/// A GPU list and device tokens, read by nvidia-container-cli's `select_devices` (the
+/// reference model `cli_model`, glibc's own number reading) and by devgate: every GPU the
+/// cli hands over for a token, devgate checks. The input: a GPU count byte, four bytes per
+/// GPU (`cli_model::gpus_from`), then comma-separated tokens.
+pub fn cli_selection(data: &[u8]) {
+    let (gpus, rest) = cli_model::gpus_from(data);
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    for token in text.split(',').take(64) {
+        cli_model::check(token, &gpus);
     }
 }
 
@@ -265,7 +292,7 @@ pub fn gpu_selector_values(data: &[u8]) {
         ..Spec::default()
     };
     for token in value.split(',').take(64) {
-        selector_agrees_with_glibc(token);
+        glibc::selector_agrees_with_glibc(token);
     }
     let selectors = gpu_selectors(&spec);
     assert!(selectors.len() <= crate::gpu::request::MAX_SELECTORS + 1);
@@ -277,16 +304,18 @@ pub fn gpu_selector_values(data: &[u8]) {
                 domain,
                 bus,
                 device,
+                ..
             } => {
                 let printed = format!("{domain:08x}:{bus:02x}:{device:02x}.0");
-                assert_eq!(
-                    crate::gpu::selector::parse(&printed),
+                match crate::gpu::selector::parse(&printed) {
                     Some(GpuSelector::PciBusId {
-                        domain,
-                        bus,
-                        device
-                    })
-                );
+                        domain: d,
+                        bus: b,
+                        device: v,
+                        ..
+                    }) => assert_eq!((d, b, v), (domain, bus, device)),
+                    other => panic!("{printed:?}: {other:?}"),
+                }
             }
             GpuSelector::Uuid(u) => {
                 assert!(u.len() <= 96 && u.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-"));
@@ -297,68 +326,6 @@ pub fn gpu_selector_values(data: &[u8]) {
             // the reason quotes at most a bounded piece of the token, escaped
             GpuSelector::Invalid(why) => assert!(why.len() <= 1024, "{why}"),
         }
-    }
-}
-
-/// What libnvidia-container's `select_devices` makes of a token that is not `all` or
-/// `GPU-…`, by glibc's own `sscanf` and `strtoull` (`strtoumax` on Linux): `Some(Ok(pci))`
-/// for `%x:%02x:%02x.0` read as a bus id a GPU can have (the `%02x` values fit two digits),
-/// `Some(Err(()))` for one no GPU has, `Some(Ok(Index))` for a whole-token number below
-/// `UINTMAX_MAX`, `None` when NVIDIA refuses the token.
-fn glibc_reading(token: &str) -> Option<Result<GpuSelector, ()>> {
-    let c = std::ffi::CString::new(token).ok()?;
-    let (mut d, mut b, mut v) = (0u32, 0u32, 0u32);
-    // SAFETY: a NUL-terminated string, a NUL-terminated format and three u32 out-pointers
-    // for its three %x conversions.
-    let n = unsafe {
-        libc::sscanf(
-            c.as_ptr(),
-            c"%x:%02x:%02x.0".as_ptr(),
-            &mut d as *mut u32,
-            &mut b as *mut u32,
-            &mut v as *mut u32,
-        )
-    };
-    if n == 3 {
-        return Some(match (u8::try_from(b), u8::try_from(v)) {
-            (Ok(bus), Ok(device)) => Ok(GpuSelector::PciBusId {
-                domain: d,
-                bus,
-                device,
-            }),
-            _ => Err(()),
-        });
-    }
-    let mut end: *mut libc::c_char = std::ptr::null_mut();
-    // SAFETY: a NUL-terminated string and a local end pointer.
-    let n = unsafe { libc::strtoull(c.as_ptr(), &mut end, 10) };
-    // SAFETY: strtoull leaves `end` inside the string it read.
-    let whole = unsafe { *end } == 0 && end.cast_const() != c.as_ptr();
-    (whole && n < u64::MAX).then(|| u32::try_from(n).map(GpuSelector::Index).map_err(|_| ()))
-}
-
-/// devgate's reading of one selector token against glibc's: where NVIDIA's tooling takes
-/// it as a GPU index or bus id, devgate takes the same GPU; where NVIDIA refuses it,
-/// devgate checks no GPU by index or bus id for it.
-pub fn selector_agrees_with_glibc(token: &str) {
-    let b = token.as_bytes();
-    if token.eq_ignore_ascii_case("all") || (b.len() > 4 && b[..4].eq_ignore_ascii_case(b"GPU-")) {
-        return;
-    }
-    let ours = crate::gpu::selector::parse(token);
-    match glibc_reading(token) {
-        Some(Ok(sel)) => assert_eq!(ours, Some(sel), "{token:?}"),
-        Some(Err(())) => assert!(
-            matches!(ours, Some(GpuSelector::Invalid(_))),
-            "{token:?}: {ours:?}"
-        ),
-        None => assert!(
-            !matches!(
-                ours,
-                Some(GpuSelector::Index(_) | GpuSelector::PciBusId { .. })
-            ),
-            "{token:?}: {ours:?}"
-        ),
     }
 }
 
@@ -426,7 +393,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 17] = [
+        let targets: [(&str, Target); 19] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -440,6 +407,8 @@ mod tests {
             ("gpu_selector_values", super::gpu_selector_values),
             ("toolkit_selectors", super::toolkit_selectors),
             ("toolkit_sources", super::toolkit_sources),
+            ("cli_selection", super::cli_selection),
+            ("rule_numbers", super::rule_numbers),
             ("gpu_at", super::gpu_at),
             ("xid_history", super::xid_history),
             ("nvml_answer", super::nvml_answer),
@@ -496,80 +465,6 @@ mod tests {
                 "{} reads as no record",
                 p.display()
             );
-        }
-    }
-}
-
-/// devgate's reading against glibc's own `sscanf` and `strtoumax` (through `libc`), the
-/// functions libnvidia-container calls: wherever NVIDIA's tooling takes a token as a GPU
-/// index or a PCI bus id, devgate must take it as the same GPU, or a pod could hide the GPU
-/// it gets behind a spelling devgate reads otherwise (an unknown under the default
-/// `on_unknown: allow`).
-#[cfg(test)]
-mod glibc_tests {
-    use super::selector_agrees_with_glibc as agree;
-
-    #[test]
-    fn spellings_read_as_glibc_reads_them() {
-        let long_zeros = format!("{}1", "0".repeat(200));
-        let long_space = format!("{}2", " ".repeat(120));
-        let long_domain = format!("{}:3b:00.0", "0".repeat(150));
-        for t in [
-            "\x0b1",
-            "\x0c\r\n\t 3",
-            "-18446744073709551615",
-            "-18446744073709551614",
-            "18446744073709551615",
-            "18446744073709551616",
-            "-18446744073709551616",
-            long_zeros.as_str(),
-            long_space.as_str(),
-            long_domain.as_str(),
-            "0x0:3b:00.0",
-            "0X3b:00:00",
-            "0x:3b:00.0",
-            "0:0x:00.0",
-            "0:0x3b:00.0",
-            "0:3b:0x.0",
-            "100000000:3b:00.0",
-            "-100000000:3b:00.0",
-            "-ffffffff:3b:00.0",
-            "-0x1:3b:00.0",
-            "fffffffffffffffffffff:3b:00.0",
-            "-1:3b:00.0",
-            "0:-1:00.0",
-            "0:+3b:00.0",
-            "0:+b:00.0",
-            "+0x:1:2",
-            "\x0b0:\x0b3b:\x0b00.0",
-            "0:x3:00",
-            "0x1",
-            "+-1",
-            "- 1",
-        ] {
-            agree(t);
-        }
-    }
-
-    /// Every short token over the characters that matter to the two grammars, in a fixed
-    /// pseudo-random order (the same tokens at every run).
-    #[test]
-    fn random_short_tokens_read_as_glibc_reads_them() {
-        const ALPHABET: &[u8] = b"0123456789abfxX+-:. \x0b\t";
-        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-        for _ in 0..200_000 {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            let len = (state >> 60) as usize + 1;
-            let mut s = state;
-            let token: String = (0..len)
-                .map(|_| {
-                    s = s.rotate_left(5) ^ (s >> 3).wrapping_mul(31);
-                    ALPHABET[(s % ALPHABET.len() as u64) as usize] as char
-                })
-                .collect();
-            agree(&token);
         }
     }
 }

@@ -1957,3 +1957,66 @@ fn a_containers_environment_never_takes_a_listed_gpu_off_the_check() {
         assert_eq!(n.said(&out), n.said(&plain), "{what}");
     }
 }
+
+/// Round 4's selectors through the hook. nvidia-container-cli reads `3:0:0` as a PCI bus id,
+/// and where no GPU has it, as MIG device 3:0, which it hands over with GPU 3: so GPU 3 is
+/// checked, and its failure rejects the start (not an unknown that only warns). A legacy
+/// CUDA image with a device plugin mount of GPU 0 gets every GPU from a toolkit at its
+/// defaults (`accept-nvidia-visible-devices-as-volume-mounts` false): GPU 3 is checked as
+/// one of `all`, a warning; where the node's toolkit reads the mounts, GPU 0 alone.
+#[test]
+fn round_4_selectors_check_the_gpu_the_toolkit_hands_over() {
+    require_root!();
+    let dir = tempdir("round4-toolkit");
+    let mounts_on = dir.join("config.toml");
+    fs::write(
+        &mounts_on,
+        "accept-nvidia-visible-devices-as-volume-mounts = true\n",
+    )
+    .unwrap();
+    let bad = node_with(
+        3,
+        json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
+    );
+    let defaults = node(
+        "round4",
+        fake_nvml::lib(),
+        json!({"nvidia_toolkit_config": dir.join("absent.toml")}),
+    );
+    for token in ["3:0:0", "3:0:ff", "+3:0:0", "3:2:-1"] {
+        let mut spec = base_spec(&["true"]);
+        spec["process"]["env"] = json!([format!("NVIDIA_VISIBLE_DEVICES={token}")]);
+        let out = defaults.prestart(&spec, &bad);
+        assert_eq!(out.status.code(), Some(1), "{token}: {}", text(&out));
+        assert!(
+            defaults.said(&out).contains("remapping failed"),
+            "{}",
+            text(&out)
+        );
+    }
+    let mut legacy = base_spec(&["true"]);
+    legacy["process"]["env"] = json!(["CUDA_VERSION=12.2"]);
+    legacy["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/var/run/nvidia-container-devices/0",
+        "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"]
+    }));
+    let out = defaults.prestart(&legacy, &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        defaults.said(&out).contains("remapping failed"),
+        "{}",
+        text(&out)
+    );
+    let reads_mounts = node(
+        "round4-mounts",
+        fake_nvml::lib(),
+        json!({"nvidia_toolkit_config": mounts_on}),
+    );
+    let out = reads_mounts.prestart(&legacy, &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !reads_mounts.said(&out).contains("remapping failed"),
+        "{}",
+        text(&out)
+    );
+}

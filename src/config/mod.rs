@@ -213,6 +213,13 @@ impl Config {
         }
     }
 
+    /// The NVIDIA toolkit's `accept-nvidia-visible-devices-as-volume-mounts`, read where
+    /// [`Config::toolkit_reading`] reads: true only where every file there sets it.
+    pub fn toolkit_volume_mounts(&self) -> bool {
+        let candidates = toolkit::candidates(&|k| std::env::var_os(k));
+        toolkit::volume_mounts(self.nvidia_toolkit_config.as_deref(), &candidates)
+    }
+
     /// The NVIDIA toolkit's `accept-nvidia-visible-devices-envvar-when-unprivileged`, from
     /// `nvidia_toolkit_config`, else from every file the toolkit may read (this process's
     /// environment names some: runc's, the toolkit's own when NVIDIA's runtime ran it).

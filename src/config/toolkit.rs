@@ -1,6 +1,8 @@
-//! The NVIDIA container toolkit's config.toml, read for one key: the top-level
+//! The NVIDIA container toolkit's config.toml, read for two keys: the top-level
 //! `accept-nvidia-visible-devices-envvar-when-unprivileged`, the default of
-//! `gpu.env_selectors`.
+//! `gpu.env_selectors`, and `accept-nvidia-visible-devices-as-volume-mounts`
+//! ([`volume_mounts`]), which decides whether a legacy CUDA image with the device plugin's
+//! mounts gets those GPUs or every GPU.
 //!
 //! The toolkit (api/config/v1: `GetConfigFilePath`; its hook's `-config` flag first) reads
 //! `-config`, else `NVIDIA_CTK_CONFIG_FILE_PATH`, else `$XDG_CONFIG_HOME/<rel>`, else
@@ -16,6 +18,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 pub const KEY: &str = "accept-nvidia-visible-devices-envvar-when-unprivileged";
+/// Whether the toolkit reads the device plugin's mounts (`VisibleDevices`); default false.
+pub const MOUNTS_KEY: &str = "accept-nvidia-visible-devices-as-volume-mounts";
 /// The toolkit's file, relative to its config root (`RelativeFilePath`).
 const RELATIVE: &str = "nvidia-container-runtime/config.toml";
 /// The toolkit's default config root.
@@ -95,17 +99,18 @@ impl Reading {
     }
 }
 
-/// What a config.toml's text says about [`KEY`], read as TOML: only the top-level key
-/// counts (one under `[nvidia-container-cli]` is that table's).
-pub fn parse(text: &str) -> Says {
+/// What a config.toml's text says about the boolean `key` ([`KEY`], [`MOUNTS_KEY`]), read
+/// as TOML: only the top-level key counts (one under `[nvidia-container-cli]` is that
+/// table's).
+fn parse_key(text: &str, key: &str) -> Says {
     let table = match text.parse::<toml::Table>() {
         Ok(t) => t,
         Err(e) => return Says::Bad(format!("is not TOML: {}", first_line(e.message()))),
     };
-    match table.get(KEY) {
+    match table.get(key) {
         None => Says::Unset,
         Some(toml::Value::Boolean(b)) => Says::Key(*b),
-        Some(v) => Says::Bad(format!("{KEY} is a {}, not a boolean", v.type_str())),
+        Some(v) => Says::Bad(format!("{key} is a {}, not a boolean", v.type_str())),
     }
 }
 
@@ -141,13 +146,34 @@ fn first_line(s: &str) -> &str {
 
 /// Reads one file (a regular file, not followed through a final symlink, bounded).
 pub fn read(path: &Path) -> Says {
+    read_key(path, KEY)
+}
+
+/// Whether the toolkit takes the device plugin's mounts instead of the variable
+/// ([`MOUNTS_KEY`]): only where a file is there and every file there sets it true. Its
+/// default, an unset key, and any doubt read as false: a legacy CUDA image then gets every
+/// GPU, and devgate checks more GPUs, never fewer. `explicit` as in [`reading`].
+pub fn volume_mounts(explicit: Option<&Path>, candidates: &[PathBuf]) -> bool {
+    let files = match explicit {
+        Some(p) => vec![p.to_path_buf()],
+        None => candidates.to_vec(),
+    };
+    let present: Vec<Says> = files
+        .iter()
+        .map(|p| read_key(p, MOUNTS_KEY))
+        .filter(|s| *s != Says::Absent)
+        .collect();
+    !present.is_empty() && present.iter().all(|s| *s == Says::Key(true))
+}
+
+fn read_key(path: &Path, key: &str) -> Says {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Says::Absent,
         _ => {}
     }
     match read_regular_file(path, MAX_BYTES, "NVIDIA toolkit config") {
         Ok(bytes) => match std::str::from_utf8(&bytes) {
-            Ok(text) => parse(text),
+            Ok(text) => parse_key(text, key),
             Err(_) => Says::Bad("is not UTF-8".into()),
         },
         Err(e) => Says::Bad(format!("cannot be read ({e})")),
@@ -192,6 +218,10 @@ pub fn reading(explicit: Option<&Path>, candidates: &[PathBuf]) -> Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(text: &str) -> Says {
+        parse_key(text, KEY)
+    }
 
     #[test]
     fn only_the_top_level_key_counts() {
@@ -283,6 +313,36 @@ mod tests {
         assert_eq!(candidates(&relative).len(), 2);
         let etc = |k: &str| (k == "XDG_CONFIG_HOME").then(|| "/etc".into());
         assert_eq!(candidates(&etc).len(), 2, "each path once");
+    }
+
+    /// `accept-nvidia-visible-devices-as-volume-mounts` is false unless every file there
+    /// sets it true: absent files, an unset key and a bad file keep the toolkit's default.
+    #[test]
+    fn volume_mounts_only_where_every_file_there_sets_it() {
+        let dir = crate::fsutil::tests::tempdir("toolkit-mounts");
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let on = file("on.toml", &format!("{MOUNTS_KEY} = true\n"));
+        let off = file("off.toml", &format!("{MOUNTS_KEY} = false\n"));
+        let unset = file("unset.toml", &format!("{KEY} = false\n"));
+        let bad = file("bad.toml", &format!("{MOUNTS_KEY} = \"true\"\n"));
+        let none = dir.join("none.toml");
+        assert!(volume_mounts(Some(&on), &[]));
+        assert!(volume_mounts(None, &[none.clone(), on.clone()]));
+        assert!(!volume_mounts(None, &[]));
+        assert!(!volume_mounts(None, std::slice::from_ref(&none)));
+        for p in [&off, &unset, &bad] {
+            assert!(!volume_mounts(Some(p), &[]), "{}", p.display());
+            assert!(
+                !volume_mounts(None, &[on.clone(), p.clone()]),
+                "{}",
+                p.display()
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

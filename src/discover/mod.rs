@@ -12,6 +12,7 @@ use crate::model::class::{self, ClassRule};
 use crate::model::device::{
     check_number, is_default_device, DevNum, DevType, Device, Source, MAX_MAJOR, MAX_MINOR,
 };
+use crate::model::rule_number::rule_numbers;
 use crate::oci::spec::Spec;
 use devnode::find_host_node;
 use oci_spec::runtime::LinuxDeviceCgroup;
@@ -32,8 +33,9 @@ struct Candidate {
 }
 
 /// Candidates from `linux.devices`. FIFOs are not devices; an unknown type is an error
-/// because no runtime would create it either.
-fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
+/// because no runtime would create it either. In a user namespace the runtime binds the
+/// host's node at the entry's path instead of making one (`in_user_namespace`).
+fn from_linux_devices(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) -> Result<()> {
     for (i, d) in spec.devices().iter().enumerate() {
         let ctx = format!("config.json linux.devices[{i}] {}", d.path.display());
         let typ = match d.typ.as_str() {
@@ -64,8 +66,51 @@ fn from_linux_devices(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
             uid: d.uid,
             gid: d.gid,
         });
+        if spec.user_namespace() {
+            out.extend(in_user_namespace(&d.path, num, dev_root, &ctx)?);
+        }
     }
     Ok(())
+}
+
+/// The node a `linux.devices` entry is in a user namespace, where runc and crun cannot
+/// mknod and bind the host's node at its path instead (crun's `libcrun_create_dev` with
+/// `binds`, runc's `bindMountDeviceNode`), whatever numbers the entry gives: that node,
+/// when it is another device. A path below /dev is looked for under dev_root as discovery
+/// looks (never leaving it); any other path the runtime would bind from wherever it is,
+/// which devgate does not stat (it may be a pod's volume), so the spec is refused.
+fn in_user_namespace(
+    path: &Path,
+    num: DevNum,
+    dev_root: &Path,
+    ctx: &str,
+) -> Result<Option<Candidate>> {
+    let Some(rest) = path
+        .strip_prefix("/dev")
+        .ok()
+        .filter(|_| lexically_below(path, Path::new("/dev")))
+    else {
+        return Err(Error::invalid(
+            ctx,
+            "in a user namespace the runtime binds the host's node at this path, and devgate \
+             reads nodes below /dev only",
+        ));
+    };
+    let host = dev_root.join(rest);
+    let Ok(meta) = crate::fsutil::stat_beneath(dev_root, &host) else {
+        return Ok(None);
+    };
+    Ok(DevNum::from_metadata(&meta)
+        .filter(|n| *n != num)
+        .map(|n| Candidate {
+            num: n,
+            container_path: Some(path.to_path_buf()),
+            host_path: Some(host),
+            source: Source::LinuxDevices,
+            file_mode: Some(meta.mode() & 0o7777),
+            uid: Some(meta.uid()),
+            gid: Some(meta.gid()),
+        }))
 }
 
 /// A path that is lexically below `root`: absolute, no `.` or `..`, and starting with it.
@@ -128,21 +173,26 @@ fn from_bind_mounts(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) {
 /// mknod (CAP_MKNOD is a default capability) then reaches every GPU. On other rules only
 /// read or write access counts: `m` alone (containerd's default `c *:* m`) opens nothing,
 /// but runc's allow-all is `rwm` whatever the `a` rule's access says.
+/// Numbers as every runtime reads them (`rule_number`): a rule with one they read apart
+/// counts as reaching NVIDIA's nodes, so that the fast tests send it on to be refused.
 fn wildcard_reaches_nvidia(r: &LinuxDeviceCgroup) -> bool {
     use oci_spec::runtime::LinuxDeviceType as T;
     let opens = r
         .access()
         .as_deref()
         .is_some_and(|a| a.contains(['r', 'w']));
-    let any = |n: Option<i64>| n.map_or(true, |n| n < 0);
     r.allow()
         && match r.typ() {
             None | Some(T::A) => true,
             // crun's device filter takes every type but `a` and `b` for char (`p` too)
             Some(T::C) | Some(T::U) | Some(T::P) if opens => {
-                let major = r.major();
-                (any(major) || major == Some(i64::from(class::NVIDIA_MAJOR)))
-                    && (any(major) || any(r.minor()))
+                match rule_numbers(r.major(), r.minor()) {
+                    Ok((major, minor)) => {
+                        (major.is_none() || major == Some(class::NVIDIA_MAJOR))
+                            && (major.is_none() || minor.is_none())
+                    }
+                    Err(_) => true,
+                }
             }
             _ => false,
         }
@@ -190,10 +240,19 @@ fn from_wildcard_rules(spec: &Spec, dev_root: &Path, out: &mut Vec<Candidate>) {
     }
 }
 
-/// Allow rules naming one major:minor; the caller keeps only those of a known class.
-fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
+/// Allow rules naming one major:minor; the caller keeps only those of a known class. A
+/// rule of any type whose numbers some runtime reads as another device or a wildcard
+/// (crun's C `int`: `rule_number`) fails the spec, deny or allow: runc refuses a spec
+/// for either, and a deny crun reads as another device's is not the deny it says.
+fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
     use oci_spec::runtime::LinuxDeviceType as T;
-    for r in spec.device_rules() {
+    for (i, r) in spec.device_rules().iter().enumerate() {
+        let numbers = rule_numbers(r.major(), r.minor()).map_err(|e| {
+            Error::invalid(
+                format!("config.json linux.resources.devices[{i}]"),
+                e.to_string(),
+            )
+        })?;
         if !r.allow() {
             continue;
         }
@@ -203,17 +262,10 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
             Some(T::B) => DevType::Block,
             _ => continue,
         };
-        let (Some(major), Some(minor)) = (r.major(), r.minor()) else {
+        let (Some(major), Some(minor)) = numbers else {
             continue;
         };
-        if !(0..=MAX_MAJOR).contains(&major) || !(0..=MAX_MINOR).contains(&minor) {
-            continue; // -1 is runc's wildcard; other out-of-range values match nothing
-        }
-        let num = DevNum {
-            typ,
-            major: major as u32,
-            minor: minor as u32,
-        };
+        let num = DevNum { typ, major, minor };
         if is_default_device(num) {
             continue;
         }
@@ -227,6 +279,7 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) {
             gid: None,
         });
     }
+    Ok(())
 }
 
 /// True when the spec may assign any device by node (GPU selectors aside:
@@ -237,8 +290,8 @@ pub fn may_name_devices(spec: &Spec) -> bool {
         return true;
     }
     let mut c = Vec::new();
-    from_rules(spec, &mut c);
-    if !c.is_empty() {
+    // a rule read apart by runtimes goes on, to be refused
+    if from_rules(spec, &mut c).is_err() || !c.is_empty() {
         return true;
     }
     // Before the config is read dev_root is not known: only binds of nodes under the
@@ -262,7 +315,9 @@ pub fn may_name_nvidia_nodes(spec: &Spec) -> bool {
         .iter()
         .any(|d| d.major == i64::from(class::NVIDIA_MAJOR) || nvidia_path(&d.path))
         || spec.device_rules().iter().any(|r| {
-            (r.allow() && r.major() == Some(i64::from(class::NVIDIA_MAJOR)))
+            let numbers = rule_numbers(r.major(), r.minor());
+            numbers.is_err()
+                || (r.allow() && numbers.is_ok_and(|(m, _)| m == Some(class::NVIDIA_MAJOR)))
                 || wildcard_reaches_nvidia(r)
         })
         || spec
@@ -282,9 +337,9 @@ pub fn discover(
     sysfs_root: &Path,
 ) -> Result<Vec<Device>> {
     let mut cands = Vec::new();
-    from_linux_devices(spec, &mut cands)?;
+    from_linux_devices(spec, dev_root, &mut cands)?;
     from_bind_mounts(spec, dev_root, &mut cands);
-    from_rules(spec, &mut cands);
+    from_rules(spec, &mut cands)?;
     from_wildcard_rules(spec, dev_root, &mut cands);
 
     let mut devices: Vec<Device> = Vec::new();
@@ -723,6 +778,115 @@ mod tests {
         assert!(may_name_devices(&wild));
         assert!(may_name_nvidia_nodes(&wild));
         assert!(wild.device_rules().iter().any(wildcard_reaches_nvidia));
+    }
+
+    /// An attacker's rule numbers, each read otherwise by some runtime: crun copies a
+    /// rule's major and minor into a C `int` (`create_dev_bpf`), so 4294967297 is 1 and
+    /// 4294967491 is 195 to its eBPF filter, and one whose low 32 bits are negative
+    /// (2147483843, -2) a wildcard; runc refuses numbers over MaxUint32 and matches none
+    /// over 4095. No reading devgate could take is the runtimes' one: the spec is refused,
+    /// naming the rule, and both fast tests send it on to be refused.
+    #[test]
+    fn a_rule_number_a_runtime_truncates_or_widens_is_refused() {
+        for (major, minor) in [
+            ("195", "4294967297"),
+            ("4294967491", "1"),
+            ("2147483843", "1"),
+            ("195", "2147483649"),
+            ("4294967295", "1"),
+            ("-2", "1"),
+            ("4096", "1"),
+            ("195", "1048576"),
+        ] {
+            let json = format!(
+                r#"{{"linux":{{"resources":{{"devices":[{{"allow":false,"access":"rwm"}},
+                    {{"allow":true,"type":"c","major":{major},"minor":{minor},"access":"rwm"}}]}}}}}}"#
+            );
+            let s = spec(&json);
+            assert!(may_name_devices(&s), "{major}:{minor}");
+            assert!(may_name_nvidia_nodes(&s), "{major}:{minor}");
+            let e = disc(&json)
+                .map(|d| format!("{d:?}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("config.json linux.resources.devices[1]: "),
+                "{major}:{minor}: {e}"
+            );
+            assert!(e.contains(major) || e.contains(minor), "{e}");
+        }
+    }
+
+    /// crun under the systemd driver without bpffs writes `DeviceAllow=` and takes a
+    /// number of 0 or less as a wildcard (`IS_WILDCARD`): a `c 0:0` allow, or `c 0:*`, is
+    /// `char-*`, every char device. So such a rule reaches every GPU.
+    #[test]
+    fn a_zero_major_and_minor_allow_every_device_as_crun_under_systemd_reads_them() {
+        for r in [
+            r#"{"allow":true,"type":"c","major":0,"minor":0,"access":"rw"}"#,
+            r#"{"allow":true,"type":"c","major":0,"access":"rw"}"#,
+            r#"{"allow":true,"type":"c","minor":0,"access":"rw"}"#,
+        ] {
+            let s = spec(&format!(
+                r#"{{"linux":{{"resources":{{"devices":[{{"allow":false,"access":"rwm"}},{r}]}}}}}}"#
+            ));
+            assert!(s.device_rules().iter().any(wildcard_reaches_nvidia), "{r}");
+            assert!(may_name_nvidia_nodes(&s), "{r}");
+        }
+        // a GPU's minor 0 with its major is that GPU alone
+        let s = spec(
+            r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":0,"access":"rw"}]}}}"#,
+        );
+        assert!(!s.device_rules().iter().any(wildcard_reaches_nvidia));
+    }
+
+    /// In a user namespace runc and crun cannot mknod: they bind the host's node at a
+    /// `linux.devices` entry's path (crun's `libcrun_create_dev` with `binds`), whatever
+    /// numbers the entry gives. `/dev/nvidia1` listed as `c 1:3` is GPU 1 there.
+    #[test]
+    fn in_a_user_namespace_a_listed_path_is_the_hosts_node_there() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for mknod (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("devgate-userns-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        nix::sys::stat::mknod(
+            &d.join("nvidia1"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(195, 1),
+        )
+        .unwrap();
+        let listed = |ns: &str, path: &str| {
+            spec(&format!(
+                r#"{{"linux":{{"namespaces":[{ns}],
+                    "devices":[{{"path":"{path}","type":"c","major":1,"minor":3}}]}}}}"#
+            ))
+        };
+        let gpus = |s: &Spec| -> Result<Vec<String>> {
+            let got = discover(s, &class::builtin(), &d, Path::new("/nonexistent-sys"))?;
+            Ok(got
+                .iter()
+                .filter(|x| x.class == "nvidia-gpu")
+                .map(|x| x.num.to_string())
+                .collect())
+        };
+        let userns = r#"{"type":"user"}"#;
+        assert_eq!(gpus(&listed(userns, "/dev/nvidia1")).unwrap(), ["195:1"]);
+        assert!(gpus(&listed(r#"{"type":"pid"}"#, "/dev/nvidia1"))
+            .unwrap()
+            .is_empty());
+        // a host path outside /dev is no node devgate may stat: refused, named
+        let e = gpus(&listed(userns, "/tmp/nvidia1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("config.json linux.devices[0] /tmp/nvidia1: "),
+            "{e}"
+        );
+        let _ = fs::remove_dir_all(&d);
     }
 
     #[test]

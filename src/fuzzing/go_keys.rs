@@ -1,5 +1,6 @@
-//! A reference model of how Go's encoding/json (runc's, the NVIDIA toolkit's) meets the
-//! keys of a config.json on the paths devgate reads, written apart from `oci::gokeys`: the
+//! A reference model of how Go's encoding/json (runc's, the NVIDIA toolkit's) and crun's
+//! yajl (C strings: a key or a path is its text up to a NUL, `strcmp`) meet the keys of a
+//! config.json on the paths devgate reads, written apart from `oci::gokeys`: the
 //! fuzz target checks that whatever devgate accepts, this model finds nothing Go would read
 //! otherwise, and that whatever devgate refuses for a key, the model finds a cause for.
 
@@ -11,6 +12,8 @@ pub(super) enum Doc {
     Obj(Vec<(String, Doc)>),
     Arr(Vec<Doc>),
     Scalar,
+    /// A string holding a NUL.
+    NulStr,
 }
 
 impl<'de> Deserialize<'de> for Doc {
@@ -38,8 +41,12 @@ impl<'de> Visitor<'de> for DocVisitor {
     fn visit_f64<E>(self, _: f64) -> Result<Doc, E> {
         Ok(Doc::Scalar)
     }
-    fn visit_str<E>(self, _: &str) -> Result<Doc, E> {
-        Ok(Doc::Scalar)
+    fn visit_str<E>(self, s: &str) -> Result<Doc, E> {
+        Ok(if s.contains('\0') {
+            Doc::NulStr
+        } else {
+            Doc::Scalar
+        })
     }
     fn visit_unit<E>(self) -> Result<Doc, E> {
         Ok(Doc::Scalar)
@@ -63,6 +70,8 @@ impl<'de> Visitor<'de> for DocVisitor {
 /// What devgate reads under a key.
 enum Shape {
     Leaf,
+    /// A path, which crun reads as a C string.
+    Path,
     /// An object with these fields.
     Obj(&'static [(&'static str, Shape)]),
     /// An array of such objects.
@@ -71,7 +80,7 @@ enum Shape {
     Map,
 }
 
-use Shape::{Each, Leaf, Map, Obj};
+use Shape::{Each, Leaf, Map, Obj, Path};
 
 const RULE: &[(&str, Shape)] = &[
     ("allow", Leaf),
@@ -81,7 +90,7 @@ const RULE: &[(&str, Shape)] = &[
     ("access", Leaf),
 ];
 const DEVICE: &[(&str, Shape)] = &[
-    ("path", Leaf),
+    ("path", Path),
     ("type", Leaf),
     ("major", Leaf),
     ("minor", Leaf),
@@ -97,9 +106,9 @@ const CAPS: &[(&str, Shape)] = &[
     ("ambient", Leaf),
 ];
 const MOUNT: &[(&str, Shape)] = &[
-    ("destination", Leaf),
+    ("destination", Path),
     ("type", Leaf),
-    ("source", Leaf),
+    ("source", Path),
     ("options", Leaf),
 ];
 const LINUX: &[(&str, Shape)] = &[
@@ -133,8 +142,8 @@ fn go_fold(key: &str) -> String {
         .collect()
 }
 
-/// Whether Go would read `doc`, on the paths devgate reads, otherwise than an exact,
-/// duplicate-free reader does.
+/// Whether Go or crun would read `doc`, on the paths devgate reads, otherwise than an
+/// exact, duplicate-free reader does.
 pub(super) fn read_apart(doc: &Doc) -> bool {
     apart(doc, &Obj(SPEC))
 }
@@ -143,6 +152,7 @@ fn apart(doc: &Doc, shape: &Shape) -> bool {
     match (shape, doc) {
         (Obj(fields), Doc::Obj(entries)) => object_apart(entries, fields),
         (Each(fields), Doc::Arr(items)) => items.iter().any(|d| apart(d, &Obj(fields))),
+        (Path, Doc::NulStr) => true,
         (Map, Doc::Obj(entries)) => entries
             .iter()
             .enumerate()
@@ -155,7 +165,13 @@ fn object_apart(entries: &[(String, Doc)], fields: &[(&str, Shape)]) -> bool {
     entries.iter().enumerate().any(
         |(i, (k, v))| match fields.iter().find(|(name, _)| name == k) {
             Some((_, shape)) => entries[..i].iter().any(|(k2, _)| k2 == k) || apart(v, shape),
-            None => fields.iter().any(|(name, _)| go_fold(name) == go_fold(k)),
+            None => {
+                let c_string = k.split('\0').next().unwrap_or(k);
+                fields.iter().any(|(name, _)| {
+                    go_fold(name) == go_fold(k)
+                        || (k.contains('\0') && go_fold(name) == go_fold(c_string))
+                })
+            }
         },
     )
 }
@@ -182,5 +198,9 @@ mod tests {
         assert!(!apart_json(
             r#"{"annotations":{"a":"1","A":"2"},"process":{"args":[],"Args":[]}}"#
         ));
+        // crun's C strings: a key or a path up to its NUL
+        assert!(apart_json(r#"{"linux":{"devices\u0000":[]}}"#));
+        assert!(apart_json(r#"{"mounts":[{"source":"/dev/x\u0000"}]}"#));
+        assert!(!apart_json(r#"{"process":{"args\u0000":[]}}"#));
     }
 }

@@ -4,16 +4,17 @@
 //! to v1.20), `DevicesFromEnvvars` at v1.11.0. The differential fuzz target
 //! `toolkit_selectors` and the fixed corpus below hold devgate's reading equal to it.
 //! Below the toolkit, nvidia-container-cli reads each device it is handed by glibc's rules:
-//! that grammar is `selector::parse`, checked against glibc itself (`glibc_tests`).
+//! that grammar is `selector::parse`, checked against glibc itself (`fuzzing::glibc`).
 //!
 //! The other two sources, from the same file (`cdiDeviceRequestsFromAnnotations`,
 //! `requestsFromMounts`, `visibleDevicesFromMounts`, `VisibleDevices`) and from
 //! `internal/modifier/cdi.go` (`DeviceRequests`, v1.18.0 on; `getAnnotationDevices` before):
 //! CDI annotations ([`annotations_model`]) and the device plugin's volume mounts
-//! ([`mounts_model`]), and the precedence the toolkit takes them in (`toolkit_sources::chosen`). The fuzz
+//! ([`mounts_model`]), and the precedence the toolkit takes them in (`toolkit_sources::chosen`,
+//! with the node's `accept-nvidia-visible-devices-as-volume-mounts`). The fuzz
 //! target `toolkit_sources` builds specs of all three (`toolkit_sources::check_sources`).
 
-use crate::gpu::request::{gpu_selectors, MAX_SELECTORS};
+use crate::gpu::request::{gpu_selectors_with, ToolkitDefaults, ToolkitKeys, MAX_SELECTORS};
 use crate::gpu::selector::{parse, GpuSelector};
 use crate::oci::spec::Spec;
 use std::collections::{BTreeMap, BTreeSet};
@@ -227,7 +228,12 @@ pub fn devgate(value: &str) -> Option<Resolution> {
 
 /// devgate's reading of a whole spec; `None` past [`MAX_SELECTORS`].
 pub fn devgate_spec(spec: &Spec) -> Option<Resolution> {
-    let selectors = gpu_selectors(spec);
+    devgate_spec_with(spec, ToolkitDefaults)
+}
+
+/// [`devgate_spec`] on a node whose toolkit config says what `toolkit` does.
+pub fn devgate_spec_with(spec: &Spec, toolkit: impl ToolkitKeys) -> Option<Resolution> {
+    let selectors = gpu_selectors_with(spec, toolkit);
     if selectors.len() > MAX_SELECTORS {
         return None;
     }
@@ -468,6 +474,7 @@ mod tests {
                 .map(|d| ("/dev/null".to_string(), d.to_string()))
                 .collect(),
             variable: variable.map(str::to_string),
+            ..Sources::default()
         }
     }
 
@@ -563,6 +570,7 @@ mod tests {
                 "/var/run/nvidia-container-devices/6".into(),
             )],
             variable: None,
+            ..Sources::default()
         };
         check_sources(&other);
         assert_eq!(
@@ -619,14 +627,18 @@ mod tests {
             )]),
             ["a/b=c/d"]
         );
-        // precedence: the runtime takes the annotations, the hook the mounts
-        let s = sources(
+        // precedence: the runtime takes the annotations, the hook the mounts where the
+        // node's toolkit reads them, else the variable
+        let mut s = sources(
             &["nvidia.com/gpu=1"],
             &["/var/run/nvidia-container-devices/2"],
             Some("3"),
         );
         let [runtime, hook] = chosen(&s);
         assert_eq!(gpus(runtime), ["Index(1)"]);
+        assert_eq!(gpus(hook), ["Index(3)"]);
+        s.accept_mounts = true;
+        let [_, hook] = chosen(&s);
         assert_eq!(gpus(hook), ["Index(2)"]);
         // an annotation of another vendor's device still takes the runtime's precedence
         let s = sources(&["vendor.com/nic=1"], &[], Some("3"));
@@ -635,6 +647,28 @@ mod tests {
             gpus(devgate_spec(&s.spec().unwrap()).unwrap()),
             ["Index(3)"]
         );
+    }
+
+    /// A legacy CUDA image without the variable gets every GPU, whatever the device
+    /// plugin's mounts say, unless the node's toolkit reads them
+    /// (`accept-nvidia-visible-devices-as-volume-mounts`, default false). A devgate that
+    /// read the mounts alone (before) fails the check; devgate now passes it both ways.
+    #[test]
+    fn a_legacy_image_with_mounts_gets_what_the_nodes_toolkit_gives() {
+        let mut s = sources(&[], &["/var/run/nvidia-container-devices/0"], None);
+        s.legacy_cuda = true;
+        let [runtime, hook] = chosen(&s);
+        assert!(runtime.all && hook.all, "{runtime:?} {hook:?}");
+        let mut mounts_only = Resolution::default();
+        mounts_only.add(GpuSelector::Index(0));
+        assert!(!runtime.within(&mounts_only));
+        check_sources(&s);
+        assert!(s.devgate().unwrap().all);
+        s.accept_mounts = true;
+        let [runtime, _] = chosen(&s);
+        assert!(!runtime.all && runtime.gpus.len() == 1, "{runtime:?}");
+        check_sources(&s);
+        assert_eq!(s.devgate().unwrap(), mounts_only);
     }
 
     /// The check itself fails on a reading that differs: an untrimmed reading of `2 `

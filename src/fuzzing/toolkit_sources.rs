@@ -3,18 +3,24 @@
 //! beside the per-source reference models of [`super::toolkit_model`]. The fuzz target
 //! `toolkit_sources` builds specs of all three ([`check_sources`]).
 
-use super::toolkit_model::{annotation_devices, annotations_model, devgate_spec, model};
+use super::toolkit_model::{annotation_devices, annotations_model, devgate_spec_with, model};
 use super::toolkit_model::{mount_devices, mounts_model, Resolution};
+use crate::gpu::request::ToolkitKeys;
 use crate::oci::spec::Spec;
 use std::collections::BTreeMap;
 
-/// A spec's three sources as a container sets them.
+/// A spec's three sources as a container sets them, and the node's toolkit key that
+/// decides between the mounts and the variable.
 #[derive(Debug, Default, Clone)]
 pub struct Sources {
     pub annotations: BTreeMap<String, String>,
     /// (source, destination)
     pub mounts: Vec<(String, String)>,
     pub variable: Option<String>,
+    /// `CUDA_VERSION` set, no `NVIDIA_REQUIRE_CUDA`: a legacy CUDA image (`IsLegacy`).
+    pub legacy_cuda: bool,
+    /// The node's `accept-nvidia-visible-devices-as-volume-mounts` (default false).
+    pub accept_mounts: bool,
 }
 
 impl Sources {
@@ -46,6 +52,8 @@ impl Sources {
                     s.mounts.push((source.into(), dest.into()));
                 }
                 'e' if s.variable.is_none() => s.variable = Some(rest.into()),
+                'c' => s.legacy_cuda = true,
+                'A' => s.accept_mounts = true,
                 _ => {}
             }
         }
@@ -59,11 +67,14 @@ impl Sources {
             .iter()
             .map(|(s, d)| serde_json::json!({ "source": s, "destination": d, "type": "bind" }))
             .collect();
-        let env: Vec<_> = self
+        let mut env: Vec<_> = self
             .variable
             .iter()
             .map(|v| format!("NVIDIA_VISIBLE_DEVICES={v}"))
             .collect();
+        if self.legacy_cuda {
+            env.push("CUDA_VERSION=12.2".into());
+        }
         let json = serde_json::json!({
             "annotations": self.annotations,
             "mounts": mounts,
@@ -93,19 +104,46 @@ impl Sources {
             } else {
                 None
             },
+            legacy_cuda: false,
+            accept_mounts: self.accept_mounts,
         }
+    }
+
+    /// devgate's reading of the spec, with the node's toolkit key as the source says.
+    pub fn devgate(&self) -> Option<Resolution> {
+        let accept = self.accept_mounts;
+        let spec = self.spec()?;
+        devgate_spec_with(&spec, Keys(accept))
+    }
+}
+
+/// The variable selects (the toolkit's default); the mounts key as the node has it.
+struct Keys(bool);
+
+impl ToolkitKeys for Keys {
+    fn env_selectors(&mut self) -> bool {
+        true
+    }
+    fn volume_mounts(&mut self) -> bool {
+        self.0
     }
 }
 
 /// The one source each of the toolkit's readers takes (`VisibleDevices`): the runtime the
 /// annotations when a key has the prefix (a value splits to one device at least), else the
-/// mounts when they hand on a device (`accept-nvidia-visible-devices-as-volume-mounts`),
-/// else the variable; the hook (legacy mode) the mounts, else the variable. The variable
-/// as read when accepted (privileged, or `accept-nvidia-visible-devices-envvar-when-unprivileged`).
+/// mounts when the node's `accept-nvidia-visible-devices-as-volume-mounts` is true and
+/// they hand on a device, else the variable; the hook (legacy mode) the same without the
+/// annotations. The variable as read when accepted (privileged, or
+/// `accept-nvidia-visible-devices-envvar-when-unprivileged`); unset in a legacy CUDA image,
+/// every GPU (`devicesFromEnvvars`).
 pub fn chosen(s: &Sources) -> [Resolution; 2] {
-    let variable = || s.variable.as_deref().map(model).unwrap_or_default();
+    let variable = || match s.variable.as_deref() {
+        Some(v) => model(v),
+        None if s.legacy_cuda => model("all"),
+        None => Resolution::default(),
+    };
     let from_mounts = || {
-        if mount_devices(&s.mounts).is_empty() {
+        if !s.accept_mounts || mount_devices(&s.mounts).is_empty() {
             variable()
         } else {
             mounts_model(&s.mounts)
@@ -133,7 +171,7 @@ pub fn check_sources(s: &Sources) {
     ];
     for (which, m) in models.iter().enumerate() {
         let alone = s.only(which);
-        let Some(d) = alone.spec().as_ref().and_then(devgate_spec) else {
+        let Some(d) = alone.devgate() else {
             continue;
         };
         let m = m(&alone);
@@ -142,7 +180,7 @@ pub fn check_sources(s: &Sources) {
             "{alone:?}: toolkit model {m:?}, devgate {d:?}"
         );
     }
-    if let Some(d) = s.spec().as_ref().and_then(devgate_spec) {
+    if let Some(d) = s.devgate() {
         for c in chosen(s) {
             assert!(c.within(&d), "{s:?}: toolkit takes {c:?}, devgate {d:?}");
         }

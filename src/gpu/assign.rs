@@ -41,11 +41,11 @@ pub fn assigned(
     mut devices: Vec<Device>,
 ) -> Assigned {
     let mut toolkit_warning = None;
-    let selectors = request::gpu_selectors_with(spec, || {
-        let (on, warning) = config.env_selectors_warned();
-        toolkit_warning = warning.map(|w| one_line(&w));
-        on
-    });
+    let keys = NodeToolkit {
+        config,
+        warning: &mut toolkit_warning,
+    };
+    let selectors = request::gpu_selectors_with(spec, keys);
     let (gpu, unknowns) = if !selectors.is_empty() || context::has_gpu(&devices) {
         let (ctx, warnings) = gpus_selected(config, rules, selectors, &mut devices);
         (Some(ctx), warnings)
@@ -57,6 +57,24 @@ pub fn assigned(
         gpu,
         unknowns,
         toolkit_warning,
+    }
+}
+
+/// The node's NVIDIA toolkit config as devgate's config says where to read it, with the
+/// warning for one it could not read as the toolkit does.
+struct NodeToolkit<'a> {
+    config: &'a Config,
+    warning: &'a mut Option<String>,
+}
+
+impl request::ToolkitKeys for NodeToolkit<'_> {
+    fn env_selectors(&mut self) -> bool {
+        let (on, warning) = self.config.env_selectors_warned();
+        *self.warning = warning.map(|w| one_line(&w));
+        on
+    }
+    fn volume_mounts(&mut self) -> bool {
+        self.config.toolkit_volume_mounts()
     }
 }
 

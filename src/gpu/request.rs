@@ -146,18 +146,55 @@ impl Selectors {
 /// containerd and CRI-O inject the annotations' devices themselves: devgate reads all
 /// three, so that it checks every GPU any setup hands over.
 pub fn gpu_selectors(spec: &Spec) -> Vec<(GpuSelector, Source)> {
-    gpu_selectors_with(spec, || true)
+    gpu_selectors_with(spec, ToolkitDefaults)
 }
 
-/// [`gpu_selectors`], with the variable itself read only when `env` (`gpu.env_selectors`)
-/// says so. `env` is asked only when the spec has the variable or a legacy CUDA image's
-/// `CUDA_VERSION` (it may read the NVIDIA toolkit's config, a file most containers, with no
-/// GPU, have no use for).
+/// What the node's NVIDIA toolkit config says where it changes which GPUs a container
+/// gets, each asked only when the spec makes it matter (a read of the toolkit's files).
+pub trait ToolkitKeys {
+    /// `gpu.env_selectors`: whether the variable selects in an unprivileged container.
+    fn env_selectors(&mut self) -> bool;
+    /// `accept-nvidia-visible-devices-as-volume-mounts`: whether the toolkit takes the
+    /// device plugin's mounts instead of the variable.
+    fn volume_mounts(&mut self) -> bool;
+}
+
+/// The toolkit's defaults, for the fast tests that run before any config is read: the
+/// variable selects, the mounts are not read (so a legacy CUDA image gets every GPU).
+pub struct ToolkitDefaults;
+
+impl ToolkitKeys for ToolkitDefaults {
+    fn env_selectors(&mut self) -> bool {
+        true
+    }
+    fn volume_mounts(&mut self) -> bool {
+        false
+    }
+}
+
+/// A closure answers `env_selectors` alone; the mounts key keeps the toolkit's default.
+impl<F: FnMut() -> bool> ToolkitKeys for F {
+    fn env_selectors(&mut self) -> bool {
+        self()
+    }
+    fn volume_mounts(&mut self) -> bool {
+        false
+    }
+}
+
+/// [`gpu_selectors`], with the variable itself read only when `toolkit.env_selectors()`
+/// (`gpu.env_selectors`) says so. It is asked only when the spec has the variable or a
+/// legacy CUDA image's `CUDA_VERSION` (it may read the NVIDIA toolkit's config, a file most
+/// containers, with no GPU, have no use for); `toolkit.volume_mounts()` only for a legacy
+/// image without the variable whose mounts name GPUs.
 /// The device plugin's volume mounts are read either way: they are how it names GPUs in
 /// the toolkit's setup that turns the variable off for unprivileged containers
 /// (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, which is also
 /// `gpu.env_selectors`'s default), and the toolkit reads them whatever that key says.
-pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSelector, Source)> {
+pub fn gpu_selectors_with(
+    spec: &Spec,
+    mut toolkit: impl ToolkitKeys,
+) -> Vec<(GpuSelector, Source)> {
     let mut out = Selectors::default();
     for device in volume_mount_devices(spec) {
         for name in device_request_names(&device) {
@@ -175,16 +212,18 @@ pub fn gpu_selectors_with(spec: &Spec, env: impl FnOnce() -> bool) -> Vec<(GpuSe
     let cuda = spec.env("CUDA_VERSION").is_some_and(|v| !v.is_empty());
     let swarm = spec.env_with_prefix(SWARM_RESOURCE_PREFIX);
     if (spec.env(NVIDIA_VISIBLE_DEVICES).is_none() && !cuda && swarm.is_empty())
-        || !(spec.privileged_to_nvidia() || env())
+        || !(spec.privileged_to_nvidia() || toolkit.env_selectors())
     {
         return cdi_selectors(spec, out);
     }
     // A legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) without the variable gets
-    // every GPU from the toolkit, unless the mounts named some.
-    let legacy_all = out.out.is_empty()
-        && spec.env(NVIDIA_VISIBLE_DEVICES).is_none()
+    // every GPU from the toolkit (`devicesFromEnvvars`), unless the toolkit reads the
+    // mounts (`accept-nvidia-visible-devices-as-volume-mounts`, default false) and they
+    // named some.
+    let legacy_all = spec.env(NVIDIA_VISIBLE_DEVICES).is_none()
         && cuda
-        && spec.env("NVIDIA_REQUIRE_CUDA").map_or(true, str::is_empty);
+        && spec.env("NVIDIA_REQUIRE_CUDA").map_or(true, str::is_empty)
+        && (out.out.is_empty() || !toolkit.volume_mounts());
     // The device plugin's volume-mounts strategy sets the variable to the mounts' root:
     // the list is the mounts above, not this value.
     let env = spec
@@ -400,11 +439,44 @@ mod tests {
         );
         // the same gate as the variable: not read when env selectors are off
         let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE_GPU=2"]}}"#);
-        assert!(gpu_selectors_with(&s, || false).is_empty());
+        assert!(gpu_selectors_with(&s, Keys(false, false)).is_empty());
         assert!(crate::gpu::may_name_nvidia(&s));
         // a name that only begins like one is not one
         let s = spec(r#"{"process":{"env":["DOCKER_RESOURCE=2","XDOCKER_RESOURCE_GPU=2"]}}"#);
         assert!(gpu_selectors(&s).is_empty());
+    }
+
+    /// A legacy CUDA image (`CUDA_VERSION`, no `NVIDIA_REQUIRE_CUDA`) without the variable
+    /// gets every GPU from the toolkit. The device plugin's mounts change that only where
+    /// `accept-nvidia-visible-devices-as-volume-mounts` is true, which is not its default:
+    /// with a mount of GPU 0 and the toolkit's defaults, every GPU is checked.
+    #[test]
+    fn a_legacy_cuda_image_with_a_plugin_mount_gets_every_gpu_by_the_toolkits_defaults() {
+        let s = spec(
+            r#"{"process":{"env":["CUDA_VERSION=12.2"]},
+                "mounts":[{"destination":"/var/run/nvidia-container-devices/0",
+                           "source":"/dev/null","type":"bind"}]}"#,
+        );
+        let got = gpu_selectors(&s);
+        assert!(got.iter().any(|(g, _)| *g == GpuSelector::All), "{got:?}");
+        // the node's toolkit reads the mounts: GPU 0 alone, as the toolkit hands it over
+        let got = gpu_selectors_with(&s, Keys(true, true));
+        assert_eq!(got, [(GpuSelector::Index(0), Source::NvidiaVisibleDevices)]);
+        // and with the variable off for unprivileged containers, the mounts alone
+        let got = gpu_selectors_with(&s, Keys(false, false));
+        assert_eq!(got, [(GpuSelector::Index(0), Source::NvidiaVisibleDevices)]);
+    }
+
+    /// Fixed toolkit keys: (env_selectors, volume_mounts).
+    struct Keys(bool, bool);
+
+    impl ToolkitKeys for Keys {
+        fn env_selectors(&mut self) -> bool {
+            self.0
+        }
+        fn volume_mounts(&mut self) -> bool {
+            self.1
+        }
     }
 
     #[test]
@@ -466,7 +538,8 @@ mod tests {
                     GpuSelector::PciBusId {
                         domain: 0,
                         bus: 0x3b,
-                        device: 0
+                        device: 0,
+                        or_mig: Some((0, 3)),
                     },
                     Source::NvidiaVisibleDevices
                 ),

@@ -76,6 +76,7 @@ fn bus_id_names(sel: &GpuSelector, g: &GpuId) -> bool {
         domain,
         bus,
         device,
+        ..
     } = sel
     else {
         return false;
@@ -90,6 +91,7 @@ fn show_bus_id(sel: &GpuSelector) -> String {
             domain,
             bus,
             device,
+            ..
         } => format!("{domain:08x}:{bus:02x}:{device:02x}.0"),
         _ => String::new(),
     }
@@ -207,13 +209,23 @@ impl Resolved {
                         .push(format!("{how} selects {u}, which {by} does not {say}")),
                 }
             }
-            GpuSelector::PciBusId { .. } => match gpus.iter().find(|g| bus_id_names(sel, g)) {
-                Some(g) => self.add(g.minor, source),
-                None => self.unresolved.push(format!(
-                    "{how} selects PCI bus id {}, which {by} does not {say}",
-                    show_bus_id(sel)
-                )),
-            },
+            // No GPU at the bus id: the cli reads the token again as `<gpu>:<mig>`.
+            GpuSelector::PciBusId { or_mig, .. } => {
+                match (gpus.iter().find(|g| bus_id_names(sel, g)), or_mig) {
+                    (Some(g), _) => self.add(g.minor, source),
+                    (None, Some((gpu, instance))) => {
+                        let mig = GpuSelector::Mig {
+                            gpu: *gpu,
+                            instance: *instance,
+                        };
+                        self.against_list(gpus, &mig, source, how, list)
+                    }
+                    (None, None) => self.unresolved.push(format!(
+                        "{how} selects PCI bus id {}, which {by} does not {say}",
+                        show_bus_id(sel)
+                    )),
+                }
+            }
             // A MIG instance runs on its parent GPU: that is what is checked.
             GpuSelector::Mig { gpu, instance } => match gpus.get(*gpu as usize) {
                 Some(g) => self.add(g.minor, source),
@@ -255,10 +267,21 @@ impl Resolved {
             GpuSelector::Uuid(u) => self
                 .unresolved
                 .push(format!("{how} selects {u}, which cannot be checked: {why}")),
-            GpuSelector::PciBusId { .. } => self.unresolved.push(format!(
-                "{how} selects PCI bus id {}, which cannot be checked: {why}",
-                show_bus_id(sel)
-            )),
+            // Either reading may be the cli's: the bus id's GPU is not known, the MIG
+            // device's parent is taken at the default numbering.
+            GpuSelector::PciBusId { or_mig, .. } => {
+                self.unresolved.push(format!(
+                    "{how} selects PCI bus id {}, which cannot be checked: {why}",
+                    show_bus_id(sel)
+                ));
+                if let Some((gpu, instance)) = or_mig {
+                    let mig = GpuSelector::Mig {
+                        gpu: *gpu,
+                        instance: *instance,
+                    };
+                    self.without_list(why, &mig, source, how, nodes)
+                }
+            }
             // No list places these: [`resolve_selectors`] says so for both.
             GpuSelector::MigUuid(_) | GpuSelector::Invalid(_) => {}
         }
@@ -338,6 +361,47 @@ mod tests {
             &[],
         );
         assert_eq!(chosen, vec![(7, env), (0, env)]);
+        assert_eq!(unresolved.len(), 1, "{unresolved:?}");
+    }
+
+    /// nvidia-container-cli's `select_devices` reads a token as a GPU (UUID, PCI bus id,
+    /// index) and, where none has it, as a MIG device: a bus id no GPU has falls through to
+    /// `sscanf("%lu:%lu")`, so `1:0:0` is MIG device 1:0, handed over with its parent GPU 1.
+    /// The attacker's spellings each reach a GPU that way; one a GPU has is that GPU alone.
+    #[test]
+    fn a_bus_id_no_gpu_has_falls_through_to_the_mig_device_as_the_cli_reads_it() {
+        let ok = NvmlAnswer {
+            gpus: Ok((0..3).map(healthy).collect()),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let known = KnownGpus::from_answer(&ok);
+        let env = Source::NvidiaVisibleDevices;
+        for (token, gpu) in [
+            ("1:0:0", 1),
+            ("0:1:ff", 0),
+            ("+1:0:0", 1),
+            ("1:2:-1", 1),
+            (" 2:0:0.0", 2),
+            // no GPU at bus 0x4b: MIG 0:4 on GPU 0
+            ("0:4b:00.0", 0),
+            // GPU 1's own bus id: GPU 1, not MIG 0:2
+            ("0:2b:00.0", 1),
+        ] {
+            let sel = crate::gpu::selector::parse(token).unwrap();
+            let (chosen, unresolved) = resolve_selectors(&[(sel, env)], &known, &[]);
+            assert_eq!(chosen, vec![(gpu, env)], "{token:?}: {unresolved:?}");
+            assert!(unresolved.is_empty(), "{token:?}: {unresolved:?}");
+        }
+        // without a GPU list: the bus id cannot be checked, its MIG reading's parent is
+        let failed = KnownGpus {
+            ids: Err(crate::gpu::nvml::QueryError::Failed("cannot load x".into())),
+            by: "NVML",
+        };
+        let sel = crate::gpu::selector::parse("1:0:0").unwrap();
+        let (chosen, unresolved) = resolve_selectors(&[(sel, env)], &failed, &[0, 1]);
+        assert_eq!(chosen, vec![(1, env)]);
         assert_eq!(unresolved.len(), 1, "{unresolved:?}");
     }
 

@@ -13,6 +13,11 @@
 //! 5. a MIG device: `MIG-…` by UUID, or `<gpu>:<mig>` (`sscanf("%lu:%lu")`); its parent
 //!    GPU is what devgate checks.
 //!
+//! Each step that finds no GPU falls through to the next (`select_gpu_device`, then
+//! `select_mig_device`): a bus id no GPU has is read again as `%lu:%lu`, so `1:0:0` is
+//! MIG device 1:0 where no GPU sits at bus 0 of domain 1. A bus id keeps that reading
+//! (`or_mig`) for the resolution against the GPU list to take.
+//!
 //! Anything else NVIDIA refuses (`unknown device`): devgate keeps it as `Invalid` with the
 //! reason, so that it is judged unknown (`policy.on_unknown`), never silently nothing.
 //! `void`, `none` and empty tokens select nothing (the toolkit's own meaning).
@@ -32,6 +37,9 @@ pub enum GpuSelector {
         domain: u32,
         bus: u8,
         device: u8,
+        /// The same token as `%lu:%lu`, `<gpu>:<mig>`: the MIG device the cli takes when
+        /// no GPU has the bus id.
+        or_mig: Option<(u32, u32)>,
     },
     /// `<gpu>:<mig>`: MIG instance `mig` of GPU index `gpu`.
     Mig {
@@ -213,16 +221,18 @@ pub fn parse(token: &str) -> Option<GpuSelector> {
         }
         return Some(GpuSelector::Uuid(token.to_string()));
     }
-    match pci_bus_id(token) {
-        Some(BusId::Gpu(domain, bus, device)) => {
-            return Some(GpuSelector::PciBusId {
-                domain,
-                bus,
-                device,
-            })
-        }
-        Some(BusId::NoGpuHas) => return invalid("a PCI bus id whose numbers no GPU has"),
-        None => {}
+    let mig = mig_index(token);
+    let bus_id = pci_bus_id(token);
+    if let Some(BusId::Gpu(domain, bus, device)) = bus_id {
+        return Some(GpuSelector::PciBusId {
+            domain,
+            bus,
+            device,
+            or_mig: match mig {
+                Some((Some(g), Some(m))) => u32::try_from(g).ok().zip(u32::try_from(m).ok()),
+                _ => None,
+            },
+        });
     }
     match c_decimal(token) {
         Some(Some(n)) => {
@@ -240,13 +250,15 @@ pub fn parse(token: &str) -> Option<GpuSelector> {
         }
         return Some(GpuSelector::MigUuid(token.to_string()));
     }
-    match mig_index(token) {
-        Some((Some(g), Some(m))) => match (u32::try_from(g), u32::try_from(m)) {
+    // a bus id no GPU can have falls through to here too (`1:2:-1` is MIG 1:2)
+    match (mig, bus_id) {
+        (Some((Some(g), Some(m))), _) => match (u32::try_from(g), u32::try_from(m)) {
             (Ok(gpu), Ok(instance)) => Some(GpuSelector::Mig { gpu, instance }),
             _ => invalid("a MIG index beyond any node's GPUs"),
         },
-        Some(_) => invalid("a MIG index beyond any node's GPUs"),
-        None => invalid(
+        (_, Some(BusId::NoGpuHas)) => invalid("a PCI bus id whose numbers no GPU has"),
+        (Some(_), _) => invalid("a MIG index beyond any node's GPUs"),
+        (None, _) => invalid(
             "not a GPU index, GPU-/MIG- UUID, PCI bus id, MIG <gpu>:<mig>, all, none or void",
         ),
     }
@@ -257,12 +269,47 @@ mod tests {
     use super::*;
     use GpuSelector::*;
 
-    fn pci(domain: u32, bus: u8, device: u8) -> Option<GpuSelector> {
-        Some(PciBusId {
-            domain,
-            bus,
-            device,
-        })
+    /// A token's bus id, whatever MIG device it also reads as.
+    fn bus_of(t: &str) -> Option<(u32, u8, u8)> {
+        match parse(t) {
+            Some(PciBusId {
+                domain,
+                bus,
+                device,
+                ..
+            }) => Some((domain, bus, device)),
+            _ => None,
+        }
+    }
+
+    /// The cli's fall-through: a token read as a bus id is also read as `%lu:%lu`, and a
+    /// bus id no GPU can have is the MIG device alone.
+    #[test]
+    fn a_bus_id_carries_the_mig_device_the_cli_falls_through_to() {
+        let or_mig = |t: &str| match parse(t) {
+            Some(PciBusId { or_mig, .. }) => or_mig,
+            other => panic!("{t:?}: {other:?}"),
+        };
+        assert_eq!(or_mig("1:0:0"), Some((1, 0)));
+        assert_eq!(or_mig("+1:0:0"), Some((1, 0)));
+        assert_eq!(or_mig("0:1:ff"), Some((0, 1)));
+        assert_eq!(or_mig("0000:3b:00.0"), Some((0, 3)));
+        assert_eq!(or_mig("0:3b:00.0"), Some((0, 3)));
+        assert_eq!(or_mig("a:3b:00.0"), None);
+        assert_eq!(or_mig("99999999999:3b:00.0"), None);
+        assert_eq!(
+            parse("1:2:-1"),
+            Some(Mig {
+                gpu: 1,
+                instance: 2
+            })
+        );
+        assert_eq!(
+            parse("0:-1:00.0"),
+            Some(Invalid(
+                "\"0:-1:00.0\" is a PCI bus id whose numbers no GPU has".into()
+            ))
+        );
     }
 
     #[test]
@@ -278,17 +325,17 @@ mod tests {
         let uuid = "GPU-1a2b3c4d-0000-1111-2222-333344445555";
         assert_eq!(parse(uuid), Some(Uuid(uuid.into())));
         assert_eq!(parse("gpu-1a2b"), Some(Uuid("gpu-1a2b".into())));
-        assert_eq!(parse("0:3b:00.0"), pci(0, 0x3b, 0));
-        assert_eq!(parse("00000000:3B:00.0"), pci(0, 0x3b, 0));
-        assert_eq!(parse("0000:3b:00"), pci(0, 0x3b, 0));
-        assert_eq!(parse("0009:01:1c.0"), pci(9, 1, 0x1c));
+        assert_eq!(bus_of("0:3b:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(bus_of("00000000:3B:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(bus_of("0000:3b:00"), Some((0, 0x3b, 0)));
+        assert_eq!(bus_of("0009:01:1c.0"), Some((9, 1, 0x1c)));
         // sscanf stops counting at the third number: NVIDIA takes these as device 0
-        assert_eq!(parse("0:3b:00.7"), pci(0, 0x3b, 0));
-        assert_eq!(parse("0:3b:000"), pci(0, 0x3b, 0));
+        assert_eq!(bus_of("0:3b:00.7"), Some((0, 0x3b, 0)));
+        assert_eq!(bus_of("0:3b:000"), Some((0, 0x3b, 0)));
         // glibc's strtoul and strtoumax: 0x, \v, 32-bit truncation, negation that wraps
-        assert_eq!(parse("0x0:3b:00.0"), pci(0, 0x3b, 0));
-        assert_eq!(parse("100000000:3b:00.0"), pci(0, 0x3b, 0));
-        assert_eq!(parse("fffffffff:3b:00.0"), pci(u32::MAX, 0x3b, 0));
+        assert_eq!(bus_of("0x0:3b:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(bus_of("100000000:3b:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(bus_of("fffffffff:3b:00.0"), Some((u32::MAX, 0x3b, 0)));
         assert_eq!(parse("\x0b1"), Some(Index(1)));
         assert_eq!(parse("-18446744073709551615"), Some(Index(1)));
         assert_eq!(parse(&format!("{}7", "0".repeat(200))), Some(Index(7)));

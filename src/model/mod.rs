@@ -8,5 +8,6 @@ pub mod device;
 pub(crate) mod devtype;
 pub(crate) mod reason;
 pub mod recovery;
+pub mod rule_number;
 pub(crate) mod text;
 pub(crate) mod verdict;

@@ -19,7 +19,8 @@ use std::fmt;
 pub(crate) enum KeyFault {
     /// The same key twice in one object; the key's full path.
     Duplicate(String),
-    /// A key Go folds to a field devgate reads, not spelled exactly so.
+    /// A key Go folds to a field devgate reads, not spelled exactly so, or one crun reads
+    /// as that field up to a NUL.
     NonCanonical { key: String, at: &'static str },
 }
 
@@ -91,9 +92,13 @@ fn folds_to(c: char, n: u8) -> bool {
     }
 }
 
-/// A key devgate does not read exactly: refused if Go would read it as one of `names`.
+/// A key devgate does not read exactly: refused if Go would read it as one of `names`, or
+/// crun would. crun's libocispec reads keys as yajl's C strings (`yajl_tree_get`,
+/// `strcmp`, the first match wins): a key holding a NUL is the text before it there.
 pub(crate) fn other<E: de::Error>(at: &'static str, names: &[&str], key: &str) -> Result<(), E> {
-    match names.iter().any(|n| go_fold_eq(key, n)) {
+    let before_nul = key.split('\0').next().unwrap_or(key);
+    let read = |n: &&str| go_fold_eq(key, n) || (key.contains('\0') && go_fold_eq(before_nul, n));
+    match names.iter().any(read) {
         true => Err(raise(KeyFault::NonCanonical {
             key: key.to_string(),
             at,

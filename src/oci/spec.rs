@@ -245,10 +245,30 @@ impl Spec {
     /// A key runc would read otherwise than devgate is one line naming the file and the key.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Spec> {
         gokeys::take_fault();
-        serde_json::from_slice(bytes).map_err(|e| match gokeys::take_fault() {
+        let spec: Spec = serde_json::from_slice(bytes).map_err(|e| match gokeys::take_fault() {
             Some(fault) => Error::invalid(path.display().to_string(), fault.to_string()),
             None => Error::json("cannot parse", Some(path), &e),
-        })
+        })?;
+        match spec.nul_in_paths() {
+            Some(field) => Err(Error::invalid(
+                path.display().to_string(),
+                format!("{field} holds a NUL byte: crun reads only the text before it"),
+            )),
+            None => Ok(spec),
+        }
+    }
+
+    /// The first device or mount path holding a NUL: crun reads its C string up to it
+    /// (another node than the one devgate would stat), runc's system calls refuse it.
+    fn nul_in_paths(&self) -> Option<&'static str> {
+        let nul = |p: &Path| p.as_os_str().as_encoded_bytes().contains(&0);
+        if self.devices().iter().any(|d| nul(&d.path)) {
+            return Some("a linux.devices path");
+        }
+        self.mounts
+            .iter()
+            .any(|m| nul(&m.destination) || m.source.as_deref().is_some_and(nul))
+            .then_some("a mount's source or destination")
     }
 
     pub fn load(bundle: &Path) -> Result<Spec> {
@@ -481,6 +501,38 @@ mod tests {
         .unwrap();
         assert!(s.devices().is_empty());
         assert_eq!(s.annotations.len(), 2);
+    }
+
+    /// crun reads config.json with yajl into C strings: a key holding a NUL is the text
+    /// before it to crun (`strcmp`, the first match wins), while serde and Go read another
+    /// key. So `"devices\u0000"` is crun's `linux.devices`, and `"minor\u0000"` before
+    /// `"minor"` crun's minor. A path holding a NUL is the text before it to crun too.
+    #[test]
+    fn a_key_or_path_crun_reads_up_to_a_nul_is_refused() {
+        let e = refused(
+            r#"{"linux":{"devices\u0000":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]}}"#,
+        );
+        assert_eq!(
+            e,
+            r#"/b/config.json: non-canonical key "devices\x00" at linux"#
+        );
+        let e = refused(
+            r#"{"linux":{"resources":{"devices":[{"allow":true,"type":"c","major":195,
+                "minor\u0000x":1,"minor":5,"access":"rw"}]}}}"#,
+        );
+        assert!(e.contains(r#"non-canonical key "minor\x00x""#), "{e}");
+        let e = refused(
+            r#"{"linux":{"devices":[{"path":"/dev/nvidia1\u0000x","type":"c","major":1,"minor":3}]}}"#,
+        );
+        assert!(e.contains("holds a NUL byte"), "{e}");
+        let e = refused(r#"{"mounts":[{"destination":"/d","source":"/dev/nvidia1\u0000"}]}"#);
+        assert!(e.contains("holds a NUL byte"), "{e}");
+        // a NUL in a key devgate and crun read nowhere is no one's field
+        Spec::parse(
+            br#"{"hostname\u0000":"x","process":{"args\u0000":["a"]}}"#,
+            Path::new("/b/config.json"),
+        )
+        .unwrap();
     }
 
     #[test]

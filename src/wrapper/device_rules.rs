@@ -10,6 +10,7 @@
 //! the list means what it meant (last match wins) with none left.
 
 use crate::model::device::{DevNum, DevType};
+use crate::model::rule_number::rule_numbers;
 use serde_json::{json, Value};
 use std::fmt;
 
@@ -78,17 +79,22 @@ impl fmt::Display for RuleError {
 
 impl std::error::Error for RuleError {}
 
-fn number(v: Option<&Value>) -> Result<Option<u32>, RuleError> {
+fn number(v: Option<&Value>) -> Result<Option<i64>, RuleError> {
     match v {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_i64() {
-            Some(-1) => Ok(None),
-            Some(n) => u32::try_from(n)
-                .map(Some)
-                .map_err(|_| RuleError::OutOfRange(n)),
-            None => Err(RuleError::NotInteger(v.to_string())),
-        },
+        Some(v) => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| RuleError::NotInteger(v.to_string())),
     }
+}
+
+/// Both numbers as every runtime reads them (`rule_number`): a number one reads apart is
+/// refused, and a 0-or-any pair is any (crun under systemd), so the rewrite never keeps a
+/// rule that grants more than it says.
+fn numbers(v: &Value) -> Result<(Option<u32>, Option<u32>), RuleError> {
+    rule_numbers(number(v.get("major"))?, number(v.get("minor"))?)
+        .map_err(|e| RuleError::OutOfRange(e.value))
 }
 
 fn access_bits(s: &str) -> Result<u8, RuleError> {
@@ -118,11 +124,12 @@ impl Rule {
             Some("b") => Some(DevType::Block),
             Some(t) => return Err(RuleError::UnknownType(t.to_string())),
         };
+        let (major, minor) = numbers(v)?;
         Ok(Rule {
             allow: v.get("allow").and_then(Value::as_bool).unwrap_or(false),
             typ,
-            major: number(v.get("major"))?,
-            minor: number(v.get("minor"))?,
+            major,
+            minor,
             access: access_bits(v.get("access").and_then(Value::as_str).unwrap_or("rwm"))?,
         })
     }
@@ -322,6 +329,13 @@ mod tests {
         assert_eq!(e.to_string(), "unknown device access \"\\\\n\"");
         let e = Rule::parse(&json!({"major": 1u64 << 40})).unwrap_err();
         assert_eq!(e.to_string(), "device number 1099511627776 out of range");
+        // crun's C int: 2^32 + 1 is 1, 2^31 a wildcard; systemd's 0 a wildcard
+        for n in [4294967297i64, 2147483648, 4294967295, 1048576, -2] {
+            let e = Rule::parse(&json!({"type": "c", "major": 195, "minor": n})).unwrap_err();
+            assert_eq!(e, RuleError::OutOfRange(n));
+        }
+        let r = Rule::parse(&json!({"allow": true, "type": "c", "major": 0, "minor": 0})).unwrap();
+        assert_eq!((r.major, r.minor), (None, None));
         let e = Rule::parse(&json!({"minor": "7"})).unwrap_err();
         assert_eq!(e.to_string(), "device number \"7\" is not an integer");
     }
