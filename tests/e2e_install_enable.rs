@@ -17,7 +17,6 @@
 mod common;
 use common::boot::{image_to_boot, skip_in_forky_pass, Boot};
 use common::cri::{self, ContainerState, Cri};
-use common::kubelet;
 use common::*;
 use std::collections::BTreeMap;
 use std::fs;
@@ -637,7 +636,7 @@ impl PodOn {
         if let Err(e) = self.c.start_container(&id) {
             panic!("StartContainer {name} ({devices:?}): {e}\n{}", cd.log());
         }
-        let st = kubelet::wait_exited(&mut self.c, &id);
+        let st = cri::wait_exited(&mut self.c, &id);
         assert_eq!(st.state, ContainerState::ContainerExited as i32, "{st:?}");
         assert_eq!(st.exit_code, 0, "{name}: {st:?}");
         let log = fs::read_to_string(&st.log_path).unwrap_or_default();
@@ -675,7 +674,6 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
         return;
     }
     require_cmd("containerd", "containerd");
-    kubelet::stack();
     let work = tempdir("enable-nosd");
     // The ConfigMap's config: devgate's state, quarantine and log in the test's dir.
     let env = Env::new("enable-nosd-env");

@@ -377,3 +377,15 @@ pub fn containerd_with_snippet(tag: &str, base_spec: &Path) -> super::Containerd
         &format!("{tables}\n\n{}", config.plugin_settings(super::TEST_IMAGE)),
     )
 }
+
+/// Container `id`'s status once it exited, or as it is after 30 s.
+pub fn wait_exited(c: &mut Cri, id: &str) -> ContainerStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = c.container_status(id).unwrap();
+        if st.state == ContainerState::ContainerExited as i32 || std::time::Instant::now() > deadline {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

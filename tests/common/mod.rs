@@ -759,7 +759,6 @@ pub mod boot;
 pub mod cri;
 pub mod fake;
 pub mod k8s;
-pub mod kubelet;
 pub mod wrapper;
 
 /// `cmd`'s output. A program a test has just written can be busy for a moment (ETXTBSY):
