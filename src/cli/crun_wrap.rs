@@ -170,8 +170,8 @@ fn without(files: Vec<(PathBuf, String)>, ours: &Path) -> Vec<(PathBuf, String)>
     files.into_iter().filter(|(p, _)| p != ours).collect()
 }
 
-/// Which managers on the host at `root` run crun. A configuration that does not parse
-/// fails: the manager itself fails on it.
+/// Which managers on the host at `root` run crun. A manager whose configuration does not
+/// parse (it fails on it itself) is left as it is, and said so.
 pub(super) fn find(root: &Path) -> Result<CrunRuntimes> {
     let mut found = CrunRuntimes::default();
     if host_exec::program_under(root, &["usr/bin/podman", "usr/local/bin/podman"]).is_some() {
@@ -179,22 +179,28 @@ pub(super) fn find(root: &Path) -> Result<CrunRuntimes> {
             podman::containers_confs_under(root, None),
             &under(root, Path::new(PODMAN_DROPIN)),
         );
-        let rt =
-            podman::podman_runtime(&confs).map_err(|e| Error::invalid("podman", e.to_string()))?;
-        if let podman::PodmanRuntime::Crun(name) = rt {
-            found.podman = Some(name);
+        match podman::podman_runtime(&confs) {
+            Ok(podman::PodmanRuntime::Crun(name)) => found.podman = Some(name),
+            Ok(_) => {}
+            Err(e) => say!(
+                "devgate: podman's containers.conf does not read ({e}): podman is left as it is"
+            ),
         }
     }
     found.containerd = containerd_crun(root)?;
     if host_exec::program_under(root, &["usr/bin/crio", "usr/local/bin/crio"]).is_some() {
         let main = under(root, Path::new("/etc/crio/crio.conf"));
-        let c = crio::read_crio(&main)
+        match crio::read_crio(&main)
             .map(|f| without(f, &under(root, Path::new(CRIO_DROPIN))))
             .and_then(|f| crio::parse_crio(&f))
-            .map_err(|e| Error::invalid("CRI-O", e.to_string()))?;
-        let (name, path) = crio::default_runtime_binary(&c);
-        if Path::new(&path).file_name().is_some_and(|n| n == CRUN) {
-            found.crio = Some(name);
+        {
+            Ok(c) => {
+                let (name, path) = crio::default_runtime_binary(&c);
+                if Path::new(&path).file_name().is_some_and(|n| n == CRUN) {
+                    found.crio = Some(name);
+                }
+            }
+            Err(e) => say!("devgate: CRI-O's config does not read ({e}): CRI-O is left as it is"),
         }
     }
     Ok(found)
@@ -521,6 +527,13 @@ mod tests {
         .to_string();
         assert!(e.ends_with("no"), "{e}");
         assert!(!podman.exists());
+        // A containers.conf podman cannot read either: podman is left alone, not the install.
+        fs::write(
+            root.join("usr/share/containers/containers.conf"),
+            "[engine\n",
+        )
+        .unwrap();
+        assert_eq!(find(&root).unwrap().podman, None);
         fs::remove_dir_all(&root).unwrap();
     }
 }
