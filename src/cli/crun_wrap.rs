@@ -531,9 +531,17 @@ mod tests {
         fs::create_dir_all(podman.parent().unwrap()).unwrap();
         fs::write(root.join("elsewhere"), "theirs").unwrap();
         std::os::unix::fs::symlink(root.join("elsewhere"), &podman).unwrap();
-        assert!(lay(&root, PODMAN_DROPIN, HEAD, &mut Changes::default(), || Ok(())).is_err());
+        assert!(
+            lay(&root, PODMAN_DROPIN, HEAD, &mut Changes::default(), || Ok(
+                ()
+            ))
+            .is_err()
+        );
         assert!(disable(&root, &mut Changes::default()).is_err());
-        assert_eq!(fs::read_to_string(root.join("elsewhere")).unwrap(), "theirs");
+        assert_eq!(
+            fs::read_to_string(root.join("elsewhere")).unwrap(),
+            "theirs"
+        );
         fs::remove_file(&podman).unwrap();
         // A containers.conf podman cannot read either: podman is left alone, not the install.
         fs::write(

@@ -12,7 +12,7 @@ use super::error::ConfigError;
 use crate::error::Error;
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// kubelet's `--root-dir` default; its pods are in `pods` below it.
@@ -269,8 +269,9 @@ pub(crate) fn find_running(proc: &Path) -> Option<Running> {
             continue;
         };
         let dir = proc.join(pid.to_string());
-        let root_s = fs::symlink_metadata(&dir).is_ok_and(|m| m.uid() == 0);
-        if root_s && read_proc(&dir.join("comm"), 64).is_some_and(|c| c == b"kubelet\n") {
+        if read_proc(&dir.join("comm"), 64).is_some_and(|c| c == b"kubelet\n")
+            && read_proc(&dir.join("status"), 64 << 10).is_some_and(|s| runs_as_root(&s))
+        {
             found = Some(found.map_or(pid, |f| f.min(pid)));
         }
     }
@@ -288,6 +289,18 @@ pub(crate) fn find_running(proc: &Path) -> Option<Running> {
         root: dir.join("root"),
         cwd: fs::read_link(dir.join("cwd")).ok(),
     })
+}
+
+/// Whether a /proc/PID/status says root runs the process: real and effective uid 0. Not the
+/// owner of /proc/PID, which is root's for any process that made itself non-dumpable.
+fn runs_as_root(status: &[u8]) -> bool {
+    String::from_utf8_lossy(status)
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|ids| {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            ids.len() >= 2 && ids[0] == "0" && ids[1] == "0"
+        })
 }
 
 /// A /proc file, at most `max` bytes (None past it or where it cannot be read).
@@ -514,13 +527,26 @@ mod tests {
             fs::create_dir_all(&p).unwrap();
             fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
             fs::write(p.join("cmdline"), cmdline.join("\0") + "\0").unwrap();
+            fs::write(
+                p.join("status"),
+                "Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n",
+            )
+            .unwrap();
             p
         };
         mk(1, "systemd", &["/sbin/init"]);
         assert_eq!(find_running(&proc), None);
+        // Another user's kubelet: its /proc entry may be root's (a non-dumpable process's
+        // is), its status says who runs it.
         let other = mk(7, "kubelet", &["/tmp/kubelet", "--root-dir", "/tmp/evil"]);
-        std::os::unix::fs::chown(&other, Some(65534), Some(65534)).unwrap();
+        fs::write(other.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
         assert_eq!(find_running(&proc), None, "another user's kubelet");
+        fs::write(other.join("status"), "Uid:\t1000\t0\t0\t0\n").unwrap();
+        assert_eq!(
+            find_running(&proc),
+            None,
+            "a set-uid kubelet run by another user"
+        );
         mk(
             40,
             "kubelet",
