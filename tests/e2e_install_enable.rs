@@ -195,9 +195,12 @@ runs remove
 mkdir -p /host
 step hostinstall at_host $DG install-host --root /host --prefix /usr/local --enable --restart
 runs hostinstall
+if [ -e $dropin ]; then cp $dropin $O/hostinstall.podmandropin; fi
+pm info --format '{{{{.Host.OCIRuntime.Path}}}}' >$O/hostinstall.podmanruntime 2>&1
 step hostagain at_host $DG install-host --root /host --prefix /usr/local --enable --restart
 step hostremove at_host $DG uninstall-host --root /host --restart --programs
 runs hostremove
+if [ -e $dropin ]; then cp $dropin $O/hostremove.podmandropin; fi
 echo done >$O/done
 "#
     )
@@ -367,6 +370,22 @@ fn enable_and_restart_on_a_booted_systemd_node() {
     }
 
     podman_on_the_booted_node(&out, &log);
+    // Through --root /host too (the DaemonSet's view: the wrapper checked chrooted), and a
+    // rerun finds the drop-in in place.
+    let host_dropin = fs::read_to_string(out.join("hostinstall.podmandropin")).unwrap_or_default();
+    assert_eq!(
+        host_dropin,
+        fs::read_to_string(out.join("install.podmandropin")).unwrap_or_default(),
+        "{log}"
+    );
+    assert!(
+        fs::read_to_string(out.join("hostinstall.podmanruntime"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == "/usr/local/bin/devgate-runtime"),
+        "{log}"
+    );
+    assert!(!out.join("hostremove.podmandropin").exists(), "{log}");
 
     // Twice is once: nothing changes, nothing restarts.
     let again = step("again");
@@ -381,6 +400,13 @@ fn enable_and_restart_on_a_booted_systemd_node() {
     assert_eq!(again.config(), install.config());
     assert_eq!(again.read("spec"), install.read("spec"));
     assert_eq!(again.pid(), install.pid(), "{}", again.said());
+    assert!(
+        again.read("out").contains(
+            "devgate: /etc/containers/containers.conf.d/99-devgate-runtime.conf is in place"
+        ),
+        "{}",
+        again.said()
+    );
     again.assert_running();
 
     // uninstall-host --restart: the config byte for byte, the spec gone (nothing names it),
