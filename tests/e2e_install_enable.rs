@@ -963,6 +963,10 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     if let Some((p, _)) = &podman {
         // podman runs crun itself again, and with the hooks gone the device starts.
         assert!(!host.path(PODMAN_DROPIN).exists(), "{said}");
+        assert!(
+            !host.path("/etc/containers/containers.conf.d").exists(),
+            "the directory install-host made stays: {said}"
+        );
         let out = host.podman(
             p,
             &[

@@ -334,6 +334,11 @@ pub(super) fn disable(root: &Path, crio_changes: &mut Changes) -> Result<()> {
                 }
                 fs::remove_file(&path).map_err(|e| Error::io("cannot remove", &path, e))?;
                 say!("devgate: removed {}", path.display());
+                // The drop-in directory install-host may have made, where nothing else is in
+                // it (a manager reads none the same as an empty one).
+                if let Some(dir) = path.parent() {
+                    let _ = fs::remove_dir(dir);
+                }
             }
             _ => {}
         }
@@ -510,7 +515,12 @@ mod tests {
         let mut changes = Changes::default();
         disable(&root, &mut changes).unwrap();
         assert!(!crio.exists());
+        assert!(
+            !crio.parent().unwrap().exists(),
+            "its empty directory goes too"
+        );
         assert!(changes.any_changed().unwrap());
+        fs::create_dir_all(crio.parent().unwrap()).unwrap();
         fs::write(&crio, "[crio.runtime]\n").unwrap();
         let e = lay(&root, CRIO_DROPIN, "x", &mut Changes::default(), || Ok(()))
             .unwrap_err()
