@@ -484,7 +484,8 @@ mod tests {
     }
 
     /// The drop-ins on a host root: laid, found again on a rerun (the runtime found without
-    /// them), an operator's file of that name refused, and taken out byte for byte.
+    /// them), an operator's file of that name refused, and taken out byte for byte. Long
+    /// because each step reads the same host root the one before left.
     #[test]
     fn drop_ins_on_a_host_root() {
         let root = crate::fsutil::tests::tempdir("crun-wrap-root");
