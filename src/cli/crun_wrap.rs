@@ -86,8 +86,8 @@ pub(super) enum ConfigRuntime {
 }
 
 /// What devgate's config (`text`, JSON) says of `runtime.path`, and where it names none,
-/// the text with `"runtime": {"path": "crun"}` as its first key, nothing else changed.
-pub(super) fn config_runtime(text: &[u8]) -> Result<ConfigRuntime> {
+/// the text with `"runtime": {"path": crun}` as its first key, nothing else changed.
+pub(super) fn config_runtime(text: &[u8], crun: &str) -> Result<ConfigRuntime> {
     let bad = |why: &str| Error::invalid("config", why.to_string());
     let v: serde_json::Value =
         serde_json::from_slice(text).map_err(|e| bad(&format!("not JSON: {e}")))?;
@@ -106,11 +106,12 @@ pub(super) fn config_runtime(text: &[u8]) -> Result<ConfigRuntime> {
         .ok_or_else(|| bad("not a JSON object"))?;
     let sep = if obj.is_empty() { "" } else { "," };
     let mut out = text[..=at].to_vec();
-    out.extend_from_slice(format!("\"runtime\": {{\"path\": \"{CRUN}\"}}{sep}").as_bytes());
+    let path = serde_json::Value::from(crun).to_string();
+    out.extend_from_slice(format!("\"runtime\": {{\"path\": {path}}}{sep}").as_bytes());
     out.extend_from_slice(&text[at + 1..]);
     // Checked: the same object plus the one key.
     let mut want = obj.clone();
-    want.insert("runtime".into(), serde_json::json!({"path": CRUN}));
+    want.insert("runtime".into(), serde_json::json!({ "path": crun }));
     match serde_json::from_slice::<serde_json::Value>(&out) {
         Ok(serde_json::Value::Object(got)) if got == want => Ok(ConfigRuntime::Add(out)),
         _ => Err(bad("runtime.path could not be added")),
@@ -129,6 +130,9 @@ pub(super) struct CrunRuntimes {
     pub crio: Option<String>,
     /// containerd's CRI default runtime.
     pub containerd: Option<String>,
+    /// The crun programs CRI-O and containerd name by an absolute path, as the host names
+    /// them (CRI-O's packages run /usr/libexec/crio/crun).
+    pub crun_paths: Vec<PathBuf>,
 }
 
 impl CrunRuntimes {
@@ -140,7 +144,8 @@ impl CrunRuntimes {
 /// containerd's CRI default runtime where it runs crun, as containerd reads its config
 /// (imports included), or where devgate already set its crun aside (a rerun). A dump that
 /// fails names nothing here: the base spec's edit checks the dump and says why.
-fn containerd_crun(root: &Path) -> Result<Option<String>> {
+/// Its absolute crun path goes to `paths`.
+fn containerd_crun(root: &Path, paths: &mut Vec<PathBuf>) -> Result<Option<String>> {
     let Some(bin) = super::enable::containerd_program(root) else {
         return Ok(None);
     };
@@ -161,7 +166,28 @@ fn containerd_crun(root: &Path) -> Result<Option<String>> {
             .file_name()
             .is_some_and(|n| n == CRUN)
     });
+    if let Some(r) = cri.runtimes.get(&name).filter(|_| crun) {
+        paths.push(PathBuf::from(&r.binary_name));
+    }
     Ok((!cri.disabled && (crun || set_aside)).then_some(name))
+}
+
+/// What `runtime.path` names crun by for the wrapper on the host at `root`: `crun` where
+/// the wrapper finds it in its own directories, else the first of the runtimes' own crun
+/// paths that is there; None where crun is not installed for it to run.
+pub(super) fn crun_for_wrapper(root: &Path, found: &CrunRuntimes) -> Option<String> {
+    let is_file = |p: &Path| fs::metadata(under(root, p)).is_ok_and(|m| m.is_file());
+    if crate::wrapper::runtime::SEARCH_DIRS
+        .iter()
+        .any(|d| is_file(&Path::new(d).join(CRUN)))
+    {
+        return Some(CRUN.into());
+    }
+    found
+        .crun_paths
+        .iter()
+        .find(|p| p.is_absolute() && is_file(p))
+        .map(|p| p.to_string_lossy().into_owned())
 }
 
 /// The files of a manager's configuration under `root` without devgate's own drop-in:
@@ -187,7 +213,7 @@ pub(super) fn find(root: &Path) -> Result<CrunRuntimes> {
             ),
         }
     }
-    found.containerd = containerd_crun(root)?;
+    found.containerd = containerd_crun(root, &mut found.crun_paths)?;
     if host_exec::program_under(root, &["usr/bin/crio", "usr/local/bin/crio"]).is_some() {
         let main = under(root, Path::new("/etc/crio/crio.conf"));
         match crio::read_crio(&main)
@@ -198,6 +224,7 @@ pub(super) fn find(root: &Path) -> Result<CrunRuntimes> {
                 let (name, path) = crio::default_runtime_binary(&c);
                 if Path::new(&path).file_name().is_some_and(|n| n == CRUN) {
                     found.crio = Some(name);
+                    found.crun_paths.push(path.into());
                 }
             }
             Err(e) => say!("devgate: CRI-O's config does not read ({e}): CRI-O is left as it is"),
@@ -399,14 +426,14 @@ mod tests {
     #[test]
     fn config_gains_runtime_path_and_nothing_else() {
         let text = b"{\n  \"state_dir\": \"/run/devgate\"\n}\n";
-        let ConfigRuntime::Add(new) = config_runtime(text).unwrap() else {
+        let ConfigRuntime::Add(new) = config_runtime(text, CRUN).unwrap() else {
             panic!("not added");
         };
         assert_eq!(
             String::from_utf8(new).unwrap(),
             "{\"runtime\": {\"path\": \"crun\"},\n  \"state_dir\": \"/run/devgate\"\n}\n"
         );
-        let ConfigRuntime::Add(new) = config_runtime(b" {} ").unwrap() else {
+        let ConfigRuntime::Add(new) = config_runtime(b" {} ", CRUN).unwrap() else {
             panic!("not added");
         };
         assert_eq!(new, b" {\"runtime\": {\"path\": \"crun\"}} ");
@@ -415,26 +442,36 @@ mod tests {
             super::super::hooks_config::DEFAULT_CONFIG.as_bytes(),
             b"{\"policy\": {\"default\": \"reject\"}}",
         ] {
-            let ConfigRuntime::Add(new) = config_runtime(text).unwrap() else {
+            let ConfigRuntime::Add(new) = config_runtime(text, CRUN).unwrap() else {
                 panic!("not added");
             };
             let c = crate::config::Config::parse(&new, Path::new("/c.json")).unwrap();
             assert_eq!(c.runtime.path, Path::new("crun"));
         }
         assert_eq!(
-            config_runtime(br#"{"runtime": {"path": "/usr/bin/crun"}}"#).unwrap(),
+            config_runtime(br#"{"runtime": {"path": "/usr/bin/crun"}}"#, CRUN).unwrap(),
             ConfigRuntime::Crun
         );
         assert_eq!(
-            config_runtime(br#"{"runtime": {}}"#).unwrap(),
+            config_runtime(br#"{"runtime": {}}"#, CRUN).unwrap(),
             ConfigRuntime::Other("runc".into())
         );
         assert_eq!(
-            config_runtime(br#"{"runtime": {"path": "nvidia-container-runtime"}}"#).unwrap(),
+            config_runtime(
+                br#"{"runtime": {"path": "nvidia-container-runtime"}}"#,
+                CRUN
+            )
+            .unwrap(),
             ConfigRuntime::Other("nvidia-container-runtime".into())
         );
+        // CRI-O's own crun, by its path.
+        let ConfigRuntime::Add(new) = config_runtime(b"{}", "/usr/libexec/crio/crun").unwrap()
+        else {
+            panic!("not added");
+        };
+        assert_eq!(new, br#"{"runtime": {"path": "/usr/libexec/crio/crun"}}"#);
         for bad in [&b"[]"[..], b"{", b"\"x\""] {
-            assert!(config_runtime(bad).is_err(), "{bad:?}");
+            assert!(config_runtime(bad, CRUN).is_err(), "{bad:?}");
         }
     }
 
@@ -554,6 +591,19 @@ mod tests {
             "theirs"
         );
         fs::remove_file(&podman).unwrap();
+        // crun for the wrapper: none installed; CRI-O's own by its path; one in the
+        // wrapper's directories by name.
+        let mut found = found;
+        assert_eq!(crun_for_wrapper(&root, &found), None);
+        found.crun_paths = vec!["/usr/libexec/crio/crun".into()];
+        fs::create_dir_all(root.join("usr/libexec/crio")).unwrap();
+        fs::write(root.join("usr/libexec/crio/crun"), "").unwrap();
+        assert_eq!(
+            crun_for_wrapper(&root, &found).as_deref(),
+            Some("/usr/libexec/crio/crun")
+        );
+        fs::write(root.join("usr/bin/crun"), "").unwrap();
+        assert_eq!(crun_for_wrapper(&root, &found).as_deref(), Some(CRUN));
         // A containers.conf podman cannot read either: podman is left alone, not the install.
         fs::write(
             root.join("usr/share/containers/containers.conf"),

@@ -146,7 +146,9 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
             &crun_wrap::dropins(root),
         )
         .is_some();
-    let (config, runs_crun) = install_config(root, &target, given, crun.is_some(), wrapper_runs)?;
+    let crun_path = crun.as_ref().map(|(_, p)| p.as_str());
+    let (config, runs_crun) = install_config(root, &target, given, crun_path, wrapper_runs)?;
+    let crun = crun.map(|(found, _)| found);
     let quarantine = under(root, &config.quarantine_dir);
     ensure_private_dir(&quarantine)?;
     say!("devgate: quarantine directory {}", quarantine.display());
@@ -177,8 +179,13 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
 /// The config `text` where the wrapper is to run crun: (its text, whether its wrapper runs
 /// crun, whether runtime.path was added). `wrapper_runs`: another runtime runs the wrapper
 /// already, in front of what the config names now.
-fn with_crun(text: Vec<u8>, wrapper_runs: bool, cfg_path: &Path) -> Result<(Vec<u8>, bool, bool)> {
-    Ok(match crun_wrap::config_runtime(&text)? {
+fn with_crun(
+    text: Vec<u8>,
+    crun: &str,
+    wrapper_runs: bool,
+    cfg_path: &Path,
+) -> Result<(Vec<u8>, bool, bool)> {
+    Ok(match crun_wrap::config_runtime(&text, crun)? {
         ConfigRuntime::Crun => (text, true, false),
         ConfigRuntime::Add(_) if wrapper_runs => {
             say!(
@@ -201,14 +208,22 @@ fn with_crun(text: Vec<u8>, wrapper_runs: bool, cfg_path: &Path) -> Result<(Vec<
     })
 }
 
-/// The managers whose crun gets devgate's wrapper in front (`--enable`), where the wrapper
-/// can read devgate's config: it is started with no environment of the caller's, so it
-/// reads the default config only.
-fn crun_plan(root: &Path, target: &Target) -> Result<Option<crun_wrap::CrunRuntimes>> {
+/// The managers whose crun gets devgate's wrapper in front (`--enable`), and what
+/// runtime.path names crun by, where the wrapper can read devgate's config (it is started
+/// with no environment of the caller's, so it reads the default config only) and find crun.
+fn crun_plan(root: &Path, target: &Target) -> Result<Option<(crun_wrap::CrunRuntimes, String)>> {
     let found = crun_wrap::find(root)?;
     if !found.any() {
         return Ok(None);
     }
+    let Some(crun) = crun_wrap::crun_for_wrapper(root, &found) else {
+        say!(
+            "devgate: no crun here where devgate-runtime looks ({}) or the runtimes name it: \
+             crun keeps devgate's hooks alone",
+            crate::wrapper::runtime::SEARCH_DIRS.join(":")
+        );
+        return Ok(None);
+    };
     match target.config.as_deref() {
         Some(c) if c != Path::new(config::DEFAULT_PATH) => {
             say!(
@@ -218,7 +233,7 @@ fn crun_plan(root: &Path, target: &Target) -> Result<Option<crun_wrap::CrunRunti
             );
             Ok(None)
         }
-        _ => Ok(Some(found)),
+        _ => Ok(Some((found, crun))),
     }
 }
 
@@ -320,14 +335,14 @@ fn install_containerd_files(root: &Path, target: &Target, changes: &mut Changes)
 
 /// The config: the given one replaces the host's, else the host's is kept, else the
 /// default is written. With `crun` (install-host will put devgate's wrapper in front of
-/// crun), a config that names no runtime gets `runtime.path` crun in the same write, unless
+/// crun), a config that names no runtime gets `runtime.path` `crun` in the same write, unless
 /// `wrapper_runs` (another runtime already runs the wrapper, in front of runc). Returns the
 /// config the host now has, and whether its wrapper runs crun.
 fn install_config(
     root: &Path,
     target: &Target,
     given: Option<(&Path, Vec<u8>, Config)>,
-    crun: bool,
+    crun: Option<&str>,
     wrapper_runs: bool,
 ) -> Result<(Config, bool)> {
     let cfg_path = under(
@@ -362,8 +377,8 @@ fn install_config(
         },
     };
     let (text, runs_crun, added) = match crun {
-        false => (text, false, false),
-        true => with_crun(text, wrapper_runs, &cfg_path)?,
+        None => (text, false, false),
+        Some(crun) => with_crun(text, crun, wrapper_runs, &cfg_path)?,
     };
     let parsed = Config::parse(&text, &cfg_path)?;
     if write || added {
