@@ -3,12 +3,15 @@
 //! For podman and CRI-O whose runtime is crun, a drop-in points that runtime's own name at
 //! `devgate-runtime`, so containers made before and after keep the runtime they were made
 //! with: podman's `[engine.runtimes] NAME` in containers.conf.d, CRI-O's handler
-//! `runtime_path` in crio.conf.d. The wrapper then runs `runtime.path` of devgate's config,
-//! which must be crun. uninstall-host removes the drop-ins (files of devgate's alone).
+//! `runtime_path` in crio.conf.d. containerd's default runtime whose `BinaryName` is crun
+//! is found here too; its edit is containerd_crun.rs's. The wrapper then runs
+//! `runtime.path` of devgate's config, which must be crun. uninstall-host removes the
+//! drop-ins (files of devgate's alone).
 //!
 //! Pure parts first (the drop-ins' text, the config's runtime.path), then the host's.
 
 use super::conffile::read_opt;
+use super::containerd_config::quoted;
 use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
 use super::doctor::runtimes::{crio, podman};
 use super::enable::Changes;
@@ -28,21 +31,6 @@ pub(super) const CRIO_DROPIN: &str = "/etc/crio/crio.conf.d/99-devgate-runtime.c
 const HEAD: &str = "# devgate install-host:";
 /// The runtime the wrapper runs where install-host puts it in front of crun.
 const CRUN: &str = "crun";
-
-/// A TOML basic string.
-fn quoted(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
 
 /// podman's drop-in: the runtime `name` (crun) resolves to the wrapper.
 pub(super) fn podman_dropin(name: &str, wrapper: &Path) -> String {
@@ -74,7 +62,7 @@ pub(super) fn crio_dropin(name: &str, wrapper: &Path) -> String {
     )
 }
 
-/// Why devgate's config cannot have its wrapper run crun.
+/// What devgate's config says of the runtime its wrapper runs.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum ConfigRuntime {
     /// The config already names crun.
