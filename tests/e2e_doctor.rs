@@ -106,9 +106,13 @@ impl Node {
         doctor_lines(self.doctor_cmd(args, envs).output().unwrap())
     }
 
+    /// doctor in a PID namespace of its own, with its own /proc: it sees no kubelet but
+    /// the one a test starts there (another test's kubelet on this machine would count).
     fn doctor_cmd(&self, args: &[&str], envs: &[(&str, &Path)]) -> Command {
-        let mut cmd = Command::new(devgate_bin());
-        cmd.arg("--config")
+        let mut cmd = Command::new("/usr/bin/unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc"])
+            .arg(devgate_bin())
+            .arg("--config")
             .arg(&self.env.config)
             .arg("doctor")
             .args(args)
@@ -123,6 +127,59 @@ impl Node {
             cmd.env(k, v);
         }
         cmd
+    }
+
+    /// doctor beside a stand-in kubelet in its PID namespace: a script named `kubelet`
+    /// (its process is then named kubelet, as the real one is) started with `kubelet_args`,
+    /// as the user `setpriv` names where one is given. doctor starts once /proc names it.
+    fn doctor_beside_kubelet(
+        &self,
+        kubelet_args: &[&str],
+        setpriv: &[&str],
+        args: &[&str],
+    ) -> (i32, Vec<String>) {
+        let dir = self.dir().join("fake-kubelet");
+        fs::create_dir_all(&dir).unwrap();
+        let kubelet = dir.join("kubelet");
+        fs::write(&kubelet, "#!/bin/sh\n/bin/sleep 600\n").unwrap();
+        fs::set_permissions(&kubelet, fs::Permissions::from_mode(0o755)).unwrap();
+        let quote = |a: &str| format!("'{}'", a.replace('\'', "'\\''"));
+        let launch = dir.join("launch.sh");
+        fs::write(
+            &launch,
+            format!(
+                "{} {} {} &\nk=$!\n\
+                 until [ \"$(/bin/cat /proc/$k/comm 2>/dev/null)\" = kubelet ]; do \
+                 kill -0 $k 2>/dev/null || exit 97; done\n\
+                 \"$@\"\n",
+                setpriv
+                    .iter()
+                    .map(|a| quote(a))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                quote(kubelet.to_str().unwrap()),
+                kubelet_args
+                    .iter()
+                    .map(|a| quote(a))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+        )
+        .unwrap();
+        let doctor = self.doctor_cmd(args, &[]);
+        let mut cmd = Command::new(doctor.get_program());
+        let mut inner = doctor.get_args();
+        // unshare's own options, then the shell that starts kubelet and runs doctor.
+        cmd.args(inner.by_ref().take(3))
+            .arg("/bin/sh")
+            .arg(&launch)
+            .args(inner);
+        for (k, v) in doctor.get_envs() {
+            if let Some(v) = v {
+                cmd.env(k, v);
+            }
+        }
+        doctor_lines(cmd.output().unwrap())
     }
 
     /// A podman hooks directory as `hooks-config` writes it, for `bin`.
@@ -176,18 +233,34 @@ fn head(node: &Node) -> Vec<String> {
     ]
 }
 
+/// The kubelet lines where no kubelet runs (doctor runs in a PID namespace of its own) and
+/// no kubelet config is found.
+fn no_kubelet(node: &Node) -> [String; 2] {
+    [
+        format!(
+            "- kubelet_pods_dir: {}/kubelet/pods; cannot tell: no kubelet runs here, and its \
+             --root-dir is on its command line only (no kubelet config was found either)",
+            node.dir().display()
+        ),
+        "- kubelet_pod_logs_dir: /var/log/pods; cannot tell: no kubelet runs here and no \
+         kubelet config was found (name it with --kubelet-config)"
+            .to_string(),
+    ]
+}
+
 /// Every line after the runtimes, on a node with no NVIDIA driver.
 fn tail(node: &Node, lines: &[String]) {
     let n = lines.len();
     assert!(
-        lines[n - 5].starts_with("✓ cgroup mode: v"),
+        lines[n - 7].starts_with("✓ cgroup mode: v"),
         "{}",
-        lines[n - 5]
+        lines[n - 7]
     );
     assert_eq!(
-        lines[n - 4],
+        lines[n - 6],
         "✓ cgroup driver: cgroupfs, as containerd runtime runc SystemdCgroup = false"
     );
+    assert_eq!(lines[n - 5..n - 3], no_kubelet(node));
     assert_eq!(
         lines[n - 3],
         "- nvml: no NVIDIA driver (CPU node): cannot load /nonexistent/libnvidia-ml.so.1: \
@@ -212,8 +285,9 @@ fn wired_podman_and_containerd_pass() {
         "containerd.toml",
         &format!(
             "{RUNC_SECTION}\n  runtime_type = \"io.containerd.runc.v2\"\n  \
-             base_runtime_spec = \"{}\"\n",
-            spec.display()
+             base_runtime_spec = \"{}\"\n  container_annotations = [\"{}\"]\n",
+            spec.display(),
+            "io.kubernetes.container.terminationMessagePolicy"
         ),
     );
     let (code, lines) = node.doctor(&[
@@ -236,12 +310,79 @@ fn wired_podman_and_containerd_pass() {
              run devgate at start and poststop",
             spec.display()
         ),
+        "✓ containerd annotations: runtime runc passes \
+         io.kubernetes.container.terminationMessagePolicy to devgate's poststop"
+            .to_string(),
     ]);
     assert_eq!(lines[..want.len()], want[..], "{lines:#?}");
     tail(&node, &lines);
     assert_eq!(
         lines.last().unwrap(),
-        "devgate doctor: 0 failed, 9 passed, 2 notes"
+        "devgate doctor: 0 failed, 10 passed, 4 notes"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+}
+
+/// kubelet's terminationMessagePolicy reaches devgate's poststop only through the CRI's
+/// `container_annotations` (containerd's real `config dump` read): a runtime that runs
+/// devgate's poststop without it fails, with the table to add it to.
+#[test]
+fn containerd_without_the_policy_annotation_fails() {
+    require_cmd("containerd", "containerd");
+    let node = Node::new("doc-annot", &["containerd"], json!({}));
+    let spec = node.base_spec();
+    let runtime = |annotations: &str| {
+        format!(
+            "{RUNC_SECTION}\n  runtime_type = \"io.containerd.runc.v2\"\n  \
+             base_runtime_spec = \"{}\"\n{annotations}",
+            spec.display()
+        )
+    };
+    let plugin = common::node::cri_runtime_plugin();
+    for (annotations, has) in [
+        ("", "has no container_annotations".to_string()),
+        (
+            "  container_annotations = [\"io.kubernetes.cri.*\", \"[\"]\n",
+            r#"has container_annotations ["io.kubernetes.cri.*", "["], none matching it"#
+                .to_string(),
+        ),
+    ] {
+        let config = node.containerd_config("containerd.toml", &runtime(annotations));
+        let (code, lines) = node.doctor(&["--containerd-config", config.to_str().unwrap()]);
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("✗ containerd annotations: "))
+            .unwrap_or_else(|| panic!("{lines:#?}"));
+        assert_eq!(
+            lines[at..at + 2],
+            [
+                format!(
+                    "✗ containerd annotations: runtime runc runs devgate's poststop but {has}: \
+                     devgate takes every pod for terminationMessagePolicy File, so a \
+                     FallbackToLogsOnError pod's message loses its log lines"
+                ),
+                format!(
+                    "  fix: add \"io.kubernetes.container.terminationMessagePolicy\" to \
+                     container_annotations under [plugins.\"{plugin}\".containerd.runtimes.runc] \
+                     and restart containerd"
+                ),
+            ]
+        );
+        assert_eq!(code, 1);
+    }
+    // A pattern containerd matches as Go's path.Match does passes.
+    let config = node.containerd_config(
+        "containerd.toml",
+        &runtime("  container_annotations = [\"io.kubernetes.container.*\"]\n"),
+    );
+    let (code, lines) = node.doctor(&["--containerd-config", config.to_str().unwrap()]);
+    assert!(
+        lines.contains(
+            &"✓ containerd annotations: runtime runc passes \
+              io.kubernetes.container.terminationMessagePolicy to devgate's poststop"
+                .to_string()
+        ),
+        "{lines:#?}"
     );
     assert_eq!(code, 0, "{lines:#?}");
 }
@@ -289,7 +430,7 @@ fn unwired_podman_and_containerd_fail_with_the_fix() {
     tail(&node, &lines);
     assert_eq!(
         lines.last().unwrap(),
-        "devgate doctor: 2 failed, 7 passed, 2 notes"
+        "devgate doctor: 2 failed, 7 passed, 4 notes"
     );
     assert_eq!(code, 1);
 
@@ -444,7 +585,7 @@ fn containerd_imports_and_incomplete_base_spec() {
         dropins.join("devgate.toml"),
         format!(
             "version = 2\n{RUNC_SECTION}\n  runtime_type = \"io.containerd.runc.v2\"\n  \
-             base_runtime_spec = \"{}\"\n",
+             base_runtime_spec = \"{}\"\n  container_annotations = [\"io.kubernetes.*\"]\n",
             spec.display()
         ),
     )
@@ -882,7 +1023,7 @@ fn gpu_node_persistence_spares_and_device_plugin() {
             fake_nvml::uuid(7)
         ),
         format!("✓ kernel log: {} readable (empty)", node.kmsg.display()),
-        "devgate doctor: 3 failed, 16 passed, 4 notes".to_string(),
+        "devgate doctor: 3 failed, 16 passed, 6 notes".to_string(),
     ];
     assert_eq!(lines[at..], want[..], "{lines:#?}");
     assert_eq!(code, 1);
@@ -946,7 +1087,7 @@ fn hanging_nvml_fails_at_the_deadline_and_doctor_exits() {
     );
     assert_eq!(
         lines.last().unwrap(),
-        "devgate doctor: 1 failed, 6 passed, 4 notes"
+        "devgate doctor: 1 failed, 6 passed, 6 notes"
     );
     assert_eq!(code, 1);
 
@@ -1248,6 +1389,122 @@ fn podman_on_crun_with_hooks_alone_fails_and_the_wrapper_passes() {
     assert!(
         lines.iter().any(|l| l.starts_with("✓ podman: ")
             && l.ends_with("; its runtime is devgate's wrapper /usr/bin/devgate-runtime")),
+        "{lines:#?}"
+    );
+}
+
+/// doctor reads where the running kubelet keeps pods (`--root-dir`) and their logs
+/// (`podLogsDir` in its `--config` file, read inside its root) and fails a devgate config
+/// that names other directories; a stand-in kubelet in doctor's PID namespace plays the
+/// node's. A kubelet of another user's, or a config file doctor will not read, leaves a
+/// note, not a pass.
+#[test]
+fn kubelet_dirs_are_checked_against_the_running_kubelet() {
+    let node = Node::new("doc-kubelet", &[], json!({}));
+    let d = node.dir();
+    let root_dir = d.join("kubelet");
+    let conf = d.join("kubelet-config.yaml");
+    fs::write(
+        &conf,
+        fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/kubelet/kubeadm-podlogsdir.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let kargs = [
+        "--config",
+        conf.to_str().unwrap(),
+        "--root-dir",
+        root_dir.to_str().unwrap(),
+        "--v=2",
+    ];
+    let (code, lines) = node.doctor_beside_kubelet(&kargs, &[], &[]);
+    let at = lines
+        .iter()
+        .position(|l| l.contains("kubelet_pods_dir: "))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    let pid_of = |l: &str| -> String {
+        let i = l.find("(pid ").unwrap() + 5;
+        l[i..].split(')').next().unwrap().to_string()
+    };
+    let pid = pid_of(&lines[at]);
+    assert_eq!(
+        lines[at..at + 3],
+        [
+            format!(
+                "✓ kubelet_pods_dir: {}/pods, as kubelet (pid {pid}) --root-dir {}",
+                root_dir.display(),
+                root_dir.display()
+            ),
+            "✗ kubelet_pod_logs_dir: /var/log/pods, but kubelet uses /data/log/pods \
+             (podLogsDir in CONF): devgate appends its line to no log kubelet reads, so a \
+             FallbackToLogsOnError pod's message lacks it"
+                .replace("CONF", conf.to_str().unwrap()),
+            format!(
+                "  fix: set kubelet_pod_logs_dir to \"/data/log/pods\" in {}",
+                node.env.config.display()
+            ),
+        ],
+        "{lines:#?}"
+    );
+    assert_eq!(code, 1);
+
+    // devgate's config set as kubelet's: both pass, and doctor passes.
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&node.env.config).unwrap()).unwrap();
+    cfg["kubelet_pod_logs_dir"] = json!("/data/log/pods");
+    fs::write(&node.env.config, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let (code, lines) = node.doctor_beside_kubelet(&kargs, &[], &[]);
+    assert!(
+        lines.contains(&format!(
+            "✓ kubelet_pod_logs_dir: /data/log/pods, as podLogsDir in {}",
+            conf.display()
+        )),
+        "{lines:#?}"
+    );
+    assert_eq!(code, 0, "{lines:#?}");
+
+    // A kubelet elsewhere: both fail, each with the directory kubelet uses.
+    let (code, lines) = node.doctor_beside_kubelet(&["--root-dir=/srv/kubelet"], &[], &[]);
+    let fails: Vec<&String> = lines.iter().filter(|l| l.starts_with("✗ ")).collect();
+    assert_eq!(fails.len(), 2, "{lines:#?}");
+    assert!(fails[0].starts_with(&format!(
+        "✗ kubelet_pods_dir: {}/pods, but kubelet uses /srv/kubelet/pods (kubelet (pid ",
+        root_dir.display()
+    )));
+    assert!(fails[1].starts_with(
+        "✗ kubelet_pod_logs_dir: /data/log/pods, but kubelet uses /var/log/pods (kubelet (pid "
+    ));
+    assert_eq!(code, 1);
+
+    // A process another user names kubelet does not count: nothing is told.
+    let nobody = [
+        "/usr/bin/setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let (_, lines) = node.doctor_beside_kubelet(&["--root-dir=/srv/evil"], &nobody, &[]);
+    let notes: Vec<&String> = lines.iter().filter(|l| l.contains("kubelet_pod")).collect();
+    assert_eq!(notes.len(), 2, "{lines:#?}");
+    for n in notes {
+        assert!(
+            n.starts_with("- ") && n.contains("cannot tell: no kubelet runs here"),
+            "{n}"
+        );
+    }
+
+    // A config file kubelet's root holds that doctor will not read: a note with the reason.
+    let huge = d.join("huge.yaml");
+    fs::write(&huge, "#".repeat(2 << 20)).unwrap();
+    let (_, lines) = node.doctor_beside_kubelet(&["--config", huge.to_str().unwrap()], &[], &[]);
+    assert!(
+        lines.contains(&format!(
+            "- kubelet_pod_logs_dir: /data/log/pods; cannot tell: {} is larger than 1048576 \
+             bytes",
+            huge.display()
+        )),
         "{lines:#?}"
     );
 }

@@ -29,6 +29,18 @@ const SPEC_LINE: &str = r#"base_runtime_spec = "/etc/containerd/devgate-base-spe
 const ANNOTATIONS_LINE: &str =
     r#"container_annotations = ["io.kubernetes.container.terminationMessagePolicy"]"#;
 const PROGRAMS: [&str; 3] = ["devgate", "devgate-hook", "devgate-runtime"];
+/// A plain podman container.
+const PLAIN: &[&str] = &[
+    "run",
+    "--rm",
+    "--network",
+    "none",
+    TEST_IMAGE,
+    "echo",
+    "ran",
+];
+/// install-host's podman drop-in: crun's name resolves to devgate's wrapper.
+const PODMAN_DROPIN: &str = "/etc/containers/containers.conf.d/99-devgate-runtime.conf";
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -112,6 +124,17 @@ step() {{
 runs() {{
   ctr -n default run --rm --config $O/spec.json dg-$1 >$O/$1.ctr 2>&1
 }}
+# podman as the node's operator runs it (its crun, through devgate's wrapper once enabled),
+# on vfs: the image's root is an overlay, which podman's overlay driver cannot sit on; no
+# pids limit: the node's cgroup has no pids controller.
+pm() {{
+  podman --storage-driver vfs "$@"
+}}
+prun() {{
+  s=$1; shift
+  pm run --rm --network none --pids-limit 0 "$@" >$O/$s.podman 2>&1; echo $? >$O/$s.podmanrc
+}}
+dropin=/etc/containers/containers.conf.d/99-devgate-runtime.conf
 # The DaemonSet's view: the node's root at /host in a mount namespace of its own.
 at_host() {{
   unshare -m --propagation private sh -c 'mount --rbind / /host && exec "$0" "$@"' "$@"
@@ -123,11 +146,23 @@ ctr -n default images import $O/image.tar >$O/import.out 2>&1 &&
   mkdir -p /run/dg-rootfs && ctr -n default images mount --rw {image} /run/dg-rootfs >>$O/import.out 2>&1
 echo $? >$O/import.rc
 runs orig
+pm load -i $O/image.tar >$O/podman-load.out 2>&1; echo $? >$O/podman-load.rc
+prun orig {image} echo ran
 step install $DG install-host --root / --prefix /usr/local --enable --restart
 runs install
+if [ -e $dropin ]; then cp $dropin $O/install.podmandropin; fi
+cp /etc/devgate/config.json $O/install.devgateconfig
+$DG cordon /dev/zero --reason forky >$O/cordon.out 2>&1
+prun installreject --device /dev/zero {image} true
+prun install {image} echo ran
+pm info --format '{{{{.Host.OCIRuntime.Name}}}} {{{{.Host.OCIRuntime.Path}}}}' >$O/install.podmanruntime 2>&1
+$DG doctor >$O/install.doctor 2>&1
+$DG uncordon /dev/zero >>$O/cordon.out 2>&1
 step again $DG install-host --root / --prefix /usr/local --enable --restart
 step uninstall $DG uninstall-host --root / --restart
 runs uninstall
+if [ -e $dropin ]; then cp $dropin $O/uninstall.podmandropin; fi
+prun uninstall {image} echo ran
 # A containerd that cannot start while its config holds devgate's lines.
 mkdir -p /run/systemd/system/$unit.d
 cat >/run/systemd/system/$unit.d/x.conf <<'EOF'
@@ -159,9 +194,12 @@ runs remove
 mkdir -p /host
 step hostinstall at_host $DG install-host --root /host --prefix /usr/local --enable --restart
 runs hostinstall
+if [ -e $dropin ]; then cp $dropin $O/hostinstall.podmandropin; fi
+pm info --format '{{{{.Host.OCIRuntime.Path}}}}' >$O/hostinstall.podmanruntime 2>&1
 step hostagain at_host $DG install-host --root /host --prefix /usr/local --enable --restart
 step hostremove at_host $DG uninstall-host --root /host --restart --programs
 runs hostremove
+if [ -e $dropin ]; then cp $dropin $O/hostremove.podmandropin; fi
 echo done >$O/done
 "#
     )
@@ -330,6 +368,24 @@ fn enable_and_restart_on_a_booted_systemd_node() {
         );
     }
 
+    podman_on_the_booted_node(&out, &log);
+    // Through --root /host too (the DaemonSet's view: the wrapper checked chrooted), and a
+    // rerun finds the drop-in in place.
+    let host_dropin = fs::read_to_string(out.join("hostinstall.podmandropin")).unwrap_or_default();
+    assert_eq!(
+        host_dropin,
+        fs::read_to_string(out.join("install.podmandropin")).unwrap_or_default(),
+        "{log}"
+    );
+    assert!(
+        fs::read_to_string(out.join("hostinstall.podmanruntime"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == "/usr/local/bin/devgate-runtime"),
+        "{log}"
+    );
+    assert!(!out.join("hostremove.podmandropin").exists(), "{log}");
+
     // Twice is once: nothing changes, nothing restarts.
     let again = step("again");
     assert_eq!(again.rc(), "0", "{}", again.said());
@@ -343,6 +399,13 @@ fn enable_and_restart_on_a_booted_systemd_node() {
     assert_eq!(again.config(), install.config());
     assert_eq!(again.read("spec"), install.read("spec"));
     assert_eq!(again.pid(), install.pid(), "{}", again.said());
+    assert!(
+        again.read("out").contains(
+            "devgate: /etc/containers/containers.conf.d/99-devgate-runtime.conf is in place"
+        ),
+        "{}",
+        again.said()
+    );
     again.assert_running();
 
     // uninstall-host --restart: the config byte for byte, the spec gone (nothing names it),
@@ -585,6 +648,25 @@ exec sleep 100000"#;
         out
     }
 
+    /// podman on the node as its operator runs it: the node's containers.conf files (no
+    /// CONTAINERS_CONF), with `p`'s storage.
+    fn podman(&self, p: &Podman, args: &[&str]) -> Output {
+        let e = self.enter();
+        Command::new(&e[0])
+            .args(&e[1..])
+            .arg("podman")
+            .arg("--root")
+            .arg(p.dir.join("root"))
+            .arg("--runroot")
+            .arg(p.dir.join("runroot"))
+            .args(["--storage-driver", "vfs"])
+            .args(args)
+            .env_remove("CONTAINERS_CONF")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
     /// containerd on the node, on its /etc/containerd/config.toml.
     fn containerd(&self, work: &Path) -> Containerd {
         let e = self.enter();
@@ -699,6 +781,22 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     let file = host.path("/etc/containerd/config.toml");
     fs::create_dir_all(file.parent().unwrap()).unwrap();
     fs::write(&file, &config).unwrap();
+
+    // podman on the node: its runtime is crun (podman's default), its settings this
+    // machine's (the test Podman's) in the node's own containers.conf.
+    // What a plain container does under crun before devgate is the baseline: crun 1.8
+    // refuses this host's hybrid cgroups, and through the wrapper it must do the same.
+    let podman = have("podman").then(|| {
+        let p = Podman::new("enable-nosd-podman");
+        let conf = host.path("/etc/containers/containers.conf");
+        fs::create_dir_all(conf.parent().unwrap()).unwrap();
+        fs::copy(p.dir.join("containers.conf"), &conf).unwrap();
+        let plain = host.podman(&p, PLAIN);
+        if !plain.status.success() {
+            eprintln!("crun cannot run a container on this node: {}", text(&plain));
+        }
+        (p, plain)
+    });
 
     // No devgate on the node yet: a container starts.
     let cd = host.containerd(&work);
@@ -846,6 +944,9 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
         pod.rejected("gpu", &["/dev/zero"], reject);
         pod.runs("plain", &[], &cd);
     }
+    if let Some((p, plain)) = &podman {
+        podman_through_the_wrapper(&host, p, plain, reject);
+    }
     let decisions = env.decisions();
     assert!(
         decisions.iter().any(|d| d["action"] == "reject"),
@@ -857,6 +958,28 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     let said = host.devgate_ok(&["uninstall-host", "--root", "/"]);
     assert_eq!(fs::read_to_string(&file).unwrap(), config, "{said}");
     assert!(said.contains("--programs"), "{said}");
+    if let Some((p, _)) = &podman {
+        // podman runs crun itself again, and with the hooks gone the device starts.
+        assert!(!host.path(PODMAN_DROPIN).exists(), "{said}");
+        assert!(
+            !host.path("/etc/containers/containers.conf.d").exists(),
+            "the directory install-host made stays: {said}"
+        );
+        let out = host.podman(
+            p,
+            &[
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "--device",
+                "/dev/zero",
+                TEST_IMAGE,
+                "true",
+            ],
+        );
+        assert!(!text(&out).contains("devgate"), "{}", text(&out));
+    }
     drop(cd);
     let cd = host.containerd(&work);
     let said = host.devgate_ok(&["uninstall-host", "--root", "/", "--programs"]);
@@ -874,4 +997,229 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     }
     env.ok(&["uncordon", "/dev/zero"]);
     drop(cd);
+}
+
+/// podman on a node where install-host put devgate-runtime in front of its crun: the
+/// drop-in names the wrapper under crun's own name, devgate's config has the wrapper run
+/// crun, podman's error carries devgate's reject line, a container without devices runs,
+/// and doctor passes podman.
+fn podman_through_the_wrapper(host: &NodeNs, p: &Podman, plain: &Output, reject: &str) {
+    let dropin = fs::read_to_string(host.path(PODMAN_DROPIN)).unwrap();
+    assert!(
+        dropin.ends_with("[engine.runtimes]\n\"crun\" = [\"/usr/local/bin/devgate-runtime\"]\n"),
+        "{dropin}"
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&fs::read(host.path("/etc/devgate/config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["runtime"]["path"], "crun", "{cfg}");
+    let out = host.podman(
+        p,
+        &[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--device",
+            "/dev/zero",
+            TEST_IMAGE,
+            "true",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(reject), "{}", text(&out));
+    let out = host.podman(p, PLAIN);
+    assert_eq!(out.status.code(), plain.status.code(), "{}", text(&out));
+    if plain.status.success() {
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    } else {
+        let last = |o: &Output| text(o).trim_end().lines().last().unwrap_or("").to_string();
+        assert_eq!(
+            last(&out),
+            last(plain),
+            "the wrapper changed what crun says"
+        );
+    }
+    let doctor = host.devgate(&["doctor"]);
+    let podman_line = String::from_utf8_lossy(&doctor.stdout)
+        .lines()
+        .find(|l| l.contains(" podman: "))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        podman_line.starts_with("✓ podman: ")
+            && podman_line
+                .ends_with("its runtime is devgate's wrapper /usr/local/bin/devgate-runtime"),
+        "{}",
+        text(&doctor)
+    );
+}
+
+/// podman 5 on the booted forky node, whose runtime is crun: install-host put
+/// devgate-runtime in front of it (the drop-in under crun's own name, devgate's config
+/// running crun), a cordoned device's start fails with devgate's line, a plain container
+/// does what it did before devgate, doctor passes every runtime the node has, and
+/// uninstall-host takes the drop-in out again.
+fn podman_on_the_booted_node(out: &Path, log: &str) {
+    let read = |n: &str| fs::read_to_string(out.join(n)).unwrap_or_default();
+    assert_eq!(
+        read("podman-load.rc").trim(),
+        "0",
+        "podman load: {}\n{log}",
+        read("podman-load.out")
+    );
+    let dropin = read("install.podmandropin");
+    assert!(
+        dropin.ends_with("[engine.runtimes]\n\"crun\" = [\"/usr/local/bin/devgate-runtime\"]\n"),
+        "no podman drop-in: {dropin:?}\n{}\n{log}",
+        read("install.out")
+    );
+    let cfg: serde_json::Value = serde_json::from_str(&read("install.devgateconfig")).unwrap();
+    assert_eq!(cfg["runtime"]["path"], "crun", "{cfg}");
+    // podman keeps crun's name and runs the wrapper under it.
+    let info = read("install.podmanruntime");
+    assert!(
+        info.lines()
+            .any(|l| l == "crun /usr/local/bin/devgate-runtime"),
+        "podman info: {info}"
+    );
+    let reject =
+        r#"devgate: rejected /dev/zero (1:5): quarantined by operator: "forky"; policy reject"#;
+    assert_ne!(read("installreject.podmanrc").trim(), "0");
+    assert!(
+        read("installreject.podman").contains(reject),
+        "podman's error: {}\ncordon: {}\n{log}",
+        read("installreject.podman"),
+        read("cordon.out")
+    );
+    // A plain container does through the wrapper what it did under crun alone.
+    let orig_rc = read("orig.podmanrc");
+    eprintln!(
+        "podman run on the booted node before devgate: rc {}: {}",
+        orig_rc.trim(),
+        read("orig.podman").trim_end().lines().last().unwrap_or("")
+    );
+    for s in ["install", "uninstall"] {
+        assert_eq!(
+            read(&format!("{s}.podmanrc")),
+            orig_rc,
+            "{s}: {}\nbefore: {}\n{log}",
+            read(&format!("{s}.podman")),
+            read("orig.podman")
+        );
+        if orig_rc.trim() == "0" {
+            let said = read(&format!("{s}.podman"));
+            assert!(said.lines().any(|l| l == "ran"), "{s}: {said}");
+        }
+    }
+    let doctor = read("install.doctor");
+    for l in doctor.lines() {
+        for rt in ["podman", "cri-o", "containerd", "containerd annotations"] {
+            if l.starts_with(&format!("✗ {rt}: ")) {
+                panic!("doctor fails {rt} after install-host:\n{doctor}");
+            }
+        }
+    }
+    assert!(
+        doctor.lines().any(|l| l.starts_with("✓ podman: ")
+            && l.ends_with("its runtime is devgate's wrapper /usr/local/bin/devgate-runtime")),
+        "{doctor}"
+    );
+    assert!(
+        doctor.lines().any(|l| l.starts_with("✓ containerd: ")),
+        "{doctor}"
+    );
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.starts_with("✓ containerd annotations: ")),
+        "{doctor}"
+    );
+    assert!(
+        !out.join("uninstall.podmandropin").exists(),
+        "{}",
+        read("uninstall.out")
+    );
+}
+
+/// A node whose containerd runs crun (its default runtime's `BinaryName`): install-host
+/// `--enable` sets the operator's BinaryName line aside for devgate-runtime's, which
+/// containerd's own `config dump` then reads (imports included), doctor passes containerd,
+/// and uninstall-host gives config.toml back byte for byte. File level: crun 1.8 starts no
+/// container on this host's hybrid cgroups, so no pod runs here; the booted forky node
+/// runs runc.
+#[test]
+fn containerd_running_crun_gets_the_wrapper() {
+    require_root!();
+    require_cmd("containerd", "containerd");
+    require_cmd("crun", "crun");
+    let work = tempdir("enable-crun-ctd");
+    let host = NodeNs::new(&work);
+    let version = cri::Config::of_containerd();
+    let config = format!(
+        "{top}\n\n{runc}\n  runtime_type = \"io.containerd.runc.v2\"\n{opts}.options]\n  \
+         BinaryName = \"/usr/bin/crun\"  # the operator's crun\n  SystemdCgroup = false\n",
+        top = version.top(),
+        runc = version.runc_table(),
+        opts = version.runc_table().trim_end_matches(']'),
+    );
+    let file = host.path("/etc/containerd/config.toml");
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, &config).unwrap();
+    let said = host.devgate_ok(&[
+        "install-host",
+        "--root",
+        "/",
+        "--prefix",
+        "/usr/local",
+        "--enable",
+    ]);
+    let edited = fs::read_to_string(&file).unwrap();
+    assert!(
+        edited.contains(
+            "# devgate install-host set aside:   BinaryName = \"/usr/bin/crun\"  # the operator's crun\n  \
+             BinaryName = \"/usr/local/bin/devgate-runtime\" # devgate install-host\n"
+        ),
+        "{edited}\n{said}"
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&fs::read(host.path("/etc/devgate/config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["runtime"]["path"], "crun", "{cfg}");
+    let e = host.enter();
+    let dump = Command::new(&e[0])
+        .args(&e[1..])
+        .args([
+            "containerd",
+            "--config",
+            "/etc/containerd/config.toml",
+            "config",
+            "dump",
+        ])
+        .output()
+        .unwrap();
+    let dumped = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dumped
+            .lines()
+            .any(|l| l.trim().starts_with("BinaryName")
+                && l.contains("/usr/local/bin/devgate-runtime")),
+        "{dumped}"
+    );
+    let doctor = host.devgate(&["doctor"]);
+    let lines = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    assert!(
+        lines.lines().any(|l| l.starts_with("✓ containerd: default runtime runc runs devgate's runtime wrapper /usr/local/bin/devgate-runtime")),
+        "{lines}"
+    );
+    // Twice is once.
+    host.devgate_ok(&[
+        "install-host",
+        "--root",
+        "/",
+        "--prefix",
+        "/usr/local",
+        "--enable",
+    ]);
+    assert_eq!(fs::read_to_string(&file).unwrap(), edited);
+    let said = host.devgate_ok(&["uninstall-host", "--root", "/"]);
+    assert_eq!(fs::read_to_string(&file).unwrap(), config, "{said}");
 }

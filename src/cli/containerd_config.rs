@@ -23,7 +23,7 @@ pub(super) const ANNOTATION: &str = "io.kubernetes.container.terminationMessageP
 /// Config versions 2 (containerd 1.x; 2.x reads it too) and 3 (containerd 2.x) name the
 /// CRI runtime section differently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Version {
+pub(super) enum Version {
     V2,
     V3,
 }
@@ -103,11 +103,11 @@ impl fmt::Display for EditError {
 
 type Result<T> = std::result::Result<T, EditError>;
 
-fn parse(text: &str) -> Result<Table> {
+pub(super) fn parse(text: &str) -> Result<Table> {
     toml::from_str::<Table>(text).map_err(|e| EditError::NotToml(e.message().to_string()))
 }
 
-fn lookup<'a>(t: &'a Table, path: &[String]) -> Option<&'a Value> {
+pub(super) fn lookup<'a>(t: &'a Table, path: &[String]) -> Option<&'a Value> {
     let (first, rest) = path.split_first()?;
     let v = t.get(first)?;
     match rest {
@@ -116,7 +116,7 @@ fn lookup<'a>(t: &'a Table, path: &[String]) -> Option<&'a Value> {
     }
 }
 
-fn version(t: &Table) -> Result<Version> {
+pub(super) fn version(t: &Table) -> Result<Version> {
     match t.get("version") {
         None if t.is_empty() => Ok(Version::V2),
         None => Err(EditError::Version1),
@@ -130,7 +130,7 @@ fn version(t: &Table) -> Result<Version> {
 }
 
 /// The path of the default runtime's table: `…containerd.runtimes.<default_runtime_name>`.
-fn runtime_path(t: &Table, v: Version) -> Result<Vec<String>> {
+pub(super) fn runtime_path(t: &Table, v: Version) -> Result<Vec<String>> {
     let mut path: Vec<String> = v.cri().iter().map(|s| s.to_string()).collect();
     path.push("default_runtime_name".into());
     let name = match lookup(t, &path) {
@@ -148,7 +148,7 @@ fn runtime_path(t: &Table, v: Version) -> Result<Vec<String>> {
 }
 
 /// A TOML basic string.
-fn quoted(s: &str) -> String {
+pub(super) fn quoted(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {
@@ -181,7 +181,7 @@ fn header(path: &[String]) -> String {
 }
 
 /// The key path a `[table]` header line names, if `line` is one.
-fn header_path(line: &str) -> Option<Vec<String>> {
+pub(super) fn header_path(line: &str) -> Option<Vec<String>> {
     let l = line.trim_start();
     if !l.starts_with('[') || l.starts_with("[[") {
         return None;
@@ -306,17 +306,21 @@ pub(super) fn enable(text: &str, spec: &Path) -> Result<Edit> {
             out
         }
     };
-    verify(&before, &out, &path, &spec_s)?;
+    verify(text, &out, &path, &spec_s)?;
     Ok(Edit::Changed(out))
 }
 
-/// `text` without the lines devgate added.
+/// `text` without the lines devgate added, and with the lines it set aside ([`WAS`],
+/// containerd_crun.rs) back.
 pub(super) fn disable(text: &str) -> Result<Edit> {
     let kept: String = text
         .split_inclusive('\n')
-        .filter(|l| !is_marked(l))
+        .filter_map(|l| match l.strip_prefix(WAS) {
+            Some(orig) => Some(orig),
+            None => (!is_marked(l)).then_some(l),
+        })
         .collect();
-    if kept.len() == text.len() {
+    if kept == text {
         return Ok(Edit::Unchanged);
     }
     parse(&kept)?;
@@ -327,9 +331,13 @@ fn is_marked(line: &str) -> bool {
     line.trim_end().ends_with(MARK) || line.trim_start().starts_with(MARK)
 }
 
+/// What starts an operator's line devgate set aside (commented out) to set the key itself
+/// (containerd_crun.rs); removal gives the line back as it was.
+pub(super) const WAS: &str = "# devgate install-host set aside: ";
+
 /// The edited text sets devgate's spec on the runtime, and without devgate's lines reads
-/// as `before`.
-fn verify(before: &Table, out: &str, path: &[String], spec: &str) -> Result<()> {
+/// as `text` does without them.
+fn verify(text: &str, out: &str, path: &[String], spec: &str) -> Result<()> {
     let after = parse(out).map_err(|_| EditError::Unverified)?;
     let set = lookup(&after, path)
         .and_then(|rt| rt.get("base_runtime_spec"))
@@ -337,10 +345,16 @@ fn verify(before: &Table, out: &str, path: &[String], spec: &str) -> Result<()> 
     if set != Some(spec) {
         return Err(EditError::Unverified);
     }
-    let Edit::Changed(stripped) = disable(out)? else {
+    let base = |t: &str| -> Result<String> {
+        Ok(match disable(t)? {
+            Edit::Changed(s) => s,
+            Edit::Unchanged => t.to_string(),
+        })
+    };
+    let Edit::Changed(_) = disable(out)? else {
         return Err(EditError::Unverified);
     };
-    if parse(&stripped).ok().as_ref() != Some(before) {
+    if parse(&base(out)?).ok() != parse(&base(text)?).ok() {
         return Err(EditError::Unverified);
     }
     Ok(())

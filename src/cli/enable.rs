@@ -59,7 +59,7 @@ impl Changes {
     }
 
     /// Whether any kept file now reads otherwise.
-    fn any_changed(&self) -> Result<bool> {
+    pub(super) fn any_changed(&self) -> Result<bool> {
         for k in &self.0 {
             if read_opt(&k.path)? != k.before {
                 return Ok(true);
@@ -69,7 +69,7 @@ impl Changes {
     }
 
     /// Every kept file back as it was.
-    fn put_back(&self) -> Result<()> {
+    pub(super) fn put_back(&self) -> Result<()> {
         for k in &self.0 {
             match &k.before {
                 Some(bytes) => write_atomic(&k.path, bytes, k.mode)?,
@@ -93,7 +93,7 @@ const CONTAINERD_PROGRAMS: [&str; 3] = [
 ];
 
 /// The host's containerd program, as the host names it.
-fn containerd_program(root: &Path) -> Option<PathBuf> {
+pub(super) fn containerd_program(root: &Path) -> Option<PathBuf> {
     host_exec::program_under(root, &CONTAINERD_PROGRAMS)
 }
 
@@ -106,7 +106,7 @@ fn has_containerd(root: &Path) -> bool {
 /// plugin section from an imported drop-in (nvidia-ctk's, a registry mirror's), and one
 /// may set the default runtime, so the file's own text cannot say. A host without a
 /// containerd program has nothing to ask.
-fn check_effective(root: &Path, spec: &Path) -> Result<()> {
+fn check_effective(root: &Path, spec: &Path, wrapper: Option<&Path>) -> Result<()> {
     let Some(bin) = containerd_program(root) else {
         return Ok(());
     };
@@ -126,8 +126,19 @@ fn check_effective(root: &Path, spec: &Path) -> Result<()> {
         .get(name)
         .map(|r| r.base_runtime_spec.as_str())
         .unwrap_or("");
-    if Path::new(effective) == spec {
-        return Ok(());
+    let binary = cri.runtimes.get(name).map(|r| r.binary_name.as_str());
+    match wrapper {
+        Some(w) if Path::new(effective) == spec && binary != Some(&*w.to_string_lossy()) => {
+            return Err(bad(format!(
+                "containerd reads it (with its imports) as running {:?} for its default \
+                 runtime {name:?}, not {}: an imported drop-in sets BinaryName; set it there \
+                 by hand (docs/install.md)",
+                binary.unwrap_or(""),
+                w.display()
+            )))
+        }
+        _ if Path::new(effective) == spec => return Ok(()),
+        _ => {}
     }
     Err(bad(format!(
         "containerd reads it (with its imports) as starting its default runtime {name:?} \
@@ -150,7 +161,14 @@ fn text_of(file: &Path) -> Result<String> {
 
 /// Edits containerd's config on the host at `root`: devgate's lines in (`spec`, the base
 /// spec as the host names it) or, with `None`, out. Keeps the file in `changes` first.
-pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Changes) -> Result<()> {
+/// With `crun_wrapper`, a default runtime that runs crun runs that wrapper instead (its
+/// BinaryName line set aside, [`containerd_config::wrap_crun`]).
+pub(super) fn edit_config(
+    root: &Path,
+    spec: Option<&Path>,
+    crun_wrapper: Option<&Path>,
+    changes: &mut Changes,
+) -> Result<()> {
     let file = config_file(root);
     if spec.is_none() && !fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
         // Removal: only a file devgate could have written holds its lines.
@@ -165,11 +183,8 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
         return Ok(());
     }
     let text = text_of(&file)?;
-    let edit = match spec {
-        Some(spec) => containerd_config::enable(&text, spec),
-        None => containerd_config::disable(&text),
-    }
-    .map_err(|e| Error::invalid(file.display().to_string(), e.to_string()))?;
+    let edit = edited(&text, spec, crun_wrapper)
+        .map_err(|e| Error::invalid(file.display().to_string(), e.to_string()))?;
     match (edit, spec) {
         (Edit::Unchanged, Some(_)) => {
             say!(
@@ -186,7 +201,7 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
             this.keep(&file)?;
             write_atomic(&file, new.as_bytes(), mode_of(&file))?;
             if let Some(spec) = spec {
-                if let Err(e) = check_effective(root, spec) {
+                if let Err(e) = check_effective(root, spec, crun_wrapper) {
                     this.put_back()?;
                     return Err(e);
                 }
@@ -202,6 +217,30 @@ pub(super) fn edit_config(root: &Path, spec: Option<&Path>, changes: &mut Change
         }
     }
     Ok(())
+}
+
+/// containerd's config text edited: devgate's base spec named (and with `crun_wrapper`,
+/// crun's BinaryName set aside for it), or with no `spec` devgate's lines out.
+fn edited(
+    text: &str,
+    spec: Option<&Path>,
+    crun_wrapper: Option<&Path>,
+) -> std::result::Result<Edit, containerd_config::EditError> {
+    let Some(spec) = spec else {
+        return containerd_config::disable(text);
+    };
+    let e = containerd_config::enable(text, spec)?;
+    let Some(w) = crun_wrapper else {
+        return Ok(e);
+    };
+    let base = match &e {
+        Edit::Changed(t) => t.as_str(),
+        Edit::Unchanged => text,
+    };
+    Ok(match super::containerd_crun::wrap_crun(base, w)? {
+        Edit::Changed(t) => Edit::Changed(t),
+        Edit::Unchanged => e,
+    })
 }
 
 /// The host root install-host and uninstall-host act on: `--root`, absolute. `usage` is

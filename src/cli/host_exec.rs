@@ -32,6 +32,11 @@ pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), RunError>
     Ok(())
 }
 
+/// `p` (absolute, on the host) under the host root.
+pub(crate) fn under(root: &Path, p: &Path) -> PathBuf {
+    root.join(p.strip_prefix("/").unwrap_or(p))
+}
+
 /// The first of `candidates` (paths under the host root, as the host names them without
 /// the leading `/`) that is a file there, as the host names it.
 pub(crate) fn program_under(root: &Path, candidates: &[&str]) -> Option<PathBuf> {

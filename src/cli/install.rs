@@ -2,6 +2,7 @@
 //! mounted at `--root` (the Kubernetes DaemonSet installer).
 
 use super::conffile::{say_laid, Conffile, RECORD_DIR};
+use super::crun_wrap::{self, ConfigRuntime};
 use super::enable::{self, Changes};
 use super::hooks_config::File;
 use super::hooks_config::{
@@ -9,6 +10,7 @@ use super::hooks_config::{
     DEFAULT_CONFIG, HOST_HOOKS_DIR, PACKAGE_HOOKS_DIR,
 };
 use super::host_opts::{target_of, Opts};
+use super::runtime_confs::named_by_runtime_config;
 use super::wrapper_config;
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
@@ -24,10 +26,7 @@ pub(super) const SHARE_DIR: &str = "/usr/share/devgate";
 /// containerd's config snippets among them (named by the DaemonSet's notes).
 const SNIPPET_DIR: &str = "/usr/share/devgate/containerd";
 
-/// `p` (absolute, on the host) under the host root.
-pub(super) fn under(root: &Path, p: &Path) -> PathBuf {
-    root.join(p.strip_prefix("/").unwrap_or(p))
-}
+pub(super) use super::host_exec::under;
 
 /// The base spec `name` on the host at `root`, with its install record.
 pub(super) struct BaseSpec {
@@ -135,21 +134,106 @@ pub(super) fn install_host(o: &Opts) -> Result<()> {
     // What a restart may have to put back: the spec, its record, containerd's config.
     let mut changes = Changes::default();
     install_containerd_files(root, &target, &mut changes)?;
-    let config = install_config(root, &target, given)?;
+    let wrapper = wrapper_config::wrapper_path(&target);
+    let crun = match o.enable {
+        true => crun_plan(root, &target)?,
+        false => None,
+    };
+    let wrapper_runs = crun.is_some()
+        && named_by_runtime_config(
+            root,
+            std::slice::from_ref(&wrapper),
+            &crun_wrap::dropins(root),
+        )
+        .is_some();
+    let crun_path = crun.as_ref().map(|(_, p)| p.as_str());
+    let (config, runs_crun) = install_config(root, &target, given, crun_path, wrapper_runs)?;
+    let crun = crun.map(|(found, _)| found);
     let quarantine = under(root, &config.quarantine_dir);
     ensure_private_dir(&quarantine)?;
     say!("devgate: quarantine directory {}", quarantine.display());
-    // Last: containerd is pointed at the spec only once everything it names is there.
+    // Last: the runtimes are pointed at devgate only once everything they name is there.
+    let mut crun_changes = Changes::default();
     if o.enable {
         let spec = Path::new(CONTAINERD_DIR).join(CONTAINERD_BASE_SPEC_NAME);
-        enable::edit_config(root, Some(&spec), &mut changes)?;
+        let crun_wrapper = crun
+            .as_ref()
+            .filter(|f| runs_crun && f.containerd.is_some())
+            .map(|_| wrapper.as_path());
+        enable::edit_config(root, Some(&spec), crun_wrapper, &mut changes)?;
+        if let (Some(found), true) = (&crun, runs_crun) {
+            crun_wrap::enable(root, &wrapper, found, &mut crun_changes)?;
+        }
     }
     if o.restart {
-        enable::restart(root, &changes, "devgate is on")
+        enable::restart(root, &changes, "devgate is on")?;
+        crun_wrap::restart_crio(root, &crun_changes)
     } else if o.enable {
-        enable::say_restart_needed(&changes)
+        enable::say_restart_needed(&changes)?;
+        crun_wrap::say_restart_needed(&crun_changes)
     } else {
         Ok(())
+    }
+}
+
+/// The config `text` where the wrapper is to run crun: (its text, whether its wrapper runs
+/// crun, whether runtime.path was added). `wrapper_runs`: another runtime runs the wrapper
+/// already, in front of what the config names now.
+fn with_crun(
+    text: Vec<u8>,
+    crun: &str,
+    wrapper_runs: bool,
+    cfg_path: &Path,
+) -> Result<(Vec<u8>, bool, bool)> {
+    Ok(match crun_wrap::config_runtime(&text, crun)? {
+        ConfigRuntime::Crun => (text, true, false),
+        ConfigRuntime::Add(_) if wrapper_runs => {
+            say!(
+                "devgate: a runtime here already runs devgate-runtime in front of runc \
+                 (runtime.path unset): crun keeps devgate's hooks alone; set runtime.path \
+                 in {} to run both through it",
+                cfg_path.display()
+            );
+            (text, false, false)
+        }
+        ConfigRuntime::Add(new) => (new, true, true),
+        ConfigRuntime::Other(p) => {
+            say!(
+                "devgate: {} names runtime.path {p:?}, not crun: crun keeps devgate's hooks \
+                 alone",
+                cfg_path.display()
+            );
+            (text, false, false)
+        }
+    })
+}
+
+/// The managers whose crun gets devgate's wrapper in front (`--enable`), and what
+/// runtime.path names crun by, where the wrapper can read devgate's config (it is started
+/// with no environment of the caller's, so it reads the default config only) and find crun.
+fn crun_plan(root: &Path, target: &Target) -> Result<Option<(crun_wrap::CrunRuntimes, String)>> {
+    let found = crun_wrap::find(root)?;
+    if !found.any() {
+        return Ok(None);
+    }
+    let Some(crun) = crun_wrap::crun_for_wrapper(root, &found) else {
+        say!(
+            "devgate: no crun here where devgate-runtime looks ({}) or the runtimes name it: \
+             crun keeps devgate's hooks alone",
+            crate::wrapper::runtime::SEARCH_DIRS.join(":")
+        );
+        return Ok(None);
+    };
+    match target.config.as_deref() {
+        Some(c) if c != Path::new(config::DEFAULT_PATH) => {
+            say!(
+                "devgate: devgate-runtime reads {}, not {}: crun keeps devgate's hooks alone",
+                config::DEFAULT_PATH,
+                c.display()
+            );
+            Ok(None)
+        }
+        _ => Ok(Some((found, crun))),
     }
 }
 
@@ -250,12 +334,17 @@ fn install_containerd_files(root: &Path, target: &Target, changes: &mut Changes)
 }
 
 /// The config: the given one replaces the host's, else the host's is kept, else the
-/// default is written. Returns the config the host now has.
+/// default is written. With `crun` (install-host will put devgate's wrapper in front of
+/// crun), a config that names no runtime gets `runtime.path` `crun` in the same write, unless
+/// `wrapper_runs` (another runtime already runs the wrapper, in front of runc). Returns the
+/// config the host now has, and whether its wrapper runs crun.
 fn install_config(
     root: &Path,
     target: &Target,
     given: Option<(&Path, Vec<u8>, Config)>,
-) -> Result<Config> {
+    crun: Option<&str>,
+    wrapper_runs: bool,
+) -> Result<(Config, bool)> {
     let cfg_path = under(
         root,
         target
@@ -267,29 +356,40 @@ fn install_config(
         .parent()
         .ok_or_else(|| Error::invalid("config path", "has no parent"))?;
     ensure_dir(cfg_dir)?;
-    Ok(match given {
-        Some((src, text, parsed)) => {
-            write_atomic(&cfg_path, &text, 0o644)?;
-            say!(
-                "devgate: installed {} from {}",
-                cfg_path.display(),
-                src.display()
-            );
-            parsed
-        }
+    let (text, said, write) = match given {
+        Some((src, text, _)) => (
+            text,
+            format!("installed {} from {}", cfg_path.display(), src.display()),
+            true,
+        ),
         None => match fs::symlink_metadata(&cfg_path) {
-            Ok(_) => {
-                let text = fs::read(&cfg_path)
-                    .map_err(|e| Error::io("cannot read config", &cfg_path, e))?;
-                say!("devgate: kept existing {}", cfg_path.display());
-                Config::parse(&text, &cfg_path)?
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                write_atomic(&cfg_path, DEFAULT_CONFIG.as_bytes(), 0o644)?;
-                say!("devgate: installed default {}", cfg_path.display());
-                Config::parse(DEFAULT_CONFIG.as_bytes(), &cfg_path)?
-            }
+            Ok(_) => (
+                fs::read(&cfg_path).map_err(|e| Error::io("cannot read config", &cfg_path, e))?,
+                format!("kept existing {}", cfg_path.display()),
+                false,
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (
+                DEFAULT_CONFIG.as_bytes().to_vec(),
+                format!("installed default {}", cfg_path.display()),
+                true,
+            ),
             Err(e) => return Err(Error::io("cannot stat config", &cfg_path, e)),
         },
-    })
+    };
+    let (text, runs_crun, added) = match crun {
+        None => (text, false, false),
+        Some(crun) => with_crun(text, crun, wrapper_runs, &cfg_path)?,
+    };
+    let parsed = Config::parse(&text, &cfg_path)?;
+    if write || added {
+        write_atomic(&cfg_path, &text, 0o644)?;
+    }
+    say!("devgate: {said}");
+    if added {
+        say!(
+            "devgate: {} names runtime.path crun: devgate-runtime runs crun",
+            cfg_path.display()
+        );
+    }
+    Ok((parsed, runs_crun))
 }

@@ -11,7 +11,9 @@ macro_rules! say {
 mod args;
 mod conffile;
 mod containerd_config;
+mod containerd_crun;
 mod cri_plugins;
+mod crun_wrap;
 mod doctor;
 mod enable;
 pub(crate) mod hooks_config;
@@ -21,6 +23,7 @@ mod host_opts;
 mod install;
 mod node;
 mod out;
+mod runtime_confs;
 mod systemd;
 mod uninstall;
 mod wrapper_config;

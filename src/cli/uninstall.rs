@@ -5,6 +5,7 @@
 //! restarted, `--programs` removes the programs.
 
 use super::conffile::read_opt;
+use super::crun_wrap;
 use super::enable::{self, Changes};
 use super::hooks_config::{
     absolute, files, Runtime, Target, CONTAINERD_BASE_SPEC_NAME, HOST_HOOKS_DIR,
@@ -12,6 +13,7 @@ use super::hooks_config::{
 };
 use super::host_opts::{target_of, Opts};
 use super::install::{base_spec, shared_files, under, BaseSpec, CONTAINERD_DIR, SHARE_DIR};
+use super::runtime_confs::named_by_runtime_config;
 use super::wrapper_config;
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
@@ -101,7 +103,7 @@ fn unhook(root: &Path, o: &Opts, target: &Target, changes: &mut Changes) -> Resu
     changes.keep(&spec.path)?;
     changes.keep(&spec.record)?;
     let host_spec = Path::new(CONTAINERD_DIR).join(CONTAINERD_BASE_SPEC_NAME);
-    let named = named_by_runtime_config(root, &[host_spec]).is_some();
+    let named = named_by_runtime_config(root, &[host_spec], &[]).is_some();
     let free = match spec_state(&spec, ours)? {
         SpecState::Absent => true,
         // No config names it any more: the node is as it was before devgate.
@@ -140,63 +142,9 @@ fn unhook(root: &Path, o: &Opts, target: &Target, changes: &mut Changes) -> Resu
     Ok(free)
 }
 
-/// The runtime configs that can name a program of devgate's: containerd's (and the
-/// drop-in directory its shipped config imports), CRI-O's, podman's.
-const RUNTIME_CONFIGS: [&str; 3] = ["/etc/containerd", "/etc/crio", "/etc/containers"];
-
-/// The first runtime config file under `root` whose text names one of `progs` (by its path
-/// on the host), with that program. A plain text search, so a comment counts too: the
-/// programs then stay, which is the safe way to be wrong.
-fn named_by_runtime_config(root: &Path, progs: &[PathBuf]) -> Option<(PathBuf, PathBuf)> {
-    for dir in RUNTIME_CONFIGS {
-        for file in config_files(&under(root, Path::new(dir))) {
-            let Ok(bytes) = crate::fsutil::read_regular_file(&file, 1 << 20, "runtime config")
-            else {
-                continue;
-            };
-            let text = String::from_utf8_lossy(&bytes);
-            if let Some(p) = progs.iter().find(|p| text.contains(&*p.to_string_lossy())) {
-                let shown = Path::new("/").join(file.strip_prefix(root).unwrap_or(&file));
-                return Some((shown, p.clone()));
-            }
-        }
-    }
-    None
-}
-
-/// The `.toml` and `.conf` files in `dir` and in its directories one level down
-/// (`conf.d`, `crio.conf.d`, `containers.conf.d`).
-fn config_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        match e.file_type() {
-            Ok(t) if t.is_dir() => {
-                if let Ok(inner) = fs::read_dir(&p) {
-                    out.extend(inner.flatten().map(|e| e.path()).filter(|p| is_config(p)));
-                }
-            }
-            Ok(t) if t.is_file() && is_config(&p) => out.push(p),
-            _ => {}
-        }
-    }
-    out.sort();
-    out
-}
-
-fn is_config(p: &Path) -> bool {
-    matches!(
-        p.extension().and_then(|e| e.to_str()),
-        Some("toml" | "conf")
-    )
-}
-
 /// Step two: the programs, where no runtime config names one, and the snippets beside them.
 fn remove_programs(root: &Path, target: &Target) -> Result<()> {
-    if let Some((file, prog)) = named_by_runtime_config(root, &host_programs(target)) {
+    if let Some((file, prog)) = named_by_runtime_config(root, &host_programs(target), &[]) {
         return Err(Error::invalid(
             "--programs",
             format!(
@@ -225,14 +173,19 @@ fn remove_programs(root: &Path, target: &Target) -> Result<()> {
 pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     let root = checked_root(o)?;
     let target = target_of(o, "/usr/local")?;
-    // containerd's config first: it stops naming the spec, which then goes too.
+    // The wrapper's drop-ins first (podman and CRI-O run crun itself again), then
+    // containerd's config: it stops naming the spec, which then goes too.
+    let mut crio_changes = Changes::default();
+    crun_wrap::disable(root, &mut crio_changes)?;
     let mut changes = Changes::default();
-    enable::edit_config(root, None, &mut changes)?;
+    enable::edit_config(root, None, None, &mut changes)?;
     let free = unhook(root, o, &target, &mut changes)?;
     if o.restart {
         enable::restart(root, &changes, "devgate is off")?;
+        crun_wrap::restart_crio(root, &crio_changes)?;
     } else {
         enable::say_restart_needed(&changes)?;
+        crun_wrap::say_restart_needed(&crio_changes)?;
     }
     if !o.programs {
         if free {

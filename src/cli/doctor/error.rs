@@ -41,6 +41,11 @@ pub(crate) enum ConfigError {
     NotSpec(String),
     /// kubelet's device plugin checkpoint, not one.
     NotCheckpoint(String),
+    /// kubelet's config file (KubeletConfiguration), not one devgate can read.
+    Kubelet {
+        path: PathBuf,
+        msg: String,
+    },
     /// containers.conf's `[engine] hooks_dir` is not a list of paths.
     HooksDirNotPaths(PathBuf),
     /// containers.conf's `[engine]` holds a value of the wrong kind (`what`).
@@ -99,6 +104,7 @@ impl fmt::Display for ConfigError {
             E::Toml { path: None, msg } => f.write_str(msg),
             E::NotSpec(e) => write!(f, "not an OCI spec: {e}"),
             E::NotCheckpoint(e) => write!(f, "not a kubelet checkpoint: {e}"),
+            E::Kubelet { path, msg } => write!(f, "{}: {msg}", path.display()),
             E::HooksDirNotPaths(p) => {
                 write!(
                     f,

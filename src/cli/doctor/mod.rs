@@ -4,8 +4,9 @@
 //!
 //! The checks: the config parses; devgate's directories are safe along their whole path;
 //! each runtime on the node runs devgate (oci-hooks files for CRI-O and podman, containerd's
-//! merged `config dump` for its base runtime spec or runtime wrapper); the cgroup mode and
-//! driver; NVML and the GPUs it sees, with persistence mode; the NVIDIA toolkit's config
+//! merged `config dump` for its base runtime spec or runtime wrapper, and the annotation
+//! kubelet's terminationMessagePolicy reaches poststop by); the cgroup mode and driver;
+//! kubelet_pods_dir and kubelet_pod_logs_dir against the running kubelet's; NVML and the GPUs it sees, with persistence mode; the NVIDIA toolkit's config
 //! devgate reads for `gpu.env_selectors`; each spare and its /dev/char link; spares hidden
 //! from the device plugin; the kernel log.
 //!
@@ -14,10 +15,14 @@
 //!
 //! Here: the command line and the order of the checks. line.rs holds the report's line and
 //! its printed form; runtime_checks.rs and node_checks.rs the check groups, which call the
-//! readers and pure judges in runtimes/, cgroup.rs, nvml.rs and node.rs.
+//! readers and pure judges in runtimes/, cgroup.rs, nvml.rs and node.rs; kubelet_checks.rs
+//! the kubelet lines, over kubelet.rs's readers.
 
 pub(crate) mod cgroup;
+mod containerd_checks;
 pub(crate) mod error;
+mod kubelet;
+mod kubelet_checks;
 mod line;
 pub(crate) mod node;
 mod node_checks;
@@ -143,7 +148,17 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     let fix = fix_command(opts, &config, &id);
     let mut votes = Vec::new();
     report.extend(runtime_checks::runtime_checks(opts, &id, &fix, &mut votes));
-    report.extend(node_checks::cgroup_checks(opts, &config, votes));
+    let kubelet = kubelet_checks::look(opts, &config, Path::new("/proc"));
+    report.extend(node_checks::cgroup_checks(
+        &config,
+        kubelet.file.as_ref(),
+        votes,
+    ));
+    report.extend(kubelet_checks::kubelet_checks(
+        &kubelet,
+        &config,
+        &config_path,
+    ));
 
     let timeout = Duration::from_millis(config.probe_timeout_ms);
     let nvml = nvml::nvml_inventory(&config.nvml_library, timeout);

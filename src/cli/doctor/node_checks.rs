@@ -3,10 +3,10 @@
 
 use super::cgroup::{self, DriverVerdict, DriverVote};
 use super::error::ConfigError;
+use super::kubelet_checks::KubeletFile;
 use super::line::Line;
 use super::node;
 use super::nvml::{self, NvmlAnswer};
-use super::options::Options;
 use super::runtimes;
 use crate::config::Config;
 use std::path::Path;
@@ -32,7 +32,13 @@ pub(crate) fn directory_checks(config: &Config) -> Vec<Line> {
         .collect()
 }
 
-pub(crate) fn cgroup_checks(opts: &Options, config: &Config, votes: Vec<DriverVote>) -> Vec<Line> {
+/// The cgroup mode, and the driver kubelet's config (`kubelet`) and the runtimes (`votes`)
+/// say.
+pub(crate) fn cgroup_checks(
+    config: &Config,
+    kubelet: Option<&KubeletFile>,
+    votes: Vec<DriverVote>,
+) -> Vec<Line> {
     let mut lines = vec![match cgroup::read_cgroup_mode(&config.sysfs_root) {
         Ok((mode, top)) => Line::pass("cgroup mode", cgroup::describe_cgroup_mode(mode, &top)),
         Err(e) => Line::fail(
@@ -41,23 +47,19 @@ pub(crate) fn cgroup_checks(opts: &Options, config: &Config, votes: Vec<DriverVo
             "mount the cgroup hierarchy at /sys/fs/cgroup (or set sysfs_root in the config)",
         ),
     }];
-    let kubelet = opts.kubelet_config.clone().or_else(|| {
-        let p = config.kubelet_pods_dir.parent()?.join("config.yaml");
-        p.exists().then_some(p)
-    });
     let mut kubelet_vote = None;
     if let Some(k) = kubelet {
-        match runtimes::read_small(&k) {
+        match &k.text {
             Ok(t) => {
-                kubelet_vote = Some(match cgroup::kubelet_cgroup_driver(&t) {
+                let p = k.path.display();
+                kubelet_vote = Some(match cgroup::kubelet_cgroup_driver(t) {
                     Some(d) => DriverVote {
-                        source: format!("kubelet {} cgroupDriver: {d}", k.display()),
+                        source: format!("kubelet {p} cgroupDriver: {d}"),
                         driver: d,
                     },
                     None => DriverVote {
                         source: format!(
-                            "kubelet {} sets no cgroupDriver (its default is cgroupfs)",
-                            k.display()
+                            "kubelet {p} sets no cgroupDriver (its default is cgroupfs)"
                         ),
                         driver: "cgroupfs".into(),
                     },

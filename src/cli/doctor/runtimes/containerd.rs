@@ -35,6 +35,8 @@ pub(crate) struct CriRuntime {
     pub(crate) base_runtime_spec: String,
     pub(crate) binary_name: String,
     pub(crate) systemd_cgroup: Option<bool>,
+    /// The annotation patterns the CRI copies from kubelet's request into the spec.
+    pub(crate) container_annotations: Vec<String>,
 }
 
 /// containerd's CRI runtime configuration, from the dump.
@@ -77,6 +79,8 @@ struct DumpRuntime {
     runtime_type: String,
     #[serde(default)]
     base_runtime_spec: String,
+    #[serde(default)]
+    container_annotations: Vec<String>,
     options: Option<DumpRuncOptions>,
 }
 
@@ -126,6 +130,7 @@ pub(crate) fn parse_containerd_dump(text: &str) -> Result<ContainerdCri, ConfigE
                     base_runtime_spec: r.base_runtime_spec,
                     binary_name,
                     systemd_cgroup,
+                    container_annotations: r.container_annotations,
                 },
             )
         })
@@ -342,6 +347,19 @@ pub(crate) fn judge_containerd_runtime(
     }
 }
 
+/// The annotation kubelet's terminationMessagePolicy reaches devgate's poststop through
+/// (docs/poststop.md).
+pub(crate) const POLICY_ANNOTATION: &str = "io.kubernetes.container.terminationMessagePolicy";
+
+/// Whether the runtime's CRI copies kubelet's policy annotation into the spec: one of its
+/// `container_annotations` patterns matches it, as Go's path.Match (containerd's
+/// getPassthroughAnnotations).
+pub(crate) fn passes_policy(rt: &CriRuntime) -> bool {
+    rt.container_annotations
+        .iter()
+        .any(|p| super::go_match::go_path_match(p, POLICY_ANNOTATION))
+}
+
 /// The fix line for an unwired containerd, or for one that runs crun with hooks alone.
 pub(crate) fn containerd_fix(cri: &ContainerdCri, runtime: &str, fix: &FixCmd) -> String {
     let crun = cri.runtimes.get(runtime).is_some_and(|rt| {
@@ -478,6 +496,42 @@ disabled_plugins = ["cri"]
                 (runc.base_runtime_spec.as_str(), runc.binary_name.as_str()),
                 ("", "")
             );
+        }
+    }
+
+    /// Real dumps (tests/fixtures/containerd/README.md): each runtime's
+    /// container_annotations, and whether they pass kubelet's policy annotation.
+    #[test]
+    fn container_annotations_from_real_dumps() {
+        let c = parse_containerd_dump(&repo_file(
+            "tests/fixtures/containerd/containerd-1.6-config-dump-annotations.toml",
+        ))
+        .unwrap();
+        assert_eq!(
+            c.runtimes["runc"].container_annotations,
+            [POLICY_ANNOTATION]
+        );
+        assert!(passes_policy(&c.runtimes["runc"]));
+        assert_eq!(
+            c.runtimes["crun"].container_annotations,
+            ["io.kubernetes.cri.*"]
+        );
+        assert!(!passes_policy(&c.runtimes["crun"]));
+        let c = parse_containerd_dump(&repo_file(
+            "tests/fixtures/containerd/containerd-2.1-config-dump-annotations.toml",
+        ))
+        .unwrap();
+        assert_eq!(c.default_runtime, "crun");
+        assert!(c.runtimes["crun"].container_annotations.is_empty());
+        assert!(!passes_policy(&c.runtimes["crun"]));
+        assert!(passes_policy(&c.runtimes["runc"]));
+        // containerd's own defaults pass nothing.
+        for f in [
+            "tests/fixtures/containerd/containerd-2.1-config-dump.toml",
+            "tests/fixtures/containerd/containerd-1.6-config-default.toml",
+        ] {
+            let c = parse_containerd_dump(&repo_file(f)).unwrap();
+            assert!(!passes_policy(&c.runtimes["runc"]), "{f}");
         }
     }
 

@@ -9,6 +9,7 @@ pub(crate) mod binary;
 pub(crate) mod containerd;
 pub(crate) mod crio;
 mod files;
+pub(crate) mod go_match;
 pub(crate) mod hooks;
 pub(crate) mod podman;
 

@@ -56,7 +56,7 @@ pub(crate) fn read_containers_confs() -> Vec<(PathBuf, String)> {
 
 /// The containers.conf files under `root` podman reads, in its order; `only` is
 /// CONTAINERS_CONF. A file that is not there is skipped, as podman skips it.
-fn containers_confs_under(root: &Path, only: Option<&Path>) -> Vec<(PathBuf, String)> {
+pub(crate) fn containers_confs_under(root: &Path, only: Option<&Path>) -> Vec<(PathBuf, String)> {
     let paths: Vec<PathBuf> = match only {
         Some(p) => vec![p.to_path_buf()],
         None => CONTAINERS_CONFS

@@ -1,0 +1,633 @@
+//! Where the node's kubelet keeps pods (`<--root-dir>/pods`) and their logs (`podLogsDir`):
+//! its flags, its KubeletConfiguration file (and `--config-dir` drop-ins), and the running
+//! kubelet found through /proc.
+//!
+//! Pure readers first, then the I/O. Only a process of root's whose name is `kubelet`
+//! counts, so a process another user names kubelet cannot point doctor at a file; that
+//! process's files are opened inside its own root (openat2 RESOLVE_IN_ROOT, no magic
+//! links), non-blocking and bounded, so a symlink in its tree stays in its tree and a FIFO
+//! or a huge file cannot hold doctor.
+
+use super::error::ConfigError;
+use crate::error::Error;
+use std::fs::{self, File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// kubelet's `--root-dir` default; its pods are in `pods` below it.
+pub(crate) const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
+/// kubelet's `podLogsDir` default.
+pub(crate) const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
+/// A command line is at most a few KiB; the kernel allows megabytes.
+const MAX_CMDLINE: u64 = 256 << 10;
+const MAX_CONFIG: u64 = 1 << 20;
+/// kubelet's `--config-dir` drop-ins read, at most.
+const MAX_DROPINS: usize = 64;
+
+/// The kubelet flags that say where its files are.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Flags {
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) config_dir: Option<PathBuf>,
+    pub(crate) root_dir: Option<PathBuf>,
+}
+
+/// kubelet's flags from its arguments after the program name, as pflag reads them:
+/// `--name value` or `--name=value`, the last one counting, `--` ending them; an empty
+/// value is the flag unset.
+pub(crate) fn parse_flags(args: &[String]) -> Flags {
+    let mut f = Flags::default();
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "--" {
+            break;
+        }
+        let (name, inline) = match a.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (a, None),
+        };
+        let slot = match name {
+            "--config" => &mut f.config,
+            "--config-dir" => &mut f.config_dir,
+            "--root-dir" => &mut f.root_dir,
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let value = match inline {
+            Some(v) => v,
+            None => {
+                i += 1;
+                match args.get(i) {
+                    Some(v) => v.as_str(),
+                    None => break,
+                }
+            }
+        };
+        *slot = (!value.is_empty()).then(|| PathBuf::from(value));
+        i += 1;
+    }
+    f
+}
+
+/// What a KubeletConfiguration file says of the pod logs directory: None where it leaves
+/// `podLogsDir` unset (or null), which is kubelet's default then.
+pub(crate) fn parse_config(text: &str) -> Result<Option<String>, String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let keys = if text.trim_start().starts_with('{') {
+        json_keys(text)?
+    } else {
+        yaml_keys(text)?
+    };
+    let mut kind = None;
+    let mut logs = None;
+    for (k, v) in keys {
+        let slot = match k.as_str() {
+            "kind" => &mut kind,
+            "podLogsDir" => &mut logs,
+            _ => continue,
+        };
+        if slot.is_some() {
+            return Err(format!("{k} is set twice"));
+        }
+        *slot = Some(v);
+    }
+    match kind.flatten() {
+        None => {}
+        Some(k) if k == "KubeletConfiguration" => {}
+        Some(k) => return Err(format!("kind {k:?} is not KubeletConfiguration")),
+    }
+    Ok(logs.flatten())
+}
+
+/// A JSON object's `kind` and `podLogsDir`: Some(text) for a string, None for null.
+fn json_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
+    let map: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
+    let mut out = Vec::new();
+    for k in ["kind", "podLogsDir"] {
+        match map.get(k) {
+            None => {}
+            Some(serde_json::Value::Null) => out.push((k.to_string(), None)),
+            Some(serde_json::Value::String(s)) => out.push((k.to_string(), Some(s.clone()))),
+            Some(_) => return Err(format!("{k} is not a string")),
+        }
+    }
+    Ok(out)
+}
+
+/// The keys of a YAML document's top-level mapping, each with its scalar (None: null, or a
+/// block below it). kubelet's configs are flat at the top where devgate reads them, so
+/// this reads only lines that start at column 0 and skips every indented one.
+fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
+    let mut out = Vec::new();
+    let mut documents = 0;
+    for (n, line) in text.lines().enumerate() {
+        let first = line.chars().next();
+        if matches!(first, None | Some(' ' | '\t' | '#' | '-' | '%')) {
+            // A document start, after a document that had keys, is a second document.
+            if line.starts_with("---") {
+                documents += 1;
+                if documents > 1 || !out.is_empty() {
+                    return Err("holds more than one YAML document".into());
+                }
+            }
+            continue;
+        }
+        if line.starts_with("...") {
+            break;
+        }
+        let (key, rest) =
+            yaml_key(line).ok_or_else(|| format!("line {}: not `key: value`", n + 1))?;
+        let value = yaml_scalar(rest).map_err(|e| format!("{key}: {e}"))?;
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
+/// `key: rest` of a top-level line (the key plain or quoted).
+fn yaml_key(line: &str) -> Option<(String, &str)> {
+    if let Some(q) = line.chars().next().filter(|c| *c == '"' || *c == '\'') {
+        let end = line[1..].find(q)? + 1;
+        let rest = line[end + 1..].strip_prefix(':')?;
+        return Some((line[1..end].to_string(), rest));
+    }
+    let at = line
+        .char_indices()
+        .find(|&(i, c)| {
+            c == ':'
+                && line[i + 1..]
+                    .chars()
+                    .next()
+                    .map_or(true, |n| n == ' ' || n == '\t')
+        })?
+        .0;
+    Some((line[..at].trim_end().to_string(), &line[at + 1..]))
+}
+
+/// A YAML scalar: plain, 'single' or "double" quoted, with its comment cut off. None for a
+/// null or for nothing (a block follows). Anything else is refused, not guessed at.
+fn yaml_scalar(v: &str) -> Result<Option<String>, String> {
+    let v = v.trim_start();
+    match v.chars().next() {
+        None | Some('#') => Ok(None),
+        Some('"') => double_quoted(&v[1..]).map(Some),
+        Some('\'') => single_quoted(&v[1..]).map(Some),
+        Some('|' | '>') => Err("a block scalar, which devgate does not read".into()),
+        Some('{' | '[' | '&' | '*' | '!' | '@' | '`') => Err("not a plain string".into()),
+        Some(_) => {
+            let end = v
+                .char_indices()
+                .find(|&(i, c)| c == '#' && v[..i].ends_with([' ', '\t']))
+                .map_or(v.len(), |(i, _)| i);
+            let plain = v[..end].trim_end();
+            Ok((!matches!(plain, "~" | "null" | "Null" | "NULL")).then(|| plain.to_string()))
+        }
+    }
+}
+
+/// The end of a quoted scalar: nothing but blanks or a comment may follow it.
+fn after_quote(rest: &str) -> Result<(), String> {
+    let r = rest.trim_start();
+    if r.is_empty() || r.starts_with('#') {
+        Ok(())
+    } else {
+        Err("text after a quoted string".into())
+    }
+}
+
+fn single_quoted(s: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut it = s.char_indices().peekable();
+    while let Some((i, c)) = it.next() {
+        if c != '\'' {
+            out.push(c);
+        } else if it.peek().is_some_and(|&(_, n)| n == '\'') {
+            out.push('\'');
+            it.next();
+        } else {
+            after_quote(&s[i + 1..])?;
+            return Ok(out);
+        }
+    }
+    Err("a quoted string that does not end on its line".into())
+}
+
+fn double_quoted(s: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut it = s.char_indices();
+    while let Some((i, c)) = it.next() {
+        match c {
+            '"' => {
+                after_quote(&s[i + 1..])?;
+                return Ok(out);
+            }
+            '\\' => {
+                let (_, e) = it
+                    .next()
+                    .ok_or("a quoted string that does not end on its line")?;
+                out.push(match e {
+                    '\\' | '"' | '/' => e,
+                    'n' => '\n',
+                    't' => '\t',
+                    'r' => '\r',
+                    '0' => '\0',
+                    'e' => '\x1b',
+                    _ => return Err(format!("escape \\{e} is not one devgate reads")),
+                });
+            }
+            c => out.push(c),
+        }
+    }
+    Err("a quoted string that does not end on its line".into())
+}
+
+// ---------------------------------------------------------------------------------------
+// The running kubelet.
+
+/// A kubelet process: its pid, flags, and where its root and working directory are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Running {
+    pub(crate) pid: u32,
+    pub(crate) flags: Flags,
+    /// `/proc/PID/root`: its files are opened inside it.
+    pub(crate) root: PathBuf,
+    /// Its working directory, inside its root (a relative `--config` is read from there).
+    pub(crate) cwd: Option<PathBuf>,
+}
+
+/// The running kubelet under `proc` (`/proc`): of the processes named `kubelet` that root
+/// runs, the one of lowest pid.
+pub(crate) fn find_running(proc: &Path) -> Option<Running> {
+    let pids = fs::read_dir(proc).ok()?;
+    let mut found: Option<u32> = None;
+    for e in pids.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let dir = proc.join(pid.to_string());
+        if read_proc(&dir.join("comm"), 64).is_some_and(|c| c == b"kubelet\n")
+            && read_proc(&dir.join("status"), 64 << 10).is_some_and(|s| runs_as_root(&s))
+        {
+            found = Some(found.map_or(pid, |f| f.min(pid)));
+        }
+    }
+    let pid = found?;
+    let dir = proc.join(pid.to_string());
+    let cmdline = read_proc(&dir.join("cmdline"), MAX_CMDLINE)?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .skip(1)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    Some(Running {
+        pid,
+        flags: parse_flags(&args),
+        root: dir.join("root"),
+        cwd: fs::read_link(dir.join("cwd")).ok(),
+    })
+}
+
+/// Whether a /proc/PID/status says root runs the process: real and effective uid 0. Not the
+/// owner of /proc/PID, which is root's for any process that made itself non-dumpable.
+fn runs_as_root(status: &[u8]) -> bool {
+    String::from_utf8_lossy(status)
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|ids| {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            ids.len() >= 2 && ids[0] == "0" && ids[1] == "0"
+        })
+}
+
+/// A /proc file, at most `max` bytes (None past it or where it cannot be read).
+fn read_proc(path: &Path, max: u64) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    File::open(path)
+        .ok()?
+        .take(max + 1)
+        .read_to_end(&mut buf)
+        .ok()?;
+    (buf.len() as u64 <= max).then_some(buf)
+}
+
+/// The text of `path` as the process whose root is `root` sees it: opened inside that root,
+/// symlinks resolved inside it and magic links refused, non-blocking, a regular file of at
+/// most a MiB. Errors name `path`.
+pub(crate) fn read_in_root(root: &Path, path: &Path) -> Result<String, ConfigError> {
+    use std::os::unix::ffi::OsStrExt;
+    let io = |what: &str, e| ConfigError::Io(Error::io(what.to_string(), path, e));
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(root)
+        .map_err(|e| ConfigError::Io(Error::io("cannot open", root, e)))?;
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| ConfigError::NotRegular(path.to_path_buf()))?;
+    let fd = crate::fsutil::openat2(
+        &dir,
+        &c,
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(|e| io("cannot open", e))?;
+    let f = File::from(fd);
+    let meta = f.metadata().map_err(|e| io("cannot stat", e))?;
+    if !meta.is_file() {
+        return Err(ConfigError::NotRegular(path.to_path_buf()));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_CONFIG + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            source: e.into(),
+        })?;
+    if buf.len() as u64 > MAX_CONFIG {
+        return Err(ConfigError::TooLarge {
+            path: path.to_path_buf(),
+            max: MAX_CONFIG,
+        });
+    }
+    String::from_utf8(buf).map_err(|_| ConfigError::NotUtf8(path.to_path_buf()))
+}
+
+/// The `.conf` drop-ins of `dir` inside `root`, by name as kubelet merges them (at most
+/// [`MAX_DROPINS`]; more is an error, not a silent cut).
+pub(crate) fn dropins_in_root(root: &Path, dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let io = |e| ConfigError::Io(Error::io("cannot list", dir, e));
+    let rootfd = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(root)
+        .map_err(io)?;
+    let rel = dir.strip_prefix("/").unwrap_or(dir);
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| ConfigError::NotRegular(dir.to_path_buf()))?;
+    let fd = crate::fsutil::openat2(
+        &rootfd,
+        &c,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(io)?;
+    let listed = fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io)?;
+    let mut names: Vec<PathBuf> = Vec::new();
+    for e in listed.flatten() {
+        let name = e.file_name();
+        if !name.as_bytes().ends_with(b".conf") || name.as_bytes().starts_with(b".") {
+            continue;
+        }
+        if names.len() == MAX_DROPINS {
+            return Err(ConfigError::Kubelet {
+                path: dir.to_path_buf(),
+                msg: format!("more than {MAX_DROPINS} drop-ins"),
+            });
+        }
+        names.push(dir.join(name));
+    }
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    fn fixture(name: &str) -> String {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/kubelet")
+            .join(name);
+        fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    #[test]
+    fn flags_as_pflag_reads_them() {
+        let f = parse_flags(&args(
+            "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf \
+             --kubeconfig=/etc/kubernetes/kubelet.conf --config=/var/lib/kubelet/config.yaml \
+             --container-runtime-endpoint=unix:///var/run/containerd/containerd.sock \
+             --node-ip 127.0.0.1 --root-dir /data/kubelet --root-dir=/srv/kubelet",
+        ));
+        assert_eq!(
+            f.config.as_deref(),
+            Some(Path::new("/var/lib/kubelet/config.yaml"))
+        );
+        assert_eq!(f.root_dir.as_deref(), Some(Path::new("/srv/kubelet")));
+        assert_eq!(f.config_dir, None);
+        let f = parse_flags(&args("--config-dir /etc/kubelet.conf.d -- --root-dir /x"));
+        assert_eq!(
+            f.config_dir.as_deref(),
+            Some(Path::new("/etc/kubelet.conf.d"))
+        );
+        assert_eq!(f.root_dir, None, "after --");
+        assert_eq!(parse_flags(&args("--root-dir")), Flags::default());
+        assert_eq!(parse_flags(&args("--config= --v=2")), Flags::default());
+    }
+
+    #[test]
+    fn kubeadm_and_json_configs() {
+        assert_eq!(parse_config(&fixture("kubeadm-defaulted.yaml")), Ok(None));
+        assert_eq!(
+            parse_config(&fixture("kubeadm-podlogsdir.yaml")),
+            Ok(Some("/data/log/pods".into()))
+        );
+        assert_eq!(
+            parse_config(&fixture("kubelet-config.json")),
+            Ok(Some("/srv/pod-logs".into()))
+        );
+    }
+
+    #[test]
+    fn yaml_scalars_as_yaml_reads_them() {
+        for (text, want) in [
+            ("podLogsDir: /a # note\n", Some("/a")),
+            ("podLogsDir: \"/a b\"  # note\n", Some("/a b")),
+            ("podLogsDir: '/it''s'\n", Some("/it's")),
+            ("\"podLogsDir\": /q\n", Some("/q")),
+            ("podLogsDir: /a#b\n", Some("/a#b")),
+            ("---\npodLogsDir: ~\n", None),
+            ("podLogsDir:\n", None),
+            ("nested:\n  podLogsDir: /not-top\n", None),
+            (
+                "\u{feff}kind: KubeletConfiguration\npodLogsDir: /bom\n",
+                Some("/bom"),
+            ),
+        ] {
+            assert_eq!(parse_config(text), Ok(want.map(String::from)), "{text:?}");
+        }
+    }
+
+    /// Text a hostile or broken file holds is refused with what is wrong, never guessed at.
+    #[test]
+    fn odd_configs_are_refused() {
+        for (text, err) in [
+            (
+                "podLogsDir: /a\npodLogsDir: /b\n",
+                "podLogsDir is set twice",
+            ),
+            (
+                "kind: KubeProxyConfiguration\n",
+                "kind \"KubeProxyConfiguration\" is not KubeletConfiguration",
+            ),
+            (
+                "podLogsDir: |\n  /a\n",
+                "podLogsDir: a block scalar, which devgate does not read",
+            ),
+            ("podLogsDir: [/a]\n", "podLogsDir: not a plain string"),
+            (
+                "podLogsDir: \"/a\n",
+                "podLogsDir: a quoted string that does not end on its line",
+            ),
+            (
+                "podLogsDir: \"/a\" x\n",
+                "podLogsDir: text after a quoted string",
+            ),
+            (
+                "podLogsDir: \"\\q\"\n",
+                "podLogsDir: escape \\q is not one devgate reads",
+            ),
+            (
+                "kind: KubeletConfiguration\n---\nkind: X\n",
+                "holds more than one YAML document",
+            ),
+            ("just words\n", "line 1: not `key: value`"),
+            ("{\"podLogsDir\": 7}", "podLogsDir is not a string"),
+        ] {
+            assert_eq!(parse_config(text), Err(err.to_string()), "{text:?}");
+        }
+        assert!(parse_config("{")
+            .unwrap_err()
+            .starts_with("not a JSON object"));
+        // Control characters survive the parse: the doctor line escapes them when printed.
+        assert_eq!(
+            parse_config("podLogsDir: \"/a\\e[31m\"\n"),
+            Ok(Some("/a\x1b[31m".into()))
+        );
+    }
+
+    /// A fake /proc: a kubelet of root's, and one of another user's that must not count.
+    #[test]
+    fn the_running_kubelet_is_roots() {
+        let d = crate::fsutil::tests::tempdir("doctor-kubelet-proc");
+        let proc = d.join("proc");
+        let mk = |pid: u32, comm: &str, cmdline: &[&str]| {
+            let p = proc.join(pid.to_string());
+            fs::create_dir_all(&p).unwrap();
+            fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
+            fs::write(p.join("cmdline"), cmdline.join("\0") + "\0").unwrap();
+            fs::write(
+                p.join("status"),
+                "Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n",
+            )
+            .unwrap();
+            p
+        };
+        mk(1, "systemd", &["/sbin/init"]);
+        assert_eq!(find_running(&proc), None);
+        // Another user's kubelet: its /proc entry may be root's (a non-dumpable process's
+        // is), its status says who runs it.
+        let other = mk(7, "kubelet", &["/tmp/kubelet", "--root-dir", "/tmp/evil"]);
+        fs::write(other.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
+        assert_eq!(find_running(&proc), None, "another user's kubelet");
+        fs::write(other.join("status"), "Uid:\t1000\t0\t0\t0\n").unwrap();
+        assert_eq!(
+            find_running(&proc),
+            None,
+            "a set-uid kubelet run by another user"
+        );
+        mk(
+            40,
+            "kubelet",
+            &[
+                "/usr/bin/kubelet",
+                "--config=/etc/k.yaml",
+                "--root-dir",
+                "/srv/k",
+            ],
+        );
+        mk(
+            41,
+            "kubelet",
+            &["/usr/bin/kubelet", "--root-dir", "/second"],
+        );
+        let r = find_running(&proc).unwrap();
+        assert_eq!(r.pid, 40);
+        assert_eq!(r.flags.root_dir.as_deref(), Some(Path::new("/srv/k")));
+        assert_eq!(r.flags.config.as_deref(), Some(Path::new("/etc/k.yaml")));
+        assert_eq!(r.root, proc.join("40/root"));
+        // A command line past the bound is not read at all.
+        fs::remove_dir_all(proc.join("41")).unwrap();
+        fs::write(
+            proc.join("40/cmdline"),
+            vec![b'x'; (MAX_CMDLINE + 1) as usize],
+        )
+        .unwrap();
+        assert_eq!(find_running(&proc), None);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// kubelet's files are read inside its root: a symlink to / leads to its own root, a
+    /// FIFO does not block, and a huge file is refused.
+    #[test]
+    fn files_are_read_inside_the_kubelets_root() {
+        let d = crate::fsutil::tests::tempdir("doctor-kubelet-root");
+        let root = d.join("root");
+        fs::create_dir_all(root.join("etc/conf.d")).unwrap();
+        fs::write(root.join("etc/k.yaml"), "podLogsDir: /in-root\n").unwrap();
+        assert_eq!(
+            read_in_root(&root, Path::new("/etc/k.yaml")).unwrap(),
+            "podLogsDir: /in-root\n"
+        );
+        // Outside the root, a file doctor could read; a link to it resolves inside.
+        fs::write(d.join("secret"), "podLogsDir: /outside\n").unwrap();
+        symlink(d.join("secret"), root.join("etc/abs")).unwrap();
+        symlink("../../secret", root.join("etc/rel")).unwrap();
+        for l in ["/etc/abs", "/etc/rel", "/../secret"] {
+            assert!(read_in_root(&root, Path::new(l)).is_err(), "{l}");
+        }
+        symlink("/etc/k.yaml", root.join("etc/inside")).unwrap();
+        assert!(read_in_root(&root, Path::new("/etc/inside")).is_ok());
+        nix::unistd::mkfifo(
+            &root.join("etc/fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert_eq!(
+            read_in_root(&root, Path::new("/etc/fifo")).unwrap_err(),
+            ConfigError::NotRegular("/etc/fifo".into())
+        );
+        fs::write(root.join("etc/huge"), vec![b'#'; (MAX_CONFIG + 1) as usize]).unwrap();
+        assert!(matches!(
+            read_in_root(&root, Path::new("/etc/huge")).unwrap_err(),
+            ConfigError::TooLarge { .. }
+        ));
+        // Drop-ins: `.conf` files by name, not hidden ones nor others.
+        for n in ["20-b.conf", "10-a.conf", ".hidden.conf", "notes.txt"] {
+            fs::write(root.join("etc/conf.d").join(n), "").unwrap();
+        }
+        assert_eq!(
+            dropins_in_root(&root, Path::new("/etc/conf.d")).unwrap(),
+            [
+                PathBuf::from("/etc/conf.d/10-a.conf"),
+                "/etc/conf.d/20-b.conf".into()
+            ]
+        );
+        for i in 0..MAX_DROPINS {
+            fs::write(root.join(format!("etc/conf.d/x{i}.conf")), "").unwrap();
+        }
+        assert!(dropins_in_root(&root, Path::new("/etc/conf.d")).is_err());
+        fs::remove_dir_all(&d).unwrap();
+    }
+}
