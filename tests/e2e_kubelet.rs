@@ -319,22 +319,29 @@ fn fault_during_run(n: &K8sNode, go: &Path) -> u32 {
     minor
 }
 
-/// Four pods at once, each on its own GPU, each faulted during its run:
+/// Six pods at once, each on its own GPU, each faulted during its run:
 /// - restartPolicy Never, ~4 KB in the termination file: devgate's whole DeviceFault line
 ///   and the app's last line;
 /// - restartPolicy Always: the restart is rejected and, once the pod settles in
 ///   CrashLoopBackOff, its status still names the DeviceFault;
 /// - FallbackToLogsOnError: the app's last log line and devgate's line;
-/// - a pod of 8 containers: devgate's line survives the status manager's share.
+/// - a pod of 8 containers: devgate's line survives the status manager's share;
+/// - FallbackToLogsOnError with a long log: kubelet keeps the log's end, devgate's line;
+/// - File: devgate's line alone, the app's log untouched.
 fn faults_during_runs_reach_the_pod_status(n: &mut K8sNode) {
     let big = "head -c 3990 /dev/zero | tr '\\0' x > /dev/termination-log; \
                echo ' app: CUDA error' >> /dev/termination-log";
     let log = "echo 'app: CUDA error: an illegal memory access was encountered'";
+    // 80 lines of far more than kubelet's 2048 bytes: kubelet keeps their end.
+    let chatty = "i=0; while [ $i -lt 100 ]; do echo \"app: step $i of a long and chatty \
+                  training loop\"; i=$((i+1)); done";
     let cases = [
         ("never", "Never", "File", big),
         ("always", "Always", "File", "true"),
         ("fallback", "Never", "FallbackToLogsOnError", log),
         ("eight", "Never", "File", big),
+        ("chatty", "Never", "FallbackToLogsOnError", chatty),
+        ("file", "Never", "File", log),
     ];
     let mut gos = Vec::new();
     for (name, restart, policy, app) in cases {
@@ -394,6 +401,30 @@ fn faults_during_runs_reach_the_pod_status(n: &mut K8sNode) {
         msg.starts_with(&line),
         "devgate's line is not first in the share:\n{msg}"
     );
+
+    // FallbackToLogsOnError, a log longer than kubelet reads: devgate's line is last.
+    let (cid, msg) = terminated(n, "chatty", "state");
+    let line = exit_text(n, &cid).expect("an exit record");
+    assert!(msg.contains("app: step 99 of"), "{msg}");
+    assert!(!msg.contains("app: step 20 of"), "{msg}");
+    assert!(msg.ends_with(&format!("{line}\n")), "{msg}");
+
+    // File: devgate's line alone; the app's log is left as it wrote it.
+    let (cid, msg) = terminated(n, "file", "state");
+    let line = exit_text(n, &cid).expect("an exit record");
+    assert_eq!(msg, format!("{line}\n"));
+    let logs = fs::read_dir(&n.pod_logs).unwrap().flatten();
+    let dir = logs
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("default_file_")
+        })
+        .expect("the file pod's log dir");
+    let log = fs::read_to_string(dir.join("app/0.log")).unwrap();
+    assert!(!log.contains("devgate"), "{log}");
 
     uncordon_all(n);
     for (name, ..) in cases {
@@ -465,6 +496,7 @@ fn the_daemonset_installs_devgate_and_the_documented_uninstall_removes_it() {
         installed, before,
         "config.toml does not name devgate's spec"
     );
+    doctor_passes_every_runtime(&n);
     devgate_rejects_an_xid_79(&n, "installed");
     assert_eq!(open_file_limit(&n, "nofile-installed"), nofile_before);
 
@@ -508,6 +540,31 @@ fn the_daemonset_installs_devgate_and_the_documented_uninstall_removes_it() {
     assert!(
         !n.ns_path("/usr/local/bin/devgate").exists(),
         "the programs stayed"
+    );
+}
+
+/// `devgate doctor` on the node, as its operator runs it after the DaemonSet: ✓ on every
+/// runtime the node has and on kubelet's directories.
+fn doctor_passes_every_runtime(n: &K8sNode) {
+    let out = output_of(n.command(Path::new("/usr/local/bin/devgate")).arg("doctor"));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("devgate doctor on the node:\n{said}");
+    let failed: Vec<&str> = said
+        .lines()
+        .filter(|l| {
+            ["✗ podman", "✗ cri-o", "✗ containerd", "✗ kubelet_"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}\n{said}");
+    assert!(
+        said.lines().any(|l| l.starts_with("✓ containerd")),
+        "{said}"
+    );
+    assert!(
+        said.lines().any(|l| l.starts_with("✓ kubelet_pods_dir")),
+        "{said}"
     );
 }
 

@@ -383,7 +383,9 @@ pub fn wait_exited(c: &mut Cri, id: &str) -> ContainerStatus {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let st = c.container_status(id).unwrap();
-        if st.state == ContainerState::ContainerExited as i32 || std::time::Instant::now() > deadline {
+        if st.state == ContainerState::ContainerExited as i32
+            || std::time::Instant::now() > deadline
+        {
             return st;
         }
         std::thread::sleep(Duration::from_millis(100));
