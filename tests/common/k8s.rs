@@ -845,9 +845,11 @@ localStorageCapacityIsolation: false
     /// Prints where the node is and leaves it up (DEVGATE_K8S_KEEP=1).
     fn keep(&mut self) {
         eprintln!(
-            "k8s node kept up (DEVGATE_K8S_KEEP): {rel}\n  kubectl: {bin}/kubectl --kubeconfig {kc}\n  \
+            "k8s node kept up (DEVGATE_K8S_KEEP): {rel}\n  kubectl: nsenter --mount=/proc/{ns}/ns/mnt \
+             --net=/proc/{ns}/ns/net {bin}/kubectl --kubeconfig {kc}\n  \
              logs: {dir}/*.log\n  devgate: {dg} --config {cfg}\n  stop: kill {pids}",
             rel = self.release,
+            ns = self.holder.borrow().as_ref().map_or(0, |h| h.child.id()),
             bin = self.bin.display(),
             kc = self.kubeconfig.display(),
             dir = self.dir.display(),
