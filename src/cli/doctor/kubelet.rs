@@ -142,10 +142,25 @@ fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
         }
         let (key, rest) =
             yaml_key(line).ok_or_else(|| format!("line {}: not `key: value`", n + 1))?;
+        // A key devgate does not read may hold an empty flow collection (`[]`, `{}`), as
+        // generated configs write them; it cannot span lines, so it hides no key.
+        if !matches!(key.as_str(), "kind" | "podLogsDir") && empty_flow(rest) {
+            continue;
+        }
         let value = yaml_scalar(rest).map_err(|e| format!("{key}: {e}"))?;
         out.push((key, value));
     }
     Ok(out)
+}
+
+/// `[]` or `{}`, then nothing but blanks or a comment.
+fn empty_flow(rest: &str) -> bool {
+    let v = rest.trim_start();
+    let tail = v.strip_prefix("[]").or_else(|| v.strip_prefix("{}"));
+    tail.is_some_and(|t| {
+        let t = t.trim_start();
+        t.is_empty() || t.starts_with('#')
+    })
 }
 
 /// `key: rest` of a top-level line (the key plain or quoted).
@@ -460,6 +475,15 @@ mod tests {
             ("---\npodLogsDir: ~\n", None),
             ("podLogsDir:\n", None),
             ("nested:\n  podLogsDir: /not-top\n", None),
+            // Generated configs write empty lists and maps in flow style.
+            (
+                "enforceNodeAllocatable: []\npodLogsDir: /flow # x\n",
+                Some("/flow"),
+            ),
+            (
+                "evictionHard: {}  # none\npodLogsDir: /flow\n",
+                Some("/flow"),
+            ),
             (
                 "\u{feff}kind: KubeletConfiguration\npodLogsDir: /bom\n",
                 Some("/bom"),
@@ -486,6 +510,11 @@ mod tests {
                 "podLogsDir: a block scalar, which devgate does not read",
             ),
             ("podLogsDir: [/a]\n", "podLogsDir: not a plain string"),
+            ("podLogsDir: []\n", "podLogsDir: not a plain string"),
+            (
+                "evictionHard: [\npodLogsDir: /x\n]\n",
+                "evictionHard: not a plain string",
+            ),
             (
                 "podLogsDir: \"/a\n",
                 "podLogsDir: a quoted string that does not end on its line",
