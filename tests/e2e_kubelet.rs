@@ -562,10 +562,16 @@ fn doctor_passes_every_runtime(n: &K8sNode) {
         said.lines().any(|l| l.starts_with("✓ containerd")),
         "{said}"
     );
-    assert!(
-        said.lines().any(|l| l.starts_with("✓ kubelet_pods_dir")),
-        "{said}"
-    );
+    for check in [
+        "✓ kubelet_pods_dir",
+        "✓ kubelet_pod_logs_dir",
+        "✓ containerd annotations",
+    ] {
+        assert!(
+            said.lines().any(|l| l.starts_with(check)),
+            "{check}: {said}"
+        );
+    }
 }
 
 /// The manifest's objects, with the image built here, the ConfigMap's config pointed at
