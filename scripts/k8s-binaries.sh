@@ -84,50 +84,55 @@ key_of() {
     fi | { cat; echo "recipe $RECIPE_VERSION ${COMMANDS[*]} etcd pause"; } | sha256sum | cut -c1-16
 }
 
+# Every build goes to OUT.tmp and becomes OUT, with a `done` mark, only when whole.
+# cached OUT WHAT: prints OUT and says so where it is built; fails where it is not.
+cached() {
+    [ -e "$1/done" ] || return 1
+    log "cached: $2 in $1"
+    echo "$1"
+}
+
+# begin OUT: a fresh OUT.tmp; one build at a time in the cache.
+begin() {
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/build.lock"
+    flock 9
+    rm -rf "$1.tmp"
+    mkdir -p "$1.tmp/bin"
+}
+
+# finish OUT OLDER: OUT.tmp becomes OUT; of the builds named OLDER (other pins, other
+# plugin sources: another checkout may use them) the newest 3 stay.
+finish() {
+    touch "$1.tmp/done"
+    rm -rf "$1"
+    mv "$1.tmp" "$1"
+    # shellcheck disable=SC2012
+    ls -dt "$CACHE"/$2 2>/dev/null | grep -v '\.tmp$' | tail -n +4 | xargs -r rm -rf
+    echo "$1"
+}
+
 # The suite's own kubelet plugins, one build for every release (their APIs are stable).
 build_plugins() {
-    local key out
-    key=$(key_of plugins)
-    out=$CACHE/plugins-$key
-    if [ -e "$out/done" ]; then
-        log "cached: the plugins in $out/bin"
-        echo "$out/bin"
-        return
-    fi
+    local out; out=$CACHE/plugins-$(key_of plugins)
+    cached "$out" "the plugins" && return
     command -v go >/dev/null || die "go is not installed, and the plugins are not cached in $CACHE"
-    mkdir -p "$CACHE"
-    rm -rf "$out.tmp"
-    mkdir -p "$out.tmp/bin"
+    begin "$out"
     (cd "$REPO/tests/k8s/plugins" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath \
         -ldflags "-s -w" -o "$out.tmp/bin/" ./...)
     log "built the plugins: $(cd "$REPO/tests/k8s/plugins" && go list ./... | tr '\n' ' ')"
-    touch "$out.tmp/done"
-    rm -rf "$out"
-    mv "$out.tmp" "$out"
-    find "$CACHE" -mindepth 1 -maxdepth 1 -name "plugins-*" ! -name "plugins-$key" -exec rm -rf {} +
-    echo "$out/bin"
+    finish "$out" "plugins-*"
 }
 
-build() {
-    local release=$1 version key out dir start
-    [ "$release" != plugins ] || { build_plugins; return; }
-    [ "$release" != base ] || { build_base; return; }
+# A release's binaries.
+build_release() {
+    local release=$1 version out dir start
     [ -f "$REPO/tests/k8s/$release/go.mod" ] || die "no release $release under tests/k8s ($(releases | tr '\n' ' '))"
     version=$(pinned "$release")
-    key=$(key_of "$release")
-    out=$CACHE/$version-$key
-    if [ -e "$out/done" ]; then
-        log "cached: $version in $out/bin"
-        echo "$out/bin"
-        return
-    fi
+    out=$CACHE/$version-$(key_of "$release")
+    cached "$out" "$version" && return
     command -v go >/dev/null || die "go is not installed, and $version is not cached in $CACHE"
-    mkdir -p "$CACHE"
-    exec 9>"$CACHE/$release.lock"
-    flock 9
-    if [ -e "$out/done" ]; then echo "$out/bin"; return; fi
-    rm -rf "$out.tmp"
-    mkdir -p "$out.tmp/bin"
+    begin "$out"
     dir=$REPO/tests/k8s/$release
     start=$(date +%s)
     log "building $version (once per cache key) with $(go version | cut -d' ' -f3)"
@@ -161,12 +166,7 @@ build() {
     log "built pause from $version's build/pause/linux/pause.c"
     log "built $version in ${took}s"
     echo "$version ${took}s" >"$out.tmp/built"
-    touch "$out.tmp/done"
-    rm -rf "$out"
-    mv "$out.tmp" "$out"
-    # Older keys of this release are older pins: keep only this one.
-    find "$CACHE" -mindepth 1 -maxdepth 1 -name "$version-*" ! -name "$version-$key" -exec rm -rf {} +
-    echo "$out/bin"
+    finish "$out" "$version-*"
 }
 
 # debian:bookworm-slim's stand-in, which packaging/kubernetes/Containerfile builds the
@@ -174,22 +174,22 @@ build() {
 # registry is reachable), once per machine.
 build_base() {
     local out=$CACHE/bookworm-slim-$RECIPE_VERSION
-    if [ -e "$out/done" ]; then
-        log "cached: the installer's base image in $out"
-        echo "$out"
-        return
-    fi
+    cached "$out" "the installer's base image" && return
     command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
-    mkdir -p "$CACHE"
-    rm -rf "$out.tmp"
-    mkdir -p "$out.tmp"
+    begin "$out"
     mmdebstrap --quiet --variant=minbase --format=tar bookworm "$out.tmp/rootfs.tar" \
         "deb $("$REPO/scripts/forky-stack.sh" mirror) bookworm main" >&2
     log "built the installer's base image (Debian bookworm, minbase)"
-    touch "$out.tmp/done"
-    rm -rf "$out"
-    mv "$out.tmp" "$out"
-    echo "$out"
+    finish "$out" "bookworm-slim-*"
+}
+
+# RELEASE's bin dir, the plugins' bin dir, or the base image's dir.
+build() {
+    case $1 in
+        plugins) echo "$(build_plugins)/bin" ;;
+        base) build_base ;;
+        *) echo "$(build_release "$1")/bin" ;;
+    esac
 }
 
 cmd=${1:-}; shift || true
