@@ -594,6 +594,22 @@ exec sleep 100000"#;
         ]
     }
 
+    /// `containerd config dump` of the node's config.toml, as containerd reads it.
+    fn config_dump(&self) -> Output {
+        let e = self.enter();
+        Command::new(&e[0])
+            .args(&e[1..])
+            .args([
+                "containerd",
+                "--config",
+                "/etc/containerd/config.toml",
+                "config",
+                "dump",
+            ])
+            .output()
+            .unwrap()
+    }
+
     /// devgate ARGS on the node.
     fn devgate(&self, args: &[&str]) -> Output {
         let e = self.enter();
@@ -868,18 +884,7 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
         s(&env.config),
         "--enable",
     ]);
-    let e = host.enter();
-    let dump = Command::new(&e[0])
-        .args(&e[1..])
-        .args([
-            "containerd",
-            "--config",
-            "/etc/containerd/config.toml",
-            "config",
-            "dump",
-        ])
-        .output()
-        .unwrap();
+    let dump = host.config_dump();
     let dumped = String::from_utf8_lossy(&dump.stdout).into_owned();
     if out.status.success() {
         // This containerd merges the drop-in into the section: it reads the spec.
@@ -1184,18 +1189,7 @@ fn containerd_running_crun_gets_the_wrapper() {
     let cfg: serde_json::Value =
         serde_json::from_slice(&fs::read(host.path("/etc/devgate/config.json")).unwrap()).unwrap();
     assert_eq!(cfg["runtime"]["path"], "crun", "{cfg}");
-    let e = host.enter();
-    let dump = Command::new(&e[0])
-        .args(&e[1..])
-        .args([
-            "containerd",
-            "--config",
-            "/etc/containerd/config.toml",
-            "config",
-            "dump",
-        ])
-        .output()
-        .unwrap();
+    let dump = host.config_dump();
     let dumped = String::from_utf8_lossy(&dump.stdout);
     assert!(
         dumped

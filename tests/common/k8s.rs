@@ -23,7 +23,6 @@ use super::fake_nvml;
 use super::*;
 use std::cell::{Cell, RefCell};
 use std::io::Read;
-use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -750,22 +749,12 @@ localStorageCapacityIsolation: false
 
     /// `kubectl apply -f -` of `object`.
     pub fn apply(&self, object: &Value) {
-        let mut child = self
-            .command(&self.bin.join("kubectl"))
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(object.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = output_with_input(
+            self.command(&self.bin.join("kubectl"))
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .args(["apply", "-f", "-"]),
+            object.to_string().as_bytes(),
+        );
         assert!(out.status.success(), "kubectl apply: {}", text(&out));
     }
 

@@ -761,6 +761,19 @@ pub mod fake;
 pub mod k8s;
 pub mod wrapper;
 
+/// `cmd`'s output, with `input` on its standard input.
+pub fn output_with_input(cmd: &mut Command, input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// `cmd`'s output. A program a test has just written can be busy for a moment (ETXTBSY):
 /// another test thread that forks while the file is still open for writing holds a copy of
 /// that descriptor until its child execs. Such a spawn is tried again, a few times.
