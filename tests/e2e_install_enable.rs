@@ -30,6 +30,17 @@ const ANNOTATIONS_LINE: &str =
     r#"container_annotations = ["io.kubernetes.container.terminationMessagePolicy"]"#;
 const PROGRAMS: [&str; 3] = ["devgate", "devgate-hook", "devgate-runtime"];
 /// A plain podman container.
+/// `podman run` of a container given /dev/zero.
+const ON_ZERO: &[&str] = &[
+    "run",
+    "--rm",
+    "--network",
+    "none",
+    "--device",
+    "/dev/zero",
+    TEST_IMAGE,
+    "true",
+];
 const PLAIN: &[&str] = &[
     "run",
     "--rm",
@@ -970,19 +981,7 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
             !host.path("/etc/containers/containers.conf.d").exists(),
             "the directory install-host made stays: {said}"
         );
-        let out = host.podman(
-            p,
-            &[
-                "run",
-                "--rm",
-                "--network",
-                "none",
-                "--device",
-                "/dev/zero",
-                TEST_IMAGE,
-                "true",
-            ],
-        );
+        let out = host.podman(p, ON_ZERO);
         assert!(!text(&out).contains("devgate"), "{}", text(&out));
     }
     drop(cd);
@@ -1017,19 +1016,7 @@ fn podman_through_the_wrapper(host: &NodeNs, p: &Podman, plain: &Output, reject:
     let cfg: serde_json::Value =
         serde_json::from_slice(&fs::read(host.path("/etc/devgate/config.json")).unwrap()).unwrap();
     assert_eq!(cfg["runtime"]["path"], "crun", "{cfg}");
-    let out = host.podman(
-        p,
-        &[
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--device",
-            "/dev/zero",
-            TEST_IMAGE,
-            "true",
-        ],
-    );
+    let out = host.podman(p, ON_ZERO);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains(reject), "{}", text(&out));
     let out = host.podman(p, PLAIN);
