@@ -298,7 +298,10 @@ pub fn gpu_selector_values(data: &[u8]) {
     assert!(selectors.len() <= crate::gpu::request::MAX_SELECTORS + 1);
     for (s, _) in selectors {
         match s {
-            GpuSelector::All | GpuSelector::Index(_) | GpuSelector::Mig { .. } => {}
+            GpuSelector::All
+            | GpuSelector::Index(_)
+            | GpuSelector::Mig { .. }
+            | GpuSelector::Unread => {}
             // a bus id printed as NVIDIA prints it reads back as itself
             GpuSelector::PciBusId {
                 domain,

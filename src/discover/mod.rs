@@ -356,10 +356,10 @@ pub fn discover(
             let hints = hints_for(&c, rules, dev_root);
             find_host_node(dev_root, sysfs_root, c.num, &hints)
         });
-        let paths: Vec<&Path> = [c.container_path.as_deref(), host_path.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect();
+        // By its number, or its host node's path: never the container path, which the
+        // runtime makes a node at whatever it says. The pod chooses it, and a path rule
+        // (`/dev/nvidia-uvm`) would otherwise name the class of any device listed there.
+        let paths: Vec<&Path> = host_path.as_deref().into_iter().collect();
         let class = class::classify(rules, c.num.typ, c.num.major, c.num.minor, &paths);
         if c.source == Source::CgroupRule && !class.is_known() {
             continue;
@@ -438,6 +438,35 @@ mod tests {
                 ("/dev/null".into(), "char".into()),
                 ("/dev/nvidia1".into(), "nvidia-gpu".into()),
                 ("/dev/sdb".into(), "block".into())
+            ]
+        );
+    }
+
+    /// The runtime makes a `linux.devices` node at whatever path the entry gives: only its
+    /// numbers say which device the container gets. The class (and with it the policy's
+    /// action, the probes and the spares) came from the first rule matching either path,
+    /// and the path-only rules (`nvidia-uvm`, `nvidia-caps`, …) come before the numbered
+    /// `dri` and `rdma`: an RDMA device listed at `/dev/nvidia-uvm` was judged, reported
+    /// and remapped as nvidia-uvm. The class is the number's, or its host node's path.
+    #[test]
+    fn a_container_path_does_not_choose_a_devices_class() {
+        let d = disc(
+            r#"{"linux":{"devices":[
+                {"path":"/dev/nvidia-uvm","type":"c","major":231,"minor":0},
+                {"path":"/dev/nvidia-caps/nvidia-cap1","type":"c","major":226,"minor":0},
+                {"path":"/dev/nvidia-uvm-tools","type":"c","major":243,"minor":7}]}}"#,
+        )
+        .unwrap();
+        let got: Vec<_> = d
+            .iter()
+            .map(|d| (d.num.major, d.class.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (231, "rdma".to_string()),
+                (226, "dri".to_string()),
+                (243, "char".to_string())
             ]
         );
     }

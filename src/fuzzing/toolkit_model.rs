@@ -47,6 +47,11 @@ impl Resolution {
         match sel {
             GpuSelector::All => self.all = true,
             GpuSelector::Invalid(_) => self.unknown = true,
+            // devgate's selectors past its bound: every GPU, and an unknown
+            GpuSelector::Unread => {
+                self.all = true;
+                self.unknown = true;
+            }
             // the cli compares UUIDs in any case
             GpuSelector::Uuid(u) => drop(self.gpus.insert(format!("GPU {}", u.to_lowercase()))),
             GpuSelector::MigUuid(u) => drop(self.gpus.insert(format!("MIG {}", u.to_lowercase()))),

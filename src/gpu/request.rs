@@ -85,9 +85,12 @@ fn device_request_names(device: &str) -> impl Iterator<Item = &str> {
     qualified.into_iter().chain(names.into_iter().flatten())
 }
 
-/// More distinct selectors than a node's GPUs could answer to (each GPU has one index, one
-/// bus id, 36 UUID prefixes and a few MIG instances): past it the rest is not read and is
-/// one unknown, never silently dropped (a GPU after them would go unchecked).
+/// A bound on distinct selectors, so that memory stays bounded however long the values.
+/// A spec the toolkit takes whole can pass it: a bus id no GPU has is a MIG device to the
+/// cli (`0:0:00` … `0:3:ff` are 1024 spellings of four), and the device plugin's mounts
+/// are read where the toolkit does not read them. So past it the rest is not read and is
+/// [`GpuSelector::Unread`]: every GPU is judged as named, and the selectors that were not
+/// read are one unknown. Never dropped: the GPU after them is the one the container gets.
 pub(crate) const MAX_SELECTORS: usize = 1024;
 
 /// The selectors read so far, without repeats: `1`, `01` and `+1` are one selector, and of
@@ -121,12 +124,7 @@ impl Selectors {
         }
         if self.out.len() >= MAX_SELECTORS {
             self.full = true;
-            self.out.push((
-                GpuSelector::Invalid(format!(
-                    "more than {MAX_SELECTORS} distinct GPU selectors, the rest not read"
-                )),
-                source,
-            ));
+            self.out.push((GpuSelector::Unread, source));
             return false;
         }
         seen.insert((key, source));
@@ -807,7 +805,7 @@ mod tests {
 
     /// NVIDIA's tooling reads every token; so must devgate, however many come before the
     /// GPU that matters: repeats of one GPU, or tokens NVIDIA refuses, cannot push a GPU
-    /// out of the list, and past the bound on distinct selectors the rest is an unknown.
+    /// out of the list, and past the bound on distinct selectors the rest is any GPU.
     #[test]
     fn no_count_of_tokens_hides_the_last_gpu() {
         let env = |v: String| Spec {
@@ -831,16 +829,15 @@ mod tests {
         assert_eq!(got.len(), 2, "{:?}", &got[..2.min(got.len())]);
         assert!(matches!(&got[0].0, GpuSelector::Invalid(r) if r.contains("\"x0\"")));
         assert_eq!(got[1].0, GpuSelector::Index(3));
-        // more distinct selectors than any node could take: the rest is an unknown
+        // more distinct selectors than the bound: the rest is read as any GPU, named
         let many: String = (0..MAX_SELECTORS + 10)
             .map(|i| format!("GPU-{i:x},"))
             .collect();
         let got = gpu_selectors(&env(format!("{many}3")));
         assert_eq!(got.len(), MAX_SELECTORS + 1);
-        assert!(
-            matches!(&got[MAX_SELECTORS].0, GpuSelector::Invalid(r) if r.contains("more than")),
-            "{:?}",
-            got[MAX_SELECTORS]
+        assert_eq!(
+            got[MAX_SELECTORS],
+            (GpuSelector::Unread, Source::NvidiaVisibleDevices)
         );
     }
 

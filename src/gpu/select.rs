@@ -4,7 +4,7 @@
 use crate::gpu::driver::ProcGpu;
 use crate::gpu::nvml::{NvmlAnswer, QueryError};
 use crate::gpu::pci::PciAddr;
-use crate::gpu::request::{GpuSelector, NVIDIA_VISIBLE_DEVICES};
+use crate::gpu::request::{GpuSelector, MAX_SELECTORS, NVIDIA_VISIBLE_DEVICES};
 use crate::gpu::selector::uuid_names;
 use crate::model::device::Source;
 
@@ -113,6 +113,12 @@ pub fn resolve_selectors(
             Source::CdiAnnotation => "CDI annotation",
             _ => NVIDIA_VISIBLE_DEVICES,
         };
+        if *sel == GpuSelector::Unread {
+            r.unresolved.push(format!(
+                "{how} has more than {MAX_SELECTORS} distinct GPU selectors: the rest were not \
+                 read, so every GPU is judged as named"
+            ));
+        }
         match (&known.ids, sel) {
             (_, GpuSelector::MigUuid(u)) => r.unresolved.push(format!(
                 "{how} selects MIG device {u}, whose GPU devgate cannot tell (it does not list MIG devices)"
@@ -191,6 +197,8 @@ impl Resolved {
         let ListWords { by, says, say } = list;
         match sel {
             GpuSelector::All => gpus.iter().for_each(|g| self.add(g.minor, Source::AllGpus)),
+            // any GPU may be among the selectors not read: each is judged as named
+            GpuSelector::Unread => gpus.iter().for_each(|g| self.add(g.minor, source)),
             GpuSelector::Index(i) => match gpus.get(*i as usize) {
                 Some(g) => self.add(g.minor, source),
                 None => self.unresolved.push(format!(
@@ -251,6 +259,7 @@ impl Resolved {
     ) {
         match sel {
             GpuSelector::All => nodes.iter().for_each(|n| self.add(*n, Source::AllGpus)),
+            GpuSelector::Unread => nodes.iter().for_each(|n| self.add(*n, source)),
             // At the default numbering, one index without its node is checked and found
             // wanting; more of them would each cost a walk of dev_root and a device in the
             // record and the reject line (a spec can hold 1024), deciding nothing more.
@@ -475,6 +484,62 @@ mod tests {
             unresolved,
             vec!["NVIDIA_VISIBLE_DEVICES selects GPU-1, which cannot be checked: cannot load x"]
         );
+    }
+
+    /// The bound on distinct selectors (`request::MAX_SELECTORS`) is reached by specs the
+    /// toolkit takes whole. libnvidia-container reads a token shaped like a bus id that no
+    /// GPU has again as `<gpu>:<mig>` (`select_mig_device`), so `0:0:00` … `0:3:ff` are 1024
+    /// distinct selectors, each MIG device 0:0 to 0:3 of GPU 0 to the cli; and the device
+    /// plugin's mounts are read whether or not the toolkit reads them (its default is not
+    /// to), so 1024 mounts name 1024 indexes the toolkit never sees. Either way the GPU the
+    /// container really gets, named after them, must still be judged as named: reading
+    /// stopped at the bound and the rest was one unknown, which `policy.on_unknown`'s
+    /// default allows, so GPU 2 started unchecked.
+    #[test]
+    fn a_flood_of_selectors_does_not_leave_the_gpu_after_it_unchecked() {
+        use crate::oci::spec::Spec;
+        use std::path::Path;
+        let ok = NvmlAnswer {
+            gpus: Ok((0..3).map(healthy).collect()),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        };
+        let known = KnownGpus::from_answer(&ok);
+        let spec = |j: serde_json::Value| {
+            Spec::parse(j.to_string().as_bytes(), Path::new("/b/config.json")).unwrap()
+        };
+        let mig_flood: String = (0..4)
+            .flat_map(|m| (0..=255).map(move |d| format!("0:{m}:{d:02x},")))
+            .collect();
+        let env_only = spec(serde_json::json!({
+            "process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={mig_flood}2")]}
+        }));
+        let mounts: Vec<_> = (0..1024)
+            .map(|i| {
+                serde_json::json!({
+                    "destination": format!("/var/run/nvidia-container-devices/{}", i + 100),
+                    "source": "/dev/null", "type": "bind", "options": ["bind"]
+                })
+            })
+            .collect();
+        let with_mounts = spec(serde_json::json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=2"]},
+            "mounts": mounts
+        }));
+        for (what, s) in [
+            ("MIG fall-through", env_only),
+            ("unread mounts", with_mounts),
+        ] {
+            let sel = crate::gpu::request::gpu_selectors(&s);
+            let (chosen, unresolved) = resolve_selectors(&sel, &known, &[]);
+            assert!(
+                chosen.contains(&(2, Source::NvidiaVisibleDevices)),
+                "{what}: GPU 2 is not judged as named: {:?} {:?}",
+                &chosen[chosen.len().saturating_sub(3)..],
+                unresolved.last()
+            );
+        }
     }
 
     /// Without a GPU list (NVML failing, no driver list: a driver that did not load) each

@@ -50,6 +50,9 @@ pub enum GpuSelector {
     MigUuid(String),
     /// A token NVIDIA's tooling refuses, with why (the token is in the reason, shortened).
     Invalid(String),
+    /// The selectors past `request::MAX_SELECTORS`, not read: any GPU of the node, each
+    /// judged as named (never with `all`'s warning alone). Never a token's reading.
+    Unread,
 }
 
 /// Longer than any device name NVIDIA prints (a MIG UUID is 40 bytes). Only a UUID token is
