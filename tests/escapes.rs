@@ -1,4 +1,4 @@
-//! Outside text is escaped wherever it is printed: ESC, CR, LF, NUL and U+202E in a device
+//! Outside text is escaped wherever it is printed: ESC, CR, LF and U+202E in a device
 //! path from the spec and in a cordon reason reach `explain`, `status`, the reject line
 //! and the termination message only as `\xNN` / `\u{...}`.
 
@@ -7,7 +7,9 @@ use common::*;
 use serde_json::json;
 use std::fs;
 
-const EVIL_PATH: &str = "/dev/zz\u{1b}[2J\r\nFAKE: all devices healthy\u{202e}\0x";
+// No NUL: a path holding one is refused before it is printed (crun reads only the text
+// before it; oci::spec's test holds that).
+const EVIL_PATH: &str = "/dev/zz\u{1b}[2J\r\nFAKE: all devices healthy\u{202e}x";
 const EVIL_REASON: &str = "bad\u{1b}[2J\r\nFAKE: all devices healthy\u{202e}";
 
 /// No raw control or bidi character, and no forged line.
