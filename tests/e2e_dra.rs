@@ -97,13 +97,13 @@ fn run_cases(release: &str) {
         "{release}: the DRA driver's ResourceSlice:\n{}",
         n.kubectl(&["get", "resourceslices", "-o", "yaml"])
     );
+    published_as_nvidias_driver_does(&n);
     n.apply(&template());
     a_claims_gpu_is_judged_by_devgate(&n);
     let rule = device_taint_rule_kind(&n);
-    let (holders, honors) = no_schedule_rule_keeps_new_claims_off_the_gpu(&n, &rule);
-    if honors {
-        an_untolerating_claim_for_the_tainted_gpu_is_unschedulable(&n);
-    }
+    operator_taints_the_gpu(&n, &rule);
+    let honors = scheduler_and_the_rule(&n);
+    let holders = new_claims_and_the_tainted_gpu(&n, honors);
     a_tolerating_claim_gets_the_tainted_gpu(&n);
     for p in holders {
         n.delete_pod(&p);
@@ -257,6 +257,33 @@ fn judged(n: &K8sNode, name: &str, go: &Path, cid: &str, minor: usize) {
 
 // ---- the cases -----------------------------------------------------------------------
 
+/// One ResourceSlice of the node's pool, its devices gpu-<minor> with the fake GPUs' UUIDs
+/// and PCI bus ids.
+fn published_as_nvidias_driver_does(n: &K8sNode) {
+    let list = n.get_json(&["get", "resourceslices"]).unwrap();
+    let slices: Vec<&Value> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["spec"]["driver"] == DRA_DRIVER)
+        .collect();
+    assert_eq!(slices.len(), 1, "{list}");
+    let spec = &slices[0]["spec"];
+    assert_eq!(spec["pool"]["name"], NODE);
+    assert_eq!(spec["nodeName"], NODE);
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 8);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d["name"], format!("gpu-{i}"));
+        assert_eq!(d["attributes"]["uuid"]["string"], fake_nvml::uuid(i), "{d}");
+        assert_eq!(
+            d["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
+            fake_nvml::bus(i),
+            "{d}"
+        );
+    }
+}
+
 /// A pod with a claim from the template gets one GPU, runs, and devgate judged its device.
 fn a_claims_gpu_is_judged_by_devgate(n: &K8sNode) {
     let go = go_dir(n, "claim");
@@ -290,12 +317,8 @@ fn device_taint_rule_kind(n: &K8sNode) -> String {
     version
 }
 
-/// An operator's NoSchedule rule on gpu-TAINTED; then PODS pods ask for a GPU at once and
-/// hold it. Returns the pods, and whether the scheduler honored the rule.
-fn no_schedule_rule_keeps_new_claims_off_the_gpu(
-    n: &K8sNode,
-    api_version: &str,
-) -> (Vec<String>, bool) {
+/// An operator's NoSchedule DeviceTaintRule on gpu-TAINTED (driver, pool, device).
+fn operator_taints_the_gpu(n: &K8sNode, api_version: &str) {
     n.apply(&json!({
         "apiVersion": api_version,
         "kind": "DeviceTaintRule",
@@ -306,9 +329,68 @@ fn no_schedule_rule_keeps_new_claims_off_the_gpu(
         },
     }));
     n.kubectl(&["get", "devicetaintrules", "operator-gpu"]);
-    // The scheduler learns of the rule through its informer: give it a moment, so that a
-    // pod created at once is not judged before the rule reached it.
-    std::thread::sleep(Duration::from_secs(3));
+    // The scheduler learns of the rule through its informer: give it a moment before the
+    // first claim (what follows polls for what the scheduler did, not for time).
+    std::thread::sleep(Duration::from_secs(2));
+}
+
+/// What this release's scheduler does with the rule, from a claim for gpu-TAINTED (by its
+/// `uuid` attribute) that does not tolerate it: its pod Unschedulable (the rule honored),
+/// or gpu-TAINTED allocated (ignored). Printed, and asserted against HONORS_RULES.
+fn scheduler_and_the_rule(n: &K8sNode) -> bool {
+    n.apply(&tainted_gpu_claim("untolerating", false));
+    let go = go_dir(n, "untolerating");
+    n.apply(&pod("untolerating", &go, SAY, Some("untolerating")));
+    let seen = n.wait_pod("untolerating", "Unschedulable or allocated", |p| {
+        if let Some(device) = claim_device(n, "untolerating") {
+            return Some(Err(device));
+        }
+        p["status"]["conditions"].as_array()?.iter().find_map(|c| {
+            (c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+                .then(|| Ok(c["message"].as_str().unwrap_or("").to_string()))
+        })
+    });
+    let honors = match &seen {
+        Ok(why) => {
+            eprintln!(
+                "{}: kube-scheduler honors the NoSchedule DeviceTaintRule: a claim for \
+                 gpu-{TAINTED} without the toleration is Unschedulable: {why}",
+                n.release
+            );
+            assert!(!go.join("said").exists());
+            true
+        }
+        Err(device) => {
+            eprintln!(
+                "{}: kube-scheduler IGNORES the NoSchedule DeviceTaintRule: a claim for \
+                 gpu-{TAINTED} without the toleration was allocated {device}",
+                n.release
+            );
+            assert_eq!(*device, format!("gpu-{TAINTED}"));
+            false
+        }
+    };
+    n.delete_pod("untolerating");
+    n.kubectl(&["delete", "resourceclaim", "untolerating", "--wait=true"]);
+    let expected = HONORS_RULES
+        .iter()
+        .find(|(r, _)| *r == n.release)
+        .map(|(_, h)| *h)
+        .unwrap_or_else(|| panic!("{}: not in HONORS_RULES", n.release));
+    assert_eq!(
+        honors,
+        expected,
+        "{}: kube-scheduler {} the NoSchedule rule, not as measured before (HONORS_RULES)",
+        n.release,
+        if honors { "honors" } else { "ignores" }
+    );
+    honors
+}
+
+/// PODS pods ask for any GPU at once and hold it: where the scheduler honors the rule, none
+/// is allocated gpu-TAINTED; where it ignores it, one is (the allocator fills devices in
+/// order). Returns the pods.
+fn new_claims_and_the_tainted_gpu(n: &K8sNode, honors: bool) -> Vec<String> {
     let mut names = Vec::new();
     for i in 0..PODS {
         let name = format!("held-{i}");
@@ -324,44 +406,27 @@ fn no_schedule_rule_keeps_new_claims_off_the_gpu(
         judged(n, name, go, &cid, minor);
         devices.push(device);
     }
-    let tainted = format!("gpu-{TAINTED}");
-    let on_tainted: Vec<&str> = names
-        .iter()
-        .zip(&devices)
-        .filter(|(_, d)| **d == tainted)
-        .map(|((p, _), _)| p.as_str())
-        .collect();
-    let honors = on_tainted.is_empty();
     let mut distinct = devices.clone();
     distinct.sort();
     distinct.dedup();
     assert_eq!(distinct.len(), PODS, "two pods share a GPU: {devices:?}");
-    if honors {
-        eprintln!(
-            "{}: kube-scheduler honors the NoSchedule DeviceTaintRule: {PODS} pods got \
-             {devices:?}, none {tainted}",
-            n.release
-        );
-    } else {
-        eprintln!(
-            "{}: kube-scheduler IGNORES the NoSchedule DeviceTaintRule on {tainted}: {PODS} \
-             pods got {devices:?}, {on_tainted:?} on {tainted}",
-            n.release
-        );
-    }
-    let expected = HONORS_RULES
-        .iter()
-        .find(|(r, _)| *r == n.release)
-        .map(|(_, h)| *h)
-        .unwrap_or_else(|| panic!("{}: not in HONORS_RULES", n.release));
-    assert_eq!(
-        honors,
-        expected,
-        "{}: kube-scheduler {} the NoSchedule rule, not as measured before (HONORS_RULES)",
-        n.release,
-        if honors { "honors" } else { "ignores" }
+    let tainted = format!("gpu-{TAINTED}");
+    let on_tainted = devices.iter().filter(|d| **d == tainted).count();
+    eprintln!(
+        "{}: {PODS} new claims got {devices:?}: {on_tainted} on the tainted {tainted}",
+        n.release
     );
-    (names.into_iter().map(|(name, _)| name).collect(), honors)
+    assert_eq!(on_tainted, usize::from(!honors), "{devices:?}");
+    // The tolerating claim comes next and needs the tainted GPU free.
+    let mut held = Vec::new();
+    for ((name, _), device) in names.into_iter().zip(&devices) {
+        if *device == tainted {
+            n.delete_pod(&name);
+        } else {
+            held.push(name);
+        }
+    }
+    held
 }
 
 /// A ResourceClaim `name` for gpu-TAINTED, selected by its `uuid` attribute, its request
@@ -383,28 +448,6 @@ fn tainted_gpu_claim(name: &str, tolerate: bool) -> Value {
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     })
-}
-
-/// Where the scheduler honors rules, a claim for gpu-TAINTED that does not tolerate the
-/// taint leaves its pod Unschedulable (the scheduler tried and said why).
-fn an_untolerating_claim_for_the_tainted_gpu_is_unschedulable(n: &K8sNode) {
-    n.apply(&tainted_gpu_claim("untolerating", false));
-    let go = go_dir(n, "untolerating");
-    n.apply(&pod("untolerating", &go, SAY, Some("untolerating")));
-    let why = n.wait_pod("untolerating", "Unschedulable", |p| {
-        p["status"]["conditions"].as_array()?.iter().find_map(|c| {
-            (c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
-                .then(|| c["message"].as_str().unwrap_or("").to_string())
-        })
-    });
-    eprintln!(
-        "{}: a claim for gpu-{TAINTED} without the toleration: Unschedulable: {why}",
-        n.release
-    );
-    assert_eq!(claim_device(n, "untolerating"), None);
-    assert!(!go.join("said").exists());
-    n.delete_pod("untolerating");
-    n.kubectl(&["delete", "resourceclaim", "untolerating", "--wait=true"]);
 }
 
 /// A claim whose request tolerates the operator's taint, selecting gpu-TAINTED by its
