@@ -14,6 +14,8 @@
 //! there (the CNI bridge plugin); nothing reaches the host's network. Pods ask for `nvidia.com/gpu` as on a GPU node; the
 //! device plugin hands out /dev/nvidiaN (char 195:N under the test's dev root) and
 //! NVIDIA_VISIBLE_DEVICES as NVIDIA's does.
+//! With `Options::dra_driver`, a fake DRA driver publishes the same GPUs as NVIDIA's DRA
+//! driver does (`gpu.nvidia.com`) and containerd reads its CDI spec where it can (1.7+).
 //!
 //! `DEVGATE_K8S_KEEP=1` leaves the node up at the end of a test and prints how to reach it
 //! (docs/development.md, "The real node").
