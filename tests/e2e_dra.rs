@@ -329,9 +329,11 @@ fn operator_taints_the_gpu(n: &K8sNode, api_version: &str) {
         },
     }));
     n.kubectl(&["get", "devicetaintrules", "operator-gpu"]);
-    // The scheduler learns of the rule through its informer: give it a moment before the
-    // first claim (what follows polls for what the scheduler did, not for time).
-    std::thread::sleep(Duration::from_secs(2));
+    // The scheduler learns of the rule through its informer (milliseconds) and shows no
+    // sign of having it: give it ample time before the first claim, so that a claim judged
+    // before the rule arrived is not taken for a scheduler that ignores rules. What follows
+    // polls for what the scheduler did, not for time.
+    std::thread::sleep(Duration::from_secs(5));
 }
 
 /// What this release's scheduler does with the rule, from a claim for gpu-TAINTED (by its
