@@ -14,6 +14,8 @@
 //! there (the CNI bridge plugin); nothing reaches the host's network. Pods ask for `nvidia.com/gpu` as on a GPU node; the
 //! device plugin hands out /dev/nvidiaN (char 195:N under the test's dev root) and
 //! NVIDIA_VISIBLE_DEVICES as NVIDIA's does.
+//! With `Options::dra_driver`, a fake DRA driver publishes the same GPUs as NVIDIA's DRA
+//! driver does (`gpu.nvidia.com`) and containerd reads its CDI spec where it can (1.7+).
 //!
 //! `DEVGATE_K8S_KEEP=1` leaves the node up at the end of a test and prints how to reach it
 //! (docs/development.md, "The real node").
@@ -112,7 +114,15 @@ pub struct Options {
     /// devgate installed by hand, as docs/install.md says (else the node has no devgate
     /// until a test installs it).
     pub devgate_by_hand: bool,
+    /// The fake DRA driver too (tests/k8s/plugins/fake-dra-driver): the GPUs published
+    /// as NVIDIA's DRA driver publishes them (driver and DeviceClass `gpu.nvidia.com`, a
+    /// pool named after the node, devices `gpu-<minor>`), beside the device plugin;
+    /// containerd reads its CDI spec where it can (`K8sNode::cdi`).
+    pub dra_driver: bool,
 }
+
+/// The DRA driver's name, its DeviceClass's and the CDI vendor's.
+pub const DRA_DRIVER: &str = "gpu.nvidia.com";
 
 pub struct K8sNode {
     pub release: String,
@@ -129,6 +139,10 @@ pub struct K8sNode {
     systemd: RefCell<Option<(fs::File, Vec<u8>)>>,
     /// How many times the node's systemctl restarted containerd.
     pub restarts: Cell<u32>,
+    /// Whether containerd reads CDI specs (1.7 and later): a DRA claim's device reaches
+    /// the container only then.
+    pub cdi: bool,
+    dra_driver: bool,
 }
 
 impl K8sNode {
@@ -160,12 +174,17 @@ impl K8sNode {
             procs: RefCell::new(Vec::new()),
             systemd: RefCell::new(None),
             restarts: Cell::new(0),
+            cdi: containerd_has_cdi(),
+            dra_driver: opts.dra_driver,
         };
         node.start_namespace();
         node.start_control_plane(&opts);
         node.start_containerd(opts.devgate_by_hand);
         node.start_kubelet();
         node.wait_ready();
+        if node.dra_driver {
+            node.start_dra_driver();
+        }
         node
     }
 
@@ -502,13 +521,33 @@ impl K8sNode {
                 cni.display(),
             ),
         };
+        let mut settings = config.plugin_settings(PAUSE_IMAGE);
+        if self.dra_driver && self.cdi {
+            // The DRA driver's CDI spec dir, in the CRI plugin's own table (the key is
+            // `enable_cdi` in 1.7 and 2.x alike; 2.x has it on by default).
+            let table = match config {
+                CriConfig::V2 => "[plugins.\"io.containerd.grpc.v1.cri\"]\n",
+                CriConfig::V3 => "[plugins.'io.containerd.cri.v1.runtime']\n",
+            };
+            let dirs = format!(
+                "{table}  enable_cdi = true\n  cdi_spec_dirs = [\"{}\"]\n",
+                self.cdi_dir().display()
+            );
+            settings = settings.replacen(table, &dirs, 1);
+            assert!(settings.contains("enable_cdi"), "{settings}");
+        }
         format!(
             "{}\nroot = \"{}\"\nstate = \"/run/containerd\"\n\n[grpc]\n  address = \"{SOCKET}\"\n\n\
              {}\n{cni_table}\n",
             config.top(),
             cd.join("root").display(),
-            config.plugin_settings(PAUSE_IMAGE),
+            settings,
         )
+    }
+
+    /// Where the DRA driver writes its CDI spec and containerd reads it.
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.dir.join("cdi")
     }
 
     /// containerd as its unit starts it (the default config path), until its socket is up.
@@ -644,6 +683,59 @@ impl K8sNode {
         ];
         let plugin = binaries("plugins").join("fake-gpu-plugin");
         self.spawn("fake-gpu-plugin", &plugin, &args);
+    }
+
+    /// The fake DRA driver, once kubelet is up (it registers through kubelet's plugin
+    /// registry and publishes its ResourceSlice as the node), and the DeviceClass
+    /// `gpu.nvidia.com`; waits for the pool's 8 devices.
+    fn start_dra_driver(&mut self) {
+        let gpus = (0..8)
+            .map(|i| format!("{}={i}={}", fake_nvml::uuid(i), fake_nvml::bus(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let args = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--node-name={NODE}"),
+            format!(
+                "--registrar-dir={}",
+                self.kubelet_root.join("plugins_registry").display()
+            ),
+            format!(
+                "--plugin-dir={}",
+                self.kubelet_root.join("plugins").join(DRA_DRIVER).display()
+            ),
+            format!("--cdi-dir={}", self.cdi_dir().display()),
+            format!("--dev-root={}", self.gpus.dev_root.display()),
+            format!("--gpus={gpus}"),
+        ];
+        let driver = binaries("plugins").join("fake-dra-driver");
+        self.spawn("fake-dra-driver", &driver, &args);
+        self.apply(&json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": DRA_DRIVER},
+            "spec": {"selectors": [{"cel": {
+                "expression": format!("device.driver == \"{DRA_DRIVER}\"")
+            }}]},
+        }));
+        self.wait(
+            "the DRA driver's ResourceSlice with 8 devices",
+            || {
+                let list = self.get_json(&["get", "resourceslices"])?;
+                let devices: usize = list["items"]
+                    .as_array()?
+                    .iter()
+                    .filter(|s| s["spec"]["driver"] == DRA_DRIVER && s["spec"]["nodeName"] == NODE)
+                    .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+                    .sum();
+                (devices == 8).then_some(())
+            },
+            "fake-dra-driver",
+        );
+        eprintln!(
+            "k8s node: DRA driver {DRA_DRIVER} published 8 GPUs (CDI in containerd: {})",
+            self.cdi
+        );
     }
 
     fn kubelet_config(&self) -> String {
@@ -866,7 +958,7 @@ impl Drop for K8sNode {
         }
         // kubelet first, so that it starts nothing more; then the containers it left,
         // then the rest in the reverse order of their start.
-        for name in ["fake-gpu-plugin", "kubelet"] {
+        for name in ["fake-dra-driver", "fake-gpu-plugin", "kubelet"] {
             if let Some(p) = self.procs.borrow_mut().iter_mut().find(|p| p.name == name) {
                 p.stop();
             }
@@ -902,6 +994,18 @@ impl K8sNode {
             let _ = ctr(&["tasks", "rm", "-f", id]);
         }
     }
+}
+
+/// Whether the containerd on PATH reads CDI specs (1.7 and later).
+fn containerd_has_cdi() -> bool {
+    let out = Command::new("containerd").arg("--version").output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let version = text.unwrap_or_default();
+    let v = version.split_whitespace().nth(2).unwrap_or("");
+    let mut parts = v.trim_start_matches('v').split(['.', '~', '-', '+']);
+    let major: u32 = parts.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    major >= 2 || (major == 1 && minor >= 7)
 }
 
 /// The pod network: a bridge in the node's own network namespace (Debian's
