@@ -2,11 +2,12 @@
 //! its flags, its KubeletConfiguration file (and `--config-dir` drop-ins), and the running
 //! kubelet found through /proc.
 //!
-//! Pure readers first, then the I/O. Only a process of root's whose name is `kubelet`
-//! counts, so a process another user names kubelet cannot point doctor at a file; that
-//! process's files are opened inside its own root (openat2 RESOLVE_IN_ROOT, no magic
-//! links), non-blocking and bounded, so a symlink in its tree stays in its tree and a FIFO
-//! or a huge file cannot hold doctor.
+//! Pure readers first, then the I/O. Only a process of root's whose name is `kubelet`, in
+//! the node's mount namespace, counts, so a process another user or a pod's container
+//! names kubelet cannot point doctor at a file or a directory; that process's files are
+//! opened inside its own root (openat2 RESOLVE_IN_ROOT, no magic links), non-blocking and
+//! bounded, so a symlink in its tree stays in its tree and a FIFO or a huge file cannot
+//! hold doctor.
 
 use super::error::ConfigError;
 use crate::error::Error;
@@ -275,9 +276,14 @@ pub(crate) struct Running {
 }
 
 /// The running kubelet under `proc` (`/proc`): of the processes named `kubelet` that root
-/// runs, the one of lowest pid.
+/// runs in the node's mount namespace (that of /proc/1), the one of lowest pid.
+///
+/// A container's root is uid 0 too: a pod's process named kubelet, its pid below the
+/// node's kubelet's once pids wrap, would otherwise choose the directories doctor passes
+/// and tells the operator to set. Every container has a mount namespace of its own.
 pub(crate) fn find_running(proc: &Path) -> Option<Running> {
     let pids = fs::read_dir(proc).ok()?;
+    let node_mnt = fs::read_link(proc.join("1/ns/mnt")).ok()?;
     let mut found: Option<u32> = None;
     for e in pids.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
@@ -286,6 +292,7 @@ pub(crate) fn find_running(proc: &Path) -> Option<Running> {
         let dir = proc.join(pid.to_string());
         if read_proc(&dir.join("comm"), 64).is_some_and(|c| c == b"kubelet\n")
             && read_proc(&dir.join("status"), 64 << 10).is_some_and(|s| runs_as_root(&s))
+            && fs::read_link(dir.join("ns/mnt")).is_ok_and(|m| m == node_mnt)
         {
             found = Some(found.map_or(pid, |f| f.min(pid)));
         }
@@ -561,6 +568,8 @@ mod tests {
                 "Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n",
             )
             .unwrap();
+            fs::create_dir_all(p.join("ns")).unwrap();
+            symlink("mnt:[4026531841]", p.join("ns/mnt")).unwrap();
             p
         };
         mk(1, "systemd", &["/sbin/init"]);
@@ -604,6 +613,50 @@ mod tests {
         )
         .unwrap();
         assert_eq!(find_running(&proc), None);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A pod's container runs as root, and may name its process kubelet and give it a pid
+    /// below the node's kubelet's (pids wrap): its flags are the pod author's, and doctor
+    /// would pass, or tell the operator to set, the directories it names. Only a kubelet in
+    /// the mount namespace of /proc/1 (the node's init) counts.
+    #[test]
+    fn a_kubelet_in_a_containers_mount_namespace_does_not_count() {
+        let d = crate::fsutil::tests::tempdir("doctor-kubelet-ns");
+        let proc = d.join("proc");
+        let mk = |pid: u32, comm: &str, mnt: Option<&str>, cmdline: &[&str]| {
+            let p = proc.join(pid.to_string());
+            fs::create_dir_all(p.join("ns")).unwrap();
+            fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
+            fs::write(p.join("cmdline"), cmdline.join("\0") + "\0").unwrap();
+            fs::write(p.join("status"), "Uid:\t0\t0\t0\t0\n").unwrap();
+            if let Some(m) = mnt {
+                symlink(m, p.join("ns/mnt")).unwrap();
+            }
+        };
+        mk(1, "systemd", Some("mnt:[4026531841]"), &["/sbin/init"]);
+        mk(
+            7,
+            "kubelet",
+            Some("mnt:[4026532999]"),
+            &["kubelet", "--root-dir", "/pod-chosen"],
+        );
+        assert_eq!(find_running(&proc), None, "a container's root kubelet");
+        mk(8, "kubelet", None, &["kubelet", "--root-dir", "/no-ns"]);
+        assert_eq!(
+            find_running(&proc),
+            None,
+            "a kubelet whose namespace is unread"
+        );
+        mk(
+            900,
+            "kubelet",
+            Some("mnt:[4026531841]"),
+            &["/usr/bin/kubelet", "--root-dir", "/srv/k"],
+        );
+        let r = find_running(&proc).unwrap();
+        assert_eq!(r.pid, 900);
+        assert_eq!(r.flags.root_dir.as_deref(), Some(Path::new("/srv/k")));
         fs::remove_dir_all(&d).unwrap();
     }
 
