@@ -378,44 +378,66 @@ pub(crate) fn read_in_root(root: &Path, path: &Path) -> Result<String, ConfigErr
     String::from_utf8(buf).map_err(|_| ConfigError::NotUtf8(path.to_path_buf()))
 }
 
-/// The `.conf` drop-ins of `dir` inside `root`, by name as kubelet merges them (at most
-/// [`MAX_DROPINS`]; more is an error, not a silent cut).
+/// The `.conf` drop-ins of `dir` inside `root` as kubelet's filepath.WalkDir finds them:
+/// every file (not directory) whose name ends `.conf`, hidden ones too, in the directories
+/// below as well, in the walk's order (by name, a directory's files where its name sorts).
+/// At most [`MAX_DROPINS`] entries are looked at; more is an error, not a silent cut.
 pub(crate) fn dropins_in_root(root: &Path, dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let io = |e| ConfigError::Io(Error::io("cannot list", dir, e));
     let rootfd = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(root)
-        .map_err(io)?;
+        .map_err(|e| ConfigError::Io(Error::io("cannot list", dir, e)))?;
+    let mut names: Vec<PathBuf> = Vec::new();
+    let mut seen = 0;
+    walk_in_root(&rootfd, dir, dir, &mut names, &mut seen)?;
+    // Path order is by component: a directory's files sort where its name does, as the
+    // walk visits them.
+    names.sort();
+    Ok(names)
+}
+
+/// One directory of [`dropins_in_root`]'s walk, opened inside the root (a link to a
+/// directory is not followed: the walk lstats, and kubelet then fails to read it as a file).
+fn walk_in_root(
+    rootfd: &File,
+    top: &Path,
+    dir: &Path,
+    names: &mut Vec<PathBuf>,
+    seen: &mut usize,
+) -> Result<(), ConfigError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let io = |e| ConfigError::Io(Error::io("cannot list", dir, e));
     let rel = dir.strip_prefix("/").unwrap_or(dir);
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| ConfigError::NotRegular(dir.to_path_buf()))?;
     let fd = crate::fsutil::openat2(
-        &rootfd,
+        rootfd,
         &c,
         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
         libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     )
     .map_err(io)?;
     let listed = fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io)?;
-    let mut names: Vec<PathBuf> = Vec::new();
-    for e in listed.flatten() {
-        let name = e.file_name();
-        if !name.as_bytes().ends_with(b".conf") || name.as_bytes().starts_with(b".") {
-            continue;
-        }
-        if names.len() == MAX_DROPINS {
+    for e in listed {
+        let e = e.map_err(io)?;
+        *seen += 1;
+        if *seen > MAX_DROPINS {
             return Err(ConfigError::Kubelet {
-                path: dir.to_path_buf(),
-                msg: format!("more than {MAX_DROPINS} drop-ins"),
+                path: top.to_path_buf(),
+                msg: format!("more than {MAX_DROPINS} drop-ins and directories"),
             });
         }
-        names.push(dir.join(name));
+        let path = dir.join(e.file_name());
+        if e.file_type().map_err(io)?.is_dir() {
+            walk_in_root(rootfd, top, &path, names, seen)?;
+        } else if e.file_name().as_bytes().ends_with(b".conf") {
+            // filepath.Ext(name) == ".conf": a name that ends so, `.conf` itself too.
+            names.push(path);
+        }
     }
-    names.sort();
-    Ok(names)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -616,6 +638,53 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
+    /// kubelet walks its --config-dir (filepath.WalkDir): every file whose extension is
+    /// `.conf`, a hidden one too, and those in directories below, in the walk's order. A
+    /// drop-in doctor skipped could set podLogsDir unseen, and doctor would pass the
+    /// directory the file before it named.
+    #[test]
+    fn dropins_are_the_files_kubelets_walk_finds() {
+        let d = crate::fsutil::tests::tempdir("doctor-kubelet-walk");
+        let root = d.join("root");
+        let k = root.join("etc/k.d");
+        fs::create_dir_all(k.join("50.d/deeper")).unwrap();
+        fs::create_dir_all(k.join("dir.conf")).unwrap();
+        for n in [
+            "10.conf",
+            ".99-hidden.conf",
+            ".conf",
+            "notes.txt",
+            "50.d/x.conf",
+            "50.d/deeper/y.conf",
+            "dir.conf/z.conf",
+            "60.conf",
+        ] {
+            fs::write(k.join(n), "").unwrap();
+        }
+        // A link to a directory is a file to the walk, which kubelet then fails to read.
+        symlink("50.d", k.join("70-link.conf")).unwrap();
+        let want: Vec<PathBuf> = [
+            ".99-hidden.conf",
+            ".conf",
+            "10.conf",
+            "50.d/deeper/y.conf",
+            "50.d/x.conf",
+            "60.conf",
+            "70-link.conf",
+            "dir.conf/z.conf",
+        ]
+        .iter()
+        .map(|n| Path::new("/etc/k.d").join(n))
+        .collect();
+        assert_eq!(dropins_in_root(&root, Path::new("/etc/k.d")).unwrap(), want);
+        // A tree past the bound is refused, not cut short.
+        for i in 0..MAX_DROPINS {
+            fs::create_dir_all(k.join(format!("many/{i}"))).unwrap();
+        }
+        assert!(dropins_in_root(&root, Path::new("/etc/k.d")).is_err());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
     /// A pod's container runs as root, and may name its process kubelet and give it a pid
     /// below the node's kubelet's (pids wrap): its flags are the pod author's, and doctor
     /// would pass, or tell the operator to set, the directories it names. Only a kubelet in
@@ -695,8 +764,8 @@ mod tests {
             read_in_root(&root, Path::new("/etc/huge")).unwrap_err(),
             ConfigError::TooLarge { .. }
         ));
-        // Drop-ins: `.conf` files by name, not hidden ones nor others.
-        for n in ["20-b.conf", "10-a.conf", ".hidden.conf", "notes.txt"] {
+        // Drop-ins: `.conf` files by name, not others.
+        for n in ["20-b.conf", "10-a.conf", "notes.txt"] {
             fs::write(root.join("etc/conf.d").join(n), "").unwrap();
         }
         assert_eq!(
