@@ -75,7 +75,9 @@ pub(crate) fn parse_flags(args: &[String]) -> Flags {
 }
 
 /// What a KubeletConfiguration file says of the pod logs directory: None where it leaves
-/// `podLogsDir` unset (or null), which is kubelet's default then.
+/// `podLogsDir` unset; Some("") where it sets it null or empty. The two differ in a
+/// drop-in, which kubelet merges as a JSON merge patch: null there removes the file's
+/// podLogsDir, and kubelet's defaulting then makes an empty one /var/log/pods.
 pub(crate) fn parse_config(text: &str) -> Result<Option<String>, String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let keys = if text.trim_start().starts_with('{') {
@@ -101,7 +103,7 @@ pub(crate) fn parse_config(text: &str) -> Result<Option<String>, String> {
         Some(k) if k == "KubeletConfiguration" => {}
         Some(k) => return Err(format!("kind {k:?} is not KubeletConfiguration")),
     }
-    Ok(logs.flatten())
+    Ok(logs.map(Option::unwrap_or_default))
 }
 
 /// A JSON object's `kind` and `podLogsDir`: Some(text) for a string, None for null.
@@ -501,8 +503,8 @@ mod tests {
             ("podLogsDir: '/it''s'\n", Some("/it's")),
             ("\"podLogsDir\": /q\n", Some("/q")),
             ("podLogsDir: /a#b\n", Some("/a#b")),
-            ("---\npodLogsDir: ~\n", None),
-            ("podLogsDir:\n", None),
+            ("---\npodLogsDir: ~\n", Some("")),
+            ("podLogsDir:\n", Some("")),
             ("nested:\n  podLogsDir: /not-top\n", None),
             // Generated configs write empty lists and maps in flow style.
             (

@@ -93,15 +93,29 @@ fn pod_logs_dir(view: &KubeletView) -> Result<(PathBuf, String), String> {
         let text = f.text.as_ref().map_err(|e| e.to_string())?;
         kubelet::parse_config(text).map_err(|e| format!("{}: {e}", f.path.display()))
     };
+    // An empty (or null) podLogsDir is kubelet's default once it defaults the merged config.
+    let said = |d: String, f: &KubeletFile| {
+        if d.is_empty() {
+            (
+                kubelet::DEFAULT_POD_LOGS_DIR.to_string(),
+                format!(
+                    "podLogsDir in {} is empty, kubelet's default",
+                    f.path.display()
+                ),
+            )
+        } else {
+            (d, format!("podLogsDir in {}", f.path.display()))
+        }
+    };
     if let Some(f) = &view.file {
         if let Some(d) = from_file(f)? {
-            found = Some((d, format!("podLogsDir in {}", f.path.display())));
+            found = Some(said(d, f));
         }
     }
-    // Drop-ins override the file, the last by name last.
+    // Drop-ins override the file, the last in kubelet's walk last.
     for f in view.dropins.as_ref().map_err(|e| e.to_string())? {
         if let Some(d) = from_file(f)? {
-            found = Some((d, format!("podLogsDir in {}", f.path.display())));
+            found = Some(said(d, f));
         }
     }
     match (found, &view.file, &view.running) {
@@ -313,6 +327,43 @@ mod tests {
         assert_eq!(
             pod_logs_dir(&view),
             Ok(("/b".into(), "podLogsDir in /etc/k.d/10.conf".into()))
+        );
+    }
+
+    /// kubelet merges a drop-in as a JSON merge patch: `podLogsDir: null` there removes
+    /// the file's, and kubelet's defaulting then sets an empty or removed one to
+    /// /var/log/pods. doctor must neither keep the file's directory nor tell the operator
+    /// to set an empty one.
+    #[test]
+    fn a_null_or_empty_pod_logs_dir_is_kubelets_default() {
+        let dropin = |text: &str| KubeletView {
+            running: Some(running(None)),
+            file: file("/etc/k.yaml", "podLogsDir: /data/logs\n"),
+            dropins: Ok(vec![KubeletFile {
+                path: "/etc/k.d/10.conf".into(),
+                text: Ok(text.into()),
+            }]),
+        };
+        for text in ["podLogsDir: null\n", "podLogsDir:\n", "podLogsDir: \"\"\n"] {
+            assert_eq!(
+                pod_logs_dir(&dropin(text)),
+                Ok((
+                    "/var/log/pods".into(),
+                    "podLogsDir in /etc/k.d/10.conf is empty, kubelet's default".into()
+                )),
+                "{text:?}"
+            );
+        }
+        // In the file itself, an empty one is the default too.
+        let view = KubeletView {
+            running: Some(running(None)),
+            file: file("/etc/k.yaml", "podLogsDir: ''\n"),
+            dropins: Ok(Vec::new()),
+        };
+        assert_eq!(
+            render(&view, &config("/var/lib/kubelet/pods", "/var/log/pods"))[1],
+            "✓ kubelet_pod_logs_dir: /var/log/pods, as podLogsDir in /etc/k.yaml is empty, \
+             kubelet's default"
         );
     }
 
