@@ -124,9 +124,12 @@ fn json_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
 
 /// The keys of a YAML document's top-level mapping, each with its scalar (None: null, or a
 /// block below it). kubelet's configs are flat at the top where devgate reads them, so
-/// this reads only lines that start at column 0 and skips every indented one.
+/// this reads only lines that start at column 0 and skips the indented ones of other keys.
+/// An indented line that would be part of `kind`'s or `podLogsDir`'s value (YAML lets it
+/// sit below its key, or a plain scalar go on there), or an indented top-level mapping, is
+/// refused: skipping it would read a value other than kubelet's.
 fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
-    let mut out = Vec::new();
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
     let mut documents = 0;
     for (n, line) in text.lines().enumerate() {
         let first = line.chars().next();
@@ -136,6 +139,31 @@ fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
                 documents += 1;
                 if documents > 1 || !out.is_empty() {
                     return Err("holds more than one YAML document".into());
+                }
+                continue;
+            }
+            // Content below a top-level key (indented, or a block sequence's `-`): part of
+            // that key's value. Blank and comment lines are not.
+            let body = line.trim_start_matches([' ', '\t']);
+            let content = match first {
+                Some(' ' | '\t') => !body.is_empty() && !body.starts_with('#'),
+                Some('-') => true,
+                _ => false,
+            };
+            if content {
+                match out.last() {
+                    None => {
+                        return Err(format!(
+                            "line {}: an indented top-level mapping, which devgate does not read",
+                            n + 1
+                        ))
+                    }
+                    Some((k, _)) if matches!(k.as_str(), "kind" | "podLogsDir") => {
+                        return Err(format!(
+                            "{k}: a value on the lines below, which devgate does not read"
+                        ))
+                    }
+                    Some(_) => {}
                 }
             }
             continue;
@@ -685,6 +713,41 @@ mod tests {
         }
         assert!(dropins_in_root(&root, Path::new("/etc/k.d")).is_err());
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// YAML lets a value sit on the lines below its key, a plain scalar go on over
+    /// indented lines, and a whole document be indented: each reads a podLogsDir devgate
+    /// would not see (and pass kubelet's default, or a cut-off directory), so each is
+    /// refused where it concerns the keys devgate reads.
+    #[test]
+    fn a_value_below_its_key_or_an_indented_document_is_refused() {
+        let below = "podLogsDir: a value on the lines below, which devgate does not read";
+        for (text, err) in [
+            ("podLogsDir:\n  /data/logs\n", below),
+            ("podLogsDir:\n\n  # the logs\n  \"/data/logs\"\n", below),
+            ("podLogsDir: /data\n  logs\n", below),
+            ("podLogsDir:\n- /a\n", below),
+            (
+                "  kind: KubeletConfiguration\n  podLogsDir: /data/logs\n",
+                "line 1: an indented top-level mapping, which devgate does not read",
+            ),
+            (
+                "---\n  podLogsDir: /data/logs\n",
+                "line 2: an indented top-level mapping, which devgate does not read",
+            ),
+        ] {
+            assert_eq!(parse_config(text), Err(err.to_string()), "{text:?}");
+        }
+        // Other keys' blocks, comments and blank lines stay as they were read.
+        for (text, want) in [
+            (
+                "clusterDNS:\n- 10.96.0.10\npodLogsDir: /x\n  # note\n\nauthentication:\n  x: 1\n",
+                Some("/x"),
+            ),
+            ("# head\n  # indented comment\npodLogsDir: /y\n", Some("/y")),
+        ] {
+            assert_eq!(parse_config(text), Ok(want.map(String::from)), "{text:?}");
+        }
     }
 
     /// A pod's container runs as root, and may name its process kubelet and give it a pid
