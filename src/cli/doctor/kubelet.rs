@@ -36,7 +36,8 @@ pub(crate) struct Flags {
 
 /// kubelet's flags from its arguments after the program name, as pflag reads them:
 /// `--name value` or `--name=value`, the last one counting, `--` ending them; an empty
-/// value is the flag unset.
+/// value is the flag unset. A name's `_` is `-`, as kubelet's flag set normalizes it
+/// (cliflag.WordSepNormalizeFunc).
 pub(crate) fn parse_flags(args: &[String]) -> Flags {
     let mut f = Flags::default();
     let mut i = 0;
@@ -49,7 +50,7 @@ pub(crate) fn parse_flags(args: &[String]) -> Flags {
             Some((n, v)) => (n, Some(v)),
             None => (a, None),
         };
-        let slot = match name {
+        let slot = match name.replace('_', "-").as_str() {
             "--config" => &mut f.config,
             "--config-dir" => &mut f.config_dir,
             "--root-dir" => &mut f.root_dir,
@@ -508,6 +509,19 @@ mod tests {
         assert_eq!(f.root_dir, None, "after --");
         assert_eq!(parse_flags(&args("--root-dir")), Flags::default());
         assert_eq!(parse_flags(&args("--config= --v=2")), Flags::default());
+    }
+
+    /// kubelet's flag set normalizes `_` in a flag's name to `-`
+    /// (cliflag.WordSepNormalizeFunc): `--root_dir` is `--root-dir`. Read as another flag,
+    /// doctor would pass /var/lib/kubelet/pods for a kubelet that keeps its pods elsewhere.
+    #[test]
+    fn flag_names_as_kubelet_normalizes_them() {
+        let f = parse_flags(&args(
+            "--root-dir /a --root_dir=/data/kubelet --config_dir /etc/k.d --config=/c.yaml",
+        ));
+        assert_eq!(f.root_dir.as_deref(), Some(Path::new("/data/kubelet")));
+        assert_eq!(f.config_dir.as_deref(), Some(Path::new("/etc/k.d")));
+        assert_eq!(f.config.as_deref(), Some(Path::new("/c.yaml")));
     }
 
     #[test]
