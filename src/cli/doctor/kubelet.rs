@@ -302,7 +302,8 @@ pub(crate) struct Running {
     pub(crate) flags: Flags,
     /// `/proc/PID/root`: its files are opened inside it.
     pub(crate) root: PathBuf,
-    /// Its working directory, inside its root (a relative `--config` is read from there).
+    /// Its working directory, inside its root (a relative `--config` is read from there);
+    /// None where it is gone.
     pub(crate) cwd: Option<PathBuf>,
 }
 
@@ -313,6 +314,7 @@ pub(crate) struct Running {
 /// node's kubelet's once pids wrap, would otherwise choose the directories doctor passes
 /// and tells the operator to set. Every container has a mount namespace of its own.
 pub(crate) fn find_running(proc: &Path) -> Option<Running> {
+    use std::os::unix::ffi::OsStrExt;
     let pids = fs::read_dir(proc).ok()?;
     let node_mnt = fs::read_link(proc.join("1/ns/mnt")).ok()?;
     let mut found: Option<u32> = None;
@@ -340,7 +342,11 @@ pub(crate) fn find_running(proc: &Path) -> Option<Running> {
         pid,
         flags: parse_flags(&args),
         root: dir.join("root"),
-        cwd: fs::read_link(dir.join("cwd")).ok(),
+        // A working directory that is gone reads `/dir (deleted)`, a name any user may
+        // make anew (in /tmp): no working directory, then.
+        cwd: fs::read_link(dir.join("cwd"))
+            .ok()
+            .filter(|c| c.is_absolute() && !c.as_os_str().as_bytes().ends_with(b" (deleted)")),
     })
 }
 
