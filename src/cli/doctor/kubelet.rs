@@ -130,6 +130,14 @@ fn json_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
 /// sit below its key, or a plain scalar go on there), or an indented top-level mapping, is
 /// refused: skipping it would read a value other than kubelet's.
 fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
+    // kubelet's go-yaml breaks lines at a lone CR, NEL, LS and PS as well: a key behind
+    // one would be a line of its own there, and part of another key's value here.
+    let lone_cr = text
+        .char_indices()
+        .any(|(i, c)| c == '\r' && !text[i + 1..].starts_with('\n'));
+    if lone_cr || text.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
+        return Err("a line break devgate does not read (a lone CR, NEL, LS or PS)".into());
+    }
     let mut out: Vec<(String, Option<String>)> = Vec::new();
     let mut documents = 0;
     for (n, line) in text.lines().enumerate() {
@@ -171,6 +179,17 @@ fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
         }
         if line.starts_with("...") {
             break;
+        }
+        // An anchor, tag or alias before a key, or an escape in its double quotes: YAML
+        // reads the key behind it, which devgate would miss.
+        let escaped_key = line
+            .strip_prefix('"')
+            .is_some_and(|k| k[..k.find('"').unwrap_or(k.len())].contains('\\'));
+        if line.starts_with(['&', '!', '*']) || escaped_key {
+            return Err(format!(
+                "line {}: a key devgate does not read (an escape, anchor, tag or alias)",
+                n + 1
+            ));
         }
         let (key, rest) =
             yaml_key(line).ok_or_else(|| format!("line {}: not `key: value`", n + 1))?;
@@ -768,6 +787,52 @@ mod tests {
         ] {
             assert_eq!(parse_config(text), Ok(want.map(String::from)), "{text:?}");
         }
+    }
+
+    /// kubelet's YAML (go-yaml, YAML 1.1) breaks lines at a lone CR, NEL, LS and PS too, and
+    /// reads a key behind an anchor or a tag, or with an escape in its double quotes, as
+    /// the key: each of these read `podLogsDir` for kubelet (sigs.k8s.io/yaml's
+    /// YAMLToJSON, checked) that a line-by-line reader of plain keys would not see.
+    #[test]
+    fn keys_go_yaml_reads_are_not_missed() {
+        for (text, err) in [
+            (
+                "foo: bar\rpodLogsDir: /cr\n",
+                "a line break devgate does not read (a lone CR, NEL, LS or PS)",
+            ),
+            (
+                "foo: bar\u{2028}podLogsDir: /ls\n",
+                "a line break devgate does not read (a lone CR, NEL, LS or PS)",
+            ),
+            (
+                "foo: bar\u{85}podLogsDir: /nel\n",
+                "a line break devgate does not read (a lone CR, NEL, LS or PS)",
+            ),
+            (
+                "\"podLogs\\x44ir\": /esc\n",
+                "line 1: a key devgate does not read (an escape, anchor, tag or alias)",
+            ),
+            (
+                "&a podLogsDir: /anchor\n",
+                "line 1: a key devgate does not read (an escape, anchor, tag or alias)",
+            ),
+            (
+                "!!str podLogsDir: /tag\n",
+                "line 1: a key devgate does not read (an escape, anchor, tag or alias)",
+            ),
+        ] {
+            assert_eq!(parse_config(text), Err(err.to_string()), "{text:?}");
+        }
+        // An escape in a quoted key's value is the value's.
+        assert_eq!(
+            parse_config("\"podLogsDir\": \"/a\\tb\"\n"),
+            Ok(Some("/a\tb".into()))
+        );
+        // CRLF is a line break devgate reads.
+        assert_eq!(
+            parse_config("kind: KubeletConfiguration\r\npodLogsDir: /crlf\r\n"),
+            Ok(Some("/crlf".into()))
+        );
     }
 
     /// A pod's container runs as root, and may name its process kubelet and give it a pid
