@@ -182,6 +182,14 @@ fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
         }
         // An anchor, tag or alias before a key, or an escape in its double quotes: YAML
         // reads the key behind it, which devgate would miss.
+        // A flow collection at the top (JSON behind a comment, or YAML's `{a: 1, ...}`):
+        // its keys are the document's, on any of its lines.
+        if line.starts_with(['{', '[']) {
+            return Err(format!(
+                "line {}: a flow collection, which devgate does not read",
+                n + 1
+            ));
+        }
         let escaped_key = line
             .strip_prefix('"')
             .is_some_and(|k| k[..k.find('"').unwrap_or(k.len())].contains('\\'));
@@ -828,6 +836,17 @@ mod tests {
             parse_config("\"podLogsDir\": \"/a\\tb\"\n"),
             Ok(Some("/a\tb".into()))
         );
+        // A document that is one flow mapping (JSON behind a comment): YAML reads its keys.
+        for text in [
+            "# kubelet\n{\"apiVersion\": \"v1\", \"podLogsDir\": \"/flow\"}\n",
+            "# kubelet\n{a: 1,\n podLogsDir: /flow2}\n",
+        ] {
+            assert_eq!(
+                parse_config(text),
+                Err("line 2: a flow collection, which devgate does not read".into()),
+                "{text:?}"
+            );
+        }
         // CRLF is a line break devgate reads.
         assert_eq!(
             parse_config("kind: KubeletConfiguration\r\npodLogsDir: /crlf\r\n"),
