@@ -1495,6 +1495,22 @@ fn kubelet_dirs_are_checked_against_the_running_kubelet() {
         );
     }
 
+    // A root process named kubelet in a mount namespace of its own, as a pod's container
+    // runs it, does not count either: its flags are the pod author's.
+    let (_, lines) = node.doctor_beside_kubelet(
+        &["--root-dir=/srv/evil"],
+        &["/usr/bin/unshare", "--mount"],
+        &[],
+    );
+    let notes: Vec<&String> = lines.iter().filter(|l| l.contains("kubelet_pod")).collect();
+    assert_eq!(notes.len(), 2, "{lines:#?}");
+    for n in notes {
+        assert!(
+            n.starts_with("- ") && n.contains("cannot tell: no kubelet runs here"),
+            "{n}"
+        );
+    }
+
     // A config file kubelet's root holds that doctor will not read: a note with the reason.
     let huge = d.join("huge.yaml");
     fs::write(&huge, "#".repeat(2 << 20)).unwrap();

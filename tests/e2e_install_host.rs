@@ -191,6 +191,56 @@ fn uninstall_host_keeps_the_programs_a_runtime_config_names() {
     assert!(!root.join("usr/local/bin/devgate").exists());
 }
 
+/// NVIDIA's runtime runs the wrapper where docs/wrapper.md puts it (first in its
+/// `runtimes` list, /etc/nvidia-container-runtime/config.toml): removing the programs
+/// under it would fail every GPU container's start. They stay, and the line names the file.
+#[test]
+fn uninstall_host_keeps_the_programs_nvidias_runtime_names() {
+    let root = tempdir("host-remove-nvidia");
+    ok_on(&root, "install-host");
+    let conf = root.join("etc/nvidia-container-runtime/config.toml");
+    fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    fs::write(
+        &conf,
+        "[nvidia-container-runtime]\nmode = \"cdi\"\nruntimes = [\"/usr/local/bin/devgate-runtime\", \"runc\"]\n",
+    )
+    .unwrap();
+    ok_on(&root, "uninstall-host");
+    let out = devgate_on(&root, "uninstall-host --programs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains(
+            "/etc/nvidia-container-runtime/config.toml names /usr/local/bin/devgate-runtime"
+        ),
+        "{}",
+        text(&out)
+    );
+    assert!(root.join("usr/local/bin/devgate-runtime").exists());
+}
+
+/// containerd (and CRI-O) read their config only at start: in the run that takes devgate
+/// out of it without `--restart`, the running containerd still names devgate's programs
+/// (its base spec's hooks, its runtime wrapper), so `--programs` must keep them, or every
+/// container start fails until the restart.
+#[test]
+fn uninstall_host_programs_wait_for_the_restart() {
+    let root = tempdir("host-programs-wait");
+    let conf = root.join("etc/containerd/config.toml");
+    fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    let debian = "version = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n";
+    fs::write(&conf, debian).unwrap();
+    ok_on(&root, "install-host --enable");
+    let out = devgate_on(&root, "uninstall-host --programs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("restart it"), "{}", text(&out));
+    assert_eq!(fs::read_to_string(&conf).unwrap(), debian);
+    assert!(root.join("usr/local/bin/devgate").exists());
+    assert!(root.join("usr/local/bin/devgate-hook").exists());
+    // Rerun once it has restarted: nothing changed this time, and the programs go.
+    ok_on(&root, "uninstall-host --programs");
+    assert!(!root.join("usr/local/bin/devgate").exists());
+}
+
 /// A spec no containerd config names goes with the rest: the node is as it was.
 #[test]
 fn uninstall_host_removes_a_spec_no_config_names() {

@@ -1,15 +1,23 @@
 //! The runtime configuration files on a host (containerd's, CRI-O's, podman's, with their
-//! drop-in directories) searched for the programs of devgate's they name: uninstall-host
-//! keeps a program some config still names, and install-host does not change what
-//! devgate's wrapper runs under a runtime that already runs it.
+//! drop-in directories, and NVIDIA's runtime's) searched for the programs of devgate's they
+//! name: uninstall-host keeps a program some config still names, and install-host does not
+//! change what devgate's wrapper runs under a runtime that already runs it.
 
 use super::host_exec::under;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The runtime configs that can name a program of devgate's: containerd's (and the
-/// drop-in directory its shipped config imports), CRI-O's, podman's.
-pub(super) const RUNTIME_CONFIGS: [&str; 3] = ["/etc/containerd", "/etc/crio", "/etc/containers"];
+/// drop-in directory its shipped config imports), CRI-O's, podman's, and NVIDIA's runtime's,
+/// whose `runtimes` list runs the wrapper in CDI mode (docs/wrapper.md). Missing one, the
+/// programs it runs would be removed under it, and install-host would set runtime.path to
+/// crun for a wrapper that runs runc there.
+pub(super) const RUNTIME_CONFIGS: [&str; 4] = [
+    "/etc/containerd",
+    "/etc/crio",
+    "/etc/containers",
+    "/etc/nvidia-container-runtime",
+];
 
 /// The first runtime config file under `root` but those in `except` whose text names one
 /// of `progs` (by its path on the host), with that program. A plain text search, so a

@@ -179,6 +179,8 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
     crun_wrap::disable(root, &mut crio_changes)?;
     let mut changes = Changes::default();
     enable::edit_config(root, None, None, &mut changes)?;
+    // What the running containerd and CRI-O read at start, changed by this run.
+    let runtimes_changed = changes.any_changed()? || crio_changes.any_changed()?;
     let free = unhook(root, o, &target, &mut changes)?;
     if o.restart {
         enable::restart(root, &changes, "devgate is off")?;
@@ -199,6 +201,16 @@ pub(super) fn uninstall_host(o: &Opts) -> Result<()> {
         return Err(Error::invalid(
             "--programs",
             "the base spec is an operator's edit that may name them; take devgate's hooks out of it first",
+        ));
+    }
+    // Until they restart, containerd and CRI-O run the config this run took devgate out
+    // of: its base spec's hooks, its runtime wrapper. Removed now, every container start
+    // through them would fail.
+    if runtimes_changed && !o.restart {
+        return Err(Error::invalid(
+            "--programs",
+            "containerd or CRI-O still runs devgate's programs from the config this run \
+             changed: restart it (or rerun with --restart), then rerun with --programs",
         ));
     }
     remove_programs(root, &target)?;

@@ -53,6 +53,11 @@ pub(crate) enum ConfigError {
         path: PathBuf,
         what: &'static str,
     },
+    /// A drop-in directory holding more files than devgate reads: all are read or none.
+    TooManyDropIns {
+        dir: PathBuf,
+        max: usize,
+    },
     /// `--crio-config` names a file that is not there, nor its drop-in directory.
     CrioConfigAbsent {
         main: PathBuf,
@@ -105,6 +110,9 @@ impl fmt::Display for ConfigError {
             E::NotSpec(e) => write!(f, "not an OCI spec: {e}"),
             E::NotCheckpoint(e) => write!(f, "not a kubelet checkpoint: {e}"),
             E::Kubelet { path, msg } => write!(f, "{}: {msg}", path.display()),
+            E::TooManyDropIns { dir, max } => {
+                write!(f, "{}: more than {max} drop-in files", dir.display())
+            }
             E::HooksDirNotPaths(p) => {
                 write!(
                     f,

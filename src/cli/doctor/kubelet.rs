@@ -2,11 +2,12 @@
 //! its flags, its KubeletConfiguration file (and `--config-dir` drop-ins), and the running
 //! kubelet found through /proc.
 //!
-//! Pure readers first, then the I/O. Only a process of root's whose name is `kubelet`
-//! counts, so a process another user names kubelet cannot point doctor at a file; that
-//! process's files are opened inside its own root (openat2 RESOLVE_IN_ROOT, no magic
-//! links), non-blocking and bounded, so a symlink in its tree stays in its tree and a FIFO
-//! or a huge file cannot hold doctor.
+//! Pure readers first, then the I/O. Only a process of root's whose name is `kubelet`, in
+//! the node's mount namespace, counts, so a process another user or a pod's container
+//! names kubelet cannot point doctor at a file or a directory; that process's files are
+//! opened inside its own root (openat2 RESOLVE_IN_ROOT, no magic links), non-blocking and
+//! bounded, so a symlink in its tree stays in its tree and a FIFO or a huge file cannot
+//! hold doctor.
 
 use super::error::ConfigError;
 use crate::error::Error;
@@ -35,7 +36,8 @@ pub(crate) struct Flags {
 
 /// kubelet's flags from its arguments after the program name, as pflag reads them:
 /// `--name value` or `--name=value`, the last one counting, `--` ending them; an empty
-/// value is the flag unset.
+/// value is the flag unset. A name's `_` is `-`, as kubelet's flag set normalizes it
+/// (cliflag.WordSepNormalizeFunc).
 pub(crate) fn parse_flags(args: &[String]) -> Flags {
     let mut f = Flags::default();
     let mut i = 0;
@@ -48,7 +50,7 @@ pub(crate) fn parse_flags(args: &[String]) -> Flags {
             Some((n, v)) => (n, Some(v)),
             None => (a, None),
         };
-        let slot = match name {
+        let slot = match name.replace('_', "-").as_str() {
             "--config" => &mut f.config,
             "--config-dir" => &mut f.config_dir,
             "--root-dir" => &mut f.root_dir,
@@ -74,7 +76,9 @@ pub(crate) fn parse_flags(args: &[String]) -> Flags {
 }
 
 /// What a KubeletConfiguration file says of the pod logs directory: None where it leaves
-/// `podLogsDir` unset (or null), which is kubelet's default then.
+/// `podLogsDir` unset; Some("") where it sets it null or empty. The two differ in a
+/// drop-in, which kubelet merges as a JSON merge patch: null there removes the file's
+/// podLogsDir, and kubelet's defaulting then makes an empty one /var/log/pods.
 pub(crate) fn parse_config(text: &str) -> Result<Option<String>, String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let keys = if text.trim_start().starts_with('{') {
@@ -100,7 +104,7 @@ pub(crate) fn parse_config(text: &str) -> Result<Option<String>, String> {
         Some(k) if k == "KubeletConfiguration" => {}
         Some(k) => return Err(format!("kind {k:?} is not KubeletConfiguration")),
     }
-    Ok(logs.flatten())
+    Ok(logs.map(Option::unwrap_or_default))
 }
 
 /// A JSON object's `kind` and `podLogsDir`: Some(text) for a string, None for null.
@@ -121,9 +125,20 @@ fn json_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
 
 /// The keys of a YAML document's top-level mapping, each with its scalar (None: null, or a
 /// block below it). kubelet's configs are flat at the top where devgate reads them, so
-/// this reads only lines that start at column 0 and skips every indented one.
+/// this reads only lines that start at column 0 and skips the indented ones of other keys.
+/// An indented line that would be part of `kind`'s or `podLogsDir`'s value (YAML lets it
+/// sit below its key, or a plain scalar go on there), or an indented top-level mapping, is
+/// refused: skipping it would read a value other than kubelet's.
 fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
-    let mut out = Vec::new();
+    // kubelet's go-yaml breaks lines at a lone CR, NEL, LS and PS as well: a key behind
+    // one would be a line of its own there, and part of another key's value here.
+    let lone_cr = text
+        .char_indices()
+        .any(|(i, c)| c == '\r' && !text[i + 1..].starts_with('\n'));
+    if lone_cr || text.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
+        return Err("a line break devgate does not read (a lone CR, NEL, LS or PS)".into());
+    }
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
     let mut documents = 0;
     for (n, line) in text.lines().enumerate() {
         let first = line.chars().next();
@@ -134,11 +149,55 @@ fn yaml_keys(text: &str) -> Result<Vec<(String, Option<String>)>, String> {
                 if documents > 1 || !out.is_empty() {
                     return Err("holds more than one YAML document".into());
                 }
+                continue;
+            }
+            // Content below a top-level key (indented, or a block sequence's `-`): part of
+            // that key's value. Blank and comment lines are not.
+            let body = line.trim_start_matches([' ', '\t']);
+            let content = match first {
+                Some(' ' | '\t') => !body.is_empty() && !body.starts_with('#'),
+                Some('-') => true,
+                _ => false,
+            };
+            if content {
+                match out.last() {
+                    None => {
+                        return Err(format!(
+                            "line {}: an indented top-level mapping, which devgate does not read",
+                            n + 1
+                        ))
+                    }
+                    Some((k, _)) if matches!(k.as_str(), "kind" | "podLogsDir") => {
+                        return Err(format!(
+                            "{k}: a value on the lines below, which devgate does not read"
+                        ))
+                    }
+                    Some(_) => {}
+                }
             }
             continue;
         }
         if line.starts_with("...") {
             break;
+        }
+        // An anchor, tag or alias before a key, or an escape in its double quotes: YAML
+        // reads the key behind it, which devgate would miss.
+        // A flow collection at the top (JSON behind a comment, or YAML's `{a: 1, ...}`):
+        // its keys are the document's, on any of its lines.
+        if line.starts_with(['{', '[']) {
+            return Err(format!(
+                "line {}: a flow collection, which devgate does not read",
+                n + 1
+            ));
+        }
+        let escaped_key = line
+            .strip_prefix('"')
+            .is_some_and(|k| k[..k.find('"').unwrap_or(k.len())].contains('\\'));
+        if line.starts_with(['&', '!', '*']) || escaped_key {
+            return Err(format!(
+                "line {}: a key devgate does not read (an escape, anchor, tag or alias)",
+                n + 1
+            ));
         }
         let (key, rest) =
             yaml_key(line).ok_or_else(|| format!("line {}: not `key: value`", n + 1))?;
@@ -270,14 +329,21 @@ pub(crate) struct Running {
     pub(crate) flags: Flags,
     /// `/proc/PID/root`: its files are opened inside it.
     pub(crate) root: PathBuf,
-    /// Its working directory, inside its root (a relative `--config` is read from there).
+    /// Its working directory, inside its root (a relative `--config` is read from there);
+    /// None where it is gone.
     pub(crate) cwd: Option<PathBuf>,
 }
 
 /// The running kubelet under `proc` (`/proc`): of the processes named `kubelet` that root
-/// runs, the one of lowest pid.
+/// runs in the node's mount namespace (that of /proc/1), the one of lowest pid.
+///
+/// A container's root is uid 0 too: a pod's process named kubelet, its pid below the
+/// node's kubelet's once pids wrap, would otherwise choose the directories doctor passes
+/// and tells the operator to set. Every container has a mount namespace of its own.
 pub(crate) fn find_running(proc: &Path) -> Option<Running> {
+    use std::os::unix::ffi::OsStrExt;
     let pids = fs::read_dir(proc).ok()?;
+    let node_mnt = fs::read_link(proc.join("1/ns/mnt")).ok()?;
     let mut found: Option<u32> = None;
     for e in pids.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
@@ -286,6 +352,7 @@ pub(crate) fn find_running(proc: &Path) -> Option<Running> {
         let dir = proc.join(pid.to_string());
         if read_proc(&dir.join("comm"), 64).is_some_and(|c| c == b"kubelet\n")
             && read_proc(&dir.join("status"), 64 << 10).is_some_and(|s| runs_as_root(&s))
+            && fs::read_link(dir.join("ns/mnt")).is_ok_and(|m| m == node_mnt)
         {
             found = Some(found.map_or(pid, |f| f.min(pid)));
         }
@@ -302,7 +369,11 @@ pub(crate) fn find_running(proc: &Path) -> Option<Running> {
         pid,
         flags: parse_flags(&args),
         root: dir.join("root"),
-        cwd: fs::read_link(dir.join("cwd")).ok(),
+        // A working directory that is gone reads `/dir (deleted)`, a name any user may
+        // make anew (in /tmp): no working directory, then.
+        cwd: fs::read_link(dir.join("cwd"))
+            .ok()
+            .filter(|c| c.is_absolute() && !c.as_os_str().as_bytes().ends_with(b" (deleted)")),
     })
 }
 
@@ -371,44 +442,66 @@ pub(crate) fn read_in_root(root: &Path, path: &Path) -> Result<String, ConfigErr
     String::from_utf8(buf).map_err(|_| ConfigError::NotUtf8(path.to_path_buf()))
 }
 
-/// The `.conf` drop-ins of `dir` inside `root`, by name as kubelet merges them (at most
-/// [`MAX_DROPINS`]; more is an error, not a silent cut).
+/// The `.conf` drop-ins of `dir` inside `root` as kubelet's filepath.WalkDir finds them:
+/// every file (not directory) whose name ends `.conf`, hidden ones too, in the directories
+/// below as well, in the walk's order (by name, a directory's files where its name sorts).
+/// At most [`MAX_DROPINS`] entries are looked at; more is an error, not a silent cut.
 pub(crate) fn dropins_in_root(root: &Path, dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let io = |e| ConfigError::Io(Error::io("cannot list", dir, e));
     let rootfd = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(root)
-        .map_err(io)?;
+        .map_err(|e| ConfigError::Io(Error::io("cannot list", dir, e)))?;
+    let mut names: Vec<PathBuf> = Vec::new();
+    let mut seen = 0;
+    walk_in_root(&rootfd, dir, dir, &mut names, &mut seen)?;
+    // Path order is by component: a directory's files sort where its name does, as the
+    // walk visits them.
+    names.sort();
+    Ok(names)
+}
+
+/// One directory of [`dropins_in_root`]'s walk, opened inside the root (a link to a
+/// directory is not followed: the walk lstats, and kubelet then fails to read it as a file).
+fn walk_in_root(
+    rootfd: &File,
+    top: &Path,
+    dir: &Path,
+    names: &mut Vec<PathBuf>,
+    seen: &mut usize,
+) -> Result<(), ConfigError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let io = |e| ConfigError::Io(Error::io("cannot list", dir, e));
     let rel = dir.strip_prefix("/").unwrap_or(dir);
     let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| ConfigError::NotRegular(dir.to_path_buf()))?;
     let fd = crate::fsutil::openat2(
-        &rootfd,
+        rootfd,
         &c,
         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
         libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     )
     .map_err(io)?;
     let listed = fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io)?;
-    let mut names: Vec<PathBuf> = Vec::new();
-    for e in listed.flatten() {
-        let name = e.file_name();
-        if !name.as_bytes().ends_with(b".conf") || name.as_bytes().starts_with(b".") {
-            continue;
-        }
-        if names.len() == MAX_DROPINS {
+    for e in listed {
+        let e = e.map_err(io)?;
+        *seen += 1;
+        if *seen > MAX_DROPINS {
             return Err(ConfigError::Kubelet {
-                path: dir.to_path_buf(),
-                msg: format!("more than {MAX_DROPINS} drop-ins"),
+                path: top.to_path_buf(),
+                msg: format!("more than {MAX_DROPINS} drop-ins and directories"),
             });
         }
-        names.push(dir.join(name));
+        let path = dir.join(e.file_name());
+        if e.file_type().map_err(io)?.is_dir() {
+            walk_in_root(rootfd, top, &path, names, seen)?;
+        } else if e.file_name().as_bytes().ends_with(b".conf") {
+            // filepath.Ext(name) == ".conf": a name that ends so, `.conf` itself too.
+            names.push(path);
+        }
     }
-    names.sort();
-    Ok(names)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -451,6 +544,19 @@ mod tests {
         assert_eq!(parse_flags(&args("--config= --v=2")), Flags::default());
     }
 
+    /// kubelet's flag set normalizes `_` in a flag's name to `-`
+    /// (cliflag.WordSepNormalizeFunc): `--root_dir` is `--root-dir`. Read as another flag,
+    /// doctor would pass /var/lib/kubelet/pods for a kubelet that keeps its pods elsewhere.
+    #[test]
+    fn flag_names_as_kubelet_normalizes_them() {
+        let f = parse_flags(&args(
+            "--root-dir /a --root_dir=/data/kubelet --config_dir /etc/k.d --config=/c.yaml",
+        ));
+        assert_eq!(f.root_dir.as_deref(), Some(Path::new("/data/kubelet")));
+        assert_eq!(f.config_dir.as_deref(), Some(Path::new("/etc/k.d")));
+        assert_eq!(f.config.as_deref(), Some(Path::new("/c.yaml")));
+    }
+
     #[test]
     fn kubeadm_and_json_configs() {
         assert_eq!(parse_config(&fixture("kubeadm-defaulted.yaml")), Ok(None));
@@ -472,8 +578,8 @@ mod tests {
             ("podLogsDir: '/it''s'\n", Some("/it's")),
             ("\"podLogsDir\": /q\n", Some("/q")),
             ("podLogsDir: /a#b\n", Some("/a#b")),
-            ("---\npodLogsDir: ~\n", None),
-            ("podLogsDir:\n", None),
+            ("---\npodLogsDir: ~\n", Some("")),
+            ("podLogsDir:\n", Some("")),
             ("nested:\n  podLogsDir: /not-top\n", None),
             // Generated configs write empty lists and maps in flow style.
             (
@@ -561,6 +667,8 @@ mod tests {
                 "Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n",
             )
             .unwrap();
+            fs::create_dir_all(p.join("ns")).unwrap();
+            symlink("mnt:[4026531841]", p.join("ns/mnt")).unwrap();
             p
         };
         mk(1, "systemd", &["/sbin/init"]);
@@ -607,6 +715,189 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
+    /// kubelet walks its --config-dir (filepath.WalkDir): every file whose extension is
+    /// `.conf`, a hidden one too, and those in directories below, in the walk's order. A
+    /// drop-in doctor skipped could set podLogsDir unseen, and doctor would pass the
+    /// directory the file before it named.
+    #[test]
+    fn dropins_are_the_files_kubelets_walk_finds() {
+        let d = crate::fsutil::tests::tempdir("doctor-kubelet-walk");
+        let root = d.join("root");
+        let k = root.join("etc/k.d");
+        fs::create_dir_all(k.join("50.d/deeper")).unwrap();
+        fs::create_dir_all(k.join("dir.conf")).unwrap();
+        for n in [
+            "10.conf",
+            ".99-hidden.conf",
+            ".conf",
+            "notes.txt",
+            "50.d/x.conf",
+            "50.d/deeper/y.conf",
+            "dir.conf/z.conf",
+            "60.conf",
+        ] {
+            fs::write(k.join(n), "").unwrap();
+        }
+        // A link to a directory is a file to the walk, which kubelet then fails to read.
+        symlink("50.d", k.join("70-link.conf")).unwrap();
+        let want: Vec<PathBuf> = [
+            ".99-hidden.conf",
+            ".conf",
+            "10.conf",
+            "50.d/deeper/y.conf",
+            "50.d/x.conf",
+            "60.conf",
+            "70-link.conf",
+            "dir.conf/z.conf",
+        ]
+        .iter()
+        .map(|n| Path::new("/etc/k.d").join(n))
+        .collect();
+        assert_eq!(dropins_in_root(&root, Path::new("/etc/k.d")).unwrap(), want);
+        // A tree past the bound is refused, not cut short.
+        for i in 0..MAX_DROPINS {
+            fs::create_dir_all(k.join(format!("many/{i}"))).unwrap();
+        }
+        assert!(dropins_in_root(&root, Path::new("/etc/k.d")).is_err());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// YAML lets a value sit on the lines below its key, a plain scalar go on over
+    /// indented lines, and a whole document be indented: each reads a podLogsDir devgate
+    /// would not see (and pass kubelet's default, or a cut-off directory), so each is
+    /// refused where it concerns the keys devgate reads.
+    #[test]
+    fn a_value_below_its_key_or_an_indented_document_is_refused() {
+        let below = "podLogsDir: a value on the lines below, which devgate does not read";
+        for (text, err) in [
+            ("podLogsDir:\n  /data/logs\n", below),
+            ("podLogsDir:\n\n  # the logs\n  \"/data/logs\"\n", below),
+            ("podLogsDir: /data\n  logs\n", below),
+            ("podLogsDir:\n- /a\n", below),
+            (
+                "  kind: KubeletConfiguration\n  podLogsDir: /data/logs\n",
+                "line 1: an indented top-level mapping, which devgate does not read",
+            ),
+            (
+                "---\n  podLogsDir: /data/logs\n",
+                "line 2: an indented top-level mapping, which devgate does not read",
+            ),
+        ] {
+            assert_eq!(parse_config(text), Err(err.to_string()), "{text:?}");
+        }
+        // Other keys' blocks, comments and blank lines stay as they were read.
+        for (text, want) in [
+            (
+                "clusterDNS:\n- 10.96.0.10\npodLogsDir: /x\n  # note\n\nauthentication:\n  x: 1\n",
+                Some("/x"),
+            ),
+            ("# head\n  # indented comment\npodLogsDir: /y\n", Some("/y")),
+        ] {
+            assert_eq!(parse_config(text), Ok(want.map(String::from)), "{text:?}");
+        }
+    }
+
+    /// kubelet's YAML (go-yaml, YAML 1.1) breaks lines at a lone CR, NEL, LS and PS too, and
+    /// reads a key behind an anchor or a tag, or with an escape in its double quotes, as
+    /// the key: each of these read `podLogsDir` for kubelet (sigs.k8s.io/yaml's
+    /// YAMLToJSON, checked) that a line-by-line reader of plain keys would not see.
+    #[test]
+    fn keys_go_yaml_reads_are_not_missed() {
+        for (text, err) in [
+            (
+                "foo: bar\rpodLogsDir: /cr\n",
+                "a line break devgate does not read (a lone CR, NEL, LS or PS)",
+            ),
+            (
+                "foo: bar\u{2028}podLogsDir: /ls\n",
+                "a line break devgate does not read (a lone CR, NEL, LS or PS)",
+            ),
+            (
+                "foo: bar\u{85}podLogsDir: /nel\n",
+                "a line break devgate does not read (a lone CR, NEL, LS or PS)",
+            ),
+            (
+                "\"podLogs\\x44ir\": /esc\n",
+                "line 1: a key devgate does not read (an escape, anchor, tag or alias)",
+            ),
+            (
+                "&a podLogsDir: /anchor\n",
+                "line 1: a key devgate does not read (an escape, anchor, tag or alias)",
+            ),
+            (
+                "!!str podLogsDir: /tag\n",
+                "line 1: a key devgate does not read (an escape, anchor, tag or alias)",
+            ),
+        ] {
+            assert_eq!(parse_config(text), Err(err.to_string()), "{text:?}");
+        }
+        // An escape in a quoted key's value is the value's.
+        assert_eq!(
+            parse_config("\"podLogsDir\": \"/a\\tb\"\n"),
+            Ok(Some("/a\tb".into()))
+        );
+        // A document that is one flow mapping (JSON behind a comment): YAML reads its keys.
+        for text in [
+            "# kubelet\n{\"apiVersion\": \"v1\", \"podLogsDir\": \"/flow\"}\n",
+            "# kubelet\n{a: 1,\n podLogsDir: /flow2}\n",
+        ] {
+            assert_eq!(
+                parse_config(text),
+                Err("line 2: a flow collection, which devgate does not read".into()),
+                "{text:?}"
+            );
+        }
+        // CRLF is a line break devgate reads.
+        assert_eq!(
+            parse_config("kind: KubeletConfiguration\r\npodLogsDir: /crlf\r\n"),
+            Ok(Some("/crlf".into()))
+        );
+    }
+
+    /// A pod's container runs as root, and may name its process kubelet and give it a pid
+    /// below the node's kubelet's (pids wrap): its flags are the pod author's, and doctor
+    /// would pass, or tell the operator to set, the directories it names. Only a kubelet in
+    /// the mount namespace of /proc/1 (the node's init) counts.
+    #[test]
+    fn a_kubelet_in_a_containers_mount_namespace_does_not_count() {
+        let d = crate::fsutil::tests::tempdir("doctor-kubelet-ns");
+        let proc = d.join("proc");
+        let mk = |pid: u32, comm: &str, mnt: Option<&str>, cmdline: &[&str]| {
+            let p = proc.join(pid.to_string());
+            fs::create_dir_all(p.join("ns")).unwrap();
+            fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
+            fs::write(p.join("cmdline"), cmdline.join("\0") + "\0").unwrap();
+            fs::write(p.join("status"), "Uid:\t0\t0\t0\t0\n").unwrap();
+            if let Some(m) = mnt {
+                symlink(m, p.join("ns/mnt")).unwrap();
+            }
+        };
+        mk(1, "systemd", Some("mnt:[4026531841]"), &["/sbin/init"]);
+        mk(
+            7,
+            "kubelet",
+            Some("mnt:[4026532999]"),
+            &["kubelet", "--root-dir", "/pod-chosen"],
+        );
+        assert_eq!(find_running(&proc), None, "a container's root kubelet");
+        mk(8, "kubelet", None, &["kubelet", "--root-dir", "/no-ns"]);
+        assert_eq!(
+            find_running(&proc),
+            None,
+            "a kubelet whose namespace is unread"
+        );
+        mk(
+            900,
+            "kubelet",
+            Some("mnt:[4026531841]"),
+            &["/usr/bin/kubelet", "--root-dir", "/srv/k"],
+        );
+        let r = find_running(&proc).unwrap();
+        assert_eq!(r.pid, 900);
+        assert_eq!(r.flags.root_dir.as_deref(), Some(Path::new("/srv/k")));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
     /// kubelet's files are read inside its root: a symlink to / leads to its own root, a
     /// FIFO does not block, and a huge file is refused.
     #[test]
@@ -642,8 +933,8 @@ mod tests {
             read_in_root(&root, Path::new("/etc/huge")).unwrap_err(),
             ConfigError::TooLarge { .. }
         ));
-        // Drop-ins: `.conf` files by name, not hidden ones nor others.
-        for n in ["20-b.conf", "10-a.conf", ".hidden.conf", "notes.txt"] {
+        // Drop-ins: `.conf` files by name, not others.
+        for n in ["20-b.conf", "10-a.conf", "notes.txt"] {
             fs::write(root.join("etc/conf.d").join(n), "").unwrap();
         }
         assert_eq!(

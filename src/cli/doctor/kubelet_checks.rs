@@ -35,11 +35,19 @@ pub(crate) struct KubeletView {
 /// The node's kubelet as doctor sees it, `proc` being /proc.
 pub(crate) fn look(opts: &Options, config: &Config, proc: &Path) -> KubeletView {
     let running = kubelet::find_running(proc);
-    // In the kubelet's root a relative path is read from its working directory.
-    let in_root = |r: &Running, p: &Path| -> PathBuf {
+    // In the kubelet's root a relative path is read from its working directory; where that
+    // is gone (`cwd` None) it is not read at all, rather than from somewhere else.
+    let in_root = |r: &Running, p: &Path| -> Result<PathBuf, ConfigError> {
         match &r.cwd {
-            Some(cwd) if p.is_relative() => cwd.join(p),
-            _ => p.to_path_buf(),
+            _ if p.is_absolute() => Ok(p.to_path_buf()),
+            Some(cwd) => Ok(cwd.join(p)),
+            None => Err(ConfigError::Kubelet {
+                path: p.to_path_buf(),
+                msg: format!(
+                    "a relative path, and kubelet (pid {})'s working directory is gone",
+                    r.pid
+                ),
+            }),
         }
     };
     let file = match (&opts.kubelet_config, &running) {
@@ -47,12 +55,15 @@ pub(crate) fn look(opts: &Options, config: &Config, proc: &Path) -> KubeletView 
             path: p.clone(),
             text: runtimes::read_small(p),
         }),
-        (None, Some(r)) => r.flags.config.as_ref().map(|p| {
-            let p = in_root(r, p);
-            KubeletFile {
+        (None, Some(r)) => r.flags.config.as_ref().map(|p| match in_root(r, p) {
+            Ok(p) => KubeletFile {
                 text: kubelet::read_in_root(&r.root, &p),
                 path: p,
-            }
+            },
+            Err(e) => KubeletFile {
+                path: p.clone(),
+                text: Err(e),
+            },
         }),
         (None, None) => config
             .kubelet_pods_dir
@@ -66,15 +77,17 @@ pub(crate) fn look(opts: &Options, config: &Config, proc: &Path) -> KubeletView 
     };
     let dropins = match (&opts.kubelet_config, &running) {
         (None, Some(r)) => match &r.flags.config_dir {
-            Some(d) => kubelet::dropins_in_root(&r.root, &in_root(r, d)).map(|files| {
-                files
-                    .into_iter()
-                    .map(|p| KubeletFile {
-                        text: kubelet::read_in_root(&r.root, &p),
-                        path: p,
-                    })
-                    .collect()
-            }),
+            Some(d) => in_root(r, d)
+                .and_then(|d| kubelet::dropins_in_root(&r.root, &d))
+                .map(|files| {
+                    files
+                        .into_iter()
+                        .map(|p| KubeletFile {
+                            text: kubelet::read_in_root(&r.root, &p),
+                            path: p,
+                        })
+                        .collect()
+                }),
             None => Ok(Vec::new()),
         },
         _ => Ok(Vec::new()),
@@ -93,15 +106,29 @@ fn pod_logs_dir(view: &KubeletView) -> Result<(PathBuf, String), String> {
         let text = f.text.as_ref().map_err(|e| e.to_string())?;
         kubelet::parse_config(text).map_err(|e| format!("{}: {e}", f.path.display()))
     };
+    // An empty (or null) podLogsDir is kubelet's default once it defaults the merged config.
+    let said = |d: String, f: &KubeletFile| {
+        if d.is_empty() {
+            (
+                kubelet::DEFAULT_POD_LOGS_DIR.to_string(),
+                format!(
+                    "podLogsDir in {} is empty, kubelet's default",
+                    f.path.display()
+                ),
+            )
+        } else {
+            (d, format!("podLogsDir in {}", f.path.display()))
+        }
+    };
     if let Some(f) = &view.file {
         if let Some(d) = from_file(f)? {
-            found = Some((d, format!("podLogsDir in {}", f.path.display())));
+            found = Some(said(d, f));
         }
     }
-    // Drop-ins override the file, the last by name last.
+    // Drop-ins override the file, the last in kubelet's walk last.
     for f in view.dropins.as_ref().map_err(|e| e.to_string())? {
         if let Some(d) = from_file(f)? {
-            found = Some((d, format!("podLogsDir in {}", f.path.display())));
+            found = Some(said(d, f));
         }
     }
     match (found, &view.file, &view.running) {
@@ -314,6 +341,80 @@ mod tests {
             pod_logs_dir(&view),
             Ok(("/b".into(), "podLogsDir in /etc/k.d/10.conf".into()))
         );
+    }
+
+    /// kubelet merges a drop-in as a JSON merge patch: `podLogsDir: null` there removes
+    /// the file's, and kubelet's defaulting then sets an empty or removed one to
+    /// /var/log/pods. doctor must neither keep the file's directory nor tell the operator
+    /// to set an empty one.
+    #[test]
+    fn a_null_or_empty_pod_logs_dir_is_kubelets_default() {
+        let dropin = |text: &str| KubeletView {
+            running: Some(running(None)),
+            file: file("/etc/k.yaml", "podLogsDir: /data/logs\n"),
+            dropins: Ok(vec![KubeletFile {
+                path: "/etc/k.d/10.conf".into(),
+                text: Ok(text.into()),
+            }]),
+        };
+        for text in ["podLogsDir: null\n", "podLogsDir:\n", "podLogsDir: \"\"\n"] {
+            assert_eq!(
+                pod_logs_dir(&dropin(text)),
+                Ok((
+                    "/var/log/pods".into(),
+                    "podLogsDir in /etc/k.d/10.conf is empty, kubelet's default".into()
+                )),
+                "{text:?}"
+            );
+        }
+        // In the file itself, an empty one is the default too.
+        let view = KubeletView {
+            running: Some(running(None)),
+            file: file("/etc/k.yaml", "podLogsDir: ''\n"),
+            dropins: Ok(Vec::new()),
+        };
+        assert_eq!(
+            render(&view, &config("/var/lib/kubelet/pods", "/var/log/pods"))[1],
+            "✓ kubelet_pod_logs_dir: /var/log/pods, as podLogsDir in /etc/k.yaml is empty, \
+             kubelet's default"
+        );
+    }
+
+    /// A relative `--config` is kubelet's working directory's. Where that directory is gone,
+    /// /proc/PID/cwd reads `/dir (deleted)`: a directory any user may make in /tmp, with a
+    /// config doctor would then read as kubelet's. Such a file is not read.
+    #[test]
+    fn a_relative_config_in_a_deleted_directory_is_not_read() {
+        use std::fs;
+        use std::os::unix::fs::symlink;
+        let d = crate::fsutil::tests::tempdir("doctor-kubelet-cwd");
+        let proc = d.join("proc");
+        let root = d.join("root");
+        fs::create_dir_all(root.join("tmp/kube (deleted)")).unwrap();
+        fs::write(
+            root.join("tmp/kube (deleted)/k.yaml"),
+            "podLogsDir: /planted\n",
+        )
+        .unwrap();
+        for (pid, comm, cmdline) in [
+            (1, "systemd", "/sbin/init\0"),
+            (5, "kubelet", "kubelet\0--config\0k.yaml\0"),
+        ] {
+            let p = proc.join(pid.to_string());
+            fs::create_dir_all(p.join("ns")).unwrap();
+            fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
+            fs::write(p.join("cmdline"), cmdline).unwrap();
+            fs::write(p.join("status"), "Uid:\t0\t0\t0\t0\n").unwrap();
+            symlink("mnt:[4026531841]", p.join("ns/mnt")).unwrap();
+            symlink(&root, p.join("root")).unwrap();
+        }
+        symlink("/tmp/kube (deleted)", proc.join("5/cwd")).unwrap();
+        let view = look(&Options::default(), &Config::default(), &proc);
+        assert_eq!(view.running.as_ref().map(|r| r.pid), Some(5));
+        let f = view.file.as_ref().unwrap();
+        assert!(f.text.is_err(), "{:?}", f.text);
+        assert!(pod_logs_dir(&view).is_err());
+        fs::remove_dir_all(&d).unwrap();
     }
 
     /// Where kubelet cannot be found, or its file not read, the lines are notes: nothing

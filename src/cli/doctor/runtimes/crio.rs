@@ -91,32 +91,112 @@ pub(crate) fn parse_crio(files: &[(PathBuf, String)]) -> Result<CrioConfig, Conf
     Ok(c)
 }
 
-/// crio.conf and the drop-ins beside it (`crio.conf.d/*.conf`, sorted).
+/// crio.conf and the drop-ins beside it as CRI-O reads them: its filepath.Walk of
+/// crio.conf.d takes every file, whatever its name, in the directories below too, in the
+/// walk's order (by name, a directory's files where its name sorts). More than
+/// [`MAX_HOOK_FILES`] entries is an error: a file left out could set what CRI-O runs.
 pub(crate) fn read_crio(main: &Path) -> Result<Vec<(PathBuf, String)>, ConfigError> {
     let mut files = Vec::new();
     if fs::symlink_metadata(main).is_ok() {
         files.push((main.to_path_buf(), read_small(main)?));
     }
     let dropins = main.with_extension("conf.d");
-    if let Ok(entries) = fs::read_dir(&dropins) {
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "conf"))
-            .take(MAX_HOOK_FILES)
-            .collect();
-        paths.sort();
-        for p in paths {
-            let t = read_small(&p)?;
-            files.push((p, t));
-        }
+    let mut paths = Vec::new();
+    let mut seen = 0;
+    walk(&dropins, &dropins, &mut paths, &mut seen)?;
+    // Path order is by component, the walk's order.
+    paths.sort();
+    for p in paths {
+        let t = read_small(&p)?;
+        files.push((p, t));
     }
     Ok(files)
+}
+
+/// One directory of [`read_crio`]'s walk: its files (a link too, which CRI-O reads through,
+/// not a directory it walks) into `paths`. A directory that is not there holds none.
+fn walk(
+    top: &Path,
+    dir: &Path,
+    paths: &mut Vec<PathBuf>,
+    seen: &mut usize,
+) -> Result<(), ConfigError> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        *seen += 1;
+        if *seen > MAX_HOOK_FILES {
+            return Err(ConfigError::TooManyDropIns {
+                dir: top.to_path_buf(),
+                max: MAX_HOOK_FILES,
+            });
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            walk(top, &e.path(), paths, seen)?;
+        } else {
+            paths.push(e.path());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CRI-O walks crio.conf.d (filepath.Walk) and reads every file in it, whatever its
+    /// name, in directories below too, in the walk's order. A file devgate skipped could set
+    /// the crun handler's runtime_path after devgate's 99-devgate-runtime.conf, and
+    /// install-host's check and doctor would say CRI-O runs devgate-runtime.
+    #[test]
+    fn drop_ins_are_the_files_crios_walk_finds() {
+        let root = std::env::temp_dir().join(format!("dg-crio-walk-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let d = root.join("crio.conf.d");
+        for (p, t) in [
+            (
+                "99-devgate-runtime.conf",
+                "[crio.runtime.runtimes.crun]\nruntime_path = \"/w\"\n",
+            ),
+            (
+                "zz-override",
+                "[crio.runtime.runtimes.crun]\nruntime_path = \"/usr/bin/crun\"\n",
+            ),
+            ("10-a.toml", ""),
+            ("50.d/x.conf", ""),
+        ] {
+            let f = d.join(p);
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(f, t).unwrap();
+        }
+        let files = read_crio(&root.join("crio.conf")).unwrap();
+        let names: Vec<PathBuf> = files
+            .iter()
+            .map(|(p, _)| p.strip_prefix(&d).unwrap().to_path_buf())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "10-a.toml",
+                "50.d/x.conf",
+                "99-devgate-runtime.conf",
+                "zz-override"
+            ]
+            .map(PathBuf::from)
+        );
+        let c = parse_crio(&files).unwrap();
+        assert_eq!(c.runtime_paths["crun"], "/usr/bin/crun");
+        // More files than devgate reads is an error, not a cut.
+        for i in 0..MAX_HOOK_FILES {
+            fs::write(d.join(format!("many-{i}")), "").unwrap();
+        }
+        assert!(matches!(
+            read_crio(&root.join("crio.conf")).unwrap_err(),
+            ConfigError::TooManyDropIns { .. }
+        ));
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn crio_files_merge_in_order() {

@@ -62,9 +62,13 @@ pub(crate) fn containers_confs_under(root: &Path, only: Option<&Path>) -> Vec<(P
         None => CONTAINERS_CONFS
             .iter()
             .flat_map(|f| {
+                // Then containers.conf.d, then containers.rootful.conf.d: podman run by
+                // root (as devgate runs) reads that last (containers-config(5)), so a
+                // drop-in there wins over devgate's.
                 let main = root.join(f);
                 let mut v = vec![main.clone()];
                 v.extend(drop_ins(&main.with_extension("conf.d")));
+                v.extend(drop_ins(&main.with_extension("rootful.conf.d")));
                 v
             })
             .collect(),
@@ -256,6 +260,62 @@ mod tests {
         assert_eq!(
             texts(containers_confs_under(&root, Some(&root.join("only.conf")))),
             ["o"]
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// podman run by root reads `containers.rootful.conf.d` after each `containers.conf.d`
+    /// (containers-config(5)): a drop-in there naming crun's own path wins over devgate's
+    /// 99-devgate-runtime.conf, and doctor and install-host's check must see podman run
+    /// crun, not the wrapper.
+    #[test]
+    fn roots_rootful_drop_ins_are_read_last() {
+        let root = std::env::temp_dir().join(format!("dg-podman-rootful-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        for (p, t) in [
+            ("usr/share/containers/containers.conf", "u"),
+            (
+                "usr/share/containers/containers.rootful.conf.d/10.conf",
+                "ur",
+            ),
+            (
+                "usr/share/containers/containers.rootless.conf.d/10.conf",
+                "ul",
+            ),
+            (
+                "etc/containers/containers.conf.d/99-devgate-runtime.conf",
+                "d",
+            ),
+            ("etc/containers/containers.rootful.conf.d/10-crun.conf", "r"),
+        ] {
+            let f = root.join(p);
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(f, t).unwrap();
+        }
+        let texts = |v: Vec<(PathBuf, String)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+        assert_eq!(
+            texts(containers_confs_under(&root, None)),
+            ["u", "ur", "d", "r"]
+        );
+        fs::write(
+            root.join("etc/containers/containers.conf.d/99-devgate-runtime.conf"),
+            "[engine.runtimes]\ncrun = [\"/usr/local/bin/devgate-runtime\"]\n",
+        )
+        .unwrap();
+        fs::write(
+            root.join("etc/containers/containers.rootful.conf.d/10-crun.conf"),
+            "[engine.runtimes]\ncrun = [\"/usr/bin/crun\"]\n",
+        )
+        .unwrap();
+        fs::write(
+            root.join("usr/share/containers/containers.rootful.conf.d/10.conf"),
+            "",
+        )
+        .unwrap();
+        fs::write(root.join("usr/share/containers/containers.conf"), "").unwrap();
+        assert_eq!(
+            podman_runtime(&containers_confs_under(&root, None)).unwrap(),
+            PodmanRuntime::Crun("crun".into())
         );
         fs::remove_dir_all(&root).unwrap();
     }
