@@ -3,7 +3,7 @@
 //! kubelet found through /proc.
 //!
 //! Pure readers first, then the I/O. Only a process of root's whose name is `kubelet`, in
-//! the node's mount namespace, counts, so a process another user or a pod's container
+//! doctor's own mount namespace (the node's, where an operator runs it), counts, so a process another user or a pod's container
 //! names kubelet cannot point doctor at a file or a directory; that process's files are
 //! opened inside its own root (openat2 RESOLVE_IN_ROOT, no magic links), non-blocking and
 //! bounded, so a symlink in its tree stays in its tree and a FIFO or a huge file cannot
@@ -335,7 +335,8 @@ pub(crate) struct Running {
 }
 
 /// The running kubelet under `proc` (`/proc`): of the processes named `kubelet` that root
-/// runs in the node's mount namespace (that of /proc/1), the one of lowest pid.
+/// runs in doctor's own mount namespace (`self`: the node's, where an operator runs
+/// doctor; a test node's, where its kubelet runs in one of its own), the one of lowest pid.
 ///
 /// A container's root is uid 0 too: a pod's process named kubelet, its pid below the
 /// node's kubelet's once pids wrap, would otherwise choose the directories doctor passes
@@ -343,7 +344,7 @@ pub(crate) struct Running {
 pub(crate) fn find_running(proc: &Path) -> Option<Running> {
     use std::os::unix::ffi::OsStrExt;
     let pids = fs::read_dir(proc).ok()?;
-    let node_mnt = fs::read_link(proc.join("1/ns/mnt")).ok()?;
+    let node_mnt = fs::read_link(proc.join("self/ns/mnt")).ok()?;
     let mut found: Option<u32> = None;
     for e in pids.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
@@ -672,6 +673,8 @@ mod tests {
             p
         };
         mk(1, "systemd", &["/sbin/init"]);
+        // doctor, in the same namespace.
+        symlink("1", proc.join("self")).unwrap();
         assert_eq!(find_running(&proc), None);
         // Another user's kubelet: its /proc entry may be root's (a non-dumpable process's
         // is), its status says who runs it.
@@ -857,7 +860,7 @@ mod tests {
     /// A pod's container runs as root, and may name its process kubelet and give it a pid
     /// below the node's kubelet's (pids wrap): its flags are the pod author's, and doctor
     /// would pass, or tell the operator to set, the directories it names. Only a kubelet in
-    /// the mount namespace of /proc/1 (the node's init) counts.
+    /// doctor's own mount namespace (`self`) counts.
     #[test]
     fn a_kubelet_in_a_containers_mount_namespace_does_not_count() {
         let d = crate::fsutil::tests::tempdir("doctor-kubelet-ns");
@@ -873,6 +876,9 @@ mod tests {
             }
         };
         mk(1, "systemd", Some("mnt:[4026531841]"), &["/sbin/init"]);
+        // doctor itself, in the node's namespace.
+        fs::create_dir_all(proc.join("self/ns")).unwrap();
+        symlink("mnt:[4026531841]", proc.join("self/ns/mnt")).unwrap();
         mk(
             7,
             "kubelet",

@@ -408,6 +408,7 @@ mod tests {
             symlink("mnt:[4026531841]", p.join("ns/mnt")).unwrap();
             symlink(&root, p.join("root")).unwrap();
         }
+        symlink("1", proc.join("self")).unwrap();
         symlink("/tmp/kube (deleted)", proc.join("5/cwd")).unwrap();
         let view = look(&Options::default(), &Config::default(), &proc);
         assert_eq!(view.running.as_ref().map(|r| r.pid), Some(5));
