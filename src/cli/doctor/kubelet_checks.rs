@@ -11,6 +11,7 @@
 
 use super::error::ConfigError;
 use super::kubelet::{self, Running};
+use super::kubelet_config;
 use super::line::Line;
 use super::options::Options;
 use super::runtimes;
@@ -35,21 +36,6 @@ pub(crate) struct KubeletView {
 /// The node's kubelet as doctor sees it, `proc` being /proc.
 pub(crate) fn look(opts: &Options, config: &Config, proc: &Path) -> KubeletView {
     let running = kubelet::find_running(proc);
-    // In the kubelet's root a relative path is read from its working directory; where that
-    // is gone (`cwd` None) it is not read at all, rather than from somewhere else.
-    let in_root = |r: &Running, p: &Path| -> Result<PathBuf, ConfigError> {
-        match &r.cwd {
-            _ if p.is_absolute() => Ok(p.to_path_buf()),
-            Some(cwd) => Ok(cwd.join(p)),
-            None => Err(ConfigError::Kubelet {
-                path: p.to_path_buf(),
-                msg: format!(
-                    "a relative path, and kubelet (pid {})'s working directory is gone",
-                    r.pid
-                ),
-            }),
-        }
-    };
     let file = match (&opts.kubelet_config, &running) {
         (Some(p), _) => Some(KubeletFile {
             path: p.clone(),
@@ -76,20 +62,7 @@ pub(crate) fn look(opts: &Options, config: &Config, proc: &Path) -> KubeletView 
             }),
     };
     let dropins = match (&opts.kubelet_config, &running) {
-        (None, Some(r)) => match &r.flags.config_dir {
-            Some(d) => in_root(r, d)
-                .and_then(|d| kubelet::dropins_in_root(&r.root, &d))
-                .map(|files| {
-                    files
-                        .into_iter()
-                        .map(|p| KubeletFile {
-                            text: kubelet::read_in_root(&r.root, &p),
-                            path: p,
-                        })
-                        .collect()
-                }),
-            None => Ok(Vec::new()),
-        },
+        (None, Some(r)) => dropins(r),
         _ => Ok(Vec::new()),
     };
     KubeletView {
@@ -99,12 +72,44 @@ pub(crate) fn look(opts: &Options, config: &Config, proc: &Path) -> KubeletView 
     }
 }
 
+/// Path `p` of the running kubelet's flags, inside its root. A relative path is read from
+/// its working directory; where that is gone (`cwd` None) it is not read at all, rather
+/// than from somewhere else.
+fn in_root(r: &Running, p: &Path) -> Result<PathBuf, ConfigError> {
+    match &r.cwd {
+        _ if p.is_absolute() => Ok(p.to_path_buf()),
+        Some(cwd) => Ok(cwd.join(p)),
+        None => Err(ConfigError::Kubelet {
+            path: p.to_path_buf(),
+            msg: format!(
+                "a relative path, and kubelet (pid {})'s working directory is gone",
+                r.pid
+            ),
+        }),
+    }
+}
+
+/// The running kubelet's `--config-dir` drop-ins, read inside its root.
+fn dropins(r: &Running) -> Result<Vec<KubeletFile>, ConfigError> {
+    let Some(d) = &r.flags.config_dir else {
+        return Ok(Vec::new());
+    };
+    let files = in_root(r, d).and_then(|d| kubelet::dropins_in_root(&r.root, &d))?;
+    Ok(files
+        .into_iter()
+        .map(|p| KubeletFile {
+            text: kubelet::read_in_root(&r.root, &p),
+            path: p,
+        })
+        .collect())
+}
+
 /// Where kubelet keeps pod logs, and what says so; Err: why that cannot be told.
 fn pod_logs_dir(view: &KubeletView) -> Result<(PathBuf, String), String> {
     let mut found = None;
     let from_file = |f: &KubeletFile| -> Result<Option<String>, String> {
         let text = f.text.as_ref().map_err(|e| e.to_string())?;
-        kubelet::parse_config(text).map_err(|e| format!("{}: {e}", f.path.display()))
+        kubelet_config::parse_config(text).map_err(|e| format!("{}: {e}", f.path.display()))
     };
     // An empty (or null) podLogsDir is kubelet's default once it defaults the merged config.
     let said = |d: String, f: &KubeletFile| {

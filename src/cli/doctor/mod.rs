@@ -23,6 +23,7 @@ mod containerd_checks;
 pub(crate) mod error;
 mod kubelet;
 mod kubelet_checks;
+mod kubelet_config;
 mod line;
 pub(crate) mod node;
 mod node_checks;
