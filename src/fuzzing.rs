@@ -4,6 +4,7 @@
 //! a fuzzer finds a broken invariant as a crash. Not an API: hidden from the docs, and
 //! it re-exports nothing, so the parsers keep their crate-private visibility.
 
+use crate::cli::doctor::{kubelet, kubelet_config};
 use crate::config::Config;
 use crate::gpu::gpu_at;
 use crate::gpu::kmsg::{self, ReadLimits};
@@ -90,6 +91,25 @@ pub fn oci_spec(data: &[u8]) {
 /// devgate's own config file.
 pub fn config(data: &[u8]) {
     let _ = Config::parse(data, Path::new("config.json"));
+}
+
+/// A KubeletConfiguration file as `devgate doctor` reads it for `podLogsDir`, and a
+/// kubelet command line (NUL-separated, as /proc/PID/cmdline holds it) for its flags. A
+/// value read holds no line break: the YAML reader never joins lines kubelet would part.
+pub fn kubelet_config(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(Some(dir)) = kubelet_config::parse_config(text) {
+            assert!(
+                !dir.contains(['\n', '\r']),
+                "a podLogsDir across lines: {dir:?}"
+            );
+        }
+    }
+    let args: Vec<String> = data
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let _ = kubelet::parse_flags(&args);
 }
 
 /// Reads `data` as a ledger or record file, and checks that what devgate would write

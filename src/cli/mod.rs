@@ -14,7 +14,7 @@ mod containerd_config;
 mod containerd_crun;
 mod cri_plugins;
 mod crun_wrap;
-mod doctor;
+pub(crate) mod doctor;
 mod enable;
 pub(crate) mod hooks_config;
 mod host;

@@ -21,9 +21,9 @@
 pub(crate) mod cgroup;
 mod containerd_checks;
 pub(crate) mod error;
-mod kubelet;
+pub(crate) mod kubelet;
 mod kubelet_checks;
-mod kubelet_config;
+pub(crate) mod kubelet_config;
 mod line;
 pub(crate) mod node;
 mod node_checks;
