@@ -20,11 +20,7 @@ use common::*;
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// One node at a time: each is a whole control plane on a 2-core machine.
-static ONE_NODE: Mutex<()> = Mutex::new(());
 
 /// What each release's kube-scheduler was measured to do with a NoSchedule DeviceTaintRule
 /// (true: it allocates no tainted device to a claim that does not tolerate it). A release
@@ -40,49 +36,26 @@ const PODS: usize = 6;
 
 const TAINT_KEY: &str = "devgate.test/operator";
 
-/// A CRI pod sandbox sets cpu.weight, which a unified node without the cpu controller
-/// (this project's machines' cgroup2) cannot give: say so, naming the cases, and skip.
-fn skip_without_cpu_on_v2() -> bool {
-    match common::node::unified_without("cpu") {
-        Some(why) => {
-            eprintln!(
-                "skipped: {why}: no pod sandbox can start, so the DRA cases (a claim's \
-                 GPU judged, DeviceTaintRule NoSchedule, a tolerating claim) run on the \
-                 hybrid layout only"
-            );
-            true
-        }
-        None => false,
-    }
-}
-
-fn release_named(minor: &str) -> String {
-    let all = k8s::releases();
-    assert!(
-        all.iter().any(|r| r == minor),
-        "{minor} is not among {all:?}"
-    );
-    minor.to_string()
-}
+/// What a host without pod sandboxes skips.
+const CASES: &str = "DRA cases (a claim's GPU judged, DeviceTaintRule NoSchedule, a \
+                     tolerating claim)";
 
 #[test]
 fn dra_v1_37_claims_and_device_taint_rules() {
     require_root!();
-    if skip_without_cpu_on_v2() {
+    let Some(_one) = k8s::one_node(CASES) else {
         return;
-    }
-    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
-    run_cases(&release_named("v1.37"));
+    };
+    run_cases(&k8s::release_named("v1.37"));
 }
 
 #[test]
 fn dra_v1_36_claims_and_device_taint_rules() {
     require_root!();
-    if skip_without_cpu_on_v2() {
+    let Some(_one) = k8s::one_node(CASES) else {
         return;
-    }
-    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
-    run_cases(&release_named("v1.36"));
+    };
+    run_cases(&k8s::release_named("v1.36"));
 }
 
 fn run_cases(release: &str) {

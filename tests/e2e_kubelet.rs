@@ -11,53 +11,27 @@ use common::*;
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
-/// One node at a time: each is a whole control plane on a 2-core machine.
-static ONE_NODE: Mutex<()> = Mutex::new(());
-
-/// A CRI pod sandbox sets cpu.weight, which a unified node without the cpu controller
-/// (this project's machines' cgroup2) cannot give: say so, naming the cases, and skip.
-fn skip_without_cpu_on_v2() -> bool {
-    match common::node::unified_without("cpu") {
-        Some(why) => {
-            eprintln!(
-                "skipped: {why}: no pod sandbox can start, so the real-kubelet cases \
-                 (reject, retry, fault messages, 8 containers) run on the hybrid layout only"
-            );
-            true
-        }
-        None => false,
-    }
-}
-
-fn release_named(minor: &str) -> String {
-    let all = k8s::releases();
-    assert!(
-        all.iter().any(|r| r == minor),
-        "{minor} is not among {all:?}"
-    );
-    minor.to_string()
-}
+/// What a host without pod sandboxes skips.
+const CASES: &str = "real-kubelet cases (reject, retry, fault messages, 8 containers, the \
+                     DaemonSet installer)";
 
 #[test]
 fn kubelet_v1_37_shows_what_devgate_says() {
     require_root!();
-    if skip_without_cpu_on_v2() {
+    let Some(_one) = k8s::one_node(CASES) else {
         return;
-    }
-    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
-    run_cases(&release_named("v1.37"));
+    };
+    run_cases(&k8s::release_named("v1.37"));
 }
 
 #[test]
 fn kubelet_v1_36_shows_what_devgate_says() {
     require_root!();
-    if skip_without_cpu_on_v2() {
+    let Some(_one) = k8s::one_node(CASES) else {
         return;
-    }
-    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
-    run_cases(&release_named("v1.36"));
+    };
+    run_cases(&k8s::release_named("v1.36"));
 }
 
 fn run_cases(release: &str) {
@@ -466,10 +440,9 @@ const INSTALLER_IMAGE: &str = "localhost/devgate:test";
 #[test]
 fn the_daemonset_installs_devgate_and_the_documented_uninstall_removes_it() {
     require_root!();
-    if skip_without_cpu_on_v2() {
+    let Some(_one) = k8s::one_node(CASES) else {
         return;
-    }
-    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let release = k8s::releases().pop().unwrap();
     let n = K8sNode::start("k8s-installer", &release, Options::default());
     n.import_installer_image(INSTALLER_IMAGE);

@@ -36,6 +36,33 @@ pub const STEP_DEADLINE: Duration = Duration::from_secs(240);
 /// The node's name, as kubelet registers it.
 pub const NODE: &str = "devgate-node";
 
+/// One node at a time in a test process: each is a whole control plane on a 2-core machine.
+static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The right to start a node, where this host can start pods: a CRI pod sandbox sets
+/// cpu.weight, which a unified node without the cpu controller (this project's machines'
+/// cgroup2) cannot give. There it says so, naming the `cases` it skips, and gives None.
+pub fn one_node(cases: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    if let Some(why) = super::node::unified_without("cpu") {
+        eprintln!(
+            "skipped: {why}: no pod sandbox can start, so the {cases} run on the hybrid \
+             layout only"
+        );
+        return None;
+    }
+    Some(ONE_NODE.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// `minor` (`v1.37`), checked to be among the releases under tests/k8s.
+pub fn release_named(minor: &str) -> String {
+    let all = releases();
+    assert!(
+        all.iter().any(|r| r == minor),
+        "{minor} is not among {all:?}"
+    );
+    minor.to_string()
+}
+
 /// The releases under tests/k8s, oldest first (`v1.36`, `v1.37`).
 pub fn releases() -> Vec<String> {
     let out = output_of(Command::new(script()).arg("releases"));
