@@ -308,17 +308,22 @@ mod tests {
     use crate::gpu::nvml::tests::healthy;
     use crate::gpu::nvml::{GpuFacts, Lookup, Reading};
 
+    /// NVML's answer listing `gpus`, by enumeration.
+    fn answer(gpus: Vec<GpuFacts>) -> NvmlAnswer {
+        NvmlAnswer {
+            gpus: Ok(gpus),
+            driver_version: None,
+            elapsed_us: 0,
+            lookup: Lookup::Enumeration,
+        }
+    }
+
     /// A spec naming hundreds of GPUs no list has gets a bounded reason, not one sentence
     /// each: the reject line, its record and the decision log line stay small however many
     /// times a pod is retried.
     #[test]
     fn unresolved_selectors_are_said_a_bounded_number_of_times() {
-        let ok = NvmlAnswer {
-            gpus: Ok((0..2).map(healthy).collect()),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
+        let ok = answer((0..2).map(healthy).collect());
         let sel: Vec<(GpuSelector, Source)> = (0..100)
             .map(|i| {
                 (
@@ -346,12 +351,7 @@ mod tests {
     fn a_uuid_selector_names_the_first_gpu_its_prefix_begins() {
         let mut gpus: Vec<GpuFacts> = (0..3).map(healthy).collect();
         gpus[2].minor = Reading::Value(7);
-        let ok = NvmlAnswer {
-            gpus: Ok(gpus),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
+        let ok = answer(gpus);
         let known = KnownGpus::from_answer(&ok);
         let env = Source::NvidiaVisibleDevices;
         assert!(known.knows_uuid("gpu-00000002-00"));
@@ -379,12 +379,7 @@ mod tests {
     /// The attacker's spellings each reach a GPU that way; one a GPU has is that GPU alone.
     #[test]
     fn a_bus_id_no_gpu_has_falls_through_to_the_mig_device_as_the_cli_reads_it() {
-        let ok = NvmlAnswer {
-            gpus: Ok((0..3).map(healthy).collect()),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
+        let ok = answer((0..3).map(healthy).collect());
         let known = KnownGpus::from_answer(&ok);
         let env = Source::NvidiaVisibleDevices;
         for (token, gpu) in [
@@ -421,12 +416,7 @@ mod tests {
         let mut gpus: Vec<GpuFacts> = (0..3).map(healthy).collect();
         gpus[1].minor = Reading::Value(5);
         gpus[2] = GpuFacts::unreachable(2, "GPU is lost".into(), true);
-        let ok = NvmlAnswer {
-            gpus: Ok(gpus),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
+        let ok = answer(gpus);
         let env = Source::NvidiaVisibleDevices;
         let cdi = Source::CdiAnnotation;
         let sel = vec![
@@ -499,12 +489,7 @@ mod tests {
     fn a_flood_of_selectors_does_not_leave_the_gpu_after_it_unchecked() {
         use crate::oci::spec::Spec;
         use std::path::Path;
-        let ok = NvmlAnswer {
-            gpus: Ok((0..3).map(healthy).collect()),
-            driver_version: None,
-            elapsed_us: 0,
-            lookup: Lookup::Enumeration,
-        };
+        let ok = answer((0..3).map(healthy).collect());
         let known = KnownGpus::from_answer(&ok);
         let spec = |j: serde_json::Value| {
             Spec::parse(j.to_string().as_bytes(), Path::new("/b/config.json")).unwrap()
