@@ -425,6 +425,15 @@ pub(crate) mod tests {
         p
     }
 
+    /// Each of `files` (a path below `root`, its text), with the directories above it.
+    pub(crate) fn write_tree(root: &Path, files: &[(&str, &str)]) {
+        for (p, text) in files {
+            let f = root.join(p);
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(f, text).unwrap();
+        }
+    }
+
     #[test]
     fn every_temp_name_a_write_makes_is_known_as_one() {
         use std::ffi::OsStr;

@@ -154,22 +154,21 @@ mod tests {
         let root = std::env::temp_dir().join(format!("dg-crio-walk-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         let d = root.join("crio.conf.d");
-        for (p, t) in [
-            (
-                "99-devgate-runtime.conf",
-                "[crio.runtime.runtimes.crun]\nruntime_path = \"/w\"\n",
-            ),
-            (
-                "zz-override",
-                "[crio.runtime.runtimes.crun]\nruntime_path = \"/usr/bin/crun\"\n",
-            ),
-            ("10-a.toml", ""),
-            ("50.d/x.conf", ""),
-        ] {
-            let f = d.join(p);
-            fs::create_dir_all(f.parent().unwrap()).unwrap();
-            fs::write(f, t).unwrap();
-        }
+        crate::fsutil::tests::write_tree(
+            &d,
+            &[
+                (
+                    "99-devgate-runtime.conf",
+                    "[crio.runtime.runtimes.crun]\nruntime_path = \"/w\"\n",
+                ),
+                (
+                    "zz-override",
+                    "[crio.runtime.runtimes.crun]\nruntime_path = \"/usr/bin/crun\"\n",
+                ),
+                ("10-a.toml", ""),
+                ("50.d/x.conf", ""),
+            ],
+        );
         let files = read_crio(&root.join("crio.conf")).unwrap();
         let names: Vec<PathBuf> = files
             .iter()

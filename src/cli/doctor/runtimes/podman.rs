@@ -240,18 +240,17 @@ mod tests {
     fn which_files_are_read() {
         let root = std::env::temp_dir().join(format!("dg-podman-conf-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        for (p, t) in [
-            ("usr/share/containers/containers.conf", "u"),
-            ("etc/containers/containers.conf", "e"),
-            ("etc/containers/containers.conf.d/20-b.conf", "b"),
-            ("etc/containers/containers.conf.d/10-a.conf", "a"),
-            ("etc/containers/containers.conf.d/30-c.conf.rpmsave", "x"),
-            ("only.conf", "o"),
-        ] {
-            let f = root.join(p);
-            fs::create_dir_all(f.parent().unwrap()).unwrap();
-            fs::write(f, t).unwrap();
-        }
+        crate::fsutil::tests::write_tree(
+            &root,
+            &[
+                ("usr/share/containers/containers.conf", "u"),
+                ("etc/containers/containers.conf", "e"),
+                ("etc/containers/containers.conf.d/20-b.conf", "b"),
+                ("etc/containers/containers.conf.d/10-a.conf", "a"),
+                ("etc/containers/containers.conf.d/30-c.conf.rpmsave", "x"),
+                ("only.conf", "o"),
+            ],
+        );
         let texts = |v: Vec<(PathBuf, String)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
         assert_eq!(
             texts(containers_confs_under(&root, None)),
@@ -272,26 +271,25 @@ mod tests {
     fn roots_rootful_drop_ins_are_read_last() {
         let root = std::env::temp_dir().join(format!("dg-podman-rootful-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        for (p, t) in [
-            ("usr/share/containers/containers.conf", "u"),
-            (
-                "usr/share/containers/containers.rootful.conf.d/10.conf",
-                "ur",
-            ),
-            (
-                "usr/share/containers/containers.rootless.conf.d/10.conf",
-                "ul",
-            ),
-            (
-                "etc/containers/containers.conf.d/99-devgate-runtime.conf",
-                "d",
-            ),
-            ("etc/containers/containers.rootful.conf.d/10-crun.conf", "r"),
-        ] {
-            let f = root.join(p);
-            fs::create_dir_all(f.parent().unwrap()).unwrap();
-            fs::write(f, t).unwrap();
-        }
+        crate::fsutil::tests::write_tree(
+            &root,
+            &[
+                ("usr/share/containers/containers.conf", "u"),
+                (
+                    "usr/share/containers/containers.rootful.conf.d/10.conf",
+                    "ur",
+                ),
+                (
+                    "usr/share/containers/containers.rootless.conf.d/10.conf",
+                    "ul",
+                ),
+                (
+                    "etc/containers/containers.conf.d/99-devgate-runtime.conf",
+                    "d",
+                ),
+                ("etc/containers/containers.rootful.conf.d/10-crun.conf", "r"),
+            ],
+        );
         let texts = |v: Vec<(PathBuf, String)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
         assert_eq!(
             texts(containers_confs_under(&root, None)),
