@@ -22,7 +22,6 @@ pub(crate) const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub(crate) const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
 /// A command line is at most a few KiB; the kernel allows megabytes.
 const MAX_CMDLINE: u64 = 256 << 10;
-const MAX_CONFIG: u64 = 1 << 20;
 /// kubelet's `--config-dir` drop-ins read, at most.
 const MAX_DROPINS: usize = 64;
 
@@ -175,25 +174,7 @@ pub(crate) fn read_in_root(root: &Path, path: &Path) -> Result<String, ConfigErr
         libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     )
     .map_err(|e| io("cannot open", e))?;
-    let f = File::from(fd);
-    let meta = f.metadata().map_err(|e| io("cannot stat", e))?;
-    if !meta.is_file() {
-        return Err(ConfigError::NotRegular(path.to_path_buf()));
-    }
-    let mut buf = Vec::new();
-    f.take(MAX_CONFIG + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| ConfigError::Read {
-            path: path.to_path_buf(),
-            source: e.into(),
-        })?;
-    if buf.len() as u64 > MAX_CONFIG {
-        return Err(ConfigError::TooLarge {
-            path: path.to_path_buf(),
-            max: MAX_CONFIG,
-        });
-    }
-    String::from_utf8(buf).map_err(|_| ConfigError::NotUtf8(path.to_path_buf()))
+    super::runtimes::read_opened(File::from(fd), path)
 }
 
 /// The `.conf` drop-ins of `dir` inside `root` as kubelet's filepath.WalkDir finds them:
@@ -494,7 +475,11 @@ mod tests {
             read_in_root(&root, Path::new("/etc/fifo")).unwrap_err(),
             ConfigError::NotRegular("/etc/fifo".into())
         );
-        fs::write(root.join("etc/huge"), vec![b'#'; (MAX_CONFIG + 1) as usize]).unwrap();
+        fs::write(
+            root.join("etc/huge"),
+            vec![b'#'; (super::super::runtimes::MAX_SMALL_FILE + 1) as usize],
+        )
+        .unwrap();
         assert!(matches!(
             read_in_root(&root, Path::new("/etc/huge")).unwrap_err(),
             ConfigError::TooLarge { .. }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// The most hook files read from one directory, and the bound on each file.
 pub(crate) const MAX_HOOK_FILES: usize = 1000;
-const MAX_SMALL_FILE: u64 = 1 << 20;
+pub(crate) const MAX_SMALL_FILE: u64 = 1 << 20;
 
 /// `name` as the runtime would find it: a path as given, a bare name through PATH.
 pub(crate) fn which(name: &str) -> Option<PathBuf> {
@@ -37,6 +37,12 @@ pub(crate) fn read_small(path: &Path) -> Result<String, ConfigError> {
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| ConfigError::Io(crate::error::Error::io("cannot open", path, e)))?;
+    read_opened(f, path)
+}
+
+/// The text of `f`, opened as `path`: a regular file of at most [`MAX_SMALL_FILE`] bytes
+/// of UTF-8. Errors name `path`.
+pub(crate) fn read_opened(f: fs::File, path: &Path) -> Result<String, ConfigError> {
     let meta = f
         .metadata()
         .map_err(|e| ConfigError::Io(crate::error::Error::io("cannot stat", path, e)))?;

@@ -13,4 +13,6 @@ pub(crate) mod go_match;
 pub(crate) mod hooks;
 pub(crate) mod podman;
 
-pub(crate) use files::{read_small, which};
+#[cfg(test)]
+pub(crate) use files::MAX_SMALL_FILE;
+pub(crate) use files::{read_opened, read_small, which};
