@@ -380,19 +380,11 @@ pub(super) fn restart_crio(root: &Path, changes: &Changes) -> Result<()> {
     {
         return Ok(());
     }
-    let Err(e) = super::systemd::restart(root, CRIO_UNIT) else {
-        say!("devgate: restarted {CRIO_UNIT}");
-        return Ok(());
-    };
-    changes.put_back()?;
-    let again = match super::systemd::restart(root, CRIO_UNIT) {
-        Ok(()) => "CRI-O runs as before".to_string(),
-        Err(e2) => format!("CRI-O did not restart either: {e2}"),
-    };
-    Err(Error::invalid(
-        "--restart",
-        format!("{e}; CRI-O's drop-in is back as it was, and {again}"),
-    ))
+    changes.restart_or_put_back("CRI-O", "CRI-O's drop-in is back as it was", || {
+        super::systemd::restart(root, CRIO_UNIT)
+    })?;
+    say!("devgate: restarted {CRIO_UNIT}");
+    Ok(())
 }
 
 /// Says that CRI-O must be restarted where its drop-in changed.

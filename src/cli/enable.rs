@@ -83,6 +83,35 @@ impl Changes {
         }
         Ok(())
     }
+
+    /// Runs `restart` of `service`; where it fails, puts every kept file back, runs it
+    /// again, and fails saying both (`back`: what is back as it was).
+    pub(super) fn restart_or_put_back(
+        &self,
+        service: &str,
+        back: &str,
+        restart: impl Fn() -> Result<()>,
+    ) -> Result<()> {
+        let Err(e) = restart() else {
+            return Ok(());
+        };
+        if let Err(pe) = self.put_back() {
+            return Err(Error::invalid(
+                "--restart",
+                format!(
+                    "{e}; putting the files back failed too ({pe}): {service} was not restarted again"
+                ),
+            ));
+        }
+        let again = match restart() {
+            Ok(()) => format!("{service} runs as before"),
+            Err(e2) => format!("{service} did not restart either: {e2}"),
+        };
+        Err(Error::invalid(
+            "--restart",
+            format!("{e}; {back}, and {again}"),
+        ))
+    }
 }
 
 /// Where containerd's packages and release tarballs put it.
@@ -279,26 +308,13 @@ pub(super) fn restart(root: &Path, changes: &Changes, now: &str) -> Result<()> {
         say!("devgate: containerd needs no restart");
         return Ok(());
     }
-    let Err(e) = restart_checked(root) else {
-        say!("devgate: restarted {}; {now}", systemd::CONTAINERD_UNIT);
-        return Ok(());
-    };
-    if let Err(pe) = changes.put_back() {
-        return Err(Error::invalid(
-            "--restart",
-            format!(
-                "{e}; putting the files back failed too ({pe}): containerd was not restarted again"
-            ),
-        ));
-    }
-    let again = match restart_checked(root) {
-        Ok(()) => "containerd runs as before".to_string(),
-        Err(e2) => format!("containerd did not restart either: {e2}"),
-    };
-    Err(Error::invalid(
-        "--restart",
-        format!("{e}; the files devgate changed are back as they were, and {again}"),
-    ))
+    changes.restart_or_put_back(
+        "containerd",
+        "the files devgate changed are back as they were",
+        || restart_checked(root),
+    )?;
+    say!("devgate: restarted {}; {now}", systemd::CONTAINERD_UNIT);
+    Ok(())
 }
 
 /// Says what is left to do where `--restart` was not given and a file changed.
