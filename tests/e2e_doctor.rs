@@ -214,6 +214,14 @@ impl Node {
     }
 }
 
+/// Where the line that starts with `start` is among doctor's `lines`.
+fn line_at(lines: &[String], start: &str) -> usize {
+    lines
+        .iter()
+        .position(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no {start:?} line: {lines:#?}"))
+}
+
 fn which(cmd: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(cmd))
@@ -349,10 +357,7 @@ fn containerd_without_the_policy_annotation_fails() {
     ] {
         let config = node.containerd_config("containerd.toml", &runtime(annotations));
         let (code, lines) = node.doctor(&["--containerd-config", config.to_str().unwrap()]);
-        let at = lines
-            .iter()
-            .position(|l| l.starts_with("✗ containerd annotations: "))
-            .unwrap_or_else(|| panic!("{lines:#?}"));
+        let at = line_at(&lines, "✗ containerd annotations: ");
         assert_eq!(
             lines[at..at + 2],
             [
@@ -953,10 +958,7 @@ fn gpu_node_persistence_spares_and_device_plugin() {
     .unwrap();
 
     let (code, lines) = node.doctor_with(&[], &[("FAKE_NVML_CONFIG", &scenario_file)]);
-    let at = lines
-        .iter()
-        .position(|l| l.starts_with("✓ nvml: "))
-        .unwrap_or_else(|| panic!("{lines:#?}"));
+    let at = line_at(&lines, "✓ nvml: ");
     let gpu_line = |i: usize, name: &str| {
         format!(
             "{name}, 0000:{:02x}:00.0, {}, /dev/nvidia{i}",
@@ -1128,10 +1130,7 @@ fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
     let crun = node.dir().join("crio.conf.d/05-crun.conf");
     fs::write(&crun, "[crio.runtime]\ndefault_runtime = \"crun\"\n").unwrap();
     let (code, lines) = node.doctor(&args);
-    let at = lines
-        .iter()
-        .position(|l| l.starts_with("✗ cri-o: "))
-        .unwrap_or_else(|| panic!("{lines:#?}"));
+    let at = line_at(&lines, "✗ cri-o: ");
     assert!(
         lines[at].contains("crun discards a hook's output"),
         "{lines:#?}"
@@ -1177,10 +1176,7 @@ fn crio_config_hooks_dir_drop_in_and_kubelet_driver() {
     )
     .unwrap();
     let (code, lines) = node.doctor(&args);
-    let at = lines
-        .iter()
-        .position(|l| l.starts_with("✗ cri-o: "))
-        .unwrap_or_else(|| panic!("{lines:#?}"));
+    let at = line_at(&lines, "✗ cri-o: ");
     assert_eq!(
         lines[at..at + 2],
         [
@@ -1332,10 +1328,7 @@ fn toolkit_config_ambiguity_and_reading() {
     fs::write(&explicit, "[broken\n").unwrap();
     let (code, lines) = node.doctor(&[]);
     assert_eq!(code, 1, "{lines:#?}");
-    let i = lines
-        .iter()
-        .position(|l| l.starts_with("✗ NVIDIA toolkit config: "))
-        .unwrap_or_else(|| panic!("{lines:#?}"));
+    let i = line_at(&lines, "✗ NVIDIA toolkit config: ");
     assert!(lines[i].contains("is not TOML"), "{}", lines[i]);
     assert!(
         lines[i + 1].starts_with("  fix: correct the file"),

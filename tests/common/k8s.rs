@@ -646,14 +646,7 @@ impl K8sNode {
         );
         assert!(out.status.success(), "podman import: {}", text(&out));
         let pause = self.dir.join("pause.tar");
-        let out = output_of(
-            podman
-                .cmd()
-                .args(["save", "--format", "oci-archive", "-o"])
-                .arg(&pause)
-                .arg(PAUSE_IMAGE),
-        );
-        assert!(out.status.success(), "podman save: {}", text(&out));
+        podman.save_image(&pause, PAUSE_IMAGE);
         self.ctr_ok(&["images", "import", pause.to_str().unwrap()]);
     }
 
@@ -1114,14 +1107,7 @@ impl K8sNode {
         );
         assert!(out.status.success(), "podman build: {}", text(&out));
         let archive = self.dir.join("installer.tar");
-        let out = output_of(
-            podman
-                .cmd()
-                .args(["save", "--format", "docker-archive", "-o"])
-                .arg(&archive)
-                .arg(name),
-        );
-        assert!(out.status.success(), "podman save: {}", text(&out));
+        podman.save_image(&archive, name);
         self.ctr_ok(&["images", "import", archive.to_str().unwrap()]);
     }
 

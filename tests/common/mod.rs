@@ -541,11 +541,16 @@ impl Podman {
 
     /// The image as a docker archive, for `ctr images import`.
     pub fn save(&self, dest: &Path) {
+        self.save_image(dest, TEST_IMAGE);
+    }
+
+    /// `image` of this podman's store, as a docker archive at `dest`.
+    pub fn save_image(&self, dest: &Path, image: &str) {
         let out = self
             .cmd()
             .args(["save", "--format", "docker-archive", "-o"])
             .arg(dest)
-            .arg(TEST_IMAGE)
+            .arg(image)
             .output()
             .unwrap();
         assert!(out.status.success(), "podman save: {}", text(&out));
