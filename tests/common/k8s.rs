@@ -136,8 +136,6 @@ pub fn tail(path: &Path, n: usize) -> String {
 /// What a test sets up beyond the defaults.
 #[derive(Default)]
 pub struct Options {
-    /// kube-apiserver's --authorization-mode (AlwaysAllow where empty).
-    pub authorization: Option<&'static str>,
     /// devgate installed by hand, as docs/install.md says (else the node has no devgate
     /// until a test installs it).
     pub devgate_by_hand: bool,
@@ -205,7 +203,7 @@ impl K8sNode {
             dra_driver: opts.dra_driver,
         };
         node.start_namespace();
-        node.start_control_plane(&opts);
+        node.start_control_plane();
         node.start_containerd(opts.devgate_by_hand);
         node.start_kubelet();
         node.wait_ready();
@@ -382,7 +380,7 @@ impl K8sNode {
         }
     }
 
-    fn start_control_plane(&mut self, opts: &Options) {
+    fn start_control_plane(&mut self) {
         let (etcd_port, peer_port, api_port) = (2379, 2380, 6443);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -442,10 +440,8 @@ impl K8sNode {
             format!("--secure-port={api_port}"),
             format!("--cert-dir={}", d("apiserver-certs")),
             format!("--token-auth-file={}", d("tokens.csv")),
-            format!(
-                "--authorization-mode={}",
-                opts.authorization.unwrap_or("AlwaysAllow")
-            ),
+            // No test here is about RBAC yet; one that is sets Node,RBAC.
+            "--authorization-mode=AlwaysAllow".to_string(),
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
             format!("--service-account-key-file={}", key.display()),
             format!("--service-account-signing-key-file={}", key.display()),
