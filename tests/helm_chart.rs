@@ -1,8 +1,9 @@
 //! The Helm chart (packaging/kubernetes/chart/devgate) against the plain manifest
-//! (packaging/kubernetes/daemonset.yaml) and the agent's RBAC (issue #30; docs/cluster.md, "RBAC"): `helm lint` passes, its
-//! defaults render the manifest's objects (labels and the config's checksum aside), the
-//! installer init container is the manifest's in every render, and the ClusterRole's rules
-//! are that table's, with `patch` on nodes only where `agent.nodeTaint` is on.
+//! (packaging/kubernetes/daemonset.yaml) and the agent's RBAC (issue #30; docs/cluster.md,
+//! "RBAC"): `helm lint` passes, its defaults render the manifest's objects (labels and the
+//! config's checksum aside), the installer init container is the manifest's in every
+//! render, and the ClusterRole's rules are that table's, with `patch` on nodes only where
+//! `agent.nodeTaint` is on.
 //!
 //! helm is tests/k8s/helm's pin and kubectl the newest release's, both from
 //! scripts/k8s-binaries.sh's cache (`make k8s-binaries`; built here where missing). kubectl
@@ -170,7 +171,8 @@ fn grants(role: &Value) -> BTreeSet<(String, String, String)> {
     out
 }
 
-/// The ClusterRole devgate-agent of issue #30 (docs/cluster.md's table); `node_taint` adds patch on nodes.
+/// The ClusterRole devgate-agent of issue #30 (docs/cluster.md's table); `node_taint` adds
+/// patch on nodes.
 fn contract_grants(node_taint: bool) -> BTreeSet<(String, String, String)> {
     let mut rules = vec![
         json!({"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
