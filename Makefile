@@ -20,8 +20,15 @@ GEN        ?= target/install
 
 all: build
 
+# The hook's programs, then the node agent (agent/, docs/cluster.md) in a cargo run of its
+# own: one run for both would unify the two crates' dependency features, and the hook
+# would be built with whatever the agent's Kubernetes client turns on. (Until the agent's
+# crate is in the tree, only the first.)
 build:
 	$(CARGO) build --release --locked
+	$(build-agent)
+
+build-agent = $(if $(wildcard agent/Cargo.toml),$(CARGO) build --release --locked -p devgate-agent)
 
 # Every test: unit tests, and the end-to-end tests under the real runtimes (root), then
 # the end-to-end tests again on the 2026 stack (Debian forky: containerd 2, runc 1.3,
@@ -111,6 +118,7 @@ endef
 install:
 ifeq ($(origin BIN),file)
 	$(CARGO) build --release --locked
+	$(build-agent)
 endif
 	rm -rf $(GEN) && mkdir -p $(GEN)
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime podman --prefix $(PREFIX) --out $(GEN)/hooks.d
@@ -125,6 +133,9 @@ endif
 	if [ -f $(dir $(BIN))devgate-hook ]; then \
 		install -m 0755 $(dir $(BIN))devgate-hook $(DESTDIR)$(BINDIR)/devgate-hook; \
 	else ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-hook; fi
+	@# the node agent, where it was built beside BIN (docs/cluster.md); never started here
+	if [ -f $(dir $(BIN))devgate-agent ]; then \
+		install -m 0755 $(dir $(BIN))devgate-agent $(DESTDIR)$(BINDIR)/devgate-agent; fi
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
 	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
@@ -134,6 +145,7 @@ endif
 # Leaves the config, the containerd base spec if changed, and the quarantine ledger.
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/devgate $(DESTDIR)$(BINDIR)/devgate-runtime $(DESTDIR)$(BINDIR)/devgate-hook
+	rm -f $(DESTDIR)$(BINDIR)/devgate-agent
 	rm -f $(DESTDIR)$(HOOKSDIR)/devgate.json
 	@if [ -e $(GEN)/devgate-base-spec.json ] && cmp -s $(GEN)/devgate-base-spec.json $(DESTDIR)$(BASESPEC); then \
 		rm -f $(DESTDIR)$(BASESPEC); else [ ! -e $(DESTDIR)$(BASESPEC) ] || echo "kept $(DESTDIR)$(BASESPEC)"; fi
@@ -145,11 +157,13 @@ need-packager = $(if $(shell $(CARGO) $(1) --version 2>/dev/null),,$(error $(2) 
 
 deb:
 	$(call need-packager,deb,cargo-deb,3.8.0)
+	$(build-agent)
 	$(CARGO) deb --locked
 
 rpm:
 	$(call need-packager,generate-rpm,cargo-generate-rpm,0.21.1)
 	$(CARGO) build --release --locked
+	$(build-agent)
 	$(CARGO) generate-rpm
 
 clean:
