@@ -5,10 +5,9 @@
 
 use crate::dra::{tolerating_pods, DeviceTaintRule, NodeDevice, ResourceClaim, Taint};
 use crate::outward::is_ours;
-use crate::taintfile::{FileEffect, FileTaint};
-
-/// The file's bound on taints (the hook refuses a longer file).
-pub const MAX_TAINTS: usize = 1024;
+use devgate::store::cluster::{
+    ClusterTaint, Effect, MAX_STRING_CHARS, MAX_TAINTS, MAX_TOLERATED_BY,
+};
 
 /// A taint on one of this node's devices, and where it came from.
 pub struct Found<'a> {
@@ -51,11 +50,11 @@ pub fn taints_here<'a>(
 
 /// The file's entries for `found`; a taint of an effect the hook does not know is left out
 /// (and said), so a newer cluster's effect never turns into a reject by accident.
-pub fn file_taints(found: &[Found], claims: &[ResourceClaim]) -> Vec<FileTaint> {
+pub fn file_taints(found: &[Found], claims: &[ResourceClaim]) -> Vec<ClusterTaint> {
     found
         .iter()
         .filter_map(|f| {
-            let Some(effect) = FileEffect::parse(&f.taint.effect) else {
+            let Some(effect) = effect(&f.taint.effect) else {
                 log::warn!(
                     "{}: taint effect {:?} unknown to devgate; not passed to the gate",
                     f.source,
@@ -63,21 +62,38 @@ pub fn file_taints(found: &[Found], claims: &[ResourceClaim]) -> Vec<FileTaint> 
                 );
                 return None;
             };
-            Some(FileTaint {
-                uuid: f.device.uuid.clone(),
-                pci_bus_id: f.device.pci_bus_id.clone(),
-                device: f.device.device.clone(),
-                driver: f.device.driver.clone(),
-                pool: f.device.pool.clone(),
-                key: f.taint.key.clone(),
-                value: f.taint.value.clone(),
+            let mut tolerated_by = tolerating_pods(claims, f.device, f.taint);
+            tolerated_by.truncate(MAX_TOLERATED_BY);
+            Some(ClusterTaint {
+                uuid: f.device.uuid.as_deref().map(bounded),
+                pci_bus_id: f.device.pci_bus_id.as_deref().map(bounded),
+                device: bounded(&f.device.device),
+                driver: bounded(&f.device.driver),
+                pool: bounded(&f.device.pool),
+                key: bounded(&f.taint.key),
+                value: bounded(&f.taint.value),
                 effect,
-                source: f.source.clone(),
-                tolerated_by: tolerating_pods(claims, f.device, f.taint),
+                source: bounded(&f.source),
+                tolerated_by,
             })
         })
         .take(MAX_TAINTS)
         .collect()
+}
+
+fn effect(s: &str) -> Option<Effect> {
+    match s {
+        "None" => Some(Effect::None),
+        "NoSchedule" => Some(Effect::NoSchedule),
+        "NoExecute" => Some(Effect::NoExecute),
+        _ => None,
+    }
+}
+
+/// The file's bound on a string; the API server's own bounds are far below it, so this
+/// only keeps a strange object from making the whole file unreadable.
+fn bounded(s: &str) -> String {
+    s.chars().take(MAX_STRING_CHARS).collect()
 }
 
 #[cfg(test)]
@@ -164,7 +180,7 @@ mod tests {
         let file = file_taints(&found, &[]);
         assert_eq!(file.len(), 2, "the unknown effect is left out");
         assert_eq!(file[1].uuid.as_deref(), Some("GPU-gpu-1"));
-        assert_eq!(file[1].effect, FileEffect::NoSchedule);
+        assert_eq!(file[1].effect, Effect::NoSchedule);
         // The same rule read as another node's agent's is someone else's: it counts.
         assert_eq!(taints_here(&rules, &devices, "n2").len(), 4);
     }

@@ -14,7 +14,6 @@ mod opts;
 mod outward;
 mod report;
 mod sync;
-mod taintfile;
 mod verdicts;
 
 use std::sync::{Arc, Mutex};

@@ -2,40 +2,15 @@
 //! (`<state_dir>/agent-status.json`) and its own metrics. The file also carries the
 //! devices it last published as bad, so a restarted agent tells only real transitions.
 
-use serde::{Deserialize, Serialize};
+use devgate::store::cluster::{read_status, AgentStatus};
 use std::path::Path;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
-    pub node: String,
-    pub pid: u32,
-    pub started_unix: u64,
-    pub updated_unix: u64,
-    pub api_ok: bool,
-    pub last_error: Option<String>,
-    pub last_sync_unix: Option<u64>,
-    pub dra_api: Option<String>,
-    pub rules: usize,
-    pub inward_taints: usize,
-    pub bad_devices: usize,
-    /// Errors talking to the API server since the agent started.
-    #[serde(default)]
-    pub api_errors: u64,
-    /// `devgate status` runs that failed since the agent started.
-    #[serde(default)]
-    pub status_errors: u64,
-    /// The devices last published as bad: (key, code).
-    #[serde(default)]
-    pub published: Vec<(String, String)>,
-}
+/// The status file's content (devgate's type: doctor reads it).
+pub type Report = AgentStatus;
 
 /// The last report a previous agent on this node left, if any is readable.
-pub fn previous(path: &Path) -> Option<Report> {
-    let bytes = std::fs::read(path).ok()?;
-    if bytes.len() > 1 << 20 {
-        return None;
-    }
-    serde_json::from_slice(&bytes).ok()
+pub fn previous(state_dir: &Path) -> Option<Report> {
+    read_status(state_dir).ok().flatten()
 }
 
 /// The agent's own metric families, Prometheus text.
@@ -66,7 +41,7 @@ pub fn metrics(r: &Report) -> String {
             "devgate_agent_last_sync_timestamp_seconds",
             "When the agent last synced with the API server.",
             "gauge",
-            r.last_sync_unix.unwrap_or(0),
+            r.last_sync_unix,
         ),
         g(
             "devgate_agent_device_taint_rules",

@@ -13,8 +13,8 @@ use crate::node;
 use crate::opts::Opts;
 use crate::outward::{self, desired, list_rules, published_as};
 use crate::report::{previous, Report};
-use crate::taintfile::{write, FileTaint, TaintFile};
 use crate::verdicts::{bad_devices, gpu_count, Bad};
+use devgate::store::cluster::{self, ClusterTaint, ClusterTaints};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,14 +37,13 @@ pub struct Agent {
     next_api: Instant,
     report: Report,
     /// What the hook's file holds, as this agent last wrote it.
-    written: Option<Vec<FileTaint>>,
+    written: Option<Vec<ClusterTaint>>,
     report_written: Option<(Report, Instant)>,
 }
 
 impl Agent {
     pub fn new(opts: Opts, local: Arc<Local>, shared: Arc<Shared>) -> Agent {
-        let old = previous(&local.state_dir().join("agent-status.json"))
-            .filter(|r| r.node == opts.node_name);
+        let old = previous(&local.state_dir()).filter(|r| r.node == opts.node_name);
         let report = Report {
             node: opts.node_name.clone(),
             pid: std::process::id(),
@@ -88,7 +87,7 @@ impl Agent {
                     self.backoff = Duration::from_secs(1);
                     self.report.api_ok = true;
                     self.report.last_error = None;
-                    self.report.last_sync_unix = Some(now_unix());
+                    self.report.last_sync_unix = now_unix();
                 }
                 Err(e) => {
                     log::warn!("API server: {e}; next try in {}s", self.backoff.as_secs());
@@ -120,10 +119,10 @@ impl Agent {
                 return;
             }
         }
-        let path = self.local.state_dir().join("agent-status.json");
-        match crate::taintfile::write_status(&path, &self.report) {
+        let dir = self.local.state_dir();
+        match cluster::write_status(&dir, &self.report) {
             Ok(()) => self.report_written = Some((same, Instant::now())),
-            Err(e) => log::warn!("{}: {e}", path.display()),
+            Err(e) => log::warn!("{e}"),
         }
     }
 
@@ -300,19 +299,20 @@ impl Agent {
         Ok(())
     }
 
-    fn write_file(&mut self, taints: Vec<FileTaint>) {
+    fn write_file(&mut self, taints: Vec<ClusterTaint>) {
         self.report.inward_taints = taints.len();
         if self.written.as_ref() == Some(&taints) {
             return;
         }
-        let path = self.local.state_dir().join("cluster-taints.json");
-        let file = TaintFile {
+        let dir = self.local.state_dir();
+        let file = ClusterTaints {
             node: self.opts.node_name.clone(),
             written_unix: now_unix(),
             taints: taints.clone(),
         };
-        match write(&path, &file) {
+        match cluster::write(&dir, &file) {
             Ok(()) => {
+                let path = cluster::path(&dir);
                 log::info!(
                     "{}: {} cluster taint(s) for the gate",
                     path.display(),
@@ -320,7 +320,7 @@ impl Agent {
                 );
                 self.written = Some(taints);
             }
-            Err(e) => log::warn!("{}: {e}", path.display()),
+            Err(e) => log::warn!("{e}"),
         }
     }
 }

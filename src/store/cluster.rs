@@ -216,6 +216,16 @@ pub struct AgentStatus {
     pub inward_taints: usize,
     /// Devices devgate judges bad.
     pub bad_devices: usize,
+    /// Failed syncs with the API server since the agent started.
+    #[serde(default)]
+    pub api_errors: u64,
+    /// Failed runs of `devgate status` since the agent started.
+    #[serde(default)]
+    pub status_errors: u64,
+    /// The devices the agent last published as bad, (`c 195:2`, code): a restarted agent
+    /// tells only real transitions as Events.
+    #[serde(default)]
+    pub published: Vec<(String, String)>,
 }
 
 /// `<state_dir>/agent-status.json`.

@@ -425,7 +425,11 @@ impl K8sNode {
             ("admin", "admin", "system:masters"),
             ("kubelet", "system:node:devgate-node", "system:nodes"),
             ("scheduler", "system:kube-scheduler", masters),
-            ("controller-manager", "system:kube-controller-manager", masters),
+            (
+                "controller-manager",
+                "system:kube-controller-manager",
+                masters,
+            ),
         ];
         let mut csv = String::new();
         for (name, user, group) in tokens {
@@ -453,7 +457,11 @@ impl K8sNode {
             format!("--token-auth-file={}", d("tokens.csv")),
             format!(
                 "--authorization-mode={}",
-                if self.rbac { "Node,RBAC" } else { "AlwaysAllow" }
+                if self.rbac {
+                    "Node,RBAC"
+                } else {
+                    "AlwaysAllow"
+                }
             ),
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
             format!("--service-account-key-file={}", key.display()),
