@@ -35,6 +35,8 @@ build-agent = $(if $(wildcard agent/Cargo.toml),$(CARGO) build --release --locke
 # crun 1.2x, podman 5), and a boot of that image under systemd (docs/development.md). On a
 # fresh Debian/Ubuntu machine it first installs the runtimes and tools the tests use.
 test: test-deps k8s-binaries
+	$(CARGO) build --locked -p devgate-agent
+	$(CARGO) test --locked -p devgate-agent
 	$(CARGO) test --locked -- --test-threads=4
 	$(MAKE) test-forky
 
@@ -46,8 +48,9 @@ k8s-binaries:
 # Only the real-node tests (tests/e2e_kubelet.rs, tests/e2e_dra.rs), on this machine's runtimes, then on forky's.
 # DEVGATE_K8S_KEEP=1 leaves each node up and prints how to reach it (docs/development.md).
 test-k8s: test-deps k8s-binaries
-	$(CARGO) test --locked --test e2e_kubelet --test e2e_dra -- --nocapture
-	./scripts/forky-stack.sh test $$($(CARGO) test --locked --no-run --message-format=json --test e2e_kubelet --test e2e_dra 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+	$(CARGO) build --locked -p devgate-agent
+	$(CARGO) test --locked --test e2e_kubelet --test e2e_dra --test e2e_cluster -- --nocapture
+	./scripts/forky-stack.sh test $$($(CARGO) test --locked --no-run --message-format=json --test e2e_kubelet --test e2e_dra --test e2e_cluster 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
 
 # The e2e suite inside the forky image (scripts/forky-stack.sh; built once per package
 # versions under /var/cache/devgate-tests), and systemd 262 booting it as PID 1.
@@ -58,8 +61,8 @@ test-deps:
 	./scripts/install-test-deps.sh
 
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # Every fuzz target under fuzz/ for FUZZ_SECONDS each; needs cargo-fuzz (docs/development.md).
 FUZZ_SECONDS ?= 60
