@@ -304,7 +304,12 @@ fn allocated(n: &K8sNode, name: &str) -> Option<String> {
         .find(|c| c["name"] == "gpu")?["resourceClaimName"]
         .as_str()?
         .to_string();
-    let claim = n.get_json(&["get", "resourceclaim", &claim])?;
+    claim_device(n, &claim)
+}
+
+/// The device allocated to ResourceClaim `claim`.
+fn claim_device(n: &K8sNode, claim: &str) -> Option<String> {
+    let claim = n.get_json(&["get", "resourceclaim", claim])?;
     claim["status"]["allocation"]["devices"]["results"][0]["device"]
         .as_str()
         .map(str::to_string)
@@ -467,7 +472,7 @@ fn uncordon_deletes_the_rule(n: &K8sNode) {
         running(p).then_some(())
     });
     assert_eq!(
-        allocated(n, "again").as_deref(),
+        claim_device(n, "again").as_deref(),
         Some(format!("gpu-{K}").as_str())
     );
     n.delete_pod("again");
