@@ -462,7 +462,14 @@ fn the_daemonset_installs_devgate_and_the_documented_uninstall_removes_it() {
     // publishes from its --root-ca-file, which this node's does not set.
     let ca = ["configmap", "kube-root-ca.crt", "-n", "kube-system"];
     if n.get_json(&[&["get"][..], &ca[..]].concat()).is_none() {
-        n.kubectl_out(&[&["create"][..], &ca[..], &["--from-literal=ca.crt=none"][..]].concat());
+        n.kubectl_out(
+            &[
+                &["create"][..],
+                &ca[..],
+                &["--from-literal=ca.crt=none"][..],
+            ]
+            .concat(),
+        );
     }
     let objects = installer_objects(&n, &["--enable", "--restart"]);
     for o in &objects {

@@ -1,6 +1,7 @@
 //! The DRA objects the agent reads and writes (resource.k8s.io v1 and v1beta2 share these
 //! fields), typed to the fields it uses; everything else is left as the API server has it.
 
+use devgate::store::cluster::MAX_STRING_CHARS;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -209,7 +210,11 @@ pub struct AllocationResult {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Consumer {
+    /// Empty for the core group: only `pods` there is a Pod.
+    #[serde(default)]
+    pub api_group: String,
     #[serde(default)]
     pub resource: String,
     #[serde(default)]
@@ -244,7 +249,9 @@ impl Toleration {
     }
 }
 
-/// The uids of the pods whose claims hold `d` and tolerate `t`.
+/// The uids of the pods whose claims hold `d` and tolerate `t`: core Pods only (another
+/// group's `pods` is not a Pod), and never a uid past the file's bound on a string, which
+/// would make the hook's whole file unwritable.
 pub fn tolerating_pods(claims: &[ResourceClaim], d: &NodeDevice, t: &Taint) -> Vec<String> {
     let mut uids = Vec::new();
     for c in claims {
@@ -262,7 +269,12 @@ pub fn tolerating_pods(claims: &[ResourceClaim], d: &NodeDevice, t: &Taint) -> V
             uids.extend(
                 st.reserved_for
                     .iter()
-                    .filter(|r| r.resource == "pods" && !r.uid.is_empty())
+                    .filter(|r| {
+                        r.api_group.is_empty()
+                            && r.resource == "pods"
+                            && !r.uid.is_empty()
+                            && r.uid.len() <= MAX_STRING_CHARS
+                    })
                     .map(|r| r.uid.clone()),
             );
         }
@@ -356,5 +368,27 @@ mod tests {
             vec!["uid-a".to_string()]
         );
         assert!(tolerating_pods(&claims.items, d, &taint("other", "", "NoSchedule")).is_empty());
+    }
+
+    #[test]
+    fn only_core_pods_with_a_sane_uid_tolerate() {
+        let l: List<ResourceSlice> = serde_json::from_str(SLICE).unwrap();
+        let d = &node_devices(&l.items, "n1")[0];
+        let long = "u".repeat(devgate::store::cluster::MAX_STRING_CHARS + 1);
+        let claims: List<ResourceClaim> = serde_json::from_str(&format!(
+            r#"{{"items":[
+          {{"status":{{"allocation":{{"devices":{{"results":[
+            {{"driver":"gpu.nvidia.com","pool":"n1","device":"gpu-0",
+             "tolerations":[{{"operator":"Exists"}}]}}]}}}},
+           "reservedFor":[
+             {{"apiGroup":"example.com","resource":"pods","name":"p","uid":"not-a-pod"}},
+             {{"resource":"pods","name":"q","uid":"{long}"}},
+             {{"apiGroup":"","resource":"pods","name":"r","uid":"uid-r"}}]}}}}]}}"#
+        ))
+        .unwrap();
+        assert_eq!(
+            tolerating_pods(&claims.items, d, &taint("k", "", "NoSchedule")),
+            vec!["uid-r".to_string()]
+        );
     }
 }

@@ -40,6 +40,7 @@ fn run(opts: opts::Opts) -> Result<(), String> {
         .map_err(|e| format!("--metrics-address {}: {e}", opts.metrics_address))?;
     let shared = Arc::new(metrics::Shared {
         report: Mutex::new(Default::default()),
+        metrics_run: Mutex::new(()),
         tick: Mutex::new(sync::now_unix()),
     });
     metrics::serve(listener, local.clone(), shared.clone());

@@ -164,14 +164,22 @@ pub fn read(state_dir: &Path) -> Result<Option<ClusterTaints>> {
 }
 
 /// Replaces the taints file, atomically, root's, mode 0644, creating state_dir if missing
-/// (checked along its whole path). A value the hook would refuse is refused here.
+/// (checked along its whole path). A value the hook would refuse (a bound, or the file's
+/// size) is refused here, and the last file stays.
 pub fn write(state_dir: &Path, taints: &ClusterTaints) -> Result<()> {
     let p = path(state_dir);
     taints
         .check_bounds()
         .map_err(|e| Error::invalid(format!("cluster taints {}", p.display()), e))?;
+    let text = to_json_line(taints);
+    if text.len() as u64 > MAX_TAINTS_BYTES {
+        return Err(Error::invalid(
+            format!("cluster taints {}", p.display()),
+            format!("{} bytes, more than {MAX_TAINTS_BYTES}", text.len()),
+        ));
+    }
     ensure_private_dir(state_dir)?;
-    write_atomic_volatile(&p, &to_json_line(taints), 0o644)
+    write_atomic_volatile(&p, &text, 0o644)
 }
 
 /// The taints file read at most once per call, on first use: a container with no NVIDIA
@@ -275,6 +283,33 @@ mod tests {
 
     fn err_of(state: &Path) -> String {
         read(state).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn a_file_the_hook_would_refuse_for_its_size_is_not_written() {
+        let d = crate::fsutil::tests::tempdir("cluster-big");
+        let state = d.join("state");
+        write(&state, &taints(1)).unwrap();
+        let mut big = taints(MAX_TAINTS);
+        for t in &mut big.taints {
+            t.source = "s".repeat(MAX_STRING_CHARS);
+        }
+        assert!(
+            big.check_bounds().is_ok(),
+            "each bound holds, the sum does not"
+        );
+        let e = write(&state, &big)
+            .expect_err("over the byte bound")
+            .to_string();
+        assert!(
+            e.contains("cluster-taints.json") && e.contains("bytes"),
+            "{e}"
+        );
+        assert_eq!(
+            read(&state).unwrap(),
+            Some(taints(1)),
+            "the last good file stays"
+        );
     }
 
     #[test]

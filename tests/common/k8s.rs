@@ -1121,7 +1121,10 @@ impl K8sNode {
             (devgate_bin(), "devgate"),
             (devgate_runtime_bin(), "devgate-runtime"),
             (devgate_hook_bin(), "devgate-hook"),
-            (devgate_bin().with_file_name("devgate-agent"), "devgate-agent"),
+            (
+                devgate_bin().with_file_name("devgate-agent"),
+                "devgate-agent",
+            ),
         ] {
             fs::copy(&bin, ctx.join("target/release").join(name))
                 .unwrap_or_else(|e| panic!("{}: {e} (make test builds the agent)", bin.display()));
