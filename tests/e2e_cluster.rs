@@ -371,7 +371,7 @@ fn cordon_evicts_and_keeps_new_claims_off(n: &K8sNode, kc: &Path) {
         let p = n.get_json(&["get", "pod", "victim"]);
         let gone = p
             .as_ref()
-            .is_none_or(|p| p["metadata"]["uid"] != uid.as_str());
+            .map_or(true, |p| p["metadata"]["uid"] != uid.as_str());
         let target = p.as_ref().is_some_and(|p| {
             p["status"]["conditions"]
                 .as_array()

@@ -18,7 +18,7 @@ use devgate::store::cluster::{self, ClusterTaint, ClusterTaints};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STATUS_EVERY: Duration = Duration::from_secs(10);
 const LOCAL_POLL: Duration = Duration::from_secs(1);
 
@@ -192,6 +192,29 @@ impl Agent {
             Some(v) => self.slices(api, v).await?,
             None => Vec::new(),
         };
+        // The gate's file first, then devgate's rules: a failing optional call after them
+        // (an Event, the node taint) never leaves the gate with stale taints.
+        if let Some(v) = version {
+            let rules = list_rules(api, v).await?;
+            let found = taints_here(&rules, &devices, &self.opts.node_name);
+            let claims = if found.is_empty() {
+                Vec::new()
+            } else {
+                self.claims(api, v).await?
+            };
+            self.write_file(file_taints(&found, &claims));
+            let want = desired(
+                &self.bad,
+                &devices,
+                &self.opts.node_name,
+                &self.opts.taint_key,
+                self.opts.effect,
+            );
+            self.report.rules = outward::apply(api, v, &self.opts.node_name, &rules, &want).await?;
+        } else {
+            self.report.rules = 0;
+            self.write_file(Vec::new());
+        }
         let now = rfc3339_now();
         let cond = node::condition(&self.bad, |b| {
             published_as(b, &devices).map(|d| format!("{}/{}/{}", d.driver, d.pool, d.device))
@@ -208,27 +231,6 @@ impl Agent {
                     if on { "set" } else { "removed" }
                 );
             }
-        }
-        if let Some(v) = version {
-            let rules = list_rules(api, v).await?;
-            let want = desired(
-                &self.bad,
-                &devices,
-                &self.opts.node_name,
-                &self.opts.taint_key,
-                self.opts.effect,
-            );
-            self.report.rules = outward::apply(api, v, &self.opts.node_name, &rules, &want).await?;
-            let found = taints_here(&rules, &devices, &self.opts.node_name);
-            let claims = if found.is_empty() {
-                Vec::new()
-            } else {
-                self.claims(api, v).await?
-            };
-            self.write_file(file_taints(&found, &claims));
-        } else {
-            self.report.rules = 0;
-            self.write_file(Vec::new());
         }
         Ok(())
     }
