@@ -20,14 +20,23 @@ GEN        ?= target/install
 
 all: build
 
+# The hook's programs, then the node agent (agent/, docs/cluster.md) in a cargo run of its
+# own: one run for both would unify the two crates' dependency features, and the hook
+# would be built with whatever the agent's Kubernetes client turns on. (Until the agent's
+# crate is in the tree, only the first.)
 build:
 	$(CARGO) build --release --locked
+	$(build-agent)
+
+build-agent = $(if $(wildcard agent/Cargo.toml),$(CARGO) build --release --locked -p devgate-agent)
 
 # Every test: unit tests, and the end-to-end tests under the real runtimes (root), then
 # the end-to-end tests again on the 2026 stack (Debian forky: containerd 2, runc 1.3,
 # crun 1.2x, podman 5), and a boot of that image under systemd (docs/development.md). On a
 # fresh Debian/Ubuntu machine it first installs the runtimes and tools the tests use.
 test: test-deps k8s-binaries
+	$(CARGO) build --locked -p devgate-agent
+	$(CARGO) test --locked -p devgate-agent
 	$(CARGO) test --locked -- --test-threads=4
 	$(MAKE) test-forky
 
@@ -39,8 +48,9 @@ k8s-binaries:
 # Only the real-node tests (tests/e2e_kubelet.rs, tests/e2e_dra.rs), on this machine's runtimes, then on forky's.
 # DEVGATE_K8S_KEEP=1 leaves each node up and prints how to reach it (docs/development.md).
 test-k8s: test-deps k8s-binaries
-	$(CARGO) test --locked --test e2e_kubelet --test e2e_dra -- --nocapture
-	./scripts/forky-stack.sh test $$($(CARGO) test --locked --no-run --message-format=json --test e2e_kubelet --test e2e_dra 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+	$(CARGO) build --locked -p devgate-agent
+	$(CARGO) test --locked --test e2e_kubelet --test e2e_dra --test e2e_cluster -- --nocapture
+	./scripts/forky-stack.sh test $$($(CARGO) test --locked --no-run --message-format=json --test e2e_kubelet --test e2e_dra --test e2e_cluster 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
 
 # The e2e suite inside the forky image (scripts/forky-stack.sh; built once per package
 # versions under /var/cache/devgate-tests), and systemd 262 booting it as PID 1.
@@ -51,8 +61,8 @@ test-deps:
 	./scripts/install-test-deps.sh
 
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # Every fuzz target under fuzz/ for FUZZ_SECONDS each; needs cargo-fuzz (docs/development.md).
 FUZZ_SECONDS ?= 60
@@ -111,6 +121,7 @@ endef
 install:
 ifeq ($(origin BIN),file)
 	$(CARGO) build --release --locked
+	$(build-agent)
 endif
 	rm -rf $(GEN) && mkdir -p $(GEN)
 	$(BIN) $(CONFIG_ARG) hooks-config --runtime podman --prefix $(PREFIX) --out $(GEN)/hooks.d
@@ -125,6 +136,9 @@ endif
 	if [ -f $(dir $(BIN))devgate-hook ]; then \
 		install -m 0755 $(dir $(BIN))devgate-hook $(DESTDIR)$(BINDIR)/devgate-hook; \
 	else ln -sfn devgate $(DESTDIR)$(BINDIR)/devgate-hook; fi
+	@# the node agent, where it was built beside BIN (docs/cluster.md); never started here
+	if [ -f $(dir $(BIN))devgate-agent ]; then \
+		install -m 0755 $(dir $(BIN))devgate-agent $(DESTDIR)$(BINDIR)/devgate-agent; fi
 	install -d -m 0755 $(DESTDIR)$(HOOKSDIR)
 	install -m 0644 $(GEN)/hooks.d/devgate.json $(DESTDIR)$(HOOKSDIR)/
 	$(call install-conf,packaging/config.json,$(DESTDIR)$(CONFIG))
@@ -134,6 +148,7 @@ endif
 # Leaves the config, the containerd base spec if changed, and the quarantine ledger.
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/devgate $(DESTDIR)$(BINDIR)/devgate-runtime $(DESTDIR)$(BINDIR)/devgate-hook
+	rm -f $(DESTDIR)$(BINDIR)/devgate-agent
 	rm -f $(DESTDIR)$(HOOKSDIR)/devgate.json
 	@if [ -e $(GEN)/devgate-base-spec.json ] && cmp -s $(GEN)/devgate-base-spec.json $(DESTDIR)$(BASESPEC); then \
 		rm -f $(DESTDIR)$(BASESPEC); else [ ! -e $(DESTDIR)$(BASESPEC) ] || echo "kept $(DESTDIR)$(BASESPEC)"; fi
@@ -145,11 +160,13 @@ need-packager = $(if $(shell $(CARGO) $(1) --version 2>/dev/null),,$(error $(2) 
 
 deb:
 	$(call need-packager,deb,cargo-deb,3.8.0)
+	$(build-agent)
 	$(CARGO) deb --locked
 
 rpm:
 	$(call need-packager,generate-rpm,cargo-generate-rpm,0.21.1)
 	$(CARGO) build --release --locked
+	$(build-agent)
 	$(CARGO) generate-rpm
 
 clean:

@@ -16,6 +16,8 @@ rpm=$(ls target/generate-rpm/devgate-*.rpm 2>/dev/null | tail -1 || true)
 files="/usr/bin/devgate
 /usr/bin/devgate-runtime
 /usr/bin/devgate-hook
+/usr/bin/devgate-agent
+/usr/lib/systemd/system/devgate-agent.service
 /usr/share/containers/oci/hooks.d/devgate.json
 /etc/devgate/config.json
 /etc/containerd/devgate-base-spec.json
@@ -65,6 +67,15 @@ dpkg -i "$deb"
 [ "$(/usr/bin/devgate-hook version)" = "$(/usr/bin/devgate version)" ] || fail "devgate-hook version failed"
 grep -q '"path": "/usr/bin/devgate-hook"' /usr/share/containers/oci/hooks.d/devgate.json \
     || fail "the installed hook file does not run /usr/bin/devgate-hook"
+# The node agent ships, but nothing starts a cluster client unasked: its unit is not enabled.
+[ -f /usr/bin/devgate-agent ] && [ -x /usr/bin/devgate-agent ] || fail "no program /usr/bin/devgate-agent"
+! ls /etc/systemd/system/*.wants/devgate-agent.service >/dev/null 2>&1 \
+    || fail "the package enabled devgate-agent.service"
+if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    [ "$(systemctl is-enabled devgate-agent.service 2>/dev/null || true)" != enabled ] \
+        || fail "devgate-agent.service is enabled"
+    ! systemctl is-active --quiet devgate-agent.service || fail "devgate-agent.service was started"
+fi
 DEVGATE_TEST_INSTALLED=1 cargo test --locked --test e2e_podman podman_with_installed_package_files \
     -- --exact --nocapture
 
@@ -76,6 +87,8 @@ dpkg -r devgate
 [ ! -e /usr/bin/devgate ] || fail "remove left /usr/bin/devgate"
 [ ! -e /usr/bin/devgate-runtime ] || fail "remove left /usr/bin/devgate-runtime"
 [ ! -e /usr/bin/devgate-hook ] || fail "remove left /usr/bin/devgate-hook"
+[ ! -e /usr/bin/devgate-agent ] || fail "remove left /usr/bin/devgate-agent"
+[ ! -e /usr/lib/systemd/system/devgate-agent.service ] || fail "remove left devgate-agent.service"
 [ ! -e /usr/share/containers/oci/hooks.d/devgate.json ] || fail "remove left the hooks"
 grep -q '"warn"' /etc/devgate/config.json || fail "remove did not keep the config"
 dpkg --purge devgate

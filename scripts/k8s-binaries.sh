@@ -2,12 +2,14 @@
 # The Kubernetes binaries of the test suite's real node (docs/development.md, "The real
 # node"), built from Kubernetes' own modules with Go: kube-apiserver, kube-scheduler,
 # kube-controller-manager, kubelet, kubectl, the etcd that release pins, pause,
-# and the suite's own kubelet plugins (tests/k8s/plugins: the fake GPUs' device plugin).
+# and the suite's own kubelet plugins (tests/k8s/plugins: the fake GPUs' device plugin);
+# and helm (tests/k8s/helm), which tests/helm_chart.rs lints the chart with.
 #
 #   k8s-binaries.sh releases         the releases under tests/k8s/, one a line
 #   k8s-binaries.sh build RELEASE    build them once per cache key; print the bin dir last
-#                                    (RELEASE "plugins": the suite's plugins; "base": the
-#                                    installer image's base; "all": all of them)
+#                                    (RELEASE "plugins": the suite's plugins; "helm":
+#                                    helm; "base": the installer image's base; "all": all
+#                                    of them)
 #   k8s-binaries.sh pin VERSION      (maintainers) write tests/k8s/vMAJOR.MINOR/ for a
 #                                    k8s.io/kubernetes version: go.mod, go.sum, tools.go
 #
@@ -76,7 +78,9 @@ pin() {
 }
 
 key_of() {
-    if [ "$1" = plugins ]; then
+    if [ "$1" = helm ]; then
+        cat "$REPO/tests/k8s/helm/go.mod" "$REPO/tests/k8s/helm/go.sum"
+    elif [ "$1" = plugins ]; then
         # shellcheck disable=SC2046
         cat $(find "$REPO/tests/k8s/plugins" -type f | sort)
     else
@@ -122,6 +126,23 @@ build_plugins() {
         -ldflags "-s -w" -o "$out.tmp/bin/" ./...)
     log "built the plugins: $(cd "$REPO/tests/k8s/plugins" && go list ./... | tr '\n' ' ')"
     finish "$out" "plugins-*"
+}
+
+# helm at the version tests/k8s/helm pins (one build for every release: it reads the
+# chart, and talks to no API server in the tests).
+build_helm() {
+    local dir=$REPO/tests/k8s/helm version out
+    version=$(awk '$1 == "require" && $2 == "helm.sh/helm/v4" { print $3; exit }' "$dir/go.mod")
+    [ -n "$version" ] || die "no helm.sh/helm/v4 version in $dir/go.mod"
+    out=$CACHE/helm-$version-$(key_of helm)
+    cached "$out" "helm $version" && return
+    command -v go >/dev/null || die "go is not installed, and helm $version is not cached in $CACHE"
+    begin "$out"
+    (cd "$dir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath \
+        -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$version" \
+        -o "$out.tmp/bin/helm" helm.sh/helm/v4/cmd/helm)
+    log "built $("$out.tmp/bin/helm" version --short 2>&1 | head -n1)"
+    finish "$out" "helm-*"
 }
 
 # A release's binaries.
@@ -187,6 +208,7 @@ build_base() {
 build() {
     case $1 in
         plugins) echo "$(build_plugins)/bin" ;;
+        helm) echo "$(build_helm)/bin" ;;
         base) build_base ;;
         *) echo "$(build_release "$1")/bin" ;;
     esac
@@ -198,6 +220,6 @@ case "$cmd" in
     pin) [ $# = 1 ] || die "usage: $0 pin VERSION"; pin "$1" ;;
     build)
         [ $# = 1 ] || die "usage: $0 build RELEASE|all"
-        if [ "$1" = all ]; then for r in $(releases) plugins base; do build "$r"; done; else build "$1"; fi ;;
+        if [ "$1" = all ]; then for r in $(releases) plugins helm base; do build "$r"; done; else build "$1"; fi ;;
     *) die "usage: $0 releases | build RELEASE|all | pin VERSION" ;;
 esac

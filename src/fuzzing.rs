@@ -24,6 +24,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 mod cli_model;
+mod cluster;
+pub use cluster::cluster_taints;
 mod glibc;
 mod rule_model;
 mod toolkit_model;
@@ -416,7 +418,7 @@ mod tests {
     /// seeds are real inputs, so a change that breaks one shows here, without cargo-fuzz.
     #[test]
     fn every_seed_runs_through_its_target() {
-        let targets: [(&str, Target); 19] = [
+        let targets: [(&str, Target); 20] = [
             ("oci_state", super::oci_state),
             ("oci_spec", super::oci_spec),
             ("config", super::config),
@@ -436,6 +438,7 @@ mod tests {
             ("xid_history", super::xid_history),
             ("nvml_answer", super::nvml_answer),
             ("aer_counters", super::aer_counters),
+            ("cluster_taints", super::cluster_taints),
         ];
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
         for (name, run) in targets {

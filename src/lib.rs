@@ -13,7 +13,7 @@ pub mod model;
 // 2. What the runtime hands a hook: the state on stdin, the bundle's config.json, the stage.
 pub mod oci;
 // 3. devgate's own config file.
-pub(crate) mod config;
+pub mod config;
 // 4. devgate's files on the node: quarantine ledger, spare leases, container records.
 pub mod store;
 // 5. Spec → the devices a container is assigned; the host's /dev.

@@ -260,26 +260,31 @@ fn no_kubelet(node: &Node) -> [String; 2] {
 fn tail(node: &Node, lines: &[String]) {
     let n = lines.len();
     assert!(
-        lines[n - 7].starts_with("✓ cgroup mode: v"),
+        lines[n - 8].starts_with("✓ cgroup mode: v"),
         "{}",
-        lines[n - 7]
+        lines[n - 8]
     );
     assert_eq!(
-        lines[n - 6],
+        lines[n - 7],
         "✓ cgroup driver: cgroupfs, as containerd runtime runc SystemdCgroup = false"
     );
-    assert_eq!(lines[n - 5..n - 3], no_kubelet(node));
+    assert_eq!(lines[n - 6..n - 4], no_kubelet(node));
     assert_eq!(
-        lines[n - 3],
+        lines[n - 4],
         "- nvml: no NVIDIA driver (CPU node): cannot load /nonexistent/libnvidia-ml.so.1: \
          /nonexistent/libnvidia-ml.so.1: cannot open shared object file: No such file or \
          directory"
     );
     assert_eq!(
-        lines[n - 2],
+        lines[n - 3],
         format!("✓ kernel log: {} readable (empty)", node.kmsg.display())
     );
+    assert_eq!(lines[n - 2], NO_AGENT);
 }
+
+/// doctor's line on a node without the node agent (issue #30).
+const NO_AGENT: &str =
+    "- devgate-agent: devgate-agent not running on this node: no cluster integration";
 
 #[test]
 fn wired_podman_and_containerd_pass() {
@@ -326,7 +331,7 @@ fn wired_podman_and_containerd_pass() {
     tail(&node, &lines);
     assert_eq!(
         lines.last().unwrap(),
-        "devgate doctor: 0 failed, 10 passed, 4 notes"
+        "devgate doctor: 0 failed, 10 passed, 5 notes"
     );
     assert_eq!(code, 0, "{lines:#?}");
 }
@@ -435,7 +440,7 @@ fn unwired_podman_and_containerd_fail_with_the_fix() {
     tail(&node, &lines);
     assert_eq!(
         lines.last().unwrap(),
-        "devgate doctor: 2 failed, 7 passed, 4 notes"
+        "devgate doctor: 2 failed, 7 passed, 5 notes"
     );
     assert_eq!(code, 1);
 
@@ -1025,7 +1030,8 @@ fn gpu_node_persistence_spares_and_device_plugin() {
             fake_nvml::uuid(7)
         ),
         format!("✓ kernel log: {} readable (empty)", node.kmsg.display()),
-        "devgate doctor: 3 failed, 16 passed, 6 notes".to_string(),
+        NO_AGENT.to_string(),
+        "devgate doctor: 3 failed, 16 passed, 7 notes".to_string(),
     ];
     assert_eq!(lines[at..], want[..], "{lines:#?}");
     assert_eq!(code, 1);
@@ -1089,7 +1095,7 @@ fn hanging_nvml_fails_at_the_deadline_and_doctor_exits() {
     );
     assert_eq!(
         lines.last().unwrap(),
-        "devgate doctor: 1 failed, 6 passed, 6 notes"
+        "devgate doctor: 1 failed, 6 passed, 7 notes"
     );
     assert_eq!(code, 1);
 

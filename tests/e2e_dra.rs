@@ -63,6 +63,7 @@ fn run_cases(release: &str) {
     let opts = Options {
         devgate_by_hand: true,
         dra_driver: true,
+        ..Options::default()
     };
     let n = K8sNode::start(&tag, release, opts);
     eprintln!(

@@ -79,8 +79,15 @@ pub fn healthy_spares(
         }
     };
     let mut ok = Vec::new();
-    let verdicts =
-        probe::probe_all(config, ledger, &devices, gpu, probe::HostNodes::Unchecked).verdicts;
+    let verdicts = probe::probe_all(
+        config,
+        ledger,
+        &devices,
+        gpu,
+        probe::HostNodes::Unchecked,
+        None,
+    )
+    .verdicts;
     for dec in policy::decide_all(devices, verdicts, &config.policy) {
         let bad: Vec<&str> = dec
             .verdicts

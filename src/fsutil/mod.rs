@@ -58,6 +58,34 @@ fn read_bounded_sized(
 /// Opens a regular file without following a final symlink and reads it, bounded.
 /// Refusing FIFOs and devices keeps a hostile path from blocking the hook forever.
 pub fn read_regular_file(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
+    let (f, meta) = open_regular(path, limit, what)?;
+    read_bounded_sized(f, limit, meta.len(), what, path)
+}
+
+/// [`read_regular_file`] for a file another root program writes for devgate to act on (the
+/// node agent's cluster taints): the file must also be root's (or this user's) and
+/// writable by nobody else, in a directory safe along its whole path ([`check_dir`]),
+/// since whoever could write either could choose what devgate reads. A missing file is
+/// one failed open, its directory not checked.
+pub fn read_trusted_file(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
+    let (f, meta) = open_regular(path, limit, what)?;
+    judge_owner(path, meta.uid(), nix::unistd::geteuid().as_raw())?;
+    if meta.mode() & 0o022 != 0 {
+        return Err(Error::unsafe_path(
+            path,
+            format!(
+                "is writable by group or others (mode {:o})",
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    check_dir(path.parent().unwrap_or(Path::new("/")))?;
+    read_bounded_sized(f, limit, meta.len(), what, path)
+}
+
+/// The open and the checks [`read_regular_file`] makes before it reads: no final symlink,
+/// a regular file, at most `limit` bytes by its size.
+fn open_regular(path: &Path, limit: u64, what: &str) -> Result<(File, fs::Metadata)> {
     let f = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -78,7 +106,7 @@ pub fn read_regular_file(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>>
             limit,
         });
     }
-    read_bounded_sized(f, limit, meta.len(), what, path)
+    Ok((f, meta))
 }
 
 /// A small sysfs attribute, trimmed. Sysfs files report a size of 4096 whatever they hold,

@@ -7,6 +7,7 @@ use crate::config::xid::XidTable;
 use crate::config::Config;
 use crate::model::class::Class;
 use crate::model::device::Device;
+use crate::store::cluster::TaintsOnce;
 use std::time::Duration;
 
 /// What the GPU probes read once per hook call: NVML's answer and the kernel log.
@@ -17,6 +18,9 @@ pub struct GpuContext {
     pub limits: checks::Limits,
     /// The driver's own list of GPUs (minor ↔ PCI address), read before NVML.
     pub proc_gpus: Vec<driver::ProcGpu>,
+    /// The node agent's cluster taints, read on the first GPU that asks (the cluster
+    /// probe), once for the call's probes and spares alike.
+    pub cluster_taints: TaintsOnce,
 }
 
 impl GpuContext {
@@ -80,6 +84,7 @@ impl GpuContext {
                 max_volatile_uncorrectable_ecc: config.gpu.max_volatile_uncorrectable_ecc,
             },
             proc_gpus,
+            cluster_taints: TaintsOnce::new(&config.state_dir),
         }
     }
 
@@ -94,6 +99,18 @@ impl GpuContext {
     /// Only a GPU opens NVML: containers without one never load the library.
     pub fn for_devices(config: &Config, devices: &[Device]) -> Option<GpuContext> {
         has_gpu(devices).then(|| GpuContext::gather(config, &gpu_minors(devices)))
+    }
+
+    /// The UUID of /dev/nvidia`minor`: NVML's answer, else the driver's /proc list.
+    pub fn uuid_of_minor(&self, minor: u32) -> Option<&str> {
+        self.nvml
+            .gpu_by_minor(minor)
+            .and_then(|g| g.uuid.value())
+            .or_else(|| {
+                let p = self.proc_gpus.iter().find(|g| g.minor == minor)?;
+                p.uuid.as_ref()
+            })
+            .map(String::as_str)
     }
 
     /// Whether this context can judge /dev/nvidia`minor`: NVML enumerated every GPU, or

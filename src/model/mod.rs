@@ -3,11 +3,11 @@
 //! else of devgate's but its error type.
 
 pub mod class;
-pub(crate) mod clock;
+pub mod clock;
 pub mod device;
 pub(crate) mod devtype;
 pub(crate) mod reason;
 pub mod recovery;
 pub mod rule_number;
-pub(crate) mod text;
+pub mod text;
 pub(crate) mod verdict;

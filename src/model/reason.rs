@@ -74,6 +74,12 @@ codes! {
     Quarantined = "quarantined",
     /// The device's quarantine entry is damaged; it still quarantines.
     QuarantineEntryDamaged = "quarantine_entry_damaged",
+    // cluster
+    /// A taint in the cluster (a DRA DeviceTaintRule or ResourceSlice taint, NoSchedule
+    /// or NoExecute) on the GPU, not tolerated by the container's pod.
+    ClusterTaint = "cluster_taint",
+    /// The node agent's cluster taints file is unsafe, over its bounds or damaged.
+    ClusterTaintsUnreadable = "cluster_taints_unreadable",
     // PCIe
     /// The device has no PCI function (not applicable).
     NoPciFunction = "no_pci_function",

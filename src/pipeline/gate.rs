@@ -19,6 +19,7 @@ use crate::probe::counters::{self, Snapshot};
 use crate::probe::{pcie, probe_all, Findings, HostNodes, Probed};
 use crate::report::prior;
 use crate::report::record::{self, Decision, PodInfo};
+use crate::report::termination::UID_KEYS;
 use crate::store::lease::Leases;
 use crate::store::marker;
 use crate::store::quarantine::Ledger;
@@ -154,6 +155,12 @@ fn judge(
     remap: &mut Remapper,
 ) -> Reply {
     let ledger = Ledger::new(&config.quarantine_dir);
+    // The pod a cluster taint may be tolerated by; the runtimes' keys disagreeing (one is
+    // the pod's forgery) is no pod.
+    let pod_uid = (start.spec)
+        .cri_annotation(&start.state.annotations, UID_KEYS)
+        .ok()
+        .flatten();
     // Every device here came from `assigned`, whose discovery found its host node just now.
     let Probed { verdicts, findings } = probe_all(
         config,
@@ -162,6 +169,7 @@ fn judge(
         gpu.as_ref(),
         // Start-up trick (docs/performance.md). Plain: stat again.
         HostNodes::JustFound,
+        pod_uid,
     );
     let mut decisions = policy::decide_all(devices, verdicts, &config.policy);
     let applied = remap(config, &ledger, gpu.as_ref(), &mut decisions);

@@ -8,6 +8,7 @@
 //! read once per start. Whoever finds a field empty (its probe did not run, as for a spare
 //! the remap probed on its own) reads it itself.
 
+pub(crate) mod cluster;
 pub(crate) mod counters;
 pub(crate) mod findings;
 pub(crate) mod gpu;
@@ -21,6 +22,7 @@ use crate::gpu::GpuContext;
 use crate::model::device::Device;
 use crate::model::verdict::ProbeResult;
 use crate::store::quarantine::Ledger;
+use cluster::ClusterTaintProbe;
 pub use findings::{Findings, Probe};
 use gpu::{NvmlProbe, XidProbe};
 pub use node::HostNodes;
@@ -49,15 +51,18 @@ pub fn run_all(probes: &[&dyn Probe], device: &Device) -> (Vec<ProbeResult>, Fin
     (verdicts, found)
 }
 
-/// Runs every probe on every device. The probe list is built once per call; the NVML and
-/// XID probes join it only when a device has an NVIDIA class and the caller gathered their
-/// context. `nodes` says whether discovery just found the devices' host nodes.
+/// Runs every probe on every device. The probe list is built once per call; the NVML, XID
+/// and cluster probes join it only when a device has an NVIDIA class and the caller
+/// gathered their context. `nodes` says whether discovery just found the devices' host
+/// nodes; `pod_uid` is the container's pod (the cluster probe's tolerations), None for
+/// `status` and spares.
 pub fn probe_all(
     config: &Config,
     ledger: &Ledger,
     devices: &[Device],
     gpu: Option<&GpuContext>,
     nodes: HostNodes,
+    pod_uid: Option<&str>,
 ) -> Probed {
     let node = NodeProbe {
         dev_root: config.dev_root.clone(),
@@ -79,11 +84,15 @@ pub fn probe_all(
         nvml: &g.nvml,
         proc: &g.proc_gpus,
     });
+    let cluster_probe = gpu.map(|gpu| ClusterTaintProbe { gpu, pod_uid });
     let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &pcie, &quarantine];
     if let Some(p) = &nvml_probe {
         probes.push(p);
     }
     if let Some(p) = &xid_probe {
+        probes.push(p);
+    }
+    if let Some(p) = &cluster_probe {
         probes.push(p);
     }
     let (verdicts, findings) = devices.iter().map(|d| run_all(&probes, d)).unzip();

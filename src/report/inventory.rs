@@ -233,7 +233,15 @@ fn quarantined(config: &Config, ledger: &Ledger, rules: &[ClassRule]) -> Result<
 fn probed(config: &Config, ledger: &Ledger, found: Found, slots: &[(DevNum, Slot)]) -> Vec<Row> {
     let devices: Vec<Device> = found.0.iter().map(|(d, _)| d.clone()).collect();
     let gpu = GpuContext::for_devices(config, &devices);
-    let verdicts = probe_all(config, ledger, &devices, gpu.as_ref(), HostNodes::Unchecked).verdicts;
+    let verdicts = probe_all(
+        config,
+        ledger,
+        &devices,
+        gpu.as_ref(),
+        HostNodes::Unchecked,
+        None,
+    )
+    .verdicts;
     found
         .0
         .into_iter()

@@ -3,7 +3,7 @@
 //! not the `store` module that declares them.
 
 use crate::error::{Error, Result};
-use crate::fsutil::{read_regular_file, write_atomic, write_atomic_volatile};
+use crate::fsutil::{read_regular_file, read_trusted_file, write_atomic, write_atomic_volatile};
 use crate::model::device::{DevNum, DevType};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -17,7 +17,26 @@ pub(crate) fn read_json<T: DeserializeOwned>(
     limit: u64,
     what: &str,
 ) -> Result<Option<T>> {
-    match read_regular_file(path, limit, what) {
+    parse_read(read_regular_file(path, limit, what), path, what)
+}
+
+/// [`read_json`] for a file another root program writes for devgate to act on: root's,
+/// writable by nobody else, in a safe directory (`fsutil::read_trusted_file`).
+pub(crate) fn read_trusted_json<T: DeserializeOwned>(
+    path: &Path,
+    limit: u64,
+    what: &str,
+) -> Result<Option<T>> {
+    parse_read(read_trusted_file(path, limit, what), path, what)
+}
+
+/// A file's bytes as JSON; a missing file is None.
+fn parse_read<T: DeserializeOwned>(
+    read: Result<Vec<u8>>,
+    path: &Path,
+    what: &str,
+) -> Result<Option<T>> {
+    match read {
         Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
         Ok(bytes) => serde_json::from_slice(&bytes)

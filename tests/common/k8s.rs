@@ -144,6 +144,10 @@ pub struct Options {
     /// pool named after the node, devices `gpu-<minor>`), beside the device plugin;
     /// containerd reads its CDI spec where it can (`K8sNode::cdi`).
     pub dra_driver: bool,
+    /// Authorization by Node and RBAC (else AlwaysAllow), so a test can hold a component
+    /// to the rights its manifests grant; the scheduler and controller-manager then run
+    /// as system:masters, as no test here is about theirs.
+    pub rbac: bool,
 }
 
 /// The DRA driver's name, its DeviceClass's and the CDI vendor's.
@@ -160,6 +164,8 @@ pub struct K8sNode {
     pub pod_logs: PathBuf,
     holder: RefCell<Option<Proc>>,
     procs: RefCell<Vec<Proc>>,
+    api_args: RefCell<Vec<String>>,
+    rbac: bool,
     /// The node's systemctl's requests (a FIFO) and what was read of them.
     systemd: RefCell<Option<(fs::File, Vec<u8>)>>,
     /// How many times the node's systemctl restarted containerd.
@@ -197,6 +203,8 @@ impl K8sNode {
             pod_logs,
             holder: RefCell::new(None),
             procs: RefCell::new(Vec::new()),
+            api_args: RefCell::new(Vec::new()),
+            rbac: opts.rbac,
             systemd: RefCell::new(None),
             restarts: Cell::new(0),
             cdi: containerd_has_cdi(),
@@ -332,7 +340,9 @@ impl K8sNode {
         c
     }
 
-    fn spawn(&self, name: &'static str, program: &Path, args: &[String]) {
+    /// Starts `program` in the node's namespaces as one of its processes: stopped with the
+    /// node, and a test fails when it exits while the node waits.
+    pub fn spawn(&self, name: &'static str, program: &Path, args: &[String]) {
         let log = self.dir.join(format!("{name}.log"));
         let out = fs::File::create(&log).unwrap();
         let child = self
@@ -410,11 +420,16 @@ impl K8sNode {
                 .arg("2048"),
         );
         assert!(out.status.success(), "openssl genrsa: {}", text(&out));
+        let masters = if self.rbac { "system:masters" } else { "" };
         let tokens = [
             ("admin", "admin", "system:masters"),
             ("kubelet", "system:node:devgate-node", "system:nodes"),
-            ("scheduler", "system:kube-scheduler", ""),
-            ("controller-manager", "system:kube-controller-manager", ""),
+            ("scheduler", "system:kube-scheduler", masters),
+            (
+                "controller-manager",
+                "system:kube-controller-manager",
+                masters,
+            ),
         ];
         let mut csv = String::new();
         for (name, user, group) in tokens {
@@ -440,8 +455,14 @@ impl K8sNode {
             format!("--secure-port={api_port}"),
             format!("--cert-dir={}", d("apiserver-certs")),
             format!("--token-auth-file={}", d("tokens.csv")),
-            // No test here is about RBAC yet; one that is sets Node,RBAC.
-            "--authorization-mode=AlwaysAllow".to_string(),
+            format!(
+                "--authorization-mode={}",
+                if self.rbac {
+                    "Node,RBAC"
+                } else {
+                    "AlwaysAllow"
+                }
+            ),
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
             format!("--service-account-key-file={}", key.display()),
             format!("--service-account-signing-key-file={}", key.display()),
@@ -452,16 +473,8 @@ impl K8sNode {
         if let Some(rc) = self.runtime_config() {
             api_args.push(rc);
         }
-        let apiserver = self.bin.join("kube-apiserver");
-        self.spawn("kube-apiserver", &apiserver, &api_args);
-        self.wait(
-            "kube-apiserver ready",
-            || {
-                let out = self.kubectl_out(&["get", "--raw", "/readyz"]);
-                (out.status.success()).then_some(())
-            },
-            "kube-apiserver",
-        );
+        *self.api_args.borrow_mut() = api_args;
+        self.start_apiserver();
 
         let mut cm_args = vec![
             format!("--kubeconfig={}", d("controller-manager.kubeconfig")),
@@ -484,6 +497,30 @@ impl K8sNode {
         sched_args.extend(gates.iter().cloned());
         let sched = self.bin.join("kube-scheduler");
         self.spawn("kube-scheduler", &sched, &sched_args);
+    }
+
+    /// kube-apiserver with the node's arguments; waits until it is ready.
+    pub fn start_apiserver(&self) {
+        let apiserver = self.bin.join("kube-apiserver");
+        let args = self.api_args.borrow().clone();
+        self.spawn("kube-apiserver", &apiserver, &args);
+        self.wait(
+            "kube-apiserver ready",
+            || {
+                let out = self.kubectl_out(&["get", "--raw", "/readyz"]);
+                (out.status.success()).then_some(())
+            },
+            "kube-apiserver",
+        );
+    }
+
+    /// Stops one of the node's processes (SIGTERM, then SIGKILL) and forgets it.
+    pub fn stop_process(&self, name: &str) {
+        let mut procs = self.procs.borrow_mut();
+        if let Some(i) = procs.iter().position(|p| p.name == name) {
+            let mut p = procs.remove(i);
+            p.stop();
+        }
     }
 
     /// The feature gates the DRA device-taint API needs where it is not on by default.
@@ -1084,8 +1121,13 @@ impl K8sNode {
             (devgate_bin(), "devgate"),
             (devgate_runtime_bin(), "devgate-runtime"),
             (devgate_hook_bin(), "devgate-hook"),
+            (
+                devgate_bin().with_file_name("devgate-agent"),
+                "devgate-agent",
+            ),
         ] {
-            fs::copy(&bin, ctx.join("target/release").join(name)).unwrap();
+            fs::copy(&bin, ctx.join("target/release").join(name))
+                .unwrap_or_else(|e| panic!("{}: {e} (make test builds the agent)", bin.display()));
         }
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         fs::copy(

@@ -8,6 +8,8 @@ pub(crate) enum Mark {
     Pass,
     Fail,
     Note,
+    /// Worth a look, fails nothing (counted with the notes).
+    Warn,
 }
 
 impl Mark {
@@ -16,6 +18,7 @@ impl Mark {
             Mark::Pass => "✓",
             Mark::Fail => "✗",
             Mark::Note => "-",
+            Mark::Warn => "⚠",
         }
     }
 }
@@ -54,6 +57,15 @@ impl Line {
     pub(crate) fn note(check: impl Into<String>, text: impl Into<String>) -> Line {
         Line {
             mark: Mark::Note,
+            check: check.into(),
+            text: text.into(),
+            fix: None,
+        }
+    }
+
+    pub(crate) fn warn(check: impl Into<String>, text: impl Into<String>) -> Line {
+        Line {
+            mark: Mark::Warn,
             check: check.into(),
             text: text.into(),
             fix: None,

@@ -1,6 +1,6 @@
 //! `devgate doctor`: for the operator who has just installed devgate. One line per check,
 //! `✓` passed, `✗` failed (followed by the fix), `-` a note that fails nothing (not
-//! applicable, or something only a person can check); exit 1 when any check failed.
+//! applicable, or something only a person can check), `⚠` a warning that fails nothing; exit 1 when any check failed.
 //!
 //! The checks: the config parses; devgate's directories are safe along their whole path;
 //! each runtime on the node runs devgate (oci-hooks files for CRI-O and podman, containerd's
@@ -8,7 +8,7 @@
 //! kubelet's terminationMessagePolicy reaches poststop by); the cgroup mode and driver;
 //! kubelet_pods_dir and kubelet_pod_logs_dir against the running kubelet's; NVML and the GPUs it sees, with persistence mode; the NVIDIA toolkit's config
 //! devgate reads for `gpu.env_selectors`; each spare and its /dev/char link; spares hidden
-//! from the device plugin; the kernel log.
+//! from the device plugin; the kernel log; the node agent's status (`agent.rs`).
 //!
 //! Every outside string (paths, GPU names, parse errors) is printed escaped: a control
 //! character becomes `\xNN`, so nothing read from the node can rewrite the terminal.
@@ -18,6 +18,7 @@
 //! readers and pure judges in runtimes/, cgroup.rs, nvml.rs and node.rs; kubelet_checks.rs
 //! the kubelet lines, over kubelet.rs's readers.
 
+mod agent;
 pub(crate) mod cgroup;
 mod containerd_checks;
 pub(crate) mod error;
@@ -167,6 +168,7 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     report.extend(toolkit::toolkit_checks(&config));
     report.extend(node_checks::spare_checks(&config, &config_path, &nvml));
     report.push(kernel_log_check(&config));
+    report.push(agent::agent_check(&config.state_dir));
     report.lines
 }
 

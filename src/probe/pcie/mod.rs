@@ -666,6 +666,9 @@ mod tests {
             limits: crate::gpu::checks::Limits {
                 max_volatile_uncorrectable_ecc: 0,
             },
+            cluster_taints: crate::store::cluster::TaintsOnce::new(Path::new(
+                "/nonexistent/devgate-test",
+            )),
         }
     }
 

@@ -1,0 +1,329 @@
+//! Outward: one DeviceTaintRule per device devgate judges bad that a DRA driver publishes
+//! on this node, kept in step with devgate's verdicts. The agent creates, updates and
+//! deletes only rules that carry its label and this node's annotation.
+
+use crate::api::{Api, ApiResult};
+use crate::dra::{DeviceTaintRule, List, Meta, NodeDevice, RuleSpec, Selector, Taint};
+use crate::names::{label_value, rule_name};
+use crate::opts::Effect;
+use crate::verdicts::Bad;
+use std::collections::BTreeMap;
+
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devgate-agent");
+pub const NODE_ANNOTATION: &str = "devgate.io/node";
+/// What an annotation may hold of devgate's words (the API server allows 256 KiB in all).
+const MAX_REASON: usize = 1024;
+
+/// Whether `r` is one of this node's agent's rules.
+pub fn is_ours(r: &DeviceTaintRule, node: &str) -> bool {
+    r.metadata.labels.get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
+        && r.metadata
+            .annotations
+            .get(NODE_ANNOTATION)
+            .map(String::as_str)
+            == Some(node)
+}
+
+/// A PCI address as `dddd:bb:dd.f`, lowercase: NVML writes an 8-digit domain, DRA 4.
+pub fn pci_key(s: &str) -> Option<String> {
+    let (domain, rest) = s.trim().split_once(':')?;
+    let d = u32::from_str_radix(domain, 16).ok()?;
+    Some(format!("{d:04x}:{}", rest.to_ascii_lowercase()))
+}
+
+/// The DRA device behind devgate's bad device: by GPU uuid, else by PCI address.
+pub fn published_as<'a>(b: &Bad, devices: &'a [NodeDevice]) -> Option<&'a NodeDevice> {
+    if let Some(u) = &b.uuid {
+        if let Some(d) = devices
+            .iter()
+            .find(|d| d.uuid.as_ref().is_some_and(|x| x.eq_ignore_ascii_case(u)))
+        {
+            return Some(d);
+        }
+    }
+    let pci = b.pci_bus_id.as_deref().and_then(pci_key)?;
+    devices
+        .iter()
+        .find(|d| d.pci_bus_id.as_deref().and_then(pci_key).as_deref() == Some(pci.as_str()))
+}
+
+/// The rules this node should have: one per bad device a driver publishes.
+pub fn desired(
+    bad: &[Bad],
+    devices: &[NodeDevice],
+    node: &str,
+    key: &str,
+    effect: Effect,
+) -> Vec<DeviceTaintRule> {
+    let mut rules: Vec<DeviceTaintRule> = bad
+        .iter()
+        .filter_map(|b| Some((b, published_as(b, devices)?)))
+        .map(|(b, d)| {
+            let annotations = BTreeMap::from([
+                (NODE_ANNOTATION.to_string(), node.to_string()),
+                (
+                    "devgate.io/reason".to_string(),
+                    b.reason.chars().take(MAX_REASON).collect(),
+                ),
+                ("devgate.io/code".to_string(), b.code.clone()),
+                ("devgate.io/device".to_string(), b.name.clone()),
+            ]);
+            DeviceTaintRule {
+                api_version: None,
+                kind: None,
+                metadata: Meta {
+                    name: rule_name(node, &d.driver, &d.pool, &d.device),
+                    labels: BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())]),
+                    annotations,
+                    ..Meta::default()
+                },
+                spec: RuleSpec {
+                    device_selector: Some(Selector {
+                        driver: Some(d.driver.clone()),
+                        pool: Some(d.pool.clone()),
+                        device: Some(d.device.clone()),
+                    }),
+                    taint: Taint {
+                        key: key.to_string(),
+                        value: label_value(&b.code),
+                        effect: effect.as_str().to_string(),
+                    },
+                },
+            }
+        })
+        .collect();
+    rules.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    rules.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+    rules
+}
+
+/// What to do to go from `have` (this node's own rules) to `want`.
+#[derive(Debug, PartialEq)]
+pub enum Step<'a> {
+    Create(&'a DeviceTaintRule),
+    /// Spec or code changed: a merge patch (the API server's timeAdded stays).
+    Update(&'a DeviceTaintRule),
+    Delete {
+        name: &'a str,
+        uid: &'a str,
+    },
+}
+
+pub fn plan<'a>(have: &'a [DeviceTaintRule], want: &'a [DeviceTaintRule]) -> Vec<Step<'a>> {
+    let mut steps = Vec::new();
+    for w in want {
+        match have.iter().find(|h| h.metadata.name == w.metadata.name) {
+            None => steps.push(Step::Create(w)),
+            Some(h) => {
+                let code =
+                    |r: &DeviceTaintRule| r.metadata.annotations.get("devgate.io/code").cloned();
+                if h.spec != w.spec || code(h) != code(w) {
+                    steps.push(Step::Update(w));
+                }
+            }
+        }
+    }
+    for h in have {
+        if !want.iter().any(|w| w.metadata.name == h.metadata.name) {
+            steps.push(Step::Delete {
+                name: &h.metadata.name,
+                uid: &h.metadata.uid,
+            });
+        }
+    }
+    steps
+}
+
+/// Every DeviceTaintRule on the cluster (the inward path reads the others').
+pub async fn list_rules(api: &Api, version: &str) -> ApiResult<Vec<DeviceTaintRule>> {
+    // resourceVersion=0: from the API server's watch cache, not etcd (every node asks).
+    let l: List<DeviceTaintRule> = api
+        .get(&format!(
+            "/apis/resource.k8s.io/{version}/devicetaintrules?resourceVersion=0"
+        ))
+        .await?;
+    Ok(l.items)
+}
+
+/// Brings this node's rules to `want`; returns how many it has after.
+pub async fn apply(
+    api: &Api,
+    version: &str,
+    node: &str,
+    all: &[DeviceTaintRule],
+    want: &[DeviceTaintRule],
+) -> ApiResult<usize> {
+    let have: Vec<DeviceTaintRule> = all.iter().filter(|r| is_ours(r, node)).cloned().collect();
+    let base = format!("/apis/resource.k8s.io/{version}/devicetaintrules");
+    for step in plan(&have, want) {
+        match step {
+            Step::Create(r) => {
+                let mut body = serde_json::to_value(r).expect("rule");
+                body["apiVersion"] = format!("resource.k8s.io/{version}").into();
+                body["kind"] = "DeviceTaintRule".into();
+                match api.post(&base, &body).await {
+                    // A rule of this name made by someone else: never ours to take over.
+                    Err(e) if e.code() == Some(409) => {
+                        log::warn!(
+                            "DeviceTaintRule {} exists and is not this agent's; left as it is",
+                            r.metadata.name
+                        )
+                    }
+                    r => r?,
+                }
+                log::info!(
+                    "created DeviceTaintRule {} ({})",
+                    r.metadata.name,
+                    taint_text(&r.spec.taint)
+                );
+            }
+            Step::Update(r) => {
+                let body = serde_json::json!({
+                    "metadata": {"annotations": r.metadata.annotations},
+                    "spec": {"deviceSelector": r.spec.device_selector, "taint": {
+                        "key": r.spec.taint.key, "value": r.spec.taint.value, "effect": r.spec.taint.effect}},
+                });
+                api.patch(&format!("{base}/{}", r.metadata.name), &body, true)
+                    .await?;
+                log::info!(
+                    "updated DeviceTaintRule {} ({})",
+                    r.metadata.name,
+                    taint_text(&r.spec.taint)
+                );
+            }
+            Step::Delete { name, uid } => {
+                api.delete(&format!("{base}/{name}"), uid).await?;
+                log::info!("deleted DeviceTaintRule {name}: the device is healthy again");
+            }
+        }
+    }
+    Ok(want.len())
+}
+
+pub fn taint_text(t: &Taint) -> String {
+    if t.value.is_empty() {
+        format!("{}:{}", t.key, t.effect)
+    } else {
+        format!("{}={}:{}", t.key, t.value, t.effect)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(name: &str, uuid: Option<&str>, pci: Option<&str>) -> NodeDevice {
+        NodeDevice {
+            driver: "gpu.nvidia.com".into(),
+            pool: "n1".into(),
+            device: name.into(),
+            uuid: uuid.map(String::from),
+            pci_bus_id: pci.map(String::from),
+            taints: vec![],
+            slice: "s".into(),
+        }
+    }
+
+    fn bad(uuid: Option<&str>, pci: Option<&str>, code: &str) -> Bad {
+        Bad {
+            key: "c 195:2".into(),
+            name: "/dev/nvidia2".into(),
+            class: "nvidia_gpu".into(),
+            code: code.into(),
+            reason: "xid: XID 79".into(),
+            uuid: uuid.map(String::from),
+            pci_bus_id: pci.map(String::from),
+            gpu: true,
+        }
+    }
+
+    #[test]
+    fn a_bad_gpu_is_found_by_uuid_then_by_pci_address() {
+        let devs = [
+            dev("gpu-0", Some("GPU-a"), Some("0000:01:00.0")),
+            dev("gpu-2", None, Some("0000:03:00.0")),
+        ];
+        assert_eq!(
+            published_as(&bad(Some("gpu-A"), None, "xid"), &devs)
+                .unwrap()
+                .device,
+            "gpu-0"
+        );
+        assert_eq!(
+            published_as(&bad(Some("GPU-z"), Some("00000000:03:00.0"), "xid"), &devs)
+                .unwrap()
+                .device,
+            "gpu-2"
+        );
+        assert!(published_as(&bad(None, Some("0000:09:00.0"), "xid"), &devs).is_none());
+        assert!(published_as(&bad(None, None, "xid"), &devs).is_none());
+    }
+
+    #[test]
+    fn one_rule_per_bad_device_selecting_exactly_it() {
+        let devs = [dev("gpu-2", Some("GPU-2"), None)];
+        let want = desired(
+            &[bad(Some("GPU-2"), None, "xid")],
+            &devs,
+            "n1",
+            "devgate.io/unhealthy",
+            Effect::NoExecute,
+        );
+        assert_eq!(want.len(), 1);
+        let r = &want[0];
+        assert!(r.metadata.name.starts_with("devgate-n1-gpu-2-"));
+        assert!(is_ours(r, "n1") && !is_ours(r, "n2"));
+        let sel = r.spec.device_selector.as_ref().unwrap();
+        assert_eq!(
+            (
+                sel.driver.as_deref(),
+                sel.pool.as_deref(),
+                sel.device.as_deref()
+            ),
+            (Some("gpu.nvidia.com"), Some("n1"), Some("gpu-2"))
+        );
+        assert_eq!(
+            taint_text(&r.spec.taint),
+            "devgate.io/unhealthy=xid:NoExecute"
+        );
+        assert_eq!(r.metadata.annotations["devgate.io/reason"], "xid: XID 79");
+    }
+
+    #[test]
+    fn the_plan_creates_updates_and_deletes_only_what_differs() {
+        let devs = [dev("gpu-2", Some("GPU-2"), None)];
+        let want = desired(
+            &[bad(Some("GPU-2"), None, "xid")],
+            &devs,
+            "n1",
+            "k",
+            Effect::NoSchedule,
+        );
+        assert!(matches!(plan(&[], &want)[..], [Step::Create(_)]));
+        let mut have = want.clone();
+        have[0].metadata.uid = "u1".into();
+        assert!(plan(&have, &want).is_empty());
+        let changed = desired(
+            &[bad(Some("GPU-2"), None, "nvml")],
+            &devs,
+            "n1",
+            "k",
+            Effect::NoSchedule,
+        );
+        assert!(matches!(plan(&have, &changed)[..], [Step::Update(_)]));
+        assert_eq!(
+            plan(&have, &[]),
+            vec![Step::Delete {
+                name: &have[0].metadata.name,
+                uid: "u1"
+            }]
+        );
+    }
+
+    #[test]
+    fn pci_addresses_compare_whatever_their_domain_width() {
+        assert_eq!(pci_key("00000000:3B:00.0").unwrap(), "0000:3b:00.0");
+        assert_eq!(pci_key("0000:3b:00.0").unwrap(), "0000:3b:00.0");
+        assert!(pci_key("zz").is_none());
+    }
+}

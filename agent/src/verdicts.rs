@@ -1,0 +1,149 @@
+//! devgate's verdicts on this node's devices, from `devgate status --json`: the devices it
+//! judges bad, each with the words and code of its first unhealthy verdict. A verdict that
+//! came from the cluster (a taint the agent itself wrote into the hook's file) is not
+//! devgate's own, and is left out, so nothing the cluster says comes back as a fault.
+
+use serde::Deserialize;
+
+/// The codes of the hook's cluster-taint probe.
+const FROM_THE_CLUSTER: [&str; 2] = ["cluster_taint", "cluster_taints_unreadable"];
+
+#[derive(Debug, Deserialize)]
+struct Row {
+    #[serde(rename = "type")]
+    typ: String,
+    major: u32,
+    minor: u32,
+    #[serde(default)]
+    class: String,
+    #[serde(default)]
+    host_path: Option<String>,
+    #[serde(default)]
+    roles: Vec<String>,
+    #[serde(default)]
+    verdicts: Vec<ProbeResult>,
+    #[serde(default)]
+    gpu: Option<Gpu>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ProbeResult {
+    probe: String,
+    status: String,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Gpu {
+    #[serde(default)]
+    uuid: Option<String>,
+    #[serde(default)]
+    pci_bus_id: Option<String>,
+}
+
+/// One device devgate judges bad.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bad {
+    /// `c 195:2`: stable across renames, the key transitions are told by.
+    pub key: String,
+    /// `/dev/nvidia2` (or the key, when devgate found no host node).
+    pub name: String,
+    pub class: String,
+    pub code: String,
+    /// The verdict's words, prefixed with the probe that spoke: `xid: XID 79 ...`.
+    pub reason: String,
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    /// devgate knows this device as an accelerator (it, not a spare or an assigned disk,
+    /// is what a node taint speaks for).
+    pub gpu: bool,
+}
+
+/// The bad devices in devgate's status, in device order; Err when the text is not
+/// devgate's status.
+pub fn bad_devices(status_json: &str) -> Result<Vec<Bad>, String> {
+    let rows: Vec<Row> = serde_json::from_str(status_json)
+        .map_err(|e| format!("devgate status --json: unexpected output: {e}"))?;
+    let mut bad: Vec<Bad> = rows.iter().filter_map(bad_row).collect();
+    bad.sort();
+    bad.dedup_by(|a, b| a.key == b.key);
+    Ok(bad)
+}
+
+/// How many NVIDIA GPUs devgate lists, healthy or not.
+pub fn gpu_count(status_json: &str) -> usize {
+    serde_json::from_str::<Vec<Row>>(status_json)
+        .map(|rows| rows.iter().filter(|r| r.class == "nvidia_gpu").count())
+        .unwrap_or(0)
+}
+
+fn bad_row(r: &Row) -> Option<Bad> {
+    let first = r.verdicts.iter().find(|v| {
+        v.status == "unhealthy"
+            && !v
+                .code
+                .as_deref()
+                .is_some_and(|c| FROM_THE_CLUSTER.contains(&c))
+    })?;
+    let key = format!("{} {}:{}", r.typ, r.major, r.minor);
+    let reason = devgate::model::text::one_line(&format!(
+        "{}: {}",
+        first.probe,
+        first.reason.as_deref().unwrap_or("unhealthy")
+    ));
+    Some(Bad {
+        name: r.host_path.clone().unwrap_or_else(|| key.clone()),
+        key,
+        class: r.class.clone(),
+        code: first.code.clone().unwrap_or_else(|| "unhealthy".into()),
+        reason,
+        uuid: r.gpu.as_ref().and_then(|g| g.uuid.clone()),
+        pci_bus_id: r.gpu.as_ref().and_then(|g| g.pci_bus_id.clone()),
+        gpu: r.class == "nvidia_gpu" || r.roles.iter().any(|x| x == "accelerator"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATUS: &str = r#"[
+      {"type":"c","major":195,"minor":0,"class":"nvidia_gpu","host_path":"/dev/nvidia0",
+       "roles":["accelerator"],"health":"healthy","verdicts":[{"probe":"node","status":"healthy"}],
+       "gpu":{"minor":0,"uuid":"GPU-0","pci_bus_id":"00000000:01:00.0","checks":[]}},
+      {"type":"c","major":195,"minor":2,"class":"nvidia_gpu","host_path":"/dev/nvidia2",
+       "roles":["accelerator"],"health":"unhealthy","verdicts":[
+         {"probe":"node","status":"healthy"},
+         {"probe":"cluster","status":"unhealthy","code":"cluster_taint","reason":"tainted in the cluster"},
+         {"probe":"xid","status":"unhealthy","code":"xid","reason":"XID 79 (fallen off the bus)\n"}],
+       "gpu":{"minor":2,"uuid":"GPU-2","pci_bus_id":"00000000:03:00.0","checks":[]}},
+      {"type":"c","major":195,"minor":3,"class":"nvidia_gpu","host_path":"/dev/nvidia3",
+       "roles":["accelerator"],"health":"unhealthy","verdicts":[
+         {"probe":"cluster","status":"unhealthy","code":"cluster_taint","reason":"tainted"}],
+       "gpu":{"minor":3,"uuid":"GPU-3","checks":[]}}
+    ]"#;
+
+    #[test]
+    fn devgates_own_unhealthy_verdicts_only() {
+        let bad = bad_devices(STATUS).unwrap();
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        let b = &bad[0];
+        assert_eq!(b.key, "c 195:2");
+        assert_eq!(b.name, "/dev/nvidia2");
+        assert_eq!(b.code, "xid");
+        assert_eq!(b.reason, "xid: XID 79 (fallen off the bus)\\x0a");
+        assert_eq!(b.uuid.as_deref(), Some("GPU-2"));
+        assert!(b.gpu);
+        assert_eq!(gpu_count(STATUS), 3);
+    }
+
+    #[test]
+    fn other_output_is_an_error() {
+        assert!(bad_devices("no accelerators").is_err());
+        assert!(bad_devices("{}").is_err());
+        assert_eq!(bad_devices("[]").unwrap(), vec![]);
+    }
+}

@@ -1,0 +1,121 @@
+//! The node agent (`devgate-agent`, issue #30) as doctor sees it: its status file under
+//! state_dir. No file is a note (no cluster integration on this node); a fresh one whose
+//! API calls succeed passes; a stale one, or one whose API calls fail, warns with the
+//! agent's last error.
+
+use super::line::Line;
+use crate::error::Result;
+use crate::store::cluster::{self, AgentStatus};
+
+/// Past this many seconds without an update the agent is taken for stopped or stuck.
+pub(crate) const STALE_AFTER_S: u64 = 60;
+
+/// The most characters of the agent's last error doctor shows.
+const MAX_ERROR_CHARS: usize = 512;
+
+const CHECK: &str = "devgate-agent";
+
+/// The agent's line, from its status file under `state_dir`.
+pub(crate) fn agent_check(state_dir: &std::path::Path) -> Line {
+    judge(
+        &cluster::read_status(state_dir),
+        crate::model::clock::now().0,
+    )
+}
+
+/// The line for what the status file held at `now`. Pure.
+pub(crate) fn judge(status: &Result<Option<AgentStatus>>, now: u64) -> Line {
+    let s = match status {
+        Ok(None) => {
+            return Line::note(
+                CHECK,
+                "devgate-agent not running on this node: no cluster integration",
+            )
+        }
+        Err(e) => return Line::warn(CHECK, format!("status unreadable: {e}")),
+        Ok(Some(s)) => s,
+    };
+    let age = now.saturating_sub(s.updated_unix);
+    let last_error = || match &s.last_error {
+        Some(e) => {
+            let cut: String = e.chars().take(MAX_ERROR_CHARS).collect();
+            format!("last error: {cut}")
+        }
+        None => "no error given".into(),
+    };
+    if age > STALE_AFTER_S {
+        return Line::warn(
+            CHECK,
+            format!(
+                "status not updated for {age} s (pid {}): stopped or stuck; {}",
+                s.pid,
+                last_error()
+            ),
+        );
+    }
+    if !s.api_ok {
+        return Line::warn(
+            CHECK,
+            format!("cannot reach the Kubernetes API; {}", last_error()),
+        );
+    }
+    Line::pass(
+        CHECK,
+        format!(
+            "running (pid {}), updated {age} s ago; {}; {} rules, {} cluster taints, {} bad devices",
+            s.pid,
+            s.dra_api.as_deref().unwrap_or("no DRA API"),
+            s.rules,
+            s.inward_taints,
+            s.bad_devices
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::line::Mark;
+    use super::*;
+
+    fn status(updated: u64, api_ok: bool, err: Option<&str>) -> AgentStatus {
+        AgentStatus {
+            node: "node-1".into(),
+            pid: 42,
+            updated_unix: updated,
+            api_ok,
+            last_error: err.map(String::from),
+            dra_api: Some("resource.k8s.io/v1".into()),
+            rules: 1,
+            ..AgentStatus::default()
+        }
+    }
+
+    #[test]
+    fn absent_fresh_stale_and_failing() {
+        let l = judge(&Ok(None), 1000);
+        assert_eq!(l.mark, Mark::Note);
+        assert!(l
+            .text
+            .contains("not running on this node: no cluster integration"));
+        let l = judge(&Ok(Some(status(990, true, None))), 1000);
+        assert_eq!(l.mark, Mark::Pass, "{l:?}");
+        assert!(l.text.contains("resource.k8s.io/v1; 1 rules"), "{}", l.text);
+        let l = judge(&Ok(Some(status(1000 - 61, true, None))), 1000);
+        assert_eq!(l.mark, Mark::Warn);
+        assert!(l.text.contains("not updated for 61 s"), "{}", l.text);
+        let l = judge(&Ok(Some(status(999, false, Some("forbidden")))), 1000);
+        assert_eq!(l.mark, Mark::Warn);
+        assert!(l.text.ends_with("last error: forbidden"), "{}", l.text);
+        assert!(l.render().starts_with("⚠ devgate-agent: "));
+    }
+
+    /// The agent's last error may hold an API server's text: escaped, and cut.
+    #[test]
+    fn the_last_error_is_escaped_and_bounded() {
+        let hostile = format!("a\n✓ devgate-agent: fine\x1b[2J{}", "x".repeat(10_000));
+        let l = judge(&Ok(Some(status(999, false, Some(&hostile)))), 1000);
+        let r = l.render();
+        assert!(!r.contains('\n') && !r.contains('\x1b'), "{r}");
+        assert!(r.len() < 700, "{}", r.len());
+    }
+}
