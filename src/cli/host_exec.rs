@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 /// Makes `cmd` run inside `root` (chroot, then `/` as its directory), where `root` is not
 /// already `/`; its program and arguments are then paths as the host names them.
-pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), RunError> {
+pub fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), RunError> {
     if root == Path::new("/") {
         return Ok(());
     }
@@ -33,13 +33,13 @@ pub(crate) fn run_inside(cmd: &mut Command, root: &Path) -> Result<(), RunError>
 }
 
 /// `p` (absolute, on the host) under the host root.
-pub(crate) fn under(root: &Path, p: &Path) -> PathBuf {
+pub fn under(root: &Path, p: &Path) -> PathBuf {
     root.join(p.strip_prefix("/").unwrap_or(p))
 }
 
 /// The first of `candidates` (paths under the host root, as the host names them without
 /// the leading `/`) that is a file there, as the host names it.
-pub(crate) fn program_under(root: &Path, candidates: &[&str]) -> Option<PathBuf> {
+pub fn program_under(root: &Path, candidates: &[&str]) -> Option<PathBuf> {
     candidates
         .iter()
         .find(|p| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_file()))
@@ -49,7 +49,7 @@ pub(crate) fn program_under(root: &Path, candidates: &[&str]) -> Option<PathBuf>
 /// How a host program run with [`output_within`] (inside a host root, [`run_inside`]) fell
 /// short.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RunError {
+pub enum RunError {
     /// The host root's path holds a NUL byte: no program can be run inside it.
     Root(PathBuf),
     Spawn(IoCause),
@@ -97,7 +97,7 @@ fn drained(rx: &Receiver<Vec<u8>>, left: Duration) -> Vec<u8> {
 
 /// Runs `cmd` to its end within `deadline` (killed past it), with stdin on /dev/null; its
 /// stdout, at most `max_out` bytes, where it succeeds.
-pub(crate) fn output_within(
+pub fn output_within(
     mut cmd: Command,
     deadline: Duration,
     max_out: u64,

@@ -18,7 +18,8 @@ pub(crate) mod doctor;
 mod enable;
 pub(crate) mod hooks_config;
 mod host;
-mod host_exec;
+// Shared with the node agent (agent/), which runs the host's devgate the same way.
+pub mod host_exec;
 mod host_opts;
 mod install;
 mod node;
