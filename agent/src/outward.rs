@@ -7,6 +7,7 @@ use crate::dra::{DeviceTaintRule, List, Meta, NodeDevice, RuleSpec, Selector, Ta
 use crate::names::{label_value, rule_name};
 use crate::opts::Effect;
 use crate::verdicts::Bad;
+use devgate::gpu::pci::GpuKey;
 use std::collections::BTreeMap;
 
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devgate-agent");
@@ -24,27 +25,13 @@ pub fn is_ours(r: &DeviceTaintRule, node: &str) -> bool {
             == Some(node)
 }
 
-/// A PCI address as `dddd:bb:dd.f`, lowercase: NVML writes an 8-digit domain, DRA 4.
-pub fn pci_key(s: &str) -> Option<String> {
-    let (domain, rest) = s.trim().split_once(':')?;
-    let d = u32::from_str_radix(domain, 16).ok()?;
-    Some(format!("{d:04x}:{}", rest.to_ascii_lowercase()))
-}
-
-/// The DRA device behind devgate's bad device: by GPU uuid, else by PCI address.
+/// The DRA device behind devgate's bad device: the one that names the same GPU, as the
+/// hook matches a taint to a GPU (`GpuKey::same_gpu`).
 pub fn published_as<'a>(b: &Bad, devices: &'a [NodeDevice]) -> Option<&'a NodeDevice> {
-    if let Some(u) = &b.uuid {
-        if let Some(d) = devices
-            .iter()
-            .find(|d| d.uuid.as_ref().is_some_and(|x| x.eq_ignore_ascii_case(u)))
-        {
-            return Some(d);
-        }
-    }
-    let pci = b.pci_bus_id.as_deref().and_then(pci_key)?;
+    let gpu = GpuKey::of(b.uuid.as_deref(), b.pci_bus_id.as_deref());
     devices
         .iter()
-        .find(|d| d.pci_bus_id.as_deref().and_then(pci_key).as_deref() == Some(pci.as_str()))
+        .find(|d| GpuKey::of(d.uuid.as_deref(), d.pci_bus_id.as_deref()).same_gpu(&gpu))
 }
 
 /// The rules this node should have: one per bad device a driver publishes.
@@ -257,6 +244,9 @@ mod tests {
         );
         assert!(published_as(&bad(None, Some("0000:09:00.0"), "xid"), &devs).is_none());
         assert!(published_as(&bad(None, None, "xid"), &devs).is_none());
+        // As the hook reads a taint: another uuid at the same address is another GPU.
+        let other = [dev("gpu-0", Some("GPU-other"), Some("0000:01:00.0"))];
+        assert!(published_as(&bad(Some("GPU-a"), Some("0000:01:00.0"), "xid"), &other).is_none());
     }
 
     #[test]
@@ -318,12 +308,5 @@ mod tests {
                 uid: "u1"
             }]
         );
-    }
-
-    #[test]
-    fn pci_addresses_compare_whatever_their_domain_width() {
-        assert_eq!(pci_key("00000000:3B:00.0").unwrap(), "0000:3b:00.0");
-        assert_eq!(pci_key("0000:3b:00.0").unwrap(), "0000:3b:00.0");
-        assert!(pci_key("zz").is_none());
     }
 }

@@ -66,6 +66,39 @@ impl PciAddr {
     }
 }
 
+/// What names one GPU outside NVML's own index: its UUID (`GPU-…`) and PCI address, as a
+/// cluster taint, a DRA device or NVML gives them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuKey<'a> {
+    pub uuid: Option<&'a str>,
+    pub pci: Option<PciAddr>,
+}
+
+impl<'a> GpuKey<'a> {
+    /// From text: the PCI address as [`PciAddr::parse`] reads it.
+    pub fn of(uuid: Option<&'a str>, pci: Option<&str>) -> GpuKey<'a> {
+        GpuKey {
+            uuid,
+            pci: pci.and_then(PciAddr::parse),
+        }
+    }
+
+    /// Whether both name one GPU: by UUID (any case) where both have one, else by PCI
+    /// address (a missing function read as `.0`) where both have one. A UUID that differs
+    /// is another GPU, whatever its address.
+    pub fn same_gpu(&self, other: &GpuKey) -> bool {
+        if let (Some(a), Some(b)) = (self.uuid, other.uuid) {
+            return a.eq_ignore_ascii_case(b);
+        }
+        match (self.pci, other.pci) {
+            (Some(a), Some(b)) => {
+                a.same_slot(&b) && a.function.unwrap_or(0) == b.function.unwrap_or(0)
+            }
+            _ => false,
+        }
+    }
+}
+
 fn hex(s: &str, max_digits: usize) -> Option<u32> {
     if s.is_empty() || s.len() > max_digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;

@@ -6,6 +6,8 @@
 //! them.
 
 use super::findings::{Findings, Probe};
+use crate::gpu::pci::GpuKey as GpuId;
+#[cfg(test)]
 use crate::gpu::pci::PciAddr;
 use crate::gpu::GpuContext;
 use crate::model::class::Class;
@@ -23,13 +25,6 @@ pub struct ClusterTaintProbe<'a> {
     /// The container's pod uid from the CRI annotations; None outside a pod, where the
     /// two runtimes' annotations disagree, and for `status` and spares.
     pub pod_uid: Option<&'a str>,
-}
-
-/// What identifies a GPU to the taints: its UUID (`GPU-…`) and PCI address.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GpuId<'a> {
-    pub uuid: Option<&'a str>,
-    pub pci: Option<PciAddr>,
 }
 
 impl Probe for ClusterTaintProbe<'_> {
@@ -76,23 +71,9 @@ pub fn blocking_taint<'t>(
         .find(|t| !tolerated(t, pod_uid))
 }
 
-/// Whether the taint is on this GPU: by UUID (any case) where both sides have one, else by
-/// PCI address where both have one. A UUID that differs is another GPU, whatever its
-/// address.
+/// Whether the taint is on this GPU ([`GpuId::same_gpu`]).
 pub fn is_on(taint: &ClusterTaint, gpu: GpuId) -> bool {
-    if let (Some(a), Some(b)) = (taint.uuid.as_deref(), gpu.uuid) {
-        return a.eq_ignore_ascii_case(b);
-    }
-    let Some(ours) = gpu.pci else {
-        return false;
-    };
-    taint
-        .pci_bus_id
-        .as_deref()
-        .and_then(PciAddr::parse)
-        .is_some_and(|a| {
-            a.same_slot(&ours) && a.function.unwrap_or(0) == ours.function.unwrap_or(0)
-        })
+    GpuId::of(taint.uuid.as_deref(), taint.pci_bus_id.as_deref()).same_gpu(&gpu)
 }
 
 /// Whether the pod whose uid is `pod_uid` tolerates the taint. No uid tolerates nothing.
