@@ -13,7 +13,7 @@ use crate::node;
 use crate::opts::Opts;
 use crate::outward::{self, desired, list_rules, published_as};
 use crate::report::{previous, Report};
-use crate::verdicts::{bad_devices, gpu_count, Bad};
+use crate::verdicts::{self, Bad, Verdicts};
 use devgate::store::cluster::{self, ClusterTaint, ClusterTaints};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,13 +138,13 @@ impl Agent {
         let local = self.local.clone();
         let out = tokio::task::spawn_blocking(move || local.status_json()).await;
         let parsed = match out {
-            Ok(Ok(text)) => bad_devices(&text).map(|b| (b, gpu_count(&text))),
+            Ok(Ok(text)) => verdicts::read(&text),
             Ok(Err(e)) => Err(e),
             Err(e) => Err(format!("devgate status: {e}")),
         };
         self.last_status = Some(Instant::now());
         match parsed {
-            Ok((bad, gpus)) => {
+            Ok(Verdicts { bad, gpus }) => {
                 if bad != self.bad {
                     log::info!("devgate judges {} device(s) bad", bad.len());
                     // A new verdict is news: tell the API server now, not after a back-off.

@@ -62,22 +62,24 @@ pub struct Bad {
     pub gpu: bool,
 }
 
-/// The bad devices in devgate's status, in device order; Err when the text is not
-/// devgate's status.
-pub fn bad_devices(status_json: &str) -> Result<Vec<Bad>, String> {
+/// What the agent takes from one `devgate status --json`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Verdicts {
+    /// The devices devgate judges bad, in device order.
+    pub bad: Vec<Bad>,
+    /// How many NVIDIA GPUs devgate lists, healthy or not.
+    pub gpus: usize,
+}
+
+/// Reads devgate's status; Err when the text is not devgate's status.
+pub fn read(status_json: &str) -> Result<Verdicts, String> {
     let rows: Vec<Row> = serde_json::from_str(status_json)
         .map_err(|e| format!("devgate status --json: unexpected output: {e}"))?;
     let mut bad: Vec<Bad> = rows.iter().filter_map(bad_row).collect();
     bad.sort();
     bad.dedup_by(|a, b| a.key == b.key);
-    Ok(bad)
-}
-
-/// How many NVIDIA GPUs devgate lists, healthy or not.
-pub fn gpu_count(status_json: &str) -> usize {
-    serde_json::from_str::<Vec<Row>>(status_json)
-        .map(|rows| rows.iter().filter(|r| r.class == "nvidia_gpu").count())
-        .unwrap_or(0)
+    let gpus = rows.iter().filter(|r| r.class == "nvidia_gpu").count();
+    Ok(Verdicts { bad, gpus })
 }
 
 fn bad_row(r: &Row) -> Option<Bad> {
@@ -128,7 +130,7 @@ mod tests {
 
     #[test]
     fn devgates_own_unhealthy_verdicts_only() {
-        let bad = bad_devices(STATUS).unwrap();
+        let Verdicts { bad, gpus } = read(STATUS).unwrap();
         assert_eq!(bad.len(), 1, "{bad:?}");
         let b = &bad[0];
         assert_eq!(b.key, "c 195:2");
@@ -137,13 +139,13 @@ mod tests {
         assert_eq!(b.reason, "xid: XID 79 (fallen off the bus)\\x0a");
         assert_eq!(b.uuid.as_deref(), Some("GPU-2"));
         assert!(b.gpu);
-        assert_eq!(gpu_count(STATUS), 3);
+        assert_eq!(gpus, 3);
     }
 
     #[test]
     fn other_output_is_an_error() {
-        assert!(bad_devices("no accelerators").is_err());
-        assert!(bad_devices("{}").is_err());
-        assert_eq!(bad_devices("[]").unwrap(), vec![]);
+        assert!(read("no accelerators").is_err());
+        assert!(read("{}").is_err());
+        assert_eq!(read("[]").unwrap(), Verdicts::default());
     }
 }
