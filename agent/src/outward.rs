@@ -88,8 +88,13 @@ pub fn desired(
 #[derive(Debug, PartialEq)]
 pub enum Step<'a> {
     Create(&'a DeviceTaintRule),
-    /// Spec or code changed: a merge patch (the API server's timeAdded stays).
-    Update(&'a DeviceTaintRule),
+    /// Spec or code changed: a merge patch (the API server's timeAdded stays), on the
+    /// version the agent read (`resource_version`), so a rule replaced meanwhile is not
+    /// edited.
+    Update {
+        rule: &'a DeviceTaintRule,
+        resource_version: &'a str,
+    },
     Delete {
         name: &'a str,
         uid: &'a str,
@@ -105,7 +110,10 @@ pub fn plan<'a>(have: &'a [DeviceTaintRule], want: &'a [DeviceTaintRule]) -> Vec
                 let code =
                     |r: &DeviceTaintRule| r.metadata.annotations.get("devgate.io/code").cloned();
                 if h.spec != w.spec || code(h) != code(w) {
-                    steps.push(Step::Update(w));
+                    steps.push(Step::Update {
+                        rule: w,
+                        resource_version: &h.metadata.resource_version,
+                    });
                 }
             }
         }
@@ -156,17 +164,21 @@ pub async fn apply(
                             r.metadata.name
                         )
                     }
-                    r => r?,
+                    Err(e) => return Err(e),
+                    Ok(()) => log::info!(
+                        "created DeviceTaintRule {} ({})",
+                        r.metadata.name,
+                        taint_text(&r.spec.taint)
+                    ),
                 }
-                log::info!(
-                    "created DeviceTaintRule {} ({})",
-                    r.metadata.name,
-                    taint_text(&r.spec.taint)
-                );
             }
-            Step::Update(r) => {
+            Step::Update {
+                rule: r,
+                resource_version,
+            } => {
                 let body = serde_json::json!({
-                    "metadata": {"annotations": r.metadata.annotations},
+                    "metadata": {"annotations": r.metadata.annotations,
+                        "resourceVersion": resource_version},
                     "spec": {"deviceSelector": r.spec.device_selector, "taint": {
                         "key": r.spec.taint.key, "value": r.spec.taint.value, "effect": r.spec.taint.effect}},
                 });
@@ -300,7 +312,14 @@ mod tests {
             "k",
             Effect::NoSchedule,
         );
-        assert!(matches!(plan(&have, &changed)[..], [Step::Update(_)]));
+        have[0].metadata.resource_version = "41".into();
+        assert!(matches!(
+            plan(&have, &changed)[..],
+            [Step::Update {
+                resource_version: "41",
+                ..
+            }]
+        ));
         assert_eq!(
             plan(&have, &[]),
             vec![Step::Delete {
