@@ -215,12 +215,8 @@ impl Agent {
             self.report.rules = 0;
             self.write_file(Vec::new());
         }
-        let now = rfc3339_now();
-        let cond = node::condition(&self.bad, |b| {
-            published_as(b, &devices).map(|d| format!("{}/{}/{}", d.driver, d.pool, d.device))
-        });
-        node::set_condition(api, &node, cond, &now).await?;
-        self.events(api, &node, &now).await?;
+        // The node taint before the condition: its patch is made at the Node's version
+        // read above, which the status patch would move on.
         if self.opts.node_taint {
             let bad_gpus = self.bad.iter().filter(|b| b.class == "nvidia_gpu").count();
             let on = devices.is_empty() && self.gpus > 0 && bad_gpus >= self.gpus;
@@ -232,6 +228,12 @@ impl Agent {
                 );
             }
         }
+        let now = rfc3339_now();
+        let cond = node::condition(&self.bad, |b| {
+            published_as(b, &devices).map(|d| format!("{}/{}/{}", d.driver, d.pool, d.device))
+        });
+        node::set_condition(api, &node, cond, &now).await?;
+        self.events(api, &node, &now).await?;
         Ok(())
     }
 
