@@ -15,7 +15,6 @@
 //! How long each publish took is printed, never asserted (the node's deadline bounds it).
 
 mod common;
-use common::fake_nvml;
 use common::k8s::{self, K8sNode, Options, DRA_DRIVER, NODE};
 use common::*;
 use serde_json::{json, Value};
@@ -31,24 +30,19 @@ const K: usize = 3;
 const M: usize = 6;
 const OPERATOR_KEY: &str = "devgate.test/operator";
 const OUR_KEY: &str = "devgate.io/unhealthy";
-/// Whether each release's kube-controller-manager evicts the pods on a device a NoExecute
-/// DeviceTaintRule selects: 1.36.3's controller (v1beta2 rules, gates on) was seen not to
-/// within the node's deadline, once; 1.37's does.
-const EVICTS: &[(&str, bool)] = &[("v1.36", false), ("v1.37", true)];
 const MANAGED: &str = "app.kubernetes.io/managed-by=devgate-agent";
 
 #[test]
 fn agent_v1_37_verdicts_out_taints_in() {
     require_root!();
-    let Some(_one) = k8s::one_node(CASES) else {
-        return;
-    };
-    run_cases(&k8s::release_named("v1.37"));
+    k8s::on_release("v1.37", CASES, run_cases);
 }
 
-// 1.36 (v1beta2, gates on) is not run yet: its first run published and removed the rule
-// but its controller did not evict; a second run's agent went silent after discovery,
-// unexplained (issue #30 stays open for it).
+#[test]
+fn agent_v1_36_verdicts_out_taints_in() {
+    require_root!();
+    k8s::on_release("v1.36", CASES, run_cases);
+}
 
 fn run_cases(release: &str) {
     let tag = format!("agent-{}", release.replace('.', ""));
@@ -58,9 +52,9 @@ fn run_cases(release: &str) {
         rbac: true,
     };
     let n = K8sNode::start(&tag, release, opts);
-    n.apply(&template());
+    n.apply(&k8s::one_gpu_template());
     let kc = agent_identity(&n);
-    start_agent(&n, &kc, "NoExecute");
+    start_agent(&n, &kc, &["--effect", "NoExecute"]);
     wait_for(&n, "the condition DevgateDeviceFault False", || {
         (condition(&n)?.0 == "False").then_some(())
     });
@@ -68,6 +62,94 @@ fn run_cases(release: &str) {
     uncordon_deletes_the_rule(&n);
     operators_rule_rejects_a_restart_and_tolerating_claims_start(&n);
     the_gate_goes_on_without_the_api_server(&n);
+}
+
+/// A node with the classic device plugin only (no DRA driver): the condition and Events
+/// appear, no DeviceTaintRule, and the node taint (`--node-taint`) only once no healthy
+/// GPU is left.
+#[test]
+fn agent_v1_37_node_without_dra() {
+    require_root!();
+    let Some(_one) = k8s::one_node(CASES) else {
+        return;
+    };
+    let opts = Options {
+        devgate_by_hand: true,
+        rbac: true,
+        ..Options::default()
+    };
+    let n = K8sNode::start("agent-nodra", &k8s::release_named("v1.37"), opts);
+    let kc = agent_identity(&n);
+    // What the chart's agent.nodeTaint adds to the ClusterRole.
+    n.apply(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "devgate-agent-node-taint"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}],
+    }));
+    n.apply(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "devgate-agent-node-taint"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "devgate-agent-node-taint"},
+        "subjects": [{"kind": "ServiceAccount", "name": "devgate-agent", "namespace": "kube-system"}],
+    }));
+    let taints = || {
+        n.get_json(&["get", "node", NODE])
+            .map(|o| o["spec"]["taints"].clone())
+    };
+    let before = taints().unwrap();
+    start_agent(&n, &kc, &["--node-taint"]);
+    wait_for(&n, "the condition False", || {
+        (condition(&n)?.0 == "False").then_some(())
+    });
+    n.env.ok(&["cordon", "195:2", "--reason", "fan failed"]);
+    let (message, took) = wait_for(&n, "the condition True", || {
+        let (status, message) = condition(&n)?;
+        (status == "True").then_some(message)
+    });
+    eprintln!(
+        "{}: without DRA, the condition {took:?} after the cordon: {message}",
+        n.release
+    );
+    assert!(
+        message.contains("nvidia2") && message.contains("fan failed"),
+        "{message}"
+    );
+    let events = node_events(&n, "DeviceUnhealthy");
+    assert!(events.iter().any(|e| e.contains("nvidia2")), "{events:?}");
+    assert!(our_rules(&n).is_empty());
+    assert_eq!(
+        taints(),
+        Some(before.clone()),
+        "a healthy GPU is left: no node taint"
+    );
+    for i in 0..8 {
+        n.env
+            .ok(&["cordon", &format!("195:{i}"), "--reason", "fan failed"]);
+    }
+    let (tainted, took) = wait_for(&n, "the node taint", || {
+        let t = taints()?;
+        t.as_array()?
+            .iter()
+            .any(|t| {
+                t["key"] == OUR_KEY && t["value"] == "no-healthy-gpu" && t["effect"] == "NoSchedule"
+            })
+            .then_some(t)
+    });
+    eprintln!(
+        "{}: no healthy GPU left: node taints {tainted} ({took:?})",
+        n.release
+    );
+    for i in 0..8 {
+        n.env.ok(&["uncordon", &format!("195:{i}")]);
+    }
+    wait_for(&n, "the condition False again", || {
+        (condition(&n)?.0 == "False").then_some(())
+    });
+    wait_for(&n, "the node taint gone", || {
+        (taints()? == before).then_some(())
+    });
+    assert!(our_rules(&n).is_empty());
 }
 
 // ---- the agent -----------------------------------------------------------------------
@@ -120,7 +202,7 @@ fn agent_identity(n: &K8sNode) -> PathBuf {
     kc
 }
 
-fn start_agent(n: &K8sNode, kc: &Path, effect: &str) {
+fn start_agent(n: &K8sNode, kc: &Path, extra: &[&str]) {
     let args: Vec<String> = [
         "--node-name",
         NODE,
@@ -130,8 +212,6 @@ fn start_agent(n: &K8sNode, kc: &Path, effect: &str) {
         devgate_bin().to_str().unwrap(),
         "--devgate-config",
         n.env.config.to_str().unwrap(),
-        "--effect",
-        effect,
         "--interval",
         "2",
         "--resync",
@@ -140,6 +220,7 @@ fn start_agent(n: &K8sNode, kc: &Path, effect: &str) {
         "127.0.0.1:9478",
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     n.spawn("devgate-agent", &agent_bin(), &args);
@@ -181,7 +262,7 @@ fn wait_for<T>(n: &K8sNode, what: &str, mut check: impl FnMut() -> Option<T>) ->
 
 /// This agent's DeviceTaintRules.
 fn our_rules(n: &K8sNode) -> Vec<Value> {
-    n.get_json(&["get", "devicetaintrules", "-l", MANAGED])
+    n.get_json(&["get", &n.device_taint_rules(), "-l", MANAGED])
         .and_then(|l| l["items"].as_array().cloned())
         .unwrap_or_default()
 }
@@ -217,36 +298,6 @@ fn node_events(n: &K8sNode, reason: &str) -> Vec<String> {
 }
 
 // ---- objects -------------------------------------------------------------------------
-
-fn template() -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "one-gpu", "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER}}
-        ]}}},
-    })
-}
-
-/// A ResourceClaim for gpu-`minor` by its uuid attribute, tolerating `tolerate` (a key).
-fn gpu_claim(name: &str, minor: usize, tolerate: Option<&str>) -> Value {
-    let uuid = fake_nvml::uuid(minor);
-    let mut exactly = json!({
-        "deviceClassName": DRA_DRIVER,
-        "selectors": [{"cel": {"expression":
-            format!("device.attributes[\"{DRA_DRIVER}\"].uuid == \"{uuid}\"")}}],
-    });
-    if let Some(key) = tolerate {
-        exactly["tolerations"] = json!([{"key": key, "operator": "Exists"}]);
-    }
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    })
-}
 
 /// A pod of one container running `script` with the go dir; its GPU from the claim
 /// `claim`, the template (`Some("")`), or the device plugin (None).
@@ -288,32 +339,6 @@ fn pod(name: &str, go: &Path, script: &str, restart: &str, claim: Option<&str>) 
 const SAY: &str =
     "{ ls /dev | grep '^nvidia[0-9]' || true; } > /go/said.tmp; mv /go/said.tmp /go/said";
 
-fn go_dir(n: &K8sNode, name: &str) -> PathBuf {
-    let d = n.dir.join(format!("go-{name}"));
-    fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// The device allocated to pod `name`'s claim `gpu`.
-fn allocated(n: &K8sNode, name: &str) -> Option<String> {
-    let pod = n.get_json(&["get", "pod", name])?;
-    let claim = pod["status"]["resourceClaimStatuses"]
-        .as_array()?
-        .iter()
-        .find(|c| c["name"] == "gpu")?["resourceClaimName"]
-        .as_str()?
-        .to_string();
-    claim_device(n, &claim)
-}
-
-/// The device allocated to ResourceClaim `claim`.
-fn claim_device(n: &K8sNode, claim: &str) -> Option<String> {
-    let claim = n.get_json(&["get", "resourceclaim", claim])?;
-    claim["status"]["allocation"]["devices"]["results"][0]["device"]
-        .as_str()
-        .map(str::to_string)
-}
-
 fn running(p: &Value) -> bool {
     p["status"]["phase"] == "Running"
 }
@@ -325,8 +350,8 @@ fn running(p: &Value) -> bool {
 /// Restarted with the default NoSchedule, the agent keeps one rule, now NoSchedule, and
 /// 21 new claims never get gpu-K.
 fn cordon_evicts_and_keeps_new_claims_off(n: &K8sNode, kc: &Path) {
-    let go = go_dir(n, "victim");
-    n.apply(&gpu_claim("victim", K, None));
+    let go = n.go_dir("victim");
+    n.apply(&k8s::gpu_claim("victim", K, None));
     n.apply(&pod(
         "victim",
         &go,
@@ -366,36 +391,22 @@ fn cordon_evicts_and_keeps_new_claims_off(n: &K8sNode, kc: &Path) {
     // devgate's own rule is not read back into the gate.
     assert_eq!(cluster_taints(n)["taints"], json!([]));
 
-    let evicts = EVICTS
-        .iter()
-        .find(|(r, _)| *r == n.release)
-        .is_some_and(|(_, e)| *e);
-    if evicts {
-        let (_, took) = wait_for(n, "the pod on gpu-K evicted", || {
-            let p = n.get_json(&["get", "pod", "victim"]);
-            let gone = p
-                .as_ref()
-                .map_or(true, |p| p["metadata"]["uid"] != uid.as_str());
-            let target = p.as_ref().is_some_and(|p| {
-                p["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|c| c.iter().any(|c| c["type"] == "DisruptionTarget"))
-            });
-            (gone || target).then_some(())
+    let (_, took) = wait_for(n, "the pod on gpu-K evicted", || {
+        let p = n.get_json(&["get", "pod", "victim"]);
+        let gone = p
+            .as_ref()
+            .map_or(true, |p| p["metadata"]["uid"] != uid.as_str());
+        let target = p.as_ref().is_some_and(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "DisruptionTarget"))
         });
-        eprintln!(
-            "{}: the pod on gpu-{K} was evicted {took:?} after the cordon",
-            n.release
-        );
-    } else {
-        eprintln!(
-            "{}: kube-controller-manager's device-taint-eviction controller was measured not \
-             to evict for a NoExecute rule on this release (EVICTS); the pod is {}",
-            n.release,
-            n.get_json(&["get", "pod", "victim"])
-                .map_or("gone".into(), |p| p["status"]["phase"].to_string())
-        );
-    }
+        (gone || target).then_some(())
+    });
+    eprintln!(
+        "{}: the pod on gpu-{K} was evicted {took:?} after the cordon",
+        n.release
+    );
     let (status, message) = condition(n).unwrap();
     assert_eq!(status, "True");
     assert!(
@@ -421,7 +432,7 @@ fn cordon_evicts_and_keeps_new_claims_off(n: &K8sNode, kc: &Path) {
     n.kubectl(&["delete", "resourceclaim", "victim", "--wait=true"]);
 
     n.stop_process("devgate-agent");
-    start_agent(n, kc, "NoSchedule");
+    start_agent(n, kc, &[]);
     wait_for(n, "the rule NoSchedule after the agent's restart", || {
         let rules = our_rules(n);
         (rules.len() == 1 && rules[0]["spec"]["taint"]["effect"] == "NoSchedule").then_some(())
@@ -435,21 +446,16 @@ fn cordon_evicts_and_keeps_new_claims_off(n: &K8sNode, kc: &Path) {
     for round in 0..3 {
         let names: Vec<String> = (0..7).map(|i| format!("new-{round}-{i}")).collect();
         for name in &names {
-            let go = go_dir(n, name);
+            let go = n.go_dir(name);
             n.apply(&pod(name, &go, "sleep 3600", "Never", Some("")));
         }
         for name in &names {
-            got.push(n.wait_pod(name, "allocated", |_| allocated(n, name)));
+            got.push(n.wait_pod(name, "allocated", |_| n.allocated(name)));
         }
         for name in &names {
             n.kubectl(&["delete", "pod", name, "--wait=false"]);
         }
-        wait_for(n, "the round's claims gone", || {
-            let left = n.get_json(&["get", "resourceclaims"])?["items"]
-                .as_array()?
-                .len();
-            (left == 0).then_some(())
-        });
+        n.wait_pod_gone_claims();
     }
     let on_k = got.iter().filter(|d| **d == format!("gpu-{K}")).count();
     eprintln!(
@@ -478,14 +484,14 @@ fn uncordon_deletes_the_rule(n: &K8sNode) {
         events.iter().any(|e| e.contains(&format!("195:{K}"))),
         "{events:?}"
     );
-    let go = go_dir(n, "again");
-    n.apply(&gpu_claim("again", K, None));
+    let go = n.go_dir("again");
+    n.apply(&k8s::gpu_claim("again", K, None));
     n.apply(&pod("again", &go, "sleep 3600", "Never", Some("again")));
     n.wait_pod("again", "running on gpu-K again", |p| {
         running(p).then_some(())
     });
     assert_eq!(
-        claim_device(n, "again").as_deref(),
+        n.claim_device("again").as_deref(),
         Some(format!("gpu-{K}").as_str())
     );
     n.delete_pod("again");
@@ -497,7 +503,7 @@ fn uncordon_deletes_the_rule(n: &K8sNode) {
 /// rejected with a line naming the taint and the rule, and devgate publishes no rule of
 /// its own. A pod whose claim tolerates the taint starts on the same GPU.
 fn operators_rule_rejects_a_restart_and_tolerating_claims_start(n: &K8sNode) {
-    let go = go_dir(n, "bound");
+    let go = n.go_dir("bound");
     let script = format!("{SAY}; echo start >> /go/starts; sleep 2; exit 1");
     n.apply(&pod("bound", &go, &script, "Always", None));
     let said = wait_for(n, "the bound pod's first start", || {
@@ -510,20 +516,7 @@ fn operators_rule_rejects_a_restart_and_tolerating_claims_start(n: &K8sNode) {
         .expect("one GPU")
         .parse()
         .unwrap();
-    let api = n
-        .kubectl(&[
-            "api-resources",
-            "--api-group=resource.k8s.io",
-            "--no-headers",
-        ])
-        .lines()
-        .find(|l| l.split_whitespace().last() == Some("DeviceTaintRule"))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with("resource.k8s.io/"))
-                .map(str::to_string)
-        })
-        .unwrap();
+    let api = n.device_taint_rule_api();
     n.apply(&json!({
         "apiVersion": api,
         "kind": "DeviceTaintRule",
@@ -552,8 +545,12 @@ fn operators_rule_rejects_a_restart_and_tolerating_claims_start(n: &K8sNode) {
     assert!(our_rules(n).is_empty(), "{:?}", our_rules(n));
     n.delete_pod("bound");
 
-    let go = go_dir(n, "tolerates");
-    n.apply(&gpu_claim("tolerates", j, Some(OPERATOR_KEY)));
+    let go = n.go_dir("tolerates");
+    n.apply(&k8s::gpu_claim(
+        "tolerates",
+        j,
+        Some(json!([{"key": OPERATOR_KEY, "operator": "Exists"}])),
+    ));
     n.apply(&pod(
         "tolerates",
         &go,
@@ -589,7 +586,7 @@ fn operators_rule_rejects_a_restart_and_tolerating_claims_start(n: &K8sNode) {
     }
     n.delete_pod("tolerates");
     n.kubectl(&["delete", "resourceclaim", "tolerates", "--wait=true"]);
-    n.kubectl(&["delete", "devicetaintrule", "operator-gpu"]);
+    n.kubectl(&["delete", &n.device_taint_rules(), "operator-gpu"]);
     wait_for(n, "the operator's taint gone from the gate's file", || {
         cluster_taints(n)["taints"]
             .as_array()?

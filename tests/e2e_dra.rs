@@ -19,8 +19,8 @@ use common::k8s::{self, K8sNode, Options, DRA_DRIVER, NODE};
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
 /// What each release's kube-scheduler was measured to do with a NoSchedule DeviceTaintRule
 /// (true: it allocates no tainted device to a claim that does not tolerate it). A release
@@ -43,19 +43,13 @@ const CASES: &str = "DRA cases (a claim's GPU judged, DeviceTaintRule NoSchedule
 #[test]
 fn dra_v1_37_claims_and_device_taint_rules() {
     require_root!();
-    let Some(_one) = k8s::one_node(CASES) else {
-        return;
-    };
-    run_cases(&k8s::release_named("v1.37"));
+    k8s::on_release("v1.37", CASES, run_cases);
 }
 
 #[test]
 fn dra_v1_36_claims_and_device_taint_rules() {
     require_root!();
-    let Some(_one) = k8s::one_node(CASES) else {
-        return;
-    };
-    run_cases(&k8s::release_named("v1.36"));
+    k8s::on_release("v1.36", CASES, run_cases);
 }
 
 fn run_cases(release: &str) {
@@ -71,7 +65,7 @@ fn run_cases(release: &str) {
         n.kubectl(&["get", "resourceslices", "-o", "yaml"])
     );
     published_as_nvidias_driver_does(&n);
-    n.apply(&template());
+    n.apply(&k8s::one_gpu_template());
     a_claims_gpu_is_judged_by_devgate(&n);
     let rule = device_taint_rule_kind(&n);
     operator_taints_the_gpu(&n, &rule);
@@ -84,18 +78,6 @@ fn run_cases(release: &str) {
 }
 
 // ---- objects -------------------------------------------------------------------------
-
-/// A ResourceClaimTemplate for one GPU of the class.
-fn template() -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "one-gpu", "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER}}
-        ]}}},
-    })
-}
 
 /// A pod whose one container runs `script` with the go dir mounted and the claim `gpu`:
 /// from the template `one-gpu`, or the ResourceClaim `claim`.
@@ -131,34 +113,6 @@ fn pod(name: &str, go: &Path, script: &str, claim: Option<&str>) -> Value {
 const SAY: &str =
     "{ ls /dev | grep '^nvidia[0-9]' || true; echo \"visible=$NVIDIA_VISIBLE_DEVICES\"; } \
                    > /go/said.tmp; mv /go/said.tmp /go/said";
-
-fn go_dir(n: &K8sNode, name: &str) -> PathBuf {
-    let d = n.dir.join(format!("go-{name}"));
-    fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// The device allocated to pod `name`'s claim, once it is (None before).
-fn allocated(n: &K8sNode, name: &str) -> Option<String> {
-    let pod = n.get_json(&["get", "pod", name])?;
-    let claim = pod["status"]["resourceClaimStatuses"]
-        .as_array()?
-        .iter()
-        .find(|c| c["name"] == "gpu")?["resourceClaimName"]
-        .as_str()?
-        .to_string();
-    claim_device(n, &claim)
-}
-
-/// The device allocated to ResourceClaim `claim` (None before).
-fn claim_device(n: &K8sNode, claim: &str) -> Option<String> {
-    let claim = n.get_json(&["get", "resourceclaim", claim])?;
-    let result = &claim["status"]["allocation"]["devices"]["results"][0];
-    result.as_object()?;
-    assert_eq!(result["driver"], DRA_DRIVER, "{claim}");
-    assert_eq!(result["pool"], NODE, "{claim}");
-    result["device"].as_str().map(str::to_string)
-}
 
 fn container_id(pod: &Value) -> Option<String> {
     pod["status"]["containerStatuses"][0]["containerID"]
@@ -259,10 +213,10 @@ fn published_as_nvidias_driver_does(n: &K8sNode) {
 
 /// A pod with a claim from the template gets one GPU, runs, and devgate judged its device.
 fn a_claims_gpu_is_judged_by_devgate(n: &K8sNode) {
-    let go = go_dir(n, "claim");
+    let go = n.go_dir("claim");
     n.apply(&pod("claim", &go, &format!("{SAY}; sleep 3600"), None));
     let cid = wait_said(n, "claim", &go);
-    let device = allocated(n, "claim").expect("an allocated claim");
+    let device = n.allocated("claim").expect("an allocated claim");
     let minor: usize = device.strip_prefix("gpu-").unwrap().parse().unwrap();
     judged(n, "claim", &go, &cid, minor);
     n.delete_pod("claim");
@@ -272,20 +226,7 @@ fn a_claims_gpu_is_judged_by_devgate(n: &K8sNode) {
 
 /// The DeviceTaintRule's apiVersion this release serves (`kubectl api-resources`).
 fn device_taint_rule_kind(n: &K8sNode) -> String {
-    let out = n.kubectl(&[
-        "api-resources",
-        "--api-group=resource.k8s.io",
-        "--no-headers",
-    ]);
-    let version = out
-        .lines()
-        .find(|l| l.split_whitespace().last() == Some("DeviceTaintRule"))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with("resource.k8s.io/"))
-        })
-        .unwrap_or_else(|| panic!("{}: no DeviceTaintRule served:\n{out}", n.release))
-        .to_string();
+    let version = n.device_taint_rule_api();
     eprintln!("{}: DeviceTaintRule is {version}", n.release);
     version
 }
@@ -312,12 +253,12 @@ fn scheduler_and_the_rule(n: &K8sNode) -> bool {
     // it: a claim allocated gpu-TAINTED may have been judged before the rule arrived, so
     // it is asked again until the node's deadline; only then is the rule taken as ignored.
     let end = Instant::now() + k8s::STEP_DEADLINE;
-    let go = go_dir(n, "untolerating");
+    let go = n.go_dir("untolerating");
     let seen = loop {
         n.apply(&tainted_gpu_claim("untolerating", false));
         n.apply(&pod("untolerating", &go, SAY, Some("untolerating")));
         let seen = n.wait_pod("untolerating", "Unschedulable or allocated", |p| {
-            if let Some(device) = claim_device(n, "untolerating") {
+            if let Some(device) = n.claim_device("untolerating") {
                 return Some(Err(device));
             }
             p["status"]["conditions"].as_array()?.iter().find_map(|c| {
@@ -376,14 +317,14 @@ fn new_claims_and_the_tainted_gpu(n: &K8sNode, honors: bool) -> Vec<String> {
     let mut names = Vec::new();
     for i in 0..PODS {
         let name = format!("held-{i}");
-        let go = go_dir(n, &name);
+        let go = n.go_dir(&name);
         n.apply(&pod(&name, &go, &format!("{SAY}; sleep 3600"), None));
         names.push((name, go));
     }
     let mut devices = Vec::new();
     for (name, go) in &names {
         let cid = wait_said(n, name, go);
-        let device = allocated(n, name).expect("an allocated claim");
+        let device = n.allocated(name).expect("an allocated claim");
         let minor: usize = device.strip_prefix("gpu-").unwrap().parse().unwrap();
         judged(n, name, go, &cid, minor);
         devices.push(device);
@@ -414,32 +355,18 @@ fn new_claims_and_the_tainted_gpu(n: &K8sNode, honors: bool) -> Vec<String> {
 /// A ResourceClaim `name` for gpu-TAINTED, selected by its `uuid` attribute, its request
 /// tolerating the operator's taint where `tolerate`.
 fn tainted_gpu_claim(name: &str, tolerate: bool) -> Value {
-    let uuid = fake_nvml::uuid(TAINTED);
-    let mut exactly = json!({
-        "deviceClassName": DRA_DRIVER,
-        "selectors": [{"cel": {"expression":
-            format!("device.attributes[\"{DRA_DRIVER}\"].uuid == \"{uuid}\"")}}],
-    });
-    if tolerate {
-        exactly["tolerations"] =
-            json!([{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]);
-    }
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    })
+    let tolerations = json!([{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]);
+    k8s::gpu_claim(name, TAINTED, tolerate.then_some(tolerations))
 }
 
 /// A claim whose request tolerates the operator's taint, selecting gpu-TAINTED by its
 /// `uuid` attribute, is allocated it, and its pod runs there.
 fn a_tolerating_claim_gets_the_tainted_gpu(n: &K8sNode) {
     n.apply(&tainted_gpu_claim("tolerates", true));
-    let go = go_dir(n, "tolerates");
+    let go = n.go_dir("tolerates");
     n.apply(&pod("tolerates", &go, SAY, Some("tolerates")));
     let cid = wait_said(n, "tolerates", &go);
-    let device = claim_device(n, "tolerates").expect("an allocated claim");
+    let device = n.claim_device("tolerates").expect("an allocated claim");
     assert_eq!(device, format!("gpu-{TAINTED}"));
     judged(n, "tolerates", &go, &cid, TAINTED);
     eprintln!(
@@ -447,30 +374,4 @@ fn a_tolerating_claim_gets_the_tainted_gpu(n: &K8sNode) {
         n.release
     );
     n.delete_pod("tolerates");
-}
-
-trait Claims {
-    fn wait_pod_gone_claims(&self);
-}
-
-impl Claims for K8sNode {
-    /// Waits until no ResourceClaim is left in the namespace (a template's claim is
-    /// deleted with its pod by kube-controller-manager).
-    fn wait_pod_gone_claims(&self) {
-        let end = Instant::now() + k8s::STEP_DEADLINE;
-        loop {
-            let left = self
-                .get_json(&["get", "resourceclaims"])
-                .and_then(|l| l["items"].as_array().map(Vec::len));
-            if left == Some(0) {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "claims left after their pods: {}",
-                self.kubectl(&["get", "resourceclaims", "-o", "yaml"])
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    }
 }

@@ -10,7 +10,7 @@ use common::k8s::{self, K8sNode, Options};
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What a host without pod sandboxes skips.
 const CASES: &str = "real-kubelet cases (reject, retry, fault messages, 8 containers, the \
@@ -19,19 +19,13 @@ const CASES: &str = "real-kubelet cases (reject, retry, fault messages, 8 contai
 #[test]
 fn kubelet_v1_37_shows_what_devgate_says() {
     require_root!();
-    let Some(_one) = k8s::one_node(CASES) else {
-        return;
-    };
-    run_cases(&k8s::release_named("v1.37"));
+    k8s::on_release("v1.37", CASES, run_cases);
 }
 
 #[test]
 fn kubelet_v1_36_shows_what_devgate_says() {
     require_root!();
-    let Some(_one) = k8s::one_node(CASES) else {
-        return;
-    };
-    run_cases(&k8s::release_named("v1.36"));
+    k8s::on_release("v1.36", CASES, run_cases);
 }
 
 fn run_cases(release: &str) {
@@ -82,12 +76,6 @@ fn pod(name: &str, restart: &str, go: &Path, containers: Vec<Value>) -> Value {
             "containers": containers,
         }
     })
-}
-
-fn go_dir(n: &K8sNode, name: &str) -> PathBuf {
-    let d = n.dir.join(format!("go-{name}"));
-    fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// The status of container `name` of `pod`.
@@ -163,7 +151,7 @@ fn xid_rejects_a_start(n: &mut K8sNode) {
     let mut records: Vec<String> = (0..8).map(xid_79).collect();
     let refs: Vec<&str> = records.iter().map(String::as_str).collect();
     fs::write(&n.gpus.kmsg, fake_nvml::kmsg_records(&refs)).unwrap();
-    let go = go_dir(n, "xid");
+    let go = n.go_dir("xid");
     n.apply(&pod(
         "xid",
         "Always",
@@ -236,7 +224,7 @@ fn uncordon_all(n: &K8sNode) {
 /// own next retry starts the same pod, with no delete.
 fn uncordon_lets_kubelets_retry_start_the_pod(n: &mut K8sNode) {
     cordon_all(n, "bad fan");
-    let go = go_dir(n, "retry");
+    let go = n.go_dir("retry");
     n.apply(&pod(
         "retry",
         "Always",
@@ -319,7 +307,7 @@ fn faults_during_runs_reach_the_pod_status(n: &mut K8sNode) {
     ];
     let mut gos = Vec::new();
     for (name, restart, policy, app) in cases {
-        let go = go_dir(n, name);
+        let go = n.go_dir(name);
         let mut containers = vec![container("app", &faulted(app), policy, true)];
         if name == "eight" {
             for i in 1..8 {
@@ -707,7 +695,7 @@ fn clear_xids(n: &K8sNode) {
 fn devgate_rejects_an_xid_79(n: &K8sNode, tag: &str) {
     set_xid_79_everywhere(n);
     let name = format!("xid-{tag}");
-    let go = go_dir(n, &name);
+    let go = n.go_dir(&name);
     n.apply(&pod(
         &name,
         "Always",
@@ -726,7 +714,7 @@ fn devgate_rejects_an_xid_79(n: &K8sNode, tag: &str) {
 
 /// The open-file limits (soft and hard) a GPU pod's app sees, once it ran.
 fn open_file_limit(n: &K8sNode, name: &str) -> String {
-    let go = go_dir(n, name);
+    let go = n.go_dir(name);
     n.apply(&pod(
         name,
         "Never",

@@ -53,6 +53,15 @@ pub fn one_node(cases: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
     Some(ONE_NODE.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
+/// Runs `cases` (`run`, given the release) on release `minor` (`v1.37`), holding the one
+/// node's lock; where this host can start no pod, says so and runs nothing.
+pub fn on_release(minor: &str, cases: &str, run: impl FnOnce(&str)) {
+    let Some(_one) = one_node(cases) else {
+        return;
+    };
+    run(&release_named(minor));
+}
+
 /// `minor` (`v1.37`), checked to be among the releases under tests/k8s.
 pub fn release_named(minor: &str) -> String {
     let all = releases();
@@ -1164,5 +1173,116 @@ impl K8sNode {
             .into_iter::<Value>()
             .map(Result::unwrap)
             .collect()
+    }
+}
+
+// ---- DRA objects and what the cluster allocated (tests/e2e_dra.rs, e2e_cluster.rs) ----
+
+/// A ResourceClaimTemplate `one-gpu`: one GPU of the DRA driver's class.
+pub fn one_gpu_template() -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER}}
+        ]}}},
+    })
+}
+
+/// A ResourceClaim `name` for gpu-`minor`, selected by its `uuid` attribute, its request
+/// holding `tolerations` (a JSON list) where given.
+pub fn gpu_claim(name: &str, minor: usize, tolerations: Option<Value>) -> Value {
+    let uuid = fake_nvml::uuid(minor);
+    let mut exactly = json!({
+        "deviceClassName": DRA_DRIVER,
+        "selectors": [{"cel": {"expression":
+            format!("device.attributes[\"{DRA_DRIVER}\"].uuid == \"{uuid}\"")}}],
+    });
+    if let Some(t) = tolerations {
+        exactly["tolerations"] = t;
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    })
+}
+
+impl K8sNode {
+    /// A directory the test and a pod's app talk through (mounted at /go).
+    pub fn go_dir(&self, name: &str) -> PathBuf {
+        let d = self.dir.join(format!("go-{name}"));
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// The device allocated to ResourceClaim `claim` (None before), from the DRA driver's
+    /// pool on this node.
+    pub fn claim_device(&self, claim: &str) -> Option<String> {
+        let claim = self.get_json(&["get", "resourceclaim", claim])?;
+        let result = &claim["status"]["allocation"]["devices"]["results"][0];
+        result.as_object()?;
+        assert_eq!(result["driver"], DRA_DRIVER, "{claim}");
+        assert_eq!(result["pool"], NODE, "{claim}");
+        result["device"].as_str().map(str::to_string)
+    }
+
+    /// The device allocated to pod `name`'s claim `gpu` made from a template (None before).
+    pub fn allocated(&self, name: &str) -> Option<String> {
+        let pod = self.get_json(&["get", "pod", name])?;
+        let claim = pod["status"]["resourceClaimStatuses"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == "gpu")?["resourceClaimName"]
+            .as_str()?
+            .to_string();
+        self.claim_device(&claim)
+    }
+
+    /// The apiVersion this release serves DeviceTaintRules as (`kubectl api-resources`).
+    pub fn device_taint_rule_api(&self) -> String {
+        let out = self.kubectl(&[
+            "api-resources",
+            "--api-group=resource.k8s.io",
+            "--no-headers",
+        ]);
+        out.lines()
+            .find(|l| l.split_whitespace().last() == Some("DeviceTaintRule"))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with("resource.k8s.io/"))
+            })
+            .unwrap_or_else(|| panic!("{}: no DeviceTaintRule served:\n{out}", self.release))
+            .to_string()
+    }
+
+    /// DeviceTaintRules as kubectl names them with their version: on 1.36, kubectl takes
+    /// the group's preferred v1 for a bare `devicetaintrules`, which does not serve them.
+    pub fn device_taint_rules(&self) -> String {
+        let api = self.device_taint_rule_api();
+        let version = api.trim_start_matches("resource.k8s.io/");
+        format!("devicetaintrules.{version}.resource.k8s.io")
+    }
+
+    /// Waits until no ResourceClaim is left in the namespace (a template's claim is
+    /// deleted with its pod by kube-controller-manager).
+    pub fn wait_pod_gone_claims(&self) {
+        let end = Instant::now() + STEP_DEADLINE;
+        loop {
+            let left = self
+                .get_json(&["get", "resourceclaims"])
+                .and_then(|l| l["items"].as_array().map(Vec::len));
+            if left == Some(0) {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "claims left after their pods: {}",
+                self.kubectl(&["get", "resourceclaims", "-o", "yaml"])
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 }
