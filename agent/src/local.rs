@@ -90,19 +90,59 @@ impl Local {
         self.devgate(&["metrics"])
     }
 
-    /// The host's devgate with `args`, inside the host root, bounded in time and output.
+    /// The host's devgate with `args`, bounded in time and output: run as it is where the
+    /// agent runs on the host, else through the host's systemd ([`via_systemd`]).
     fn devgate(&self, args: &[&str]) -> Result<String, String> {
         let what = format!("{} {}", self.devgate.display(), args.join(" "));
-        let mut cmd = Command::new(&self.devgate);
+        let mut argv: Vec<&std::ffi::OsStr> = vec![self.devgate.as_os_str()];
         if let Some(c) = &self.config_arg {
-            cmd.arg("--config").arg(c);
+            argv.extend([std::ffi::OsStr::new("--config"), c.as_os_str()]);
         }
-        cmd.args(args).env_remove("DEVGATE_CONFIG");
+        argv.extend(args.iter().map(std::ffi::OsStr::new));
+        let mut cmd = if self.host_root == Path::new("/") {
+            let mut cmd = Command::new(argv[0]);
+            cmd.args(&argv[1..]).env_remove("DEVGATE_CONFIG");
+            cmd
+        } else {
+            via_systemd(&self.host_root, &argv).map_err(|e| format!("{what}: {e}"))?
+        };
         run_inside(&mut cmd, &self.host_root).map_err(|e| format!("{what}: {e}"))?;
         let out =
             output_within(cmd, RUN_DEADLINE, MAX_OUTPUT).map_err(|e| format!("{what}: {e}"))?;
         String::from_utf8(out).map_err(|_| format!("{what}: output is not UTF-8"))
     }
+}
+
+/// `argv` as a transient service of the host's systemd (`systemd-run --pipe --wait`), its
+/// output on ours. In a pod the agent's container holds no device: devgate then runs as the
+/// host's own process, outside the container's device cgroup, and opens /dev/nvidia*
+/// (NVML) and /dev/kmsg as the hook does. A container given the devices instead would be
+/// privileged, and a privileged container holds every GPU: the gate would refuse its
+/// restart while any GPU is bad, which is when the agent is needed.
+fn via_systemd(root: &Path, argv: &[&std::ffi::OsStr]) -> Result<Command, String> {
+    if !root.join("run/systemd/system").is_dir() {
+        return Err(format!(
+            "{}/run/systemd/system is not there: the host does not run systemd; run \
+             devgate-agent on the host instead (docs/cluster.md)",
+            root.display()
+        ));
+    }
+    let run = program_under(root, &["usr/bin/systemd-run", "bin/systemd-run"])
+        .ok_or_else(|| format!("no systemd-run under {}", root.display()))?;
+    let mut cmd = Command::new(run);
+    cmd.args(["--quiet", "--collect", "--wait", "--pipe"])
+        // The unit ends before our deadline kills systemd-run, so none is left behind.
+        .arg(format!(
+            "--property=RuntimeMaxSec={}",
+            RUN_DEADLINE.as_secs() - 5
+        ))
+        .arg("--")
+        .args(argv)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        // systemd's tools notice the chroot and may refuse; this chroot is the host's root.
+        .env("SYSTEMD_IGNORE_CHROOT", "1");
+    Ok(cmd)
 }
 
 #[cfg(test)]
