@@ -170,12 +170,11 @@ mod tests {
         Bad {
             key: format!("c {name}"),
             name: name.into(),
-            class: "nvidia_gpu".into(),
-            code: "xid".into(),
+            class: devgate::model::class::Class::NvidiaGpu,
+            code: devgate::model::verdict::Code::XidCritical,
             reason: reason.into(),
             uuid: Some("GPU-2".into()),
             pci_bus_id: None,
-            gpu: true,
         }
     }
 

@@ -52,7 +52,7 @@ pub fn desired(
                     "devgate.io/reason".to_string(),
                     b.reason.chars().take(MAX_REASON).collect(),
                 ),
-                ("devgate.io/code".to_string(), b.code.clone()),
+                ("devgate.io/code".to_string(), b.code.as_str().to_string()),
                 ("devgate.io/device".to_string(), b.name.clone()),
             ]);
             DeviceTaintRule {
@@ -72,7 +72,7 @@ pub fn desired(
                     }),
                     taint: Taint {
                         key: key.to_string(),
-                        value: label_value(&b.code),
+                        value: label_value(b.code.as_str()),
                         effect: effect.as_str().to_string(),
                     },
                 },
@@ -210,6 +210,7 @@ pub fn taint_text(t: &Taint) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devgate::model::verdict::Code;
 
     fn dev(name: &str, uuid: Option<&str>, pci: Option<&str>) -> NodeDevice {
         NodeDevice {
@@ -223,16 +224,15 @@ mod tests {
         }
     }
 
-    fn bad(uuid: Option<&str>, pci: Option<&str>, code: &str) -> Bad {
+    fn bad(uuid: Option<&str>, pci: Option<&str>, code: Code) -> Bad {
         Bad {
             key: "c 195:2".into(),
             name: "/dev/nvidia2".into(),
-            class: "nvidia_gpu".into(),
-            code: code.into(),
+            class: devgate::model::class::Class::NvidiaGpu,
+            code,
             reason: "xid: XID 79".into(),
             uuid: uuid.map(String::from),
             pci_bus_id: pci.map(String::from),
-            gpu: true,
         }
     }
 
@@ -243,29 +243,36 @@ mod tests {
             dev("gpu-2", None, Some("0000:03:00.0")),
         ];
         assert_eq!(
-            published_as(&bad(Some("gpu-A"), None, "xid"), &devs)
+            published_as(&bad(Some("gpu-A"), None, Code::XidCritical), &devs)
                 .unwrap()
                 .device,
             "gpu-0"
         );
         assert_eq!(
-            published_as(&bad(Some("GPU-z"), Some("00000000:03:00.0"), "xid"), &devs)
-                .unwrap()
-                .device,
+            published_as(
+                &bad(Some("GPU-z"), Some("00000000:03:00.0"), Code::XidCritical),
+                &devs
+            )
+            .unwrap()
+            .device,
             "gpu-2"
         );
-        assert!(published_as(&bad(None, Some("0000:09:00.0"), "xid"), &devs).is_none());
-        assert!(published_as(&bad(None, None, "xid"), &devs).is_none());
+        assert!(published_as(&bad(None, Some("0000:09:00.0"), Code::XidCritical), &devs).is_none());
+        assert!(published_as(&bad(None, None, Code::XidCritical), &devs).is_none());
         // As the hook reads a taint: another uuid at the same address is another GPU.
         let other = [dev("gpu-0", Some("GPU-other"), Some("0000:01:00.0"))];
-        assert!(published_as(&bad(Some("GPU-a"), Some("0000:01:00.0"), "xid"), &other).is_none());
+        assert!(published_as(
+            &bad(Some("GPU-a"), Some("0000:01:00.0"), Code::XidCritical),
+            &other
+        )
+        .is_none());
     }
 
     #[test]
     fn one_rule_per_bad_device_selecting_exactly_it() {
         let devs = [dev("gpu-2", Some("GPU-2"), None)];
         let want = desired(
-            &[bad(Some("GPU-2"), None, "xid")],
+            &[bad(Some("GPU-2"), None, Code::XidCritical)],
             &devs,
             "n1",
             "devgate.io/unhealthy",
@@ -286,7 +293,7 @@ mod tests {
         );
         assert_eq!(
             taint_text(&r.spec.taint),
-            "devgate.io/unhealthy=xid:NoExecute"
+            "devgate.io/unhealthy=xid_critical:NoExecute"
         );
         assert_eq!(r.metadata.annotations["devgate.io/reason"], "xid: XID 79");
     }
@@ -295,7 +302,7 @@ mod tests {
     fn the_plan_creates_updates_and_deletes_only_what_differs() {
         let devs = [dev("gpu-2", Some("GPU-2"), None)];
         let want = desired(
-            &[bad(Some("GPU-2"), None, "xid")],
+            &[bad(Some("GPU-2"), None, Code::XidCritical)],
             &devs,
             "n1",
             "k",
@@ -306,7 +313,7 @@ mod tests {
         have[0].metadata.uid = "u1".into();
         assert!(plan(&have, &want).is_empty());
         let changed = desired(
-            &[bad(Some("GPU-2"), None, "nvml")],
+            &[bad(Some("GPU-2"), None, Code::Quarantined)],
             &devs,
             "n1",
             "k",

@@ -218,7 +218,9 @@ impl Agent {
         // The node taint before the condition: its patch is made at the Node's version
         // read above, which the status patch would move on.
         if self.opts.node_taint {
-            let bad_gpus = self.bad.iter().filter(|b| b.class == "nvidia_gpu").count();
+            let bad_gpus = (self.bad.iter())
+                .filter(|b| b.class == devgate::model::class::Class::NvidiaGpu)
+                .count();
             let on = devices.is_empty() && self.gpus > 0 && bad_gpus >= self.gpus;
             if node::set_taint(api, &node, &self.opts.taint_key, on).await? {
                 log::info!(
@@ -266,14 +268,14 @@ impl Agent {
         let current: Vec<(String, String)> = self
             .bad
             .iter()
-            .map(|b| (b.key.clone(), b.code.clone()))
+            .map(|b| (b.key.clone(), b.code.as_str().to_string()))
             .collect();
         for b in &self.bad {
             if !self
                 .report
                 .published
                 .iter()
-                .any(|(k, c)| *k == b.key && *c == b.code)
+                .any(|(k, c)| *k == b.key && c == b.code.as_str())
             {
                 node::event(
                     api,

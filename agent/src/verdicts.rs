@@ -3,10 +3,12 @@
 //! came from the cluster (a taint the agent itself wrote into the hook's file) is not
 //! devgate's own, and is left out, so nothing the cluster says comes back as a fault.
 
+use devgate::model::class::Class;
+use devgate::model::verdict::{Code, ProbeResult, Verdict};
 use serde::Deserialize;
 
 /// The codes of the hook's cluster-taint probe.
-const FROM_THE_CLUSTER: [&str; 2] = ["cluster_taint", "cluster_taints_unreadable"];
+const FROM_THE_CLUSTER: [Code; 2] = [Code::ClusterTaint, Code::ClusterTaintsUnreadable];
 
 #[derive(Debug, Deserialize)]
 struct Row {
@@ -14,26 +16,13 @@ struct Row {
     typ: String,
     major: u32,
     minor: u32,
-    #[serde(default)]
-    class: String,
+    class: Class,
     #[serde(default)]
     host_path: Option<String>,
-    #[serde(default)]
-    roles: Vec<String>,
     #[serde(default)]
     verdicts: Vec<ProbeResult>,
     #[serde(default)]
     gpu: Option<Gpu>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ProbeResult {
-    probe: String,
-    status: String,
-    #[serde(default)]
-    code: Option<String>,
-    #[serde(default)]
-    reason: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -45,21 +34,18 @@ struct Gpu {
 }
 
 /// One device devgate judges bad.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bad {
     /// `c 195:2`: stable across renames, the key transitions are told by.
     pub key: String,
     /// `/dev/nvidia2` (or the key, when devgate found no host node).
     pub name: String,
-    pub class: String,
-    pub code: String,
+    pub class: Class,
+    pub code: Code,
     /// The verdict's words, prefixed with the probe that spoke: `xid: XID 79 ...`.
     pub reason: String,
     pub uuid: Option<String>,
     pub pci_bus_id: Option<String>,
-    /// devgate knows this device as an accelerator (it, not a spare or an assigned disk,
-    /// is what a node taint speaks for).
-    pub gpu: bool,
 }
 
 /// What the agent takes from one `devgate status --json`.
@@ -76,35 +62,26 @@ pub fn read(status_json: &str) -> Result<Verdicts, String> {
     let rows: Vec<Row> = serde_json::from_str(status_json)
         .map_err(|e| format!("devgate status --json: unexpected output: {e}"))?;
     let mut bad: Vec<Bad> = rows.iter().filter_map(bad_row).collect();
-    bad.sort();
+    bad.sort_by(|a, b| a.key.cmp(&b.key));
     bad.dedup_by(|a, b| a.key == b.key);
-    let gpus = rows.iter().filter(|r| r.class == "nvidia_gpu").count();
+    let gpus = rows.iter().filter(|r| r.class == Class::NvidiaGpu).count();
     Ok(Verdicts { bad, gpus })
 }
 
 fn bad_row(r: &Row) -> Option<Bad> {
-    let first = r.verdicts.iter().find(|v| {
-        v.status == "unhealthy"
-            && !v
-                .code
-                .as_deref()
-                .is_some_and(|c| FROM_THE_CLUSTER.contains(&c))
+    let (probe, why) = r.verdicts.iter().find_map(|v| match &v.verdict {
+        Verdict::Unhealthy(why) if !FROM_THE_CLUSTER.contains(&why.code) => Some((&v.probe, why)),
+        _ => None,
     })?;
     let key = format!("{} {}:{}", r.typ, r.major, r.minor);
-    let reason = devgate::model::text::one_line(&format!(
-        "{}: {}",
-        first.probe,
-        first.reason.as_deref().unwrap_or("unhealthy")
-    ));
     Some(Bad {
         name: r.host_path.clone().unwrap_or_else(|| key.clone()),
         key,
         class: r.class.clone(),
-        code: first.code.clone().unwrap_or_else(|| "unhealthy".into()),
-        reason,
+        code: why.code,
+        reason: devgate::model::text::one_line(&format!("{probe}: {}", why.detail)),
         uuid: r.gpu.as_ref().and_then(|g| g.uuid.clone()),
         pci_bus_id: r.gpu.as_ref().and_then(|g| g.pci_bus_id.clone()),
-        gpu: r.class == "nvidia_gpu" || r.roles.iter().any(|x| x == "accelerator"),
     })
 }
 
@@ -113,16 +90,16 @@ mod tests {
     use super::*;
 
     const STATUS: &str = r#"[
-      {"type":"c","major":195,"minor":0,"class":"nvidia_gpu","host_path":"/dev/nvidia0",
+      {"type":"c","major":195,"minor":0,"class":"nvidia-gpu","host_path":"/dev/nvidia0",
        "roles":["accelerator"],"health":"healthy","verdicts":[{"probe":"node","status":"healthy"}],
        "gpu":{"minor":0,"uuid":"GPU-0","pci_bus_id":"00000000:01:00.0","checks":[]}},
-      {"type":"c","major":195,"minor":2,"class":"nvidia_gpu","host_path":"/dev/nvidia2",
+      {"type":"c","major":195,"minor":2,"class":"nvidia-gpu","host_path":"/dev/nvidia2",
        "roles":["accelerator"],"health":"unhealthy","verdicts":[
          {"probe":"node","status":"healthy"},
          {"probe":"cluster","status":"unhealthy","code":"cluster_taint","reason":"tainted in the cluster"},
-         {"probe":"xid","status":"unhealthy","code":"xid","reason":"XID 79 (fallen off the bus)\n"}],
+         {"probe":"xid","status":"unhealthy","code":"xid_critical","reason":"XID 79 (fallen off the bus)\n"}],
        "gpu":{"minor":2,"uuid":"GPU-2","pci_bus_id":"00000000:03:00.0","checks":[]}},
-      {"type":"c","major":195,"minor":3,"class":"nvidia_gpu","host_path":"/dev/nvidia3",
+      {"type":"c","major":195,"minor":3,"class":"nvidia-gpu","host_path":"/dev/nvidia3",
        "roles":["accelerator"],"health":"unhealthy","verdicts":[
          {"probe":"cluster","status":"unhealthy","code":"cluster_taint","reason":"tainted"}],
        "gpu":{"minor":3,"uuid":"GPU-3","checks":[]}}
@@ -135,10 +112,10 @@ mod tests {
         let b = &bad[0];
         assert_eq!(b.key, "c 195:2");
         assert_eq!(b.name, "/dev/nvidia2");
-        assert_eq!(b.code, "xid");
+        assert_eq!(b.code, Code::XidCritical);
         assert_eq!(b.reason, "xid: XID 79 (fallen off the bus)\\x0a");
         assert_eq!(b.uuid.as_deref(), Some("GPU-2"));
-        assert!(b.gpu);
+        assert_eq!(b.class, Class::NvidiaGpu);
         assert_eq!(gpus, 3);
     }
 

@@ -10,4 +10,4 @@ pub(crate) mod reason;
 pub mod recovery;
 pub mod rule_number;
 pub mod text;
-pub(crate) mod verdict;
+pub mod verdict;
