@@ -45,12 +45,12 @@ test: test-deps k8s-binaries
 k8s-binaries:
 	./scripts/k8s-binaries.sh build all
 
-# Only the real-node tests (tests/e2e_kubelet.rs, tests/e2e_dra.rs), on this machine's runtimes, then on forky's.
+# Only the real-node tests (tests/e2e_kubelet.rs, e2e_dra.rs, e2e_cluster.rs), on this machine's runtimes, then on forky's.
 # DEVGATE_K8S_KEEP=1 leaves each node up and prints how to reach it (docs/development.md).
 test-k8s: test-deps k8s-binaries
 	$(CARGO) build --locked -p devgate-agent
 	$(CARGO) test --locked --test e2e_kubelet --test e2e_dra --test e2e_cluster -- --nocapture
-	./scripts/forky-stack.sh test $$($(CARGO) test --locked --no-run --message-format=json --test e2e_kubelet --test e2e_dra --test e2e_cluster 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+	./scripts/forky-stack.sh test $$($(CARGO) test --locked --no-run --message-format=json --test e2e_kubelet --test e2e_dra --test e2e_cluster 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | grep /deps/e2e_)
 
 # The e2e suite inside the forky image (scripts/forky-stack.sh; built once per package
 # versions under /var/cache/devgate-tests), and systemd 262 booting it as PID 1.
