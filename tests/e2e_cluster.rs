@@ -172,7 +172,14 @@ fn agent_identity(n: &K8sNode) -> PathBuf {
     let mut namespace = String::new();
     for o in n.manifest(&manifest) {
         let kind = o["kind"].as_str().unwrap_or("");
-        if ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"].contains(&kind) {
+        let rbac = [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ];
+        if rbac.contains(&kind) {
             if kind == "ServiceAccount" {
                 namespace = o["metadata"]["namespace"].as_str().unwrap().to_string();
             }

@@ -172,7 +172,7 @@ fn grants(role: &Value) -> BTreeSet<(String, String, String)> {
 }
 
 /// The ClusterRole devgate-agent of issue #30 (docs/cluster.md's table); `node_taint` adds
-/// patch on nodes.
+/// patch on nodes. Events are a Role's, in `default` alone ([`events_role_only_in_default`]).
 fn contract_grants(node_taint: bool) -> BTreeSet<(String, String, String)> {
     let mut rules = vec![
         json!({"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
@@ -181,12 +181,27 @@ fn contract_grants(node_taint: bool) -> BTreeSet<(String, String, String)> {
                "verbs": ["get", "list", "watch"]}),
         json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}),
         json!({"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}),
-        json!({"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}),
     ];
     if node_taint {
         rules.push(json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}));
     }
     grants(&json!({ "rules": rules }))
+}
+
+/// Events are granted by a Role in `default`, where the agent writes a Node's, bound to its
+/// ServiceAccount: no other namespace's events.
+fn events_role_only_in_default(objects: &[Value]) {
+    let role = find(objects, "Role");
+    assert_eq!(role["metadata"]["namespace"], "default", "{role}");
+    let events = json!({"rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]});
+    assert_eq!(grants(role), grants(&events));
+    let binding = find(objects, "RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], "default");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "devgate-agent", "namespace": "kube-system"}])
+    );
 }
 
 /// An object as the two sources may differ in it alone: labels (the chart adds Helm's),
@@ -286,6 +301,7 @@ fn every_render_keeps_the_manifests_installer_and_the_contracts_rules() {
     let installer = &pod_spec(&plain)["initContainers"];
     assert_eq!(installer.as_array().unwrap().len(), 1, "{installer}");
     assert_eq!(grants(find(&plain, "ClusterRole")), contract_grants(false));
+    events_role_only_in_default(&plain);
 
     let defaults = render(&[]);
     let tainting = render(&["agent.effect=NoExecute", "agent.nodeTaint=true"]);
@@ -295,6 +311,7 @@ fn every_render_keeps_the_manifests_installer_and_the_contracts_rules() {
             grants(find(objects, "ClusterRole")),
             contract_grants(node_taint)
         );
+        events_role_only_in_default(objects);
         let binding = find(objects, "ClusterRoleBinding");
         assert_eq!(binding["roleRef"]["name"], "devgate-agent");
         assert_eq!(
