@@ -34,7 +34,22 @@ pub fn published_as<'a>(b: &Bad, devices: &'a [NodeDevice]) -> Option<&'a NodeDe
         .find(|d| GpuKey::of(d.uuid.as_deref(), d.pci_bus_id.as_deref()).same_gpu(&gpu))
 }
 
-/// The rules this node should have: one per bad device a driver publishes.
+/// Every DRA device that names the same GPU as `b`: a slice that lists first a device
+/// with its uuid (another driver's, or a hostile one's) must not take the taint from the
+/// one its own driver publishes.
+pub fn all_published_as<'a>(
+    b: &Bad,
+    devices: &'a [NodeDevice],
+) -> impl Iterator<Item = &'a NodeDevice> {
+    let uuid = b.uuid.clone();
+    let pci = b.pci_bus_id.clone();
+    devices.iter().filter(move |d| {
+        let gpu = GpuKey::of(uuid.as_deref(), pci.as_deref());
+        GpuKey::of(d.uuid.as_deref(), d.pci_bus_id.as_deref()).same_gpu(&gpu)
+    })
+}
+
+/// The rules this node should have: one per DRA device that names a bad GPU.
 pub fn desired(
     bad: &[Bad],
     devices: &[NodeDevice],
@@ -44,7 +59,7 @@ pub fn desired(
 ) -> Vec<DeviceTaintRule> {
     let mut rules: Vec<DeviceTaintRule> = bad
         .iter()
-        .filter_map(|b| Some((b, published_as(b, devices)?)))
+        .flat_map(|b| all_published_as(b, devices).map(move |d| (b, d)))
         .map(|(b, d)| {
             let annotations = BTreeMap::from([
                 (NODE_ANNOTATION.to_string(), node.to_string()),
@@ -266,6 +281,28 @@ mod tests {
             &other
         )
         .is_none());
+    }
+
+    /// Another slice on the node (another driver, or a hostile one) that names the same
+    /// GPU first does not take the taint from the device its real driver publishes: every
+    /// device that names the bad GPU is tainted.
+    #[test]
+    fn every_device_naming_the_bad_gpu_is_tainted() {
+        let mut decoy = dev("decoy", Some("GPU-2"), None);
+        decoy.driver = "evil.example.com".into();
+        let devs = [decoy, dev("gpu-2", Some("GPU-2"), Some("0000:03:00.0"))];
+        let want = desired(
+            &[bad(Some("GPU-2"), None, Code::XidCritical)],
+            &devs,
+            "n1",
+            "k",
+            Effect::NoExecute,
+        );
+        let mut picked: Vec<_> = (want.iter())
+            .filter_map(|r| r.spec.device_selector.as_ref()?.device.clone())
+            .collect();
+        picked.sort();
+        assert_eq!(picked, ["decoy", "gpu-2"]);
     }
 
     #[test]

@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 /// The codes of the hook's cluster-taint probe.
 const FROM_THE_CLUSTER: [Code; 2] = [Code::ClusterTaint, Code::ClusterTaintsUnreadable];
+/// That probe's name: a code a newer devgate gives it reads back unspecified, and must not
+/// come back as a fault of the device (the agent's own taint would then keep itself).
+const CLUSTER_PROBE: &str = "cluster";
 
 #[derive(Debug, Deserialize)]
 struct Row {
@@ -19,10 +22,35 @@ struct Row {
     class: Class,
     #[serde(default)]
     host_path: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "each_verdict")]
     verdicts: Vec<ProbeResult>,
     #[serde(default)]
     gpu: Option<Gpu>,
+}
+
+/// A row's verdicts, each read on its own: one this devgate cannot read (a newer devgate's
+/// status, a record without its reason) is left out, but for an unhealthy one, which is
+/// kept (its code unspecified): else one odd verdict would fail the whole status, and the
+/// agent would publish nothing new for the node.
+fn each_verdict<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ProbeResult>, D::Error> {
+    let raw: Vec<serde_json::Value> = Deserialize::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .filter_map(|v| match ProbeResult::deserialize(&v) {
+            Ok(r) => Some(r),
+            Err(_) if v.get("status").and_then(|s| s.as_str()) == Some("unhealthy") => {
+                let text = |k: &str| v.get(k).and_then(|s| s.as_str()).map(String::from);
+                Some(ProbeResult {
+                    probe: text("probe").unwrap_or_else(|| "devgate".into()),
+                    verdict: Verdict::unhealthy(
+                        Code::Unspecified,
+                        text("reason").unwrap_or_else(|| "unhealthy".into()),
+                    ),
+                })
+            }
+            Err(_) => None,
+        })
+        .collect())
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,7 +98,11 @@ pub fn read(status_json: &str) -> Result<Verdicts, String> {
 
 fn bad_row(r: &Row) -> Option<Bad> {
     let (probe, why) = r.verdicts.iter().find_map(|v| match &v.verdict {
-        Verdict::Unhealthy(why) if !FROM_THE_CLUSTER.contains(&why.code) => Some((&v.probe, why)),
+        Verdict::Unhealthy(why)
+            if !FROM_THE_CLUSTER.contains(&why.code) && v.probe != CLUSTER_PROBE =>
+        {
+            Some((&v.probe, why))
+        }
         _ => None,
     })?;
     let key = format!("{} {}:{}", r.typ, r.major, r.minor);
@@ -124,5 +156,34 @@ mod tests {
         assert!(read("no accelerators").is_err());
         assert!(read("{}").is_err());
         assert_eq!(read("[]").unwrap(), Verdicts::default());
+    }
+
+    /// A verdict a newer devgate writes in a way this one cannot read (a status it does not
+    /// know, an unhealthy one without a reason) costs only that verdict: the other rows,
+    /// and the row's other verdicts, still count; an unhealthy one still makes it bad.
+    #[test]
+    fn one_odd_verdict_does_not_lose_the_node() {
+        let status = r#"[
+          {"type":"c","major":195,"minor":0,"class":"nvidia-gpu","host_path":"/dev/nvidia0",
+           "verdicts":[{"probe":"pcie","status":"degraded","code":"x","reason":"new"},
+                       {"probe":"xid","status":"unhealthy","code":"xid_critical","reason":"XID 79"}],
+           "gpu":{"uuid":"GPU-0"}},
+          {"type":"c","major":195,"minor":1,"class":"nvidia-gpu","host_path":"/dev/nvidia1",
+           "verdicts":[{"probe":"nvml","status":"unhealthy","code":"gpu_lost"}],
+           "gpu":{"uuid":"GPU-1"}},
+          {"type":"c","major":195,"minor":2,"class":"nvidia-gpu","verdicts":[42,
+            {"probe":"cluster","status":"unhealthy","code":"cluster_taint_v2","reason":"t"}]}
+        ]"#;
+        let Verdicts { bad, gpus } = read(status).unwrap();
+        assert_eq!(gpus, 3);
+        let keys: Vec<_> = bad.iter().map(|b| (b.key.as_str(), b.code)).collect();
+        assert_eq!(
+            keys,
+            [
+                ("c 195:0", Code::XidCritical),
+                ("c 195:1", Code::Unspecified)
+            ]
+        );
+        assert!(bad[1].reason.starts_with("nvml: "), "{}", bad[1].reason);
     }
 }

@@ -85,9 +85,11 @@ impl<'a> GpuKey<'a> {
 
     /// Whether both name one GPU: by UUID (any case) where both have one, else by PCI
     /// address (a missing function read as `.0`) where both have one. A UUID that differs
-    /// is another GPU, whatever its address.
+    /// is another GPU, whatever its address. A blank UUID (`""`, as a driver may publish
+    /// one it could not read) is none, and whitespace around one is not part of it: else a
+    /// taint with `uuid: ""` and the right address would skip the GPU it names.
     pub fn same_gpu(&self, other: &GpuKey) -> bool {
-        if let (Some(a), Some(b)) = (self.uuid, other.uuid) {
+        if let (Some(a), Some(b)) = (named(self.uuid), named(other.uuid)) {
             return a.eq_ignore_ascii_case(b);
         }
         match (self.pci, other.pci) {
@@ -97,6 +99,11 @@ impl<'a> GpuKey<'a> {
             _ => false,
         }
     }
+}
+
+/// A UUID as it names a GPU: trimmed; blank is none.
+fn named(uuid: Option<&str>) -> Option<&str> {
+    uuid.map(str::trim).filter(|u| !u.is_empty())
 }
 
 fn hex(s: &str, max_digits: usize) -> Option<u32> {
@@ -162,5 +169,17 @@ mod tests {
         ] {
             assert_eq!(PciAddr::parse(bad), None, "{bad:?}");
         }
+    }
+
+    /// A blank UUID (`""`, spaces) names no GPU: the PCI address decides, as when the
+    /// UUID is absent. Padding around a UUID is not part of it.
+    #[test]
+    fn a_blank_or_padded_uuid_is_no_other_gpu() {
+        let gpu = GpuKey::of(Some("GPU-2"), Some("00000000:03:00.0"));
+        assert!(GpuKey::of(Some(""), Some("0000:03:00.0")).same_gpu(&gpu));
+        assert!(gpu.same_gpu(&GpuKey::of(Some("  "), Some("0000:03:00.0"))));
+        assert!(GpuKey::of(Some(" GPU-2\n"), None).same_gpu(&gpu));
+        assert!(!GpuKey::of(Some(""), None).same_gpu(&GpuKey::of(Some(""), None)));
+        assert!(!GpuKey::of(Some(""), Some("0000:04:00.0")).same_gpu(&gpu));
     }
 }
