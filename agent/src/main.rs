@@ -43,7 +43,12 @@ fn run(opts: opts::Opts) -> Result<(), String> {
         metrics_run: Mutex::new(()),
         tick: Mutex::new(sync::now_unix()),
     });
-    metrics::serve(listener, local.clone(), shared.clone());
+    metrics::serve(
+        listener,
+        local.clone(),
+        shared.clone(),
+        metrics::READ_TIMEOUT,
+    );
     log::info!(
         "devgate-agent on node {}: devgate's state in {}, taint {}:{}, metrics on {}",
         opts.node_name,
