@@ -135,6 +135,23 @@ fn check(o: &Opts) -> Result<(), String> {
             o.taint_key
         ));
     }
+    // In a pod these reach the host's systemd as a command line, which expands `$VAR` and
+    // `%` specifiers: a path holding either would run something else.
+    for (flag, p) in [
+        ("--devgate", &o.devgate),
+        ("--devgate-config", &o.devgate_config),
+    ] {
+        let Some(p) = p else { continue };
+        if p.as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .any(|b| *b == b'$' || *b == b'%')
+        {
+            return Err(format!(
+                "{flag} {p:?}: a path with '$' or '%' is refused (the host's systemd would expand it)"
+            ));
+        }
+    }
     if !o.host_root.is_absolute() {
         return Err(format!("--host-root {:?}: must be absolute", o.host_root));
     }
@@ -176,5 +193,8 @@ mod tests {
             .unwrap_err()
             .contains("--bogus"));
         assert!(p(&["--node-name"]).unwrap_err().contains("needs a value"));
+        let e = p(&["--node-name", "n", "--devgate-config", "/etc/$HOME/c.json"]).unwrap_err();
+        assert!(e.contains("systemd would expand"), "{e}");
+        assert!(p(&["--node-name", "n", "--devgate", "/usr/bin/devgate%n"]).is_err());
     }
 }
