@@ -8,6 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 mod beneath;
+pub mod pidfd;
 pub mod program;
 #[cfg(test)]
 pub(crate) mod test_dirs;

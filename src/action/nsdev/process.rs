@@ -22,16 +22,7 @@ pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// A pidfd for `pid` (pidfd_open, Linux 5.3).
-pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain system call; the returned fd is owned here.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as RawFd;
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by the kernel.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+pub use crate::fsutil::pidfd::{pidfd_alive, pidfd_open};
 
 /// The container's process as a hook holds it: the state's pid and a pidfd opened before
 /// anything slow (probing) ran. Everything the remap does to "the container" goes through
@@ -105,21 +96,6 @@ impl fmt::Display for ChildError {
 
 impl std::error::Error for ChildError {}
 
-/// True while the process behind `pidfd` has not exited. A file under /proc/PID opened
-/// before this returns true belongs to that process, not to a later one with its pid.
-pub fn pidfd_alive(pidfd: RawFd) -> bool {
-    // SAFETY: signal 0 only checks; null siginfo is allowed.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd,
-            0,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        ) == 0
-    }
-}
-
 /// Waits up to `deadline` for the pipe to fill `buf`.
 pub(super) fn read_full(
     fd: &OwnedFd,
@@ -186,37 +162,5 @@ pub(super) fn read_report(
 /// Reaps the child, waiting at most a short while: a child stuck in an uninterruptible
 /// system call (a hung filesystem) cannot be killed, and devgate must not hang with it.
 pub(super) fn reap(child: i32) {
-    const WAIT: Duration = Duration::from_millis(500);
-    // A pidfd turns readable when the child exits: wait on it, bounded, instead of sleeping
-    // in steps (the child is normally exiting already; a step would cost a whole sleep).
-    if let Ok(fd) = pidfd_open(child) {
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let until = Instant::now() + WAIT;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) };
-            if n >= 0 || errno() != libc::EINTR || left.is_zero() {
-                break;
-            }
-        }
-        let mut status = 0;
-        // SAFETY: reaps our own child without blocking.
-        unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
-        return;
-    }
-    let until = Instant::now() + WAIT;
-    loop {
-        let mut status = 0;
-        // SAFETY: reaps our own child without blocking.
-        let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
-        if r != 0 || Instant::now() >= until {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    crate::fsutil::pidfd::reap_until(child, Instant::now() + Duration::from_millis(500));
 }

@@ -200,6 +200,9 @@ fn behind_a_stuck_job(pids: &[Option<nix::unistd::Pid>], got: &Collected) -> Vec
     again
 }
 
+/// How long the hook waits, in all, for the query processes that answered to end.
+const REAP_WITHIN: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The processes `ask` started.
 enum Started {
     /// Processes forked by the hook itself: each job's (None where the fork failed).
@@ -209,12 +212,15 @@ enum Started {
 }
 
 impl Started {
-    /// Collects the children whose every job answered and that have ended; never waits for
-    /// one that has not. One with a job unanswered is left unreaped even if it has ended
+    /// Collects the children whose every job answered, each within [`REAP_WITHIN`] of
+    /// the call: having answered, a child is ending, and one left behind would be handed to
+    /// the runtime, whose reaper may then miss the hook's own exit (crun 1.8 waits out the
+    /// hook's timeout). One with a job unanswered is left unreaped even if it has ended
     /// since: its pid then stays its own (a zombie) while the hook notes it as stuck, and
     /// cannot be another process's. Returns the forked processes' pids by job.
     fn reap(self, answered: &[bool]) -> Vec<Option<i32>> {
-        use nix::sys::wait::{waitpid, WaitPidFlag};
+        use crate::fsutil::pidfd::reap_until;
+        let until = std::time::Instant::now() + REAP_WITHIN;
         match self {
             Started::Forked(pids) => {
                 let mut done: Vec<nix::unistd::Pid> = Vec::new();
@@ -226,13 +232,15 @@ impl Started {
                         .all(|(_, a)| *a);
                     if all && !done.contains(p) {
                         done.push(*p);
-                        let _ = waitpid(*p, Some(WaitPidFlag::WNOHANG));
+                        reap_until(p.as_raw(), until);
                     }
                 }
                 pids.iter().map(|p| p.map(|p| p.as_raw())).collect()
             }
-            Started::Exec(mut c) => {
-                let _ = c.try_wait();
+            Started::Exec(c) => {
+                if answered.iter().all(|a| *a) {
+                    reap_until(c.id() as i32, until);
+                }
                 Vec::new()
             }
         }
