@@ -34,9 +34,29 @@ pub struct DeviceDecision {
     pub warnings: Vec<String>,
 }
 
+/// The rule of a bad device a container holds but was not assigned
+/// ([`Source::Held`]).
+pub const HELD_RULE: &str =
+    "held, not assigned: a container that holds every device is judged on its assigned devices";
+
+/// How the held line begins ([`held_line`]).
+pub const HELD_PREFIX: &str = "devgate: warning: holds ";
+
+/// The rule of a device whose findings only warn, by how it reached the container: a GPU
+/// named only by `all`, which every CUDA image asks for and may not even use; a device a
+/// privileged container holds unassigned, since one bad GPU must not stop the node's own
+/// pods (CNI, CSI, the GPU stack) from starting.
+fn warns_only(source: Source) -> Option<&'static str> {
+    match source {
+        Source::AllGpus => Some("selected only by all: warns, never rejects"),
+        Source::Held => Some(HELD_RULE),
+        _ => None,
+    }
+}
+
 /// One device's disposition, from its probes' verdicts and the operator's policy.
-/// Long because it is one if-chain in order of precedence (selected only by `all`,
-/// unhealthy, unknown, healthy); split, the precedence would be spread out.
+/// Long because it is one match in order of precedence (warns only, unhealthy, unknown,
+/// healthy); split, the precedence would be spread out.
 pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> DeviceDecision {
     let collect = |pick: fn(&Verdict) -> Option<&Reason>| -> Vec<String> {
         verdicts
@@ -60,18 +80,13 @@ pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> De
         _ => None,
     });
 
-    let (disposition, rule, reasons) =
-        if device.source == Source::AllGpus && !(bad.is_empty() && unknown.is_empty()) {
-            // `all` is what every CUDA image asks for: a bad GPU must not block a container
-            // that may not even use it.
+    let (disposition, rule, reasons) = match warns_only(device.source) {
+        Some(rule) if !(bad.is_empty() && unknown.is_empty()) => {
             let mut reasons = bad.clone();
             reasons.extend(unknown);
-            (
-                Disposition::Allowed,
-                "selected only by all: warns, never rejects".into(),
-                reasons,
-            )
-        } else if !bad.is_empty() {
+            (Disposition::Allowed, rule.into(), reasons)
+        }
+        _ if !bad.is_empty() => {
             let action = policy.action_for(&device.class);
             let d = match action {
                 Action::Allow | Action::Warn => Disposition::Allowed,
@@ -91,22 +106,21 @@ pub fn decide(device: Device, verdicts: Vec<ProbeResult>, policy: &Policy) -> De
                 format!("policy {}", action.as_str())
             };
             (d, rule, bad)
-        } else if !unknown.is_empty() {
-            match policy.on_unknown {
-                OnUnknown::Allow => (
-                    Disposition::Allowed,
-                    "policy on_unknown allow".into(),
-                    unknown,
-                ),
-                OnUnknown::Reject => (
-                    Disposition::Reject,
-                    "policy on_unknown reject".into(),
-                    unknown,
-                ),
-            }
-        } else {
-            (Disposition::Healthy, String::new(), Vec::new())
-        };
+        }
+        _ if !unknown.is_empty() => match policy.on_unknown {
+            OnUnknown::Allow => (
+                Disposition::Allowed,
+                "policy on_unknown allow".into(),
+                unknown,
+            ),
+            OnUnknown::Reject => (
+                Disposition::Reject,
+                "policy on_unknown reject".into(),
+                unknown,
+            ),
+        },
+        _ => (Disposition::Healthy, String::new(), Vec::new()),
+    };
     DeviceDecision {
         device,
         verdicts,
@@ -166,6 +180,26 @@ pub fn decide_all(
         .collect()
 }
 
+/// A bad device the container holds but was not assigned: allowed, on the held line.
+fn is_held_bad(d: &DeviceDecision) -> bool {
+    d.device.source == Source::Held && d.disposition == Disposition::Allowed
+}
+
+/// The one line for every bad device a container holds but was not assigned:
+/// `devgate: warning: holds /dev/nvidia2 (195:2): reason | …; not assigned to it: a
+/// container that holds every device is judged on its assigned devices`.
+pub fn held_line(held: &[&DeviceDecision]) -> String {
+    let clauses: Vec<String> = held
+        .iter()
+        .map(|d| format!("{}: {}", d.device.describe(), d.reasons.join("; ")))
+        .collect();
+    one_line(&format!(
+        "{HELD_PREFIX}{}; not assigned to it: a container that holds every device \
+         is judged on its assigned devices",
+        clauses.join(" | ")
+    ))
+}
+
 /// The container's action, its reject line if any, and warning lines for stderr.
 pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<String>) {
     let rejected: Vec<&DeviceDecision> = decisions
@@ -173,8 +207,12 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<S
         .filter(|d| d.disposition == Disposition::Reject)
         .collect();
     let mut warnings = Vec::new();
+    let held: Vec<&DeviceDecision> = decisions.iter().filter(|d| is_held_bad(d)).collect();
+    if !held.is_empty() {
+        warnings.push(held_line(&held));
+    }
     for d in decisions {
-        if d.disposition == Disposition::Allowed {
+        if d.disposition == Disposition::Allowed && !is_held_bad(d) {
             warnings.push(one_line(&format!("devgate: warning: {}", reject_clause(d))));
         }
         for w in &d.warnings {
@@ -246,6 +284,60 @@ mod tests {
         );
         assert_eq!(d.disposition, Disposition::Healthy);
         assert_eq!(d.warnings, vec!["link slow".to_string()]);
+    }
+
+    /// A bad device a privileged container holds unassigned warns, on one line for all
+    /// of them, whatever the policy says; an assigned one beside it is judged as ever.
+    #[test]
+    fn held_bad_devices_warn_on_one_line_and_assigned_ones_are_judged() {
+        let held = |minor| Device {
+            source: Source::Held,
+            ..gpu(minor)
+        };
+        let lost = || {
+            vec![res(
+                "nvml",
+                Verdict::unhealthy(Code::GpuLost, "GPU is lost (fallen off the bus)"),
+            )]
+        };
+        let unknown = || {
+            vec![res(
+                "nvml",
+                Verdict::unknown(Code::NvmlTimeout, "no answer"),
+            )]
+        };
+        let mut p = Policy {
+            on_unknown: OnUnknown::Reject,
+            ..Policy::default()
+        };
+        p.classes.insert("nvidia-gpu".into(), Action::Remap);
+        let d = vec![
+            decide(held(2), lost(), &p),
+            decide(held(3), unknown(), &p),
+            decide(held(4), vec![res("nvml", Verdict::Healthy)], &p),
+        ];
+        assert_eq!(d[0].disposition, Disposition::Allowed);
+        assert_eq!(d[0].rule, HELD_RULE);
+        assert_eq!(d[1].disposition, Disposition::Allowed);
+        assert_eq!(d[2].disposition, Disposition::Healthy);
+        let (action, message, warnings) = summarize(&d);
+        assert_eq!((action, message), (Action::Warn, None));
+        assert_eq!(
+            warnings,
+            vec![format!(
+                "{HELD_PREFIX}/dev/nvidia2 (195:2): GPU is lost (fallen off the bus) | \
+                 /dev/nvidia3 (195:3): nvml unknown: no answer; not assigned to it: a \
+                 container that holds every device is judged on its assigned devices"
+            )]
+        );
+        // the same GPU assigned: the policy's
+        let mut d = d;
+        d.push(decide(gpu(5), lost(), &Policy::default()));
+        let (action, message, _) = summarize(&d);
+        assert_eq!(action, Action::Reject);
+        assert!(message
+            .unwrap()
+            .starts_with("devgate: rejected /dev/nvidia5 (195:5)"));
     }
 
     #[test]

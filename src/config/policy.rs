@@ -44,6 +44,10 @@ pub struct Policy {
     /// What to do when a probe cannot tell (NVML absent, a sysfs value unreadable).
     #[serde(default)]
     pub on_unknown: OnUnknown,
+    /// A container that holds every device (a privileged one) is judged on every device
+    /// it holds, not only on those assigned to it: the strict reading, off by default.
+    #[serde(default)]
+    pub strict_privileged: bool,
 }
 
 fn default_action() -> Action {
@@ -56,6 +60,7 @@ impl Default for Policy {
             default: Action::Reject,
             classes: BTreeMap::new(),
             on_unknown: OnUnknown::Allow,
+            strict_privileged: false,
         }
     }
 }

@@ -12,7 +12,7 @@ use super::select::{self, KnownGpus};
 use crate::config::Config;
 use crate::discover;
 use crate::model::class::ClassRule;
-use crate::model::device::{Device, Source};
+use crate::model::device::{DevNum, Device, Source};
 use crate::model::text::one_line;
 use crate::oci::spec::Spec;
 
@@ -46,17 +46,33 @@ pub fn assigned(
         warning: &mut toolkit_warning,
     };
     let selectors = request::gpu_selectors_with(spec, keys);
+    let mut named = Vec::new();
     let (gpu, unknowns) = if !selectors.is_empty() || context::has_gpu(&devices) {
-        let (ctx, warnings) = gpus_selected(config, rules, selectors, &mut devices);
+        let (ctx, warnings) = gpus_selected(config, rules, selectors, &mut devices, &mut named);
         (Some(ctx), warnings)
     } else {
         (None, Vec::new())
     };
+    if spec.holds_every_device() && !config.policy.strict_privileged {
+        mark_held(&mut devices, &named);
+    }
     Assigned {
         devices,
         gpu,
         unknowns,
         toolkit_warning,
+    }
+}
+
+/// A container that holds every device (a privileged one: every host node in
+/// `linux.devices`, an allow-all rule) is assigned only what a selector other than `all`
+/// names (`named`): every other device it holds is marked [`Source::Held`], which the
+/// policy lets warn and never block. Otherwise the first bad GPU on a node would refuse
+/// the next start of every privileged pod there: the CNI and CSI agents, the GPU stack's
+/// own pods, `kubectl debug node`.
+fn mark_held(devices: &mut [Device], named: &[DevNum]) {
+    for d in devices.iter_mut().filter(|d| !named.contains(&d.num)) {
+        d.source = Source::Held;
     }
 }
 
@@ -92,12 +108,14 @@ pub fn may_name_nvidia(spec: &Spec) -> bool {
 }
 
 /// The GPUs `selectors` choose, added to `devices` (each GPU once), with the GPU context
-/// and a warning line for each selector that names no GPU.
+/// and a warning line for each selector that names no GPU. `named` gets each GPU a
+/// selector other than `all` chose.
 fn gpus_selected(
     config: &Config,
     rules: &[ClassRule],
     mut selectors: Selectors,
     devices: &mut Vec<Device>,
+    named: &mut Vec<DevNum>,
 ) -> (GpuContext, Vec<String>) {
     // Selectors are resolved by the driver's list without NVML; only where that list
     // cannot be read does NVML enumerate, and then its answer serves the probes too.
@@ -108,6 +126,9 @@ fn gpus_selected(
     let (chosen, unresolved) = select::resolve_selectors(&placed.rest, &known, &nodes);
     for (minor, source) in placed.minors.into_iter().chain(chosen) {
         let d = request::selected_gpu(minor, source, rules, &config.dev_root, &config.sysfs_root);
+        if source != Source::AllGpus {
+            named.push(d.num);
+        }
         if !devices.iter().any(|e| e.num == d.num) {
             devices.push(d);
         }

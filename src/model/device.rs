@@ -68,6 +68,10 @@ pub enum Source {
     AllGpus,
     /// Not a container's: a node on the host (an accelerator, a spare, a quarantined device).
     Host,
+    /// Held by a container that holds every device (a privileged one), but assigned to it
+    /// by nothing: no selector or CDI names it. Its findings warn and never block a start
+    /// (`policy.strict_privileged` judges it as assigned).
+    Held,
 }
 
 impl Source {
@@ -88,6 +92,7 @@ impl Source {
             Source::CdiAnnotation => "a CDI annotation",
             Source::AllGpus => "a selector of all GPUs",
             Source::Host => "the host",
+            Source::Held => "a container that holds every device",
         }
     }
 }

@@ -300,6 +300,17 @@ impl Spec {
             .unwrap_or(&[])
     }
 
+    /// Whether the container holds every device: an allow rule of type `a` (or none) in
+    /// `linux.resources.devices`, which runc reads as "allow every device" whatever its
+    /// numbers. That is how containerd's and CRI-O's CRI, podman `--privileged` and runc
+    /// mark a privileged container, which also gets every host node in `linux.devices`.
+    pub fn holds_every_device(&self) -> bool {
+        use oci_spec::runtime::LinuxDeviceType as T;
+        self.device_rules()
+            .iter()
+            .any(|r| r.allow() && matches!(r.typ(), None | Some(T::A)))
+    }
+
     /// Annotations from the state win over config.json's: the runtime may add some.
     pub fn annotation<'a>(
         &'a self,
@@ -378,6 +389,28 @@ impl Spec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The allow-all rule every CRI, podman `--privileged` and runc give a privileged
+    /// container; a wildcard of one type, a deny, or a numbered rule is not one.
+    #[test]
+    fn holds_every_device_is_an_allow_all_rule() {
+        let holds = |rules: &str| {
+            let json = format!(r#"{{"linux":{{"resources":{{"devices":{rules}}}}}}}"#);
+            Spec::parse(json.as_bytes(), Path::new("/b/config.json"))
+                .unwrap()
+                .holds_every_device()
+        };
+        assert!(holds(r#"[{"allow":true,"access":"rwm"}]"#));
+        assert!(holds(
+            r#"[{"allow":false,"access":"rwm"},{"allow":true,"type":"a"}]"#
+        ));
+        assert!(!holds(r#"[{"allow":false,"access":"rwm"}]"#));
+        assert!(!holds(r#"[{"allow":true,"type":"c","access":"rwm"}]"#));
+        assert!(!holds(
+            r#"[{"allow":true,"type":"c","major":195,"minor":0,"access":"rw"}]"#
+        ));
+        assert!(!holds("[]"));
+    }
 
     #[test]
     fn a_user_namespace_is_seen() {

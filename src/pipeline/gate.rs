@@ -10,7 +10,7 @@ use crate::discover;
 use crate::error::Result;
 use crate::gpu::{self, Assigned, GpuContext};
 use crate::model::clock;
-use crate::model::device::Device;
+use crate::model::device::{Device, Source};
 use crate::oci::spec::Spec;
 use crate::oci::stage::Stage;
 use crate::oci::state::State;
@@ -222,6 +222,13 @@ fn summarize(
     let (action, mut message, mut warnings) = policy::summarize(decisions);
     if action == Action::Reject {
         message = message.map(|m| with_prior_fault(config, start.spec, start.state, m));
+    } else {
+        // The bad devices a privileged container holds unassigned: the decision log's
+        // line says so, as stderr does.
+        message = warnings
+            .iter()
+            .find(|w| w.starts_with(policy::HELD_PREFIX))
+            .cloned();
     }
     warnings.extend(selector_warnings);
     Summary {
@@ -260,8 +267,11 @@ fn snapshot_of(
     Snapshot {
         time_unix,
         kmsg_seq: gpu.and_then(GpuContext::next_kmsg_seq),
+        // A device a privileged container holds unassigned is not its: a fault there
+        // during the run is no reason for its exit.
         devices: used
             .iter()
+            .filter(|(d, _)| d.source != Source::Held)
             .map(|(d, f)| counters::snapshot_of(config, ledger, d, gpu, *f))
             .collect(),
     }
