@@ -7,6 +7,7 @@
 
 use super::conffile::read_opt;
 use super::containerd_config::{self, Edit};
+use super::containerd_dropin;
 use super::cri_plugins;
 use super::doctor::error::ConfigError;
 use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
@@ -214,6 +215,9 @@ pub(super) fn edit_config(
     let text = text_of(&file)?;
     let edit = edited(&text, spec, crun_wrapper)
         .map_err(|e| Error::invalid(file.display().to_string(), e.to_string()))?;
+    // The files of this step alone, put back at once where containerd would not read the
+    // edit: no restart should pick up lines that reach no runtime.
+    let mut this = Changes::default();
     match (edit, spec) {
         (Edit::Unchanged, Some(_)) => {
             say!(
@@ -224,17 +228,8 @@ pub(super) fn edit_config(
         (Edit::Unchanged, None) => {}
         (Edit::Changed(new), _) => {
             changes.keep(&file)?;
-            // The file alone, put back at once where containerd would not read the edit:
-            // no restart should pick up lines that reach no runtime.
-            let mut this = Changes::default();
             this.keep(&file)?;
             write_atomic(&file, new.as_bytes(), mode_of(&file))?;
-            if let Some(spec) = spec {
-                if let Err(e) = check_effective(root, spec, crun_wrapper) {
-                    this.put_back()?;
-                    return Err(e);
-                }
-            }
             match spec {
                 Some(_) => say!(
                     "devgate: {} names devgate's base spec now (lines marked \"{}\")",
@@ -243,6 +238,42 @@ pub(super) fn edit_config(
                 ),
                 None => say!("devgate: removed devgate's lines from {}", file.display()),
             }
+        }
+    }
+    let now = text_of(&file)?;
+    let Some(spec) = spec else {
+        if let Some(p) = containerd_dropin::present(root, &text) {
+            changes.keep(&host_exec::under(root, &p))?;
+            containerd_dropin::remove(root, &p)?;
+        }
+        return Ok(());
+    };
+    let drop_in = |changes: &mut Changes, this: &mut Changes| -> Result<bool> {
+        let want = containerd_dropin::wanted(root, &now, |t| edited(t, Some(spec), crun_wrapper))?;
+        let Some((p, body)) = want else {
+            return Ok(false);
+        };
+        let path = host_exec::under(root, &p);
+        changes.keep(&path)?;
+        this.keep(&path)?;
+        containerd_dropin::lay(root, &p, &body)?;
+        Ok(true)
+    };
+    // devgate's drop-in, where it is there, follows the drop-in it copies (the toolkit may
+    // have rewritten it since).
+    let had = containerd_dropin::present(root, &now).is_some();
+    if had {
+        drop_in(changes, &mut this)?;
+    }
+    if let Err(e) = check_effective(root, spec, crun_wrapper) {
+        // An imported drop-in holds the CRI section: devgate's own copy of it, read after.
+        if had || !drop_in(changes, &mut this)? {
+            this.put_back()?;
+            return Err(e);
+        }
+        if let Err(e) = check_effective(root, spec, crun_wrapper) {
+            this.put_back()?;
+            return Err(e);
         }
     }
     Ok(())
