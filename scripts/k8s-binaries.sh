@@ -101,10 +101,11 @@ cached() {
     echo "$1"
 }
 
-# begin OUT: a fresh OUT.tmp; one build at a time in the cache.
+# begin OUT [LOCK]: a fresh OUT.tmp; one build at a time in the cache (per LOCK: the
+# toolkit's minute does not wait behind a Kubernetes release's build).
 begin() {
     mkdir -p "$CACHE"
-    exec 9>"$CACHE/build.lock"
+    exec 9>"$CACHE/${2:-build}.lock"
     flock 9
     rm -rf "$1.tmp"
     mkdir -p "$1.tmp/bin"
@@ -161,7 +162,7 @@ build_toolkit() {
     out=$CACHE/nvidia-toolkit-$version-$(key_of nvidia-toolkit)
     cached "$out" "the NVIDIA Container Toolkit $version" && return
     command -v go >/dev/null || die "go is not installed, and the toolkit $version is not cached in $CACHE"
-    begin "$out"
+    begin "$out" toolkit
     start=$(date +%s)
     log "building the NVIDIA Container Toolkit $version (once per cache key) with $(go version | cut -d' ' -f3)"
     (cd "$dir" && CGO_ENABLED=1 CGO_CFLAGS="-O2 -w" GOFLAGS=-mod=readonly go build -trimpath \

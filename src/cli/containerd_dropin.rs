@@ -12,14 +12,14 @@
 //! included) into its own drop-in; install-host, rerun, copies that again.
 
 use super::conffile::read_opt;
-use super::containerd_config::{self, parse, Edit};
+use super::containerd_config::{self, parse, EditError};
 use super::host_exec::under;
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use toml::Value;
+use toml::{Table, Value};
 
 /// devgate's drop-in's name: after every name that starts with a digit or a letter before
 /// `z` (`99-nvidia.toml`), as containerd sorts an import glob's matches.
@@ -116,14 +116,63 @@ pub(super) fn present(root: &Path, config_text: &str) -> Option<PathBuf> {
         .find(|p| fs::symlink_metadata(under(root, p)).is_ok_and(|m| m.is_file()))
 }
 
+/// `text` (a drop-in's) with devgate's keys on its default runtime: `base_runtime_spec`
+/// set to `spec`, devgate's annotation added to `container_annotations`. A structural
+/// edit, as the file is devgate's own: the copy of a `config dump` already holds both keys
+/// (empty), which a line added under the header would repeat.
+fn with_keys(text: &str, spec: &Path) -> std::result::Result<String, EditError> {
+    let mut t = parse(text)?;
+    let v = containerd_config::version(&t)?;
+    let path = containerd_config::runtime_path(&t, v)?;
+    let no_table = || EditError::NoTable {
+        table: path.join("."),
+    };
+    let mut rt: &mut Table = &mut t;
+    for k in &path {
+        rt = rt
+            .get_mut(k)
+            .and_then(Value::as_table_mut)
+            .ok_or_else(no_table)?;
+    }
+    let spec_s = spec.to_string_lossy().into_owned();
+    match rt.get("base_runtime_spec") {
+        Some(Value::String(s)) if !s.is_empty() && *s != spec_s => {
+            return Err(EditError::OtherSpec {
+                runtime: path.last().cloned().unwrap_or_default(),
+                spec: s.clone(),
+            })
+        }
+        Some(Value::String(_)) | None => {}
+        Some(_) => {
+            return Err(EditError::BadValue {
+                key: format!("{}.base_runtime_spec", path.join(".")),
+            })
+        }
+    }
+    rt.insert("base_runtime_spec".into(), Value::String(spec_s));
+    let list = rt
+        .entry("container_annotations")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let Value::Array(list) = list else {
+        return Err(EditError::BadValue {
+            key: format!("{}.container_annotations", path.join(".")),
+        });
+    };
+    let annotation = Value::String(containerd_config::ANNOTATION.into());
+    if !list.contains(&annotation) {
+        list.push(annotation);
+    }
+    toml::to_string(&t).map_err(|e| EditError::NotToml(e.to_string()))
+}
+
 /// What devgate's drop-in should read on the host at `root`: the last imported CRI
-/// section's file with devgate's keys (`edit` gives them, as for config.toml). Returns its
-/// host path and text; `None` where no import holds the section, or where devgate's name
-/// would not be read through the same glob.
+/// section's file with devgate's keys on its default runtime. Returns its host path and
+/// text; `None` where no import holds the section, or where devgate's name would not be
+/// read through the same glob.
 pub(super) fn wanted(
     root: &Path,
     config_text: &str,
-    edit: impl Fn(&str) -> std::result::Result<Edit, containerd_config::EditError>,
+    spec: &Path,
 ) -> Result<Option<(PathBuf, String)>> {
     let Some((source, glob)) = last_cri_import(root, config_text) else {
         return Ok(None);
@@ -135,13 +184,8 @@ pub(super) fn wanted(
     let bytes = read_opt(&host)?.unwrap_or_default();
     let text = String::from_utf8(bytes)
         .map_err(|_| Error::invalid(host.display().to_string(), "not UTF-8"))?;
-    let body = match edit(&text)
-        .map_err(|e| Error::invalid(source.display().to_string(), e.to_string()))?
-    {
-        Edit::Changed(t) => t,
-        // It names devgate's spec itself (the toolkit copied it from containerd's config).
-        Edit::Unchanged => text,
-    };
+    let body = with_keys(&text, spec)
+        .map_err(|e| Error::invalid(source.display().to_string(), e.to_string()))?;
     let out = format!(
         "{mark}: {src} with devgate's base spec on its default runtime,\n\
          {mark}: read after it (containerd 1.x takes a whole plugin section from the last\n\
@@ -206,14 +250,13 @@ mod tests {
         let root = crate::fsutil::tests::tempdir("dropin-copy");
         let d = root.join("etc/containerd/conf.d");
         fs::create_dir_all(&d).unwrap();
-        let nv = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n";
+        // As nvidia-ctk copies a `config dump`: both keys there, empty.
+        let nv = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n  base_runtime_spec = \"\"\n  container_annotations = []\n  runtime_type = \"io.containerd.runc.v2\"\n";
         fs::write(d.join("99-nvidia.toml"), nv).unwrap();
         fs::write(d.join("10-other.toml"), "version = 2\n[plugins.x]\n").unwrap();
         let conf = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n";
         let spec = Path::new("/etc/containerd/devgate-base-spec.json");
-        let (file, text) = wanted(&root, conf, |t| containerd_config::enable(t, spec))
-            .unwrap()
-            .unwrap();
+        let (file, text) = wanted(&root, conf, spec).unwrap().unwrap();
         assert_eq!(file, Path::new("/etc/containerd/conf.d").join(NAME));
         let t = parse(&text).unwrap();
         let p: Vec<String> = [CRI[0], "containerd", "runtimes", "nvidia"]
@@ -230,9 +273,7 @@ mod tests {
         // devgate's own file is never the source, and is found where it is.
         fs::write(d.join(NAME), &text).unwrap();
         assert_eq!(present(&root, conf), Some(file));
-        let (_, again) = wanted(&root, conf, |t| containerd_config::enable(t, spec))
-            .unwrap()
-            .unwrap();
+        let (_, again) = wanted(&root, conf, spec).unwrap().unwrap();
         assert_eq!(again, text);
         // No import: nothing to copy.
         assert!(

@@ -249,7 +249,7 @@ pub(super) fn edit_config(
         return Ok(());
     };
     let drop_in = |changes: &mut Changes, this: &mut Changes| -> Result<bool> {
-        let want = containerd_dropin::wanted(root, &now, |t| edited(t, Some(spec), crun_wrapper))?;
+        let want = containerd_dropin::wanted(root, &now, spec)?;
         let Some((p, body)) = want else {
             return Ok(false);
         };
