@@ -127,12 +127,24 @@ fn with_keys(text: &str, spec: &Path) -> std::result::Result<String, EditError> 
     let no_table = || EditError::NoTable {
         table: path.join("."),
     };
+    // Only runc's table may be made (containerd's implicit default); another runtime needs
+    // its own runtime_type.
+    let runc = path.last().is_some_and(|n| n == "runc");
     let mut rt: &mut Table = &mut t;
     for k in &path {
+        if runc && !rt.contains_key(k) {
+            rt.insert(k.clone(), Value::Table(Table::new()));
+        }
         rt = rt
             .get_mut(k)
             .and_then(Value::as_table_mut)
             .ok_or_else(no_table)?;
+    }
+    if runc && !rt.contains_key("runtime_type") {
+        rt.insert(
+            "runtime_type".into(),
+            Value::String("io.containerd.runc.v2".into()),
+        );
     }
     let spec_s = spec.to_string_lossy().into_owned();
     match rt.get("base_runtime_spec") {
