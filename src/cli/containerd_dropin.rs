@@ -247,7 +247,7 @@ mod tests {
         assert!(g.matches("99-nvidia.toml"));
         assert!(!g.matches("99-nvidia.conf"));
         // zz sorts after the toolkit's name.
-        let mut names = vec![NAME, "99-nvidia.toml", "50-mirror.toml"];
+        let mut names = [NAME, "99-nvidia.toml", "50-mirror.toml"];
         names.sort();
         assert_eq!(names.last(), Some(&NAME));
         assert!(Glob::of("conf.d/*.toml").is_none());
@@ -288,12 +288,6 @@ mod tests {
         let (_, again) = wanted(&root, conf, spec).unwrap().unwrap();
         assert_eq!(again, text);
         // No import: nothing to copy.
-        assert!(
-            wanted(&root, "version = 2\n", |t| containerd_config::enable(
-                t, spec
-            ))
-            .unwrap()
-            .is_none()
-        );
+        assert!(wanted(&root, "version = 2\n", spec).unwrap().is_none());
     }
 }

@@ -248,8 +248,25 @@ pub(super) fn edit_config(
         }
         return Ok(());
     };
+    reach_default_runtime(root, &now, spec, crun_wrapper, changes, &mut this)?;
+    Ok(())
+}
+
+/// After config.toml's edit: containerd's default runtime must start from `spec` as
+/// containerd reads its config with its imports. Where config.toml's lines do not reach it
+/// (an imported drop-in holds the CRI section: the GPU Operator's), devgate's own copy of
+/// that drop-in is laid after it ([`containerd_dropin`]); where it is already there, it
+/// follows the drop-in it copies. Where neither reaches it, `this` step's files are put back.
+fn reach_default_runtime(
+    root: &Path,
+    now: &str,
+    spec: &Path,
+    crun_wrapper: Option<&Path>,
+    changes: &mut Changes,
+    this: &mut Changes,
+) -> Result<()> {
     let drop_in = |changes: &mut Changes, this: &mut Changes| -> Result<bool> {
-        let want = containerd_dropin::wanted(root, &now, spec)?;
+        let want = containerd_dropin::wanted(root, now, spec)?;
         let Some((p, body)) = want else {
             return Ok(false);
         };
@@ -259,15 +276,14 @@ pub(super) fn edit_config(
         containerd_dropin::lay(root, &p, &body)?;
         Ok(true)
     };
-    // devgate's drop-in, where it is there, follows the drop-in it copies (the toolkit may
-    // have rewritten it since).
-    let had = containerd_dropin::present(root, &now).is_some();
+    // The toolkit may have rewritten the drop-in since devgate copied it.
+    let had = containerd_dropin::present(root, now).is_some();
     if had {
-        drop_in(changes, &mut this)?;
+        drop_in(changes, this)?;
     }
     if let Err(e) = check_effective(root, spec, crun_wrapper) {
         // An imported drop-in holds the CRI section: devgate's own copy of it, read after.
-        if had || !drop_in(changes, &mut this)? {
+        if had || !drop_in(changes, this)? {
             this.put_back()?;
             return Err(e);
         }
