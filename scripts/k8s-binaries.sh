@@ -3,13 +3,16 @@
 # node"), built from Kubernetes' own modules with Go: kube-apiserver, kube-scheduler,
 # kube-controller-manager, kubelet, kubectl, the etcd that release pins, pause,
 # and the suite's own kubelet plugins (tests/k8s/plugins: the fake GPUs' device plugin);
-# and helm (tests/k8s/helm), which tests/helm_chart.rs lints the chart with.
+# and helm (tests/k8s/helm), which tests/helm_chart.rs lints the chart with; and the
+# NVIDIA Container Toolkit's commands (tests/nvidia-toolkit), which tests/e2e_gpu_operator.rs
+# runs as the GPU Operator's toolkit container does.
 #
 #   k8s-binaries.sh releases         the releases under tests/k8s/, one a line
 #   k8s-binaries.sh build RELEASE    build them once per cache key; print the bin dir last
 #                                    (RELEASE "plugins": the suite's plugins; "helm":
-#                                    helm; "base": the installer image's base; "all": all
-#                                    of them)
+#                                    helm; "nvidia-toolkit": nvidia-ctk and
+#                                    nvidia-container-runtime; "base": the installer
+#                                    image's base; "all": all of them)
 #   k8s-binaries.sh pin VERSION      (maintainers) write tests/k8s/vMAJOR.MINOR/ for a
 #                                    k8s.io/kubernetes version: go.mod, go.sum, tools.go
 #
@@ -80,6 +83,8 @@ pin() {
 key_of() {
     if [ "$1" = helm ]; then
         cat "$REPO/tests/k8s/helm/go.mod" "$REPO/tests/k8s/helm/go.sum"
+    elif [ "$1" = nvidia-toolkit ]; then
+        cat "$REPO/tests/nvidia-toolkit/go.mod" "$REPO/tests/nvidia-toolkit/go.sum"
     elif [ "$1" = plugins ]; then
         # shellcheck disable=SC2046
         cat $(find "$REPO/tests/k8s/plugins" -type f | sort)
@@ -96,10 +101,11 @@ cached() {
     echo "$1"
 }
 
-# begin OUT: a fresh OUT.tmp; one build at a time in the cache.
+# begin OUT [LOCK]: a fresh OUT.tmp; one build at a time in the cache (per LOCK: the
+# toolkit's minute does not wait behind a Kubernetes release's build).
 begin() {
     mkdir -p "$CACHE"
-    exec 9>"$CACHE/build.lock"
+    exec 9>"$CACHE/${2:-build}.lock"
     flock 9
     rm -rf "$1.tmp"
     mkdir -p "$1.tmp/bin"
@@ -143,6 +149,31 @@ build_helm() {
         -o "$out.tmp/bin/helm" helm.sh/helm/v4/cmd/helm)
     log "built $("$out.tmp/bin/helm" version --short 2>&1 | head -n1)"
     finish "$out" "helm-*"
+}
+
+# The NVIDIA Container Toolkit at the version tests/nvidia-toolkit pins: nvidia-ctk (what
+# the GPU Operator's toolkit container runs to configure containerd) and
+# nvidia-container-runtime (the runtime it makes the default). cgo: the toolkit loads NVML
+# with dlopen; the tests run it in CDI mode, where nothing loads it.
+build_toolkit() {
+    local dir=$REPO/tests/nvidia-toolkit version out start mod=github.com/NVIDIA/nvidia-container-toolkit
+    version=$(awk -v m="$mod" '$1 == "require" && $2 == m { print $3; exit }' "$dir/go.mod")
+    [ -n "$version" ] || die "no $mod version in $dir/go.mod"
+    out=$CACHE/nvidia-toolkit-$version-$(key_of nvidia-toolkit)
+    cached "$out" "the NVIDIA Container Toolkit $version" && return
+    command -v go >/dev/null || die "go is not installed, and the toolkit $version is not cached in $CACHE"
+    begin "$out" toolkit
+    start=$(date +%s)
+    log "building the NVIDIA Container Toolkit $version (once per cache key) with $(go version | cut -d' ' -f3)"
+    (cd "$dir" && CGO_ENABLED=1 CGO_CFLAGS="-O2 -w" GOFLAGS=-mod=readonly go build -trimpath \
+        -ldflags "-s -w -X $mod/internal/info.version=${version#v}" \
+        -o "$out.tmp/bin/" "$mod/cmd/nvidia-ctk" "$mod/cmd/nvidia-container-runtime")
+    local took=$(( $(date +%s) - start ))
+    log "built $("$out.tmp/bin/nvidia-ctk" --version 2>&1 | head -n1)"
+    log "built nvidia-container-runtime: $("$out.tmp/bin/nvidia-container-runtime" --version 2>&1 | head -n1)"
+    log "built the NVIDIA Container Toolkit $version in ${took}s"
+    echo "$version ${took}s" >"$out.tmp/built"
+    finish "$out" "nvidia-toolkit-*"
 }
 
 # A release's binaries.
@@ -209,6 +240,7 @@ build() {
     case $1 in
         plugins) echo "$(build_plugins)/bin" ;;
         helm) echo "$(build_helm)/bin" ;;
+        nvidia-toolkit) echo "$(build_toolkit)/bin" ;;
         base) build_base ;;
         *) echo "$(build_release "$1")/bin" ;;
     esac
@@ -220,6 +252,6 @@ case "$cmd" in
     pin) [ $# = 1 ] || die "usage: $0 pin VERSION"; pin "$1" ;;
     build)
         [ $# = 1 ] || die "usage: $0 build RELEASE|all"
-        if [ "$1" = all ]; then for r in $(releases) plugins helm base; do build "$r"; done; else build "$1"; fi ;;
+        if [ "$1" = all ]; then for r in $(releases) plugins helm nvidia-toolkit base; do build "$r"; done; else build "$1"; fi ;;
     *) die "usage: $0 releases | build RELEASE|all | pin VERSION" ;;
 esac

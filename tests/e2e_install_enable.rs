@@ -860,8 +860,8 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
 
     // A drop-in with a CRI table (as nvidia-ctk writes one): containerd 1.x replaces the
     // whole plugin section with it, so devgate's lines in config.toml would reach no
-    // runtime. install-host asks the node's containerd; it installs only where containerd
-    // itself reads the spec on its default runtime, and else puts config.toml back.
+    // runtime. install-host asks the node's containerd, and where config.toml's lines do
+    // not reach the default runtime it lays its own copy of the drop-in, read after it.
     let dropins = host.path("/etc/containerd/conf.d");
     fs::create_dir_all(&dropins).unwrap();
     fs::write(
@@ -897,24 +897,16 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     ]);
     let dump = host.config_dump();
     let dumped = String::from_utf8_lossy(&dump.stdout).into_owned();
-    if out.status.success() {
-        // This containerd merges the drop-in into the section: it reads the spec.
-        eprintln!("{version:?}: the drop-in merges; install-host went ahead");
-        assert!(
-            dumped.contains("devgate-base-spec.json"),
-            "install-host said yes, containerd no: {dumped}"
-        );
-    } else {
-        eprintln!("{version:?}: the drop-in replaces the section; refused");
-        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-        assert!(text(&out).contains("an imported drop-in"), "{}", text(&out));
-        assert_eq!(
-            fs::read_to_string(&file).unwrap(),
-            importing,
-            "not put back"
-        );
-        assert!(!dumped.contains("devgate-base-spec.json"), "{dumped}");
-    }
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        dumped.contains("devgate-base-spec.json"),
+        "install-host said yes, containerd no: {dumped}"
+    );
+    // 2.x merges the drop-in's runtime tables with config.toml's; 1.x needs the copy.
+    eprintln!(
+        "{version:?}: devgate's copy of the drop-in: {}",
+        dropins.join("zz-devgate.toml").exists()
+    );
     fs::remove_dir_all(&dropins).unwrap();
     fs::write(&file, &config).unwrap();
 
@@ -1203,4 +1195,260 @@ fn containerd_running_crun_gets_the_wrapper() {
     assert_eq!(fs::read_to_string(&file).unwrap(), edited);
     let said = host.devgate_ok(&["uninstall-host", "--root", "/"]);
     assert_eq!(fs::read_to_string(&file).unwrap(), config, "{said}");
+}
+
+// ---- The GPU Operator's node -------------------------------------------------------------
+
+/// The GPU Operator's toolkit on the node: nvidia-ctk and nvidia-container-runtime built from
+/// NVIDIA's module (tests/nvidia-toolkit, scripts/k8s-binaries.sh), laid where the
+/// operator's toolkit container lays them, with the runtime in CDI mode (no
+/// libnvidia-container, no driver) and a CDI spec for the fake GPUs.
+const TOOLKIT_DIR: &str = "/usr/local/nvidia/toolkit";
+const NVIDIA_DROPIN: &str = "/etc/containerd/conf.d/99-nvidia.toml";
+const DEVGATE_DROPIN: &str = "/etc/containerd/conf.d/zz-devgate.toml";
+
+fn toolkit_bin() -> PathBuf {
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/k8s-binaries.sh"))
+        .args(["build", "nvidia-toolkit"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "k8s-binaries.sh build nvidia-toolkit: {}",
+        text(&out)
+    );
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or(""),
+    )
+}
+
+impl NodeNs {
+    /// The toolkit's programs and the runtime's config on the node; `dev` holds the fake
+    /// GPUs' device nodes, which the CDI spec names.
+    fn lay_toolkit(&self, bin: &Path, dev: &Path) {
+        let dir = self.path(TOOLKIT_DIR);
+        fs::create_dir_all(&dir).unwrap();
+        for p in ["nvidia-ctk", "nvidia-container-runtime"] {
+            fs::copy(bin.join(p), dir.join(p)).unwrap();
+        }
+        let conf = self.path("/etc/nvidia-container-runtime/config.toml");
+        fs::create_dir_all(conf.parent().unwrap()).unwrap();
+        fs::write(
+            &conf,
+            "[nvidia-container-runtime]\nmode = \"cdi\"\nruntimes = [\"runc\"]\n\
+             [nvidia-container-runtime.modes.cdi]\ndefault-kind = \"nvidia.com/gpu\"\n",
+        )
+        .unwrap();
+        let devices: Vec<String> = (0..2)
+            .map(|i| {
+                format!(
+                    r#"{{"name":"{i}","containerEdits":{{"deviceNodes":[{{"path":"/dev/nvidia{i}","hostPath":"{}"}}]}}}}"#,
+                    dev.join(format!("nvidia{i}")).display()
+                )
+            })
+            .collect();
+        let cdi = self.path("/etc/cdi/nvidia.json");
+        fs::create_dir_all(cdi.parent().unwrap()).unwrap();
+        fs::write(
+            &cdi,
+            format!(
+                r#"{{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{}]}}"#,
+                devices.join(",")
+            ),
+        )
+        .unwrap();
+    }
+
+    /// What the operator's toolkit container runs: `nvidia-ctk runtime configure` with the
+    /// drop-in, the config from `containerd config dump`, nvidia the default and CDI on
+    /// (nvidia-ctk-installer's containerd defaults in v1.20). Returns the toolkit's files.
+    fn toolkit_configure(&self) -> (String, String) {
+        let e = self.enter();
+        let out = Command::new(&e[0])
+            .args(&e[1..])
+            .arg(format!("{TOOLKIT_DIR}/nvidia-ctk"))
+            .args([
+                "runtime",
+                "configure",
+                "--runtime=containerd",
+                "--config=/etc/containerd/config.toml",
+                &format!("--drop-in-config={NVIDIA_DROPIN}"),
+                "--config-source=command",
+                &format!("--nvidia-runtime-path={TOOLKIT_DIR}/nvidia-container-runtime"),
+                "--nvidia-set-as-default",
+                "--cdi.enabled",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nvidia-ctk: {}", text(&out));
+        (
+            fs::read_to_string(self.path(NVIDIA_DROPIN)).unwrap(),
+            fs::read_to_string(self.path("/etc/containerd/config.toml")).unwrap(),
+        )
+    }
+}
+
+impl PodOn {
+    /// A container asking nvidia-container-runtime for fake GPU `gpu` (CDI, by
+    /// NVIDIA_VISIBLE_DEVICES), which checks that the device is there.
+    fn gpu_container(&mut self, name: &str, gpu: u32) -> String {
+        let check = format!("test -c /dev/nvidia{gpu} && echo ran");
+        let mut req = cri::container(name, TEST_IMAGE, &["sh", "-c", &check], &[]);
+        req.envs.push(cri::KeyValue {
+            key: "NVIDIA_VISIBLE_DEVICES".into(),
+            value: gpu.to_string(),
+        });
+        self.c
+            .create_container(&self.id, req, &self.config)
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}"))
+    }
+
+    fn gpu_runs(&mut self, name: &str, gpu: u32, cd: &Containerd) {
+        let id = self.gpu_container(name, gpu);
+        if let Err(e) = self.c.start_container(&id) {
+            panic!("StartContainer {name} (GPU {gpu}): {e}\n{}", cd.log());
+        }
+        let st = cri::wait_exited(&mut self.c, &id);
+        let log = fs::read_to_string(&st.log_path).unwrap_or_default();
+        assert_eq!(st.exit_code, 0, "{name}: {st:?} {log}");
+        assert!(log.contains(" stdout F ran"), "{name}: {log}");
+        self.c.remove_container(&id).unwrap();
+    }
+
+    fn gpu_rejected(&mut self, name: &str, gpu: u32) {
+        let id = self.gpu_container(name, gpu);
+        let err = self
+            .c
+            .start_container(&id)
+            .expect_err("StartContainer must fail for a cordoned GPU");
+        let line = format!("devgate: rejected /dev/nvidia{gpu}");
+        assert!(err.message().contains(&line), "{err}");
+        self.c.remove_container(&id).unwrap();
+    }
+}
+
+/// One GPU Operator node, in one order of installs: the toolkit's configure (and containerd's
+/// restart), devgate's install-host --enable; then the toolkit reruns and restarts
+/// containerd; a cordoned GPU is refused with devgate's line and a healthy one starts
+/// throughout; uninstall-host leaves the toolkit's files as the toolkit last wrote them.
+fn gpu_operator_node(toolkit_first: bool) {
+    let tag = if toolkit_first {
+        "gpuop-tk"
+    } else {
+        "gpuop-dg"
+    };
+    let work = tempdir(tag);
+    let gpus = common::fake_nvml::GpuNode::new(&format!("{tag}-gpus"));
+    let env = Env::with(&format!("{tag}-env"), gpus.config());
+    let host = NodeNs::new(&work);
+    let sock = work.join("c.sock");
+    let version = cri::Config::of_containerd();
+    let config = format!(
+        "{top}\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
+         [ttrpc]\n  address = \"{sock}.ttrpc\"\n\n[debug]\n  address = \"\"\n\n\
+         [metrics]\n  address = \"\"\n\n{cri}\n{runc}\n  runtime_type = \"io.containerd.runc.v2\"\n",
+        top = version.top(),
+        root = work.join("root").display(),
+        state = work.join("state").display(),
+        sock = sock.display(),
+        cri = version.plugin_settings(TEST_IMAGE),
+        runc = version.runc_table(),
+    );
+    let file = host.path("/etc/containerd/config.toml");
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, &config).unwrap();
+    host.lay_toolkit(&toolkit_bin(), &gpus.dev_root);
+    let install = [
+        "install-host",
+        "--root",
+        "/",
+        "--prefix",
+        "/usr/local",
+        "--config-file",
+        s(&env.config),
+        "--enable",
+    ];
+    let mut toolkit = if toolkit_first {
+        let t = host.toolkit_configure();
+        eprintln!("{version:?}: the toolkit's drop-in:\n{}", t.0);
+        // The toolkit's containerd runs the GPU through nvidia-container-runtime.
+        let cd = host.containerd(&work);
+        cd.import_test_image("k8s.io");
+        PodOn::run(&cd, &work, "before").gpu_runs("gpu0", 0, &cd);
+        let said = host.devgate_ok(&install);
+        assert!(host.path(DEVGATE_DROPIN).is_file(), "{said}");
+        // The toolkit's drop-in as it wrote it; config.toml gains devgate's marked lines.
+        let now = fs::read_to_string(host.path(NVIDIA_DROPIN)).unwrap();
+        assert_eq!(now, t.0, "install-host wrote the toolkit's drop-in: {said}");
+        t
+    } else {
+        host.devgate_ok(&install);
+        host.toolkit_configure()
+    };
+    // doctor agrees: the default runtime is the toolkit's, and it runs devgate.
+    let doctor = text(&host.devgate(&["doctor", "--config", s(&env.config)]));
+    assert!(
+        doctor.contains(
+            "✓ containerd: default runtime nvidia starts from /etc/containerd/devgate-base-spec.json"
+        ),
+        "{doctor}"
+    );
+    // /dev/nvidia1 is the fake GPU 195:1 (its node is under the test's dev_root).
+    env.ok(&["cordon", "195:1", "--reason", "operator test"]);
+    for round in ["installed", "the toolkit reran"] {
+        let cd = host.containerd(&work);
+        cd.import_test_image("k8s.io");
+        let mut pod = PodOn::run(&cd, &work, &format!("on-{}", round.len()));
+        pod.gpu_rejected("gpu1", 1);
+        pod.gpu_runs("gpu0", 0, &cd);
+        drop(pod);
+        drop(cd);
+        if round == "installed" {
+            toolkit = host.toolkit_configure();
+            // The DaemonSet's installer reruns too: it follows the toolkit's new drop-in.
+            host.devgate_ok(&install);
+        }
+    }
+    let said = host.devgate_ok(&["uninstall-host", "--root", "/"]);
+    assert!(!host.path(DEVGATE_DROPIN).exists(), "{said}");
+    assert_eq!(
+        fs::read_to_string(host.path(NVIDIA_DROPIN)).unwrap(),
+        toolkit.0,
+        "uninstall-host changed the toolkit's drop-in: {said}"
+    );
+    assert_eq!(fs::read_to_string(&file).unwrap(), toolkit.1, "{said}");
+    // The toolkit copied devgate's base spec into its own files: the spec stays, without
+    // hooks, and every GPU starts again.
+    let cd = host.containerd(&work);
+    cd.import_test_image("k8s.io");
+    let mut pod = PodOn::run(&cd, &work, "off");
+    pod.gpu_runs("gpu1", 1, &cd);
+}
+
+#[test]
+fn gpu_operator_toolkit_first() {
+    require_root!();
+    if let Some(why) = node::unified_without("cpu") {
+        eprintln!("skipped: {why}: a CRI pod sandbox sets cpu.weight");
+        return;
+    }
+    require_cmd("containerd", "containerd");
+    gpu_operator_node(true);
+}
+
+#[test]
+fn gpu_operator_devgate_first() {
+    require_root!();
+    if let Some(why) = node::unified_without("cpu") {
+        eprintln!("skipped: {why}: a CRI pod sandbox sets cpu.weight");
+        return;
+    }
+    require_cmd("containerd", "containerd");
+    gpu_operator_node(false);
 }

@@ -4,8 +4,9 @@
 //!
 //! The edit adds lines and nothing else, each ending in [`MARK`]: the operator's comments
 //! and layout stay, and removal drops exactly the marked lines, so the file comes back byte
-//! for byte. An import (`conf.d`) is not used: containerd 1.6 and 1.7 replace a whole
-//! plugin section from an imported file instead of merging it.
+//! for byte. config.toml, not an import of devgate's own: containerd 1.6 and 1.7 replace a
+//! whole plugin section from an imported file instead of merging it (where an import
+//! already holds that section, containerd_dropin.rs copies it).
 //! Every edit is checked by parsing the result: devgate's keys are there, and apart from
 //! them the document reads as before. An edit that cannot be made that way is refused,
 //! with what to add by hand.

@@ -7,6 +7,7 @@
 
 use super::conffile::read_opt;
 use super::containerd_config::{self, Edit};
+use super::containerd_dropin;
 use super::cri_plugins;
 use super::doctor::error::ConfigError;
 use super::doctor::runtimes::containerd::{containerd_dump_in, parse_containerd_dump};
@@ -214,6 +215,9 @@ pub(super) fn edit_config(
     let text = text_of(&file)?;
     let edit = edited(&text, spec, crun_wrapper)
         .map_err(|e| Error::invalid(file.display().to_string(), e.to_string()))?;
+    // The files of this step alone, put back at once where containerd would not read the
+    // edit: no restart should pick up lines that reach no runtime.
+    let mut this = Changes::default();
     match (edit, spec) {
         (Edit::Unchanged, Some(_)) => {
             say!(
@@ -224,17 +228,8 @@ pub(super) fn edit_config(
         (Edit::Unchanged, None) => {}
         (Edit::Changed(new), _) => {
             changes.keep(&file)?;
-            // The file alone, put back at once where containerd would not read the edit:
-            // no restart should pick up lines that reach no runtime.
-            let mut this = Changes::default();
             this.keep(&file)?;
             write_atomic(&file, new.as_bytes(), mode_of(&file))?;
-            if let Some(spec) = spec {
-                if let Err(e) = check_effective(root, spec, crun_wrapper) {
-                    this.put_back()?;
-                    return Err(e);
-                }
-            }
             match spec {
                 Some(_) => say!(
                     "devgate: {} names devgate's base spec now (lines marked \"{}\")",
@@ -243,6 +238,58 @@ pub(super) fn edit_config(
                 ),
                 None => say!("devgate: removed devgate's lines from {}", file.display()),
             }
+        }
+    }
+    let now = text_of(&file)?;
+    let Some(spec) = spec else {
+        if let Some(p) = containerd_dropin::present(root, &text) {
+            changes.keep(&host_exec::under(root, &p))?;
+            containerd_dropin::remove(root, &p)?;
+        }
+        return Ok(());
+    };
+    reach_default_runtime(root, &now, spec, crun_wrapper, changes, &mut this)?;
+    Ok(())
+}
+
+/// After config.toml's edit: containerd's default runtime must start from `spec` as
+/// containerd reads its config with its imports. Where config.toml's lines do not reach it
+/// (an imported drop-in holds the CRI section: the GPU Operator's), devgate's own copy of
+/// that drop-in is laid after it ([`containerd_dropin`]); where it is already there, it
+/// follows the drop-in it copies. Where neither reaches it, `this` step's files are put back.
+fn reach_default_runtime(
+    root: &Path,
+    now: &str,
+    spec: &Path,
+    crun_wrapper: Option<&Path>,
+    changes: &mut Changes,
+    this: &mut Changes,
+) -> Result<()> {
+    let drop_in = |changes: &mut Changes, this: &mut Changes| -> Result<bool> {
+        let want = containerd_dropin::wanted(root, now, spec)?;
+        let Some((p, body)) = want else {
+            return Ok(false);
+        };
+        let path = host_exec::under(root, &p);
+        changes.keep(&path)?;
+        this.keep(&path)?;
+        containerd_dropin::lay(root, &p, &body)?;
+        Ok(true)
+    };
+    // The toolkit may have rewritten the drop-in since devgate copied it.
+    let had = containerd_dropin::present(root, now).is_some();
+    if had {
+        drop_in(changes, this)?;
+    }
+    if let Err(e) = check_effective(root, spec, crun_wrapper) {
+        // An imported drop-in holds the CRI section: devgate's own copy of it, read after.
+        if had || !drop_in(changes, this)? {
+            this.put_back()?;
+            return Err(e);
+        }
+        if let Err(e) = check_effective(root, spec, crun_wrapper) {
+            this.put_back()?;
+            return Err(e);
         }
     }
     Ok(())

@@ -12,6 +12,7 @@ mod args;
 mod conffile;
 mod containerd_config;
 mod containerd_crun;
+mod containerd_dropin;
 mod cri_plugins;
 mod crun_wrap;
 pub(crate) mod doctor;

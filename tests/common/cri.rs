@@ -12,7 +12,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 #[allow(unused_imports)]
 pub use cri::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatus, Device, ExecSyncResponse,
-    LinuxContainerConfig, LinuxContainerResources, Mount, PodSandboxConfig,
+    KeyValue, LinuxContainerConfig, LinuxContainerResources, Mount, PodSandboxConfig,
 };
 
 /// Longer than any call takes here; a call that never answers fails the test instead of
