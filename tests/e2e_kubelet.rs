@@ -13,8 +13,8 @@ use std::fs;
 use std::path::Path;
 
 /// What a host without pod sandboxes skips.
-const CASES: &str = "real-kubelet cases (reject, retry, fault messages, 8 containers, the \
-                     DaemonSet installer)";
+const CASES: &str = "real-kubelet cases (reject, retry, privileged pods, fault messages, 8 \
+                     containers, the DaemonSet installer)";
 
 #[test]
 fn kubelet_v1_37_shows_what_devgate_says() {
@@ -37,6 +37,7 @@ fn run_cases(release: &str) {
     let mut n = K8sNode::start(&tag, release, opts);
     xid_rejects_a_start(&mut n);
     uncordon_lets_kubelets_retry_start_the_pod(&mut n);
+    privileged_pods_start_beside_a_cordoned_gpu(&mut n);
     faults_during_runs_reach_the_pod_status(&mut n);
 }
 
@@ -255,6 +256,111 @@ fn uncordon_lets_kubelets_retry_start_the_pod(n: &mut K8sNode) {
     );
     wait_for("the app to start", || go.join("started").exists());
     n.delete_pod("retry");
+}
+
+/// A privileged container, as `securityContext.privileged` asks; `gpus` of them, if any.
+fn privileged(name: &str, script: &str, env: &[(&str, &str)], gpus: u32) -> Value {
+    let mut c = container(name, script, "File", false);
+    c["securityContext"] = json!({"privileged": true});
+    c["env"] = env
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
+    if gpus > 0 {
+        c["resources"] = json!({"limits": {"nvidia.com/gpu": gpus.to_string()}});
+    }
+    c
+}
+
+/// The pod ran to success, and devgate's line for its start names the cordoned GPU as
+/// held and not assigned.
+fn ran_holding(n: &K8sNode, name: &str, go: &Path, minor: u32) {
+    let cid = n.wait_pod(name, "succeeded", |p| {
+        (p["status"]["phase"] == "Succeeded").then(|| container_id(status(p, "app")?))?
+    });
+    assert!(go.join("started").exists(), "{name} did not run");
+    let line = decision_message(n, &cid).expect("devgate's held line in its log");
+    assert!(line.starts_with("devgate: warning: holds "), "{line}");
+    assert!(
+        line.contains(&format!(
+            "nvidia{minor} (195:{minor}): quarantined by operator: \"bad fan\""
+        )),
+        "{line}"
+    );
+    n.delete_pod(name);
+}
+
+/// The pod's start was refused with devgate's line naming the cordoned GPU.
+fn refused_on(n: &K8sNode, name: &str, go: &Path, minor: u32) {
+    let msg = n.wait_pod(name, "rejected by devgate", |p| {
+        let st = status(p, "app")?;
+        let msg = st["state"]["terminated"]["message"].as_str()?;
+        msg.contains("devgate: rejected").then(|| msg.to_string())
+    });
+    assert!(
+        msg.contains(&format!("devgate: rejected /dev/nvidia{minor} "))
+            && msg.contains(&format!("195:{minor}): quarantined by operator"))
+            && msg.contains("policy reject"),
+        "{msg}"
+    );
+    assert!(!go.join("started").exists(), "{name} ran on a cordoned GPU");
+    n.delete_pod(name);
+}
+
+/// GPU 3 cordoned, policy reject (issue 35): the node's own privileged pods start (no GPU
+/// variable, `NVIDIA_VISIBLE_DEVICES=all`, `kubectl debug node --profile=sysadmin`), each
+/// with devgate's line naming the GPU it holds; a privileged pod whose device-plugin
+/// allocation holds GPU 3, and an unprivileged one, are refused with devgate's line.
+fn privileged_pods_start_beside_a_cordoned_gpu(n: &mut K8sNode) {
+    const BAD: u32 = 3;
+    n.env
+        .ok(&["cordon", &format!("195:{BAD}"), "--reason", "bad fan"]);
+    let run = "echo started > /go/started";
+    for (name, env) in [
+        ("priv-none", vec![]),
+        ("priv-all", vec![("NVIDIA_VISIBLE_DEVICES", "all")]),
+    ] {
+        let go = n.go_dir(name);
+        let app = privileged("app", run, &env, 0);
+        n.apply(&pod(name, "Never", &go, vec![app]));
+        ran_holding(n, name, &go, BAD);
+    }
+
+    // The operator's way in at 3 a.m.: a privileged pod with the host's namespaces.
+    let out = n.kubectl(&[
+        "debug",
+        &format!("node/{}", k8s::NODE),
+        "--profile=sysadmin",
+        &format!("--image={TEST_IMAGE}"),
+        "--",
+        "sh",
+        "-c",
+        "echo debugged",
+    ]);
+    let debug_pod = out
+        .split_whitespace()
+        .find(|w| w.starts_with("node-debugger-"))
+        .unwrap_or_else(|| panic!("no debug pod named in: {out}"))
+        .to_string();
+    let cid = n.wait_pod(&debug_pod, "succeeded", |p| {
+        let st = p["status"]["containerStatuses"].as_array()?.first()?;
+        (p["status"]["phase"] == "Succeeded").then(|| container_id(st))?
+    });
+    let line = decision_message(n, &cid).expect("devgate's held line for the debug pod");
+    assert!(line.starts_with("devgate: warning: holds "), "{line}");
+    n.delete_pod(&debug_pod);
+
+    // All 8 GPUs allocated: the allocation names the cordoned one.
+    let go = n.go_dir("priv-gpus");
+    let app = privileged("app", run, &[], 8);
+    n.apply(&pod("priv-gpus", "Never", &go, vec![app]));
+    refused_on(n, "priv-gpus", &go, BAD);
+    let go = n.go_dir("unpriv-gpus");
+    let mut app = container("app", run, "File", false);
+    app["resources"] = json!({"limits": {"nvidia.com/gpu": "8"}});
+    n.apply(&pod("unpriv-gpus", "Never", &go, vec![app]));
+    refused_on(n, "unpriv-gpus", &go, BAD);
+    n.env.ok(&["uncordon", &format!("195:{BAD}")]);
 }
 
 /// What each faulted app does before it waits: write its GPU's name, then wait for the
