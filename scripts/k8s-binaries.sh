@@ -22,6 +22,8 @@
 # dependent. The cache key is the module's go.mod and go.sum and this recipe, so a cached
 # build needs no Go (the forky stack reads it). Go is for test infrastructure only.
 set -euo pipefail
+# A failed build inside $(...) must end the script, not leave a cache marked done.
+shopt -s inherit_errexit
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${DEVGATE_K8S_CACHE:-/var/cache/devgate-tests/k8s}
@@ -209,6 +211,9 @@ build_release() {
     cc -Os -Wall -Werror -static -DVERSION="$version-devgate" -o "$out.tmp/bin/pause" \
         "$src/build/pause/linux/pause.c"
     local took=$(( $(date +%s) - start ))
+    for c in "${COMMANDS[@]}" etcd pause; do
+        [ -x "$out.tmp/bin/$c" ] || die "$version: $c was not built"
+    done
     for c in "${COMMANDS[@]}"; do
         local v=--version; [ "$c" != kubectl ] || v="version --client"
         # shellcheck disable=SC2086
@@ -237,13 +242,15 @@ build_base() {
 
 # RELEASE's bin dir, the plugins' bin dir, or the base image's dir.
 build() {
+    local out
     case $1 in
-        plugins) echo "$(build_plugins)/bin" ;;
-        helm) echo "$(build_helm)/bin" ;;
-        nvidia-toolkit) echo "$(build_toolkit)/bin" ;;
-        base) build_base ;;
-        *) echo "$(build_release "$1")/bin" ;;
+        plugins) out=$(build_plugins) ;;
+        helm) out=$(build_helm) ;;
+        nvidia-toolkit) out=$(build_toolkit) ;;
+        base) build_base; return ;;
+        *) out=$(build_release "$1") ;;
     esac
+    echo "$out/bin"
 }
 
 cmd=${1:-}; shift || true
