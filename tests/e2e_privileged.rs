@@ -172,3 +172,167 @@ fn strict_privileged_gates_every_held_device() {
         refused_on_the_lost_gpu(&env, &b, &out);
     }
 }
+
+// ---- attack35: where "holds every device" and the runtime's device filter disagree ------
+
+/// The process's probe of a device it has no rule of its own for: it makes `c 195:0`
+/// (GPU 0) and opens it, writing what that said to /out/probe. The node has no NVIDIA
+/// driver: an open the device filter lets through fails with ENXIO ("No such device or
+/// address"), a mknod or open it stops with EPERM ("Operation not permitted").
+const PROBE: &str =
+    "{ mknod /dev/probe c 195 0 && head -c1 /dev/probe; echo; } > /out/probe 2>&1; \
+                     echo ran > /out/ran";
+
+/// A bundle on the lost GPU's node holding `/dev/nvidia2` (no rule added for it) whose
+/// rule list is `rules`, the hooks reading `scenario`.
+fn rules_bundle(env: &Env, tag: &str, scenario: &Path, rules: Value) -> Bundle {
+    let mut b = Bundle::new(tag, &["sh", "-c", PROBE]);
+    b.spec["linux"]["devices"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({
+            "path": format!("/dev/nvidia{LOST}"), "type": "c", "major": 195, "minor": LOST,
+            "fileMode": 0o666, "uid": 0, "gid": 0
+        }));
+    b.spec["linux"]["resources"]["devices"] = rules;
+    with_hooks(&mut b, env, scenario);
+    b
+}
+
+/// The decision log line's action and message.
+fn brief(line: Option<Value>) -> String {
+    line.map(|l| format!("{} {}", l["action"], l["message"]))
+        .unwrap_or_default()
+}
+
+/// Where the container ran, the runtime did not give it every device: the probe was
+/// stopped. (A premise: if the runtime did give it every device, the test says so instead
+/// of blaming devgate.)
+fn ran_without_every_device(b: &Bundle, rt: Runtime) {
+    if !b.marker().exists() {
+        return;
+    }
+    let said = fs::read_to_string(b.rootfs().join("out/probe")).unwrap_or_default();
+    assert!(
+        said.contains("Operation not permitted"),
+        "{}: premise failed, the runtime gave the container GPU 0 too: {said}",
+        rt.name()
+    );
+}
+
+/// attack35 finding 1. runc and crun apply `linux.resources.devices` in order, as the
+/// kernel's device cgroup does: an allow-all rule followed by a deny-all one leaves the
+/// container with only the rules after it (here `c 195:2`, the lost GPU). devgate's
+/// `holds_every_device` asks only whether some allow-all rule is there, so it reads this
+/// unprivileged container (the probe shows GPU 0 denied) as privileged, marks the lost GPU
+/// it was given `held`, and lets it start with one warning line.
+#[test]
+fn an_allow_all_rule_undone_by_a_later_deny_all_is_not_holding_every_device() {
+    require_root!();
+    let tag = "e2e-priv-undone";
+    let (_node, env, lost) = lost_gpu_node(tag, json!({"default": "reject"}));
+    let rules = json!([
+        {"allow": true, "access": "rwm"},
+        {"allow": false, "access": "rwm"},
+        {"allow": true, "type": "c", "major": 195, "minor": LOST, "access": "rwm"}
+    ]);
+    let mut failures = Vec::new();
+    for rt in [Runtime::RUNC, Runtime::RUNC_V2, Runtime::CRUN_V2] {
+        let b = rules_bundle(
+            &env,
+            &format!("{tag}-{}-{}", rt.bin, rt.node.name()),
+            &lost,
+            rules.clone(),
+        );
+        let out = runtime_run_on(rt, &b, &unique_id("undone"));
+        ran_without_every_device(&b, rt);
+        if b.marker().exists() {
+            failures.push(format!(
+                "{}: an unprivileged container given only the lost GPU started: {:?}",
+                rt.name(),
+                brief(env.decisions().pop())
+            ));
+            continue;
+        }
+        refused_on_the_lost_gpu(&env, &b, &out);
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// attack35 finding 2. crun's eBPF device filter (cgroup v2) reads a type-`a` rule's
+/// numbers and access: `a 195:2 rwm` allows 195:2 (char and block) alone, and `a *:* m`
+/// only mknod. devgate (after runc's emulator and the v1 kernel, where `a` resets to
+/// allow-all whatever follows) reads each as "holds every device", so under crun on v2 an
+/// unprivileged container given the lost GPU by such a rule starts with it.
+#[test]
+fn crun_v2_reads_a_type_a_rule_by_its_numbers_and_access() {
+    require_root!();
+    let tag = "e2e-priv-crun-a";
+    let (_node, env, lost) = lost_gpu_node(tag, json!({"default": "reject"}));
+    let cases = [
+        (
+            "numbered",
+            json!([
+                {"allow": false, "access": "rwm"},
+                {"allow": true, "type": "a", "major": 195, "minor": LOST, "access": "rwm"}
+            ]),
+        ),
+        (
+            "mknod-only",
+            json!([
+                {"allow": false, "access": "rwm"},
+                {"allow": true, "type": "a", "access": "m"},
+                {"allow": true, "type": "c", "major": 195, "minor": LOST, "access": "rw"}
+            ]),
+        ),
+    ];
+    let rt = Runtime::CRUN_V2;
+    let mut failures = Vec::new();
+    for (case, rules) in cases {
+        let b = rules_bundle(&env, &format!("{tag}-{case}"), &lost, rules);
+        let out = runtime_run_on(rt, &b, &unique_id(case));
+        ran_without_every_device(&b, rt);
+        if b.marker().exists() {
+            failures.push(format!(
+                "{case}: an unprivileged container given only the lost GPU started under {}: {:?}",
+                rt.name(),
+                brief(env.decisions().pop())
+            ));
+            continue;
+        }
+        refused_on_the_lost_gpu(&env, &b, &out);
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// attack35 finding 3. A privileged pod allocated a GPU through CDI by the CRI
+/// (`CDIDevices`: NVIDIA's DRA driver, the device plugin's `cdi-cri` strategy): containerd
+/// injects the CDI edits into the privileged spec, so config.json holds the GPU's node,
+/// the CDI library's own allow rule for it after the allow-all, and the edits' common
+/// `NVIDIA_VISIBLE_DEVICES=void` (k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/cdi.go`;
+/// nvidia-ctk's specs too), and no annotation. No selector names the GPU, so it is
+/// `held` and the privileged pod starts on the lost GPU it was assigned.
+fn privileged_cdi_cri_case(runtime: &str) {
+    let tag = format!("e2e-priv-cdicri-{runtime}");
+    let (_node, env, lost) = lost_gpu_node(&tag, json!({"default": "reject"}));
+    let mut b = privileged_bundle(&env, &tag, &lost, &["NVIDIA_VISIBLE_DEVICES=void"]);
+    // CDI's ContainerEdits.Apply: RemoveDevice + AddDevice, and an allow rule of its own.
+    b.spec["linux"]["resources"]["devices"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"allow": true, "type": "c", "major": 195, "minor": LOST, "access": "rwm"}));
+    let out = runtime_run(runtime, &b, &unique_id("cdicri"));
+    refused_on_the_lost_gpu(&env, &b, &out);
+}
+
+#[test]
+fn runc_refuses_a_privileged_container_given_the_lost_gpu_by_cri_cdi_devices() {
+    require_root!();
+    privileged_cdi_cri_case("runc");
+}
+
+#[test]
+fn crun_refuses_a_privileged_container_given_the_lost_gpu_by_cri_cdi_devices() {
+    require_root!();
+    privileged_cdi_cri_case("crun");
+}
