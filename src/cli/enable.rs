@@ -399,4 +399,44 @@ mod tests {
         assert!(!b.exists());
         assert!(!c.any_changed().unwrap());
     }
+
+    /// attack35: the GPU Operator removed (its toolkit's cleanup deletes 99-nvidia.toml and
+    /// its runtime under /usr/local/nvidia/toolkit, and restarts containerd) while devgate
+    /// stays. docs/install.md's remedy is to rerun install-host --enable. But the copy is
+    /// then `present`, `wanted` finds no CRI drop-in to copy, and containerd's dump (its
+    /// default runtime `nvidia`, from the copy itself, starts from devgate's spec) passes
+    /// `check_effective`: zz-devgate.toml stays, and keeps every pod start on the node on a
+    /// runtime that is gone. The copy must not outlive the drop-in it copies.
+    #[test]
+    fn rerun_after_the_toolkit_is_removed_drops_the_stale_copy() {
+        let root = crate::fsutil::tests::tempdir("enable-stale-dropin");
+        let d = root.join("etc/containerd/conf.d");
+        fs::create_dir_all(&d).unwrap();
+        let nv = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n  base_runtime_spec = \"\"\n  container_annotations = []\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/local/nvidia/toolkit/nvidia-container-runtime\"\n";
+        fs::write(d.join("99-nvidia.toml"), nv).unwrap();
+        let conf = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n";
+        fs::write(config_file(&root), conf).unwrap();
+        let spec = Path::new("/etc/containerd/devgate-base-spec.json");
+        // install-host --enable on the toolkit's node: containerd's dump showed config.toml's
+        // lines reaching no runtime, so the copy was laid (check_effective needs the host's
+        // containerd, which this test has not: the step is taken as reach_default_runtime
+        // takes it).
+        let (file, body) = containerd_dropin::wanted(&root, conf, spec)
+            .unwrap()
+            .unwrap();
+        containerd_dropin::lay(&root, &file, &body).unwrap();
+        let copy = d.join(containerd_dropin::NAME);
+        assert!(copy.is_file(), "the copy was not laid");
+        // The operator's uninstall: the toolkit's cleanup removes its drop-in and runtime.
+        fs::remove_file(d.join("99-nvidia.toml")).unwrap();
+        // The documented remedy: install-host --enable again.
+        edit_config(&root, Some(spec), None, &mut Changes::default()).unwrap();
+        let left = fs::read_to_string(&copy).unwrap_or_default();
+        assert!(
+            !left.contains("default_runtime_name = \"nvidia\""),
+            "install-host kept {} naming the removed toolkit's runtime as containerd's \
+             default:\n{left}",
+            copy.display()
+        );
+    }
 }
