@@ -281,6 +281,40 @@ mod tests {
         assert_eq!(waitpid(child, None), Ok(WaitStatus::Exited(child, 0)));
     }
 
+    /// attack35: a process that answered its first job and then hung in its second (a GPU
+    /// wedged in NVML), whose second job `ask` gave to a fresh process that answered. The
+    /// jobs still naming the hung process are all answered, so `reap` takes it for one
+    /// that is ending and waits the whole REAP_WITHIN on it, after NVML's deadline has
+    /// passed, on every start that meets that GPU; and, reaped or not, it is noted as stuck
+    /// nowhere. A process with a job it never answered (moved or not) must not be waited for.
+    #[test]
+    fn a_process_whose_unanswered_job_was_asked_again_is_not_waited_for() {
+        // SAFETY: the children only call pause and _exit.
+        let hung = match unsafe { nix::unistd::fork() }.unwrap() {
+            ForkResult::Child => unsafe {
+                libc::pause();
+                libc::_exit(0)
+            },
+            ForkResult::Parent { child } => child,
+        };
+        let fresh = match unsafe { nix::unistd::fork() }.unwrap() {
+            ForkResult::Child => unsafe { libc::_exit(0) },
+            ForkResult::Parent { child } => child,
+        };
+        waitid(Id::Pid(fresh), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT).unwrap();
+        // job 0 answered by `hung`; job 1 (hung's second) asked again in `fresh`, answered
+        let t = std::time::Instant::now();
+        let _ = Started::Forked(vec![Some(hung), Some(fresh)]).reap(&[true, true]);
+        let waited = t.elapsed();
+        nix::sys::signal::kill(hung, nix::sys::signal::Signal::SIGKILL).unwrap();
+        let _ = waitpid(hung, None);
+        let _ = waitpid(fresh, Some(WaitPidFlag::WNOHANG));
+        assert!(
+            waited < REAP_WITHIN / 4,
+            "reap waited {waited:?} on a process hung in a job it never answered"
+        );
+    }
+
     #[test]
     fn jobs_are_dealt_to_processes_in_turn_and_never_to_an_empty_one() {
         assert_eq!(groups(8, 2), [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
