@@ -282,6 +282,17 @@ fn from_rules(spec: &Spec, out: &mut Vec<Candidate>) -> Result<()> {
     Ok(())
 }
 
+/// The devices an allow rule names by its own major and minor. In a container that holds
+/// every device these are the ones handed to it: containerd's CRI and the CDI library add
+/// such a rule for each device of a device plugin's allocation or a CDI device (a DRA
+/// claim's), next to the allow-all the CRI gives a privileged container.
+pub fn allowed_by_number(spec: &Spec) -> Vec<DevNum> {
+    let mut c = Vec::new();
+    // a rule read apart by runtimes fails discovery before this is asked
+    let _ = from_rules(spec, &mut c);
+    c.into_iter().map(|c| c.num).collect()
+}
+
 /// True when the spec may assign any device by node (GPU selectors aside:
 /// `gpu::may_have_devices` adds them): the cheap test that lets a container with no
 /// devices skip loading devgate's config at all.

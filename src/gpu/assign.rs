@@ -54,6 +54,7 @@ pub fn assigned(
         (None, Vec::new())
     };
     if spec.holds_every_device() && !config.policy.strict_privileged {
+        named.extend(discover::allowed_by_number(spec));
         mark_held(&mut devices, &named);
     }
     Assigned {
@@ -66,7 +67,8 @@ pub fn assigned(
 
 /// A container that holds every device (a privileged one: every host node in
 /// `linux.devices`, an allow-all rule) is assigned only what a selector other than `all`
-/// names (`named`): every other device it holds is marked [`Source::Held`], which the
+/// names, or an allow rule names by number (`named`: a device plugin's allocation, a CDI
+/// device): every other device it holds is marked [`Source::Held`], which the
 /// policy lets warn and never block. Otherwise the first bad GPU on a node would refuse
 /// the next start of every privileged pod there: the CNI and CSI agents, the GPU stack's
 /// own pods, `kubectl debug node`.

@@ -300,15 +300,27 @@ impl Spec {
             .unwrap_or(&[])
     }
 
-    /// Whether the container holds every device: an allow rule of type `a` (or none) in
-    /// `linux.resources.devices`, which runc reads as "allow every device" whatever its
-    /// numbers. That is how containerd's and CRI-O's CRI, podman `--privileged` and runc
-    /// mark a privileged container, which also gets every host node in `linux.devices`.
+    /// Whether the container holds every device, as every runtime reads the rules: they
+    /// apply in order, and the last rule over every device (type `a` or none, no major or
+    /// minor or -1) is an allow of `rwm`. That is how containerd's and CRI-O's CRI, podman
+    /// `--privileged` and runc mark a privileged container, which also gets every host
+    /// node in `linux.devices`. A later deny over every device undoes it; crun on cgroup
+    /// v2 reads a type-`a` rule by its numbers and access, so one with numbers or less
+    /// than `rwm` is no allow-all there and counts for none here.
     pub fn holds_every_device(&self) -> bool {
         use oci_spec::runtime::LinuxDeviceType as T;
+        let every = |r: &&LinuxDeviceCgroup| {
+            let any = |n: Option<i64>| !matches!(n, Some(n) if n != -1);
+            matches!(r.typ(), None | Some(T::A)) && any(r.major()) && any(r.minor())
+        };
         self.device_rules()
             .iter()
-            .any(|r| r.allow() && matches!(r.typ(), None | Some(T::A)))
+            .filter(every)
+            .last()
+            .is_some_and(|r| {
+                let access = r.access().as_deref().unwrap_or("");
+                r.allow() && ['r', 'w', 'm'].iter().all(|c| access.contains(*c))
+            })
     }
 
     /// Annotations from the state win over config.json's: the runtime may add some.
@@ -402,13 +414,24 @@ mod tests {
         };
         assert!(holds(r#"[{"allow":true,"access":"rwm"}]"#));
         assert!(holds(
-            r#"[{"allow":false,"access":"rwm"},{"allow":true,"type":"a"}]"#
+            r#"[{"allow":false,"access":"rwm"},{"allow":true,"type":"a","major":-1,"access":"rwm"}]"#
         ));
         assert!(!holds(r#"[{"allow":false,"access":"rwm"}]"#));
         assert!(!holds(r#"[{"allow":true,"type":"c","access":"rwm"}]"#));
         assert!(!holds(
             r#"[{"allow":true,"type":"c","major":195,"minor":0,"access":"rw"}]"#
         ));
+        // undone by a later deny over every device: runc and crun apply rules in order
+        assert!(!holds(
+            r#"[{"allow":true,"access":"rwm"},{"allow":false,"access":"rwm"},
+                {"allow":true,"type":"c","major":195,"minor":2,"access":"rwm"}]"#
+        ));
+        // crun on cgroup v2 reads type a by its numbers and access
+        assert!(!holds(
+            r#"[{"allow":true,"type":"a","major":195,"minor":2,"access":"rwm"}]"#
+        ));
+        assert!(!holds(r#"[{"allow":true,"type":"a","access":"m"}]"#));
+        assert!(!holds(r#"[{"allow":true,"type":"a"}]"#));
         assert!(!holds("[]"));
     }
 
