@@ -32,6 +32,7 @@ mod pipes;
 pub(super) mod wire;
 
 use super::error::QueryError;
+use nix::unistd::Pid;
 use pipes::{exec_query_process, fork_groups, make_pipes, may_fork_children, Collected};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -110,6 +111,8 @@ pub fn ask(
         Err(e) => return fail_all(jobs, e),
     };
     let mut got = Collected::new(jobs.len());
+    // The processes a job was taken from to be asked again: stuck, never waited for.
+    let mut abandoned = Vec::new();
     if let Started::Forked(pids) = &mut started {
         got.collect(&reads, (started_at + timeout / 4).min(deadline));
         for i in behind_a_stuck_job(pids, &got) {
@@ -125,12 +128,13 @@ pub fn ask(
             );
             drop(write);
             reads[i] = read;
+            abandoned.extend(pids[i]);
             pids[i] = pid[0];
             got.restart(i);
         }
     }
     got.collect(&reads, deadline);
-    let pids = started.reap(&got.done);
+    let pids = started.reap(&got.done, &abandoned);
     let ms = timeout.as_millis();
     got.into_answers()
         .into_iter()
@@ -218,22 +222,14 @@ impl Started {
     /// hook's timeout). One with a job unanswered is left unreaped even if it has ended
     /// since: its pid then stays its own (a zombie) while the hook notes it as stuck, and
     /// cannot be another process's. Returns the forked processes' pids by job.
-    fn reap(self, answered: &[bool]) -> Vec<Option<i32>> {
+    /// `abandoned`: the processes a job was taken from to be asked again elsewhere.
+    fn reap(self, answered: &[bool], abandoned: &[Pid]) -> Vec<Option<i32>> {
         use crate::fsutil::pidfd::reap_until;
         let until = std::time::Instant::now() + REAP_WITHIN;
         match self {
             Started::Forked(pids) => {
-                let mut done: Vec<nix::unistd::Pid> = Vec::new();
-                for p in pids.iter().flatten() {
-                    let all = pids
-                        .iter()
-                        .zip(answered)
-                        .filter(|(q, _)| q.as_ref() == Some(p))
-                        .all(|(_, a)| *a);
-                    if all && !done.contains(p) {
-                        done.push(*p);
-                        reap_until(p.as_raw(), until);
-                    }
+                for p in to_reap(&pids, answered, abandoned) {
+                    reap_until(p.as_raw(), until);
                 }
                 pids.iter().map(|p| p.map(|p| p.as_raw())).collect()
             }
@@ -245,6 +241,23 @@ impl Started {
             }
         }
     }
+}
+
+/// The forked processes to reap, each once: those whose every job answered, `pids` being
+/// each job's process now, and none a job was taken from (`abandoned`: stuck on it).
+fn to_reap(pids: &[Option<Pid>], answered: &[bool], abandoned: &[Pid]) -> Vec<Pid> {
+    let mut out: Vec<Pid> = Vec::new();
+    for p in pids.iter().flatten() {
+        let all = pids
+            .iter()
+            .zip(answered)
+            .filter(|(q, _)| q.as_ref() == Some(p))
+            .all(|(_, a)| *a);
+        if all && !abandoned.contains(p) && !out.contains(p) {
+            out.push(*p);
+        }
+    }
+    out
 }
 
 fn fail_all(jobs: &[Job], why: QueryError) -> Vec<Asked> {
@@ -275,7 +288,7 @@ mod tests {
         };
         // until it has ended, without reaping it
         waitid(Id::Pid(child), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT).unwrap();
-        let pids = Started::Forked(vec![Some(child)]).reap(&[false]);
+        let pids = Started::Forked(vec![Some(child)]).reap(&[false], &[]);
         assert_eq!(pids, vec![Some(child.as_raw())]);
         // still this process's child: reaping it now succeeds
         assert_eq!(waitpid(child, None), Ok(WaitStatus::Exited(child, 0)));
@@ -289,29 +302,17 @@ mod tests {
     /// nowhere. A process with a job it never answered (moved or not) must not be waited for.
     #[test]
     fn a_process_whose_unanswered_job_was_asked_again_is_not_waited_for() {
-        // SAFETY: the children only call pause and _exit.
-        let hung = match unsafe { nix::unistd::fork() }.unwrap() {
-            ForkResult::Child => unsafe {
-                libc::pause();
-                libc::_exit(0)
-            },
-            ForkResult::Parent { child } => child,
-        };
-        let fresh = match unsafe { nix::unistd::fork() }.unwrap() {
-            ForkResult::Child => unsafe { libc::_exit(0) },
-            ForkResult::Parent { child } => child,
-        };
-        waitid(Id::Pid(fresh), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT).unwrap();
-        // job 0 answered by `hung`; job 1 (hung's second) asked again in `fresh`, answered
-        let t = std::time::Instant::now();
-        let _ = Started::Forked(vec![Some(hung), Some(fresh)]).reap(&[true, true]);
-        let waited = t.elapsed();
-        nix::sys::signal::kill(hung, nix::sys::signal::Signal::SIGKILL).unwrap();
-        let _ = waitpid(hung, None);
-        let _ = waitpid(fresh, Some(WaitPidFlag::WNOHANG));
-        assert!(
-            waited < REAP_WITHIN / 4,
-            "reap waited {waited:?} on a process hung in a job it never answered"
+        let (hung, fresh, other) = (Pid::from_raw(101), Pid::from_raw(102), Pid::from_raw(103));
+        // job 0 answered by `hung`, job 1 (hung's second) asked again in `fresh` and
+        // answered; job 2 answered by `other`, job 3 not yet
+        let pids = [Some(hung), Some(fresh), Some(other), Some(other)];
+        assert_eq!(
+            to_reap(&pids, &[true, true, true, true], &[hung]),
+            vec![fresh, other]
+        );
+        assert_eq!(
+            to_reap(&pids, &[true, true, true, false], &[hung]),
+            vec![fresh]
         );
     }
 
