@@ -104,6 +104,26 @@ fn last_cri_import(root: &Path, config_text: &str) -> Option<(PathBuf, Glob)> {
     last
 }
 
+/// Whether the file at host path `file` under `root` is devgate's: its first line is
+/// devgate's mark. A file of that name that is not devgate's is never written or removed.
+pub(super) fn is_devgates(root: &Path, file: &Path) -> Result<bool> {
+    let bytes = read_opt(&under(root, file))?.unwrap_or_default();
+    Ok(bytes.starts_with(containerd_config::MARK.as_bytes()))
+}
+
+/// Fails, naming the file, where a file of devgate's name there is not devgate's.
+fn refuse_foreign(root: &Path, file: &Path) -> Result<()> {
+    let exists = fs::symlink_metadata(under(root, file)).is_ok();
+    if exists && !is_devgates(root, file)? {
+        return Err(Error::invalid(
+            file.display().to_string(),
+            "is not devgate's (no devgate mark on its first line): left as it is; move it \
+             away to let install-host lay its drop-in there",
+        ));
+    }
+    Ok(())
+}
+
 /// devgate's drop-in on the host at `root`, if one is there (its host path).
 pub(super) fn present(root: &Path, config_text: &str) -> Option<PathBuf> {
     let t = parse(config_text).ok()?;
@@ -211,6 +231,7 @@ pub(super) fn wanted(
 /// Writes `text` to devgate's drop-in at host path `file` under `root` where it reads
 /// otherwise; says so. Returns whether it wrote.
 pub(super) fn lay(root: &Path, file: &Path, text: &str) -> Result<bool> {
+    refuse_foreign(root, file)?;
     let path = under(root, file);
     if read_opt(&path)?.as_deref() == Some(text.as_bytes()) {
         return Ok(false);
@@ -225,6 +246,7 @@ pub(super) fn lay(root: &Path, file: &Path, text: &str) -> Result<bool> {
 
 /// Removes devgate's drop-in at host path `file` under `root`.
 pub(super) fn remove(root: &Path, file: &Path) -> Result<()> {
+    refuse_foreign(root, file)?;
     let path = under(root, file);
     match fs::remove_file(&path) {
         Ok(()) => {

@@ -276,11 +276,19 @@ fn reach_default_runtime(
         containerd_dropin::lay(root, &p, &body)?;
         Ok(true)
     };
-    // The toolkit may have rewritten the drop-in since devgate copied it.
-    let had = containerd_dropin::present(root, now).is_some();
-    if had {
-        drop_in(changes, this)?;
+    // The toolkit may have rewritten the drop-in since devgate copied it, or removed it
+    // (its cleanup): a copy must never outlive what it copies, or containerd would go on
+    // running the toolkit's runtime after it is gone.
+    let had = containerd_dropin::present(root, now);
+    if let Some(copy) = &had {
+        if !drop_in(changes, this)? {
+            let path = host_exec::under(root, copy);
+            changes.keep(&path)?;
+            this.keep(&path)?;
+            containerd_dropin::remove(root, copy)?;
+        }
     }
+    let had = had.is_some() && containerd_dropin::present(root, now).is_some();
     if let Err(e) = check_effective(root, spec, crun_wrapper) {
         // An imported drop-in holds the CRI section: devgate's own copy of it, read after.
         if had || !drop_in(changes, this)? {
