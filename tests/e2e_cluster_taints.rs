@@ -44,10 +44,15 @@ impl Cluster {
         }
     }
 
+    /// The agent's file, written now.
     fn taints(&self, taints: Vec<ClusterTaint>) {
+        self.taints_written(taints, devgate::model::clock::now_unix());
+    }
+
+    fn taints_written(&self, taints: Vec<ClusterTaint>, written_unix: u64) {
         let file = ClusterTaints {
             node: "node-1".into(),
-            written_unix: 1764930000,
+            written_unix,
             taints,
         };
         cluster::write(&self.state, &file).unwrap();
@@ -278,6 +283,75 @@ fn an_untrusted_or_damaged_file_follows_on_unknown() {
         last.to_string().contains("cluster_taints_unreadable"),
         "{last}"
     );
+}
+
+/// A file no agent has confirmed for longer than `cluster_taints_max_age_s` (the agent
+/// stopped, or cannot reach the API server) is not read: a taint cleared in the cluster
+/// must not refuse pods forever. Each GPU's cluster verdict is unknown: with the default
+/// policy the container starts with a warning, under `on_unknown: reject` it is refused.
+/// doctor and the metrics say the file is stale.
+#[test]
+fn a_stale_file_is_unknown_not_in_force() {
+    require_root!();
+    let now = devgate::model::clock::now_unix();
+    let stale = now - 301;
+    let allow = Cluster::new("taint-stale-allow", json!({}));
+    allow.taints_written(vec![taint_on(K, Effect::NoSchedule, &[])], stale);
+    let (started, all, _) = allow.run("stale-allowed", K as u32, containerd_pod(POD));
+    assert!(started, "a stale taint refused the start: {all}");
+    let last = allow.env.decisions().pop().unwrap().to_string();
+    assert!(last.contains("\"cluster_taints_stale\""), "{last}");
+    assert!(
+        last.contains("cluster taints stale: written ")
+            && last.contains(" s ago, more than cluster_taints_max_age_s 300"),
+        "{last}"
+    );
+    // fresh again: the taint is in force
+    allow.taints(vec![taint_on(K, Effect::NoSchedule, &[])]);
+    let (started, all, _) = allow.run("fresh-refused", K as u32, containerd_pod(POD));
+    assert!(!started, "{all}");
+    assert!(all.contains("tainted in the cluster"), "{all}");
+
+    let reject = Cluster::new(
+        "taint-stale-reject",
+        json!({"policy": {"on_unknown": "reject"}, "cluster_taints_max_age_s": 120}),
+    );
+    reject.taints_written(vec![], now - 121);
+    let (started, all, _) = reject.run("stale-refused", K as u32, containerd_pod(POD));
+    assert!(!started, "{all}");
+    let line = all
+        .lines()
+        .find(|l| l.contains(&reject.reject_prefix(K as u32)))
+        .unwrap_or_else(|| panic!("no reject line: {all}"));
+    assert!(
+        line.contains("cluster unknown: cluster taints stale: written ")
+            && line.contains("more than cluster_taints_max_age_s 120")
+            && line.contains("; policy on_unknown reject"),
+        "{line}"
+    );
+    let doctor = text(&reject.env.devgate(&["doctor"]));
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.starts_with("⚠ cluster taints: written ")
+                && l.contains("more than cluster_taints_max_age_s 120")),
+        "{doctor}"
+    );
+    let prom = reject.env.dir.join("devgate.prom");
+    reject
+        .env
+        .ok(&["metrics", "--textfile", prom.to_str().unwrap()]);
+    let metrics = fs::read_to_string(&prom).unwrap();
+    assert!(
+        metrics.contains("\ndevgate_cluster_taints_stale 1\n"),
+        "{metrics}"
+    );
+    let age: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("devgate_cluster_taints_age_seconds "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no age: {metrics}"));
+    assert!(age > 120, "{metrics}");
 }
 
 /// `devgate status` (no pod) shows the taint as the GPU's reason, tolerated or not.

@@ -37,7 +37,8 @@ pub struct Agent {
     next_api: Instant,
     report: Report,
     /// What the hook's file holds, as this agent last wrote it.
-    written: Option<Vec<ClusterTaint>>,
+    /// The taints last written to the gate's file, and when.
+    written: Option<(Vec<ClusterTaint>, u64)>,
     report_written: Option<(Report, Instant)>,
 }
 
@@ -305,37 +306,45 @@ impl Agent {
         Ok(())
     }
 
+    /// Called only after the cluster was read: the file's `written_unix` says the taints
+    /// were seen so then. An unchanged file is rewritten every [`cluster::REFRESH_S`], so
+    /// the hook can tell a file no agent confirms any more (`cluster_taints_max_age_s`).
     fn write_file(&mut self, taints: Vec<ClusterTaint>) {
         self.report.inward_taints = taints.len();
-        if self.written.as_ref() == Some(&taints) {
+        let now = now_unix();
+        let changed = !matches!(&self.written, Some((last, _)) if *last == taints);
+        if !changed
+            && self
+                .written
+                .as_ref()
+                .is_some_and(|(_, at)| now.saturating_sub(*at) < cluster::REFRESH_S)
+        {
             return;
         }
         let dir = self.local.state_dir();
         let file = ClusterTaints {
             node: self.opts.node_name.clone(),
-            written_unix: now_unix(),
+            written_unix: now,
             taints: taints.clone(),
         };
         match cluster::write(&dir, &file) {
             Ok(()) => {
                 let path = cluster::path(&dir);
-                log::info!(
-                    "{}: {} cluster taint(s) for the gate",
-                    path.display(),
-                    taints.len()
-                );
-                self.written = Some(taints);
+                if changed {
+                    log::info!(
+                        "{}: {} cluster taint(s) for the gate",
+                        path.display(),
+                        taints.len()
+                    );
+                }
+                self.written = Some((taints, now));
             }
             Err(e) => log::warn!("{e}"),
         }
     }
 }
 
-pub fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+pub use devgate::model::clock::now_unix;
 
 /// Now as RFC 3339 in UTC, as the API server writes times.
 pub fn rfc3339_now() -> String {

@@ -186,7 +186,16 @@ pub(super) fn metrics(args: &Args) -> Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let rows = inventory::collect(&config)?;
     let exits = record::list_exits(&config.state_dir);
-    let text = metrics::metrics_text(&rows, &exits);
+    let now = crate::model::clock::now_unix();
+    let max = config.cluster_taints_max_age_s;
+    let taints = crate::store::cluster::read(&config.state_dir)
+        .ok()
+        .flatten()
+        .map(|t| metrics::TaintsAge {
+            age_s: now.saturating_sub(t.written_unix),
+            stale: t.stale_age(now, max).is_some(),
+        });
+    let text = metrics::metrics_text(&rows, &exits, taints);
     let dir = path
         .parent()
         .ok_or_else(|| Error::Usage(format!("--textfile {}: no directory", path.display())))?;

@@ -20,6 +20,16 @@ pub const ENV_CONFIG: &str = "DEVGATE_CONFIG";
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Runtimes give a hook some seconds in all; a probe deadline past a minute is a typo.
 const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
+/// The default of `cluster_taints_max_age_s`: past it the hook takes the node agent's
+/// taints file for stale.
+pub const CLUSTER_TAINTS_MAX_AGE_S: u64 = 300;
+/// How often the agent rewrites a taints file whose taints have not changed, after a
+/// successful read of the cluster: its `written_unix` says when they were last seen so.
+pub const CLUSTER_TAINTS_REFRESH_S: u64 = 60;
+/// The bounds of `cluster_taints_max_age_s`: at least two of the agent's refreshes, at
+/// most a day.
+const MIN_TAINTS_AGE_S: u64 = 2 * CLUSTER_TAINTS_REFRESH_S;
+const MAX_TAINTS_AGE_S: u64 = 86_400;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -55,6 +65,9 @@ pub struct Config {
     pub kubelet_pod_logs_dir: PathBuf,
     /// How many exit records state_dir/exits keeps.
     pub exits_keep: usize,
+    /// Past this age (its `written_unix`) the node agent's cluster taints file is stale:
+    /// each GPU's cluster verdict is then unknown (`policy.on_unknown`).
+    pub cluster_taints_max_age_s: u64,
     /// The runtime `devgate runtime` (the OCI runtime wrapper) runs once it has decided.
     #[serde(deserialize_with = "object")]
     pub runtime: RuntimeConfig,
@@ -125,6 +138,7 @@ impl Default for Config {
             kubelet_pods_dir: "/var/lib/kubelet/pods".into(),
             kubelet_pod_logs_dir: "/var/log/pods".into(),
             exits_keep: 1000,
+            cluster_taints_max_age_s: CLUSTER_TAINTS_MAX_AGE_S,
             runtime: RuntimeConfig::default(),
             source: None,
         }
@@ -240,6 +254,16 @@ impl Config {
                 format!(
                     "probe_timeout_ms {} out of range 1-{MAX_PROBE_TIMEOUT_MS}",
                     self.probe_timeout_ms
+                ),
+            ));
+        }
+        if !(MIN_TAINTS_AGE_S..=MAX_TAINTS_AGE_S).contains(&self.cluster_taints_max_age_s) {
+            return Err(Error::invalid(
+                &what,
+                format!(
+                    "cluster_taints_max_age_s {} out of range \
+                     {MIN_TAINTS_AGE_S}-{MAX_TAINTS_AGE_S}",
+                    self.cluster_taints_max_age_s
                 ),
             ));
         }
@@ -545,6 +569,10 @@ mod tests {
             (
                 r#"{"probe_timeout_ms":0}"#,
                 "probe_timeout_ms 0 out of range 1-60000",
+            ),
+            (
+                r#"{"cluster_taints_max_age_s":60}"#,
+                "cluster_taints_max_age_s 60 out of range 120-86400",
             ),
             (
                 r#"{"gpu":{"xid_actions":{"79":"panic"}}}"#,

@@ -2,11 +2,16 @@
 
 /// Seconds since the epoch, and the same instant as RFC 3339 UTC for people.
 pub fn now() -> (u64, String) {
-    let secs = std::time::SystemTime::now()
+    let secs = now_unix();
+    (secs, rfc3339(secs))
+}
+
+/// Seconds since the epoch (0 before it).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
-        .unwrap_or(0);
-    (secs, rfc3339(secs))
+        .unwrap_or(0)
 }
 
 /// Now as RFC 3339 UTC with nanoseconds (Go's RFC3339Nano, as CRI log records carry it).

@@ -80,6 +80,8 @@ codes! {
     ClusterTaint = "cluster_taint",
     /// The node agent's cluster taints file is unsafe, over its bounds or damaged.
     ClusterTaintsUnreadable = "cluster_taints_unreadable",
+    /// The node agent's taints file is older than `cluster_taints_max_age_s` (unknown).
+    ClusterTaintsStale = "cluster_taints_stale",
     // PCIe
     /// The device has no PCI function (not applicable).
     NoPciFunction = "no_pci_function",

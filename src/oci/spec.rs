@@ -313,14 +313,10 @@ impl Spec {
             let any = |n: Option<i64>| !matches!(n, Some(n) if n != -1);
             matches!(r.typ(), None | Some(T::A)) && any(r.major()) && any(r.minor())
         };
-        self.device_rules()
-            .iter()
-            .filter(every)
-            .last()
-            .is_some_and(|r| {
-                let access = r.access().as_deref().unwrap_or("");
-                r.allow() && ['r', 'w', 'm'].iter().all(|c| access.contains(*c))
-            })
+        self.device_rules().iter().rfind(every).is_some_and(|r| {
+            let access = r.access().as_deref().unwrap_or("");
+            r.allow() && ['r', 'w', 'm'].iter().all(|c| access.contains(*c))
+        })
     }
 
     /// Annotations from the state win over config.json's: the runtime may add some.

@@ -25,6 +25,9 @@ pub struct ClusterTaintProbe<'a> {
     /// The container's pod uid from the CRI annotations; None outside a pod, where the
     /// two runtimes' annotations disagree, and for `status` and spares.
     pub pod_uid: Option<&'a str>,
+    /// `cluster_taints_max_age_s`, and now (unix seconds): an older file is stale.
+    pub max_age_s: u64,
+    pub now: u64,
 }
 
 impl Probe for ClusterTaintProbe<'_> {
@@ -38,7 +41,14 @@ impl Probe for ClusterTaintProbe<'_> {
         }
         let taints = match self.gpu.cluster_taints.get() {
             Ok(None) => return Verdict::Healthy,
-            Ok(Some(t)) => t,
+            Ok(Some(t)) => match t.stale_age(self.now, self.max_age_s) {
+                // The taints may have changed since, either way: a taint cleared in the
+                // cluster must not refuse pods forever, nor a new one go unseen silently.
+                Some(age) => {
+                    return Verdict::unknown(Code::ClusterTaintsStale, stale(age, self.max_age_s))
+                }
+                None => t,
+            },
             Err(e) => {
                 return Verdict::unknown(
                     Code::ClusterTaintsUnreadable,
@@ -56,6 +66,14 @@ impl Probe for ClusterTaintProbe<'_> {
             None => Verdict::Healthy,
         }
     }
+}
+
+/// Why a stale file is not read: its age and the bound.
+pub fn stale(age: u64, max_age_s: u64) -> String {
+    format!(
+        "cluster taints stale: written {age} s ago, more than cluster_taints_max_age_s \
+         {max_age_s} (devgate-agent stopped, or cannot reach the API server)"
+    )
 }
 
 /// The first taint on the GPU that keeps the pod off it: NoSchedule or NoExecute, and

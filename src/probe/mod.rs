@@ -84,7 +84,12 @@ pub fn probe_all(
         nvml: &g.nvml,
         proc: &g.proc_gpus,
     });
-    let cluster_probe = gpu.map(|gpu| ClusterTaintProbe { gpu, pod_uid });
+    let cluster_probe = gpu.map(|gpu| ClusterTaintProbe {
+        gpu,
+        pod_uid,
+        max_age_s: config.cluster_taints_max_age_s,
+        now: crate::model::clock::now_unix(),
+    });
     let mut probes: Vec<&dyn Probe> = vec![&node, &sysfs, &pcie, &quarantine];
     if let Some(p) = &nvml_probe {
         probes.push(p);

@@ -449,7 +449,7 @@ mod tests {
             res("nvml", Verdict::unhealthy(Code::GpuLost, "lost")),
             res("pcie", Verdict::warn(Code::AerCorrectable, "w")),
         ];
-        let text = crate::report::metrics::metrics_text(&[r], &[]);
+        let text = crate::report::metrics::metrics_text(&[r], &[], None);
         assert!(
             text.contains("# TYPE devgate_device_reason gauge\n"),
             "{text}"
@@ -472,7 +472,7 @@ mod tests {
     fn metrics_are_prometheus_text() {
         let mut r = row(Health::Unhealthy, "x");
         r.device.host_path = Some("/dev/we\"ird".into());
-        let text = crate::report::metrics::metrics_text(&[r], &[]);
+        let text = crate::report::metrics::metrics_text(&[r], &[], None);
         assert!(text.contains("# TYPE devgate_device_healthy gauge\n"));
         assert!(text.contains("devgate_device_healthy{device=\"/dev/we\\\"ird\",class=\"nvidia-gpu\",major_minor=\"195:1\"} 0\n"), "{text}");
         assert!(text.contains("health=\"unhealthy\"} 1\n"));

@@ -7,10 +7,18 @@ use crate::report::inventory::{Health, Row};
 use crate::report::record::ExitRecord;
 use std::collections::BTreeMap;
 
+/// The node agent's cluster taints file as metrics see it: its age, and whether that is
+/// past `cluster_taints_max_age_s`. None where there is no readable file.
+#[derive(Debug, Clone, Copy)]
+pub struct TaintsAge {
+    pub age_s: u64,
+    pub stale: bool,
+}
+
 /// Prometheus text format for node_exporter's textfile collector: one gauge family after
 /// another.
-pub fn metrics_text(rows: &[Row], exits: &[ExitRecord]) -> String {
-    [
+pub fn metrics_text(rows: &[Row], exits: &[ExitRecord], taints: Option<TaintsAge>) -> String {
+    let mut families = vec![
         device_healthy(rows),
         device_health(rows),
         device_reasons(rows),
@@ -18,10 +26,27 @@ pub fn metrics_text(rows: &[Row], exits: &[ExitRecord]) -> String {
         spare_leased(rows),
         recent_faults(exits),
         exit_records(exits),
+    ];
+    if let Some(t) = taints {
+        families.extend(taints_age(t));
+    }
+    families.iter().map(Family::text).collect()
+}
+
+fn taints_age(t: TaintsAge) -> [Family; 2] {
+    [
+        Family {
+            name: "devgate_cluster_taints_age_seconds",
+            help: "Seconds since devgate-agent last wrote the cluster taints file.",
+            samples: vec![(String::new(), t.age_s)],
+        },
+        Family {
+            name: "devgate_cluster_taints_stale",
+            help: "1 when the cluster taints file is older than cluster_taints_max_age_s: \
+                   every GPU's cluster verdict is then unknown.",
+            samples: vec![(String::new(), u64::from(t.stale))],
+        },
     ]
-    .iter()
-    .map(Family::text)
-    .collect()
 }
 
 /// One gauge family: its name, its help line and its samples, each its labels (none: an

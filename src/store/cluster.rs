@@ -30,6 +30,9 @@ pub const MAX_STRING_CHARS: usize = 1024;
 pub const MAX_TOLERATED_BY: usize = 4096;
 /// The most bytes of an agent status file.
 pub const MAX_STATUS_BYTES: u64 = 64 << 10;
+pub use crate::config::{
+    CLUSTER_TAINTS_MAX_AGE_S as DEFAULT_MAX_AGE_S, CLUSTER_TAINTS_REFRESH_S as REFRESH_S,
+};
 
 /// A taint's effect, as Kubernetes spells it. Another spelling makes the file unreadable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +91,15 @@ pub struct ClusterTaints {
 }
 
 impl ClusterTaints {
+    /// The file's age at `now` when it is more than `max_age_s`: the agent wrote it from
+    /// the cluster that long ago and has not confirmed it since (stopped, or cannot reach
+    /// the API server, or cannot write the file). None while fresh; a file written in the
+    /// future (the clock stepped back) is fresh.
+    pub fn stale_age(&self, now: u64, max_age_s: u64) -> Option<u64> {
+        let age = now.saturating_sub(self.written_unix);
+        (age > max_age_s).then_some(age)
+    }
+
     /// Whether the file keeps to its bounds: at most [`MAX_TAINTS`] taints, every string
     /// at most [`MAX_STRING_CHARS`] characters, at most [`MAX_TOLERATED_BY`] pods per taint.
     pub fn check_bounds(&self) -> std::result::Result<(), String> {

@@ -5,7 +5,7 @@
 
 use super::line::Line;
 use crate::error::Result;
-use crate::store::cluster::{self, AgentStatus};
+use crate::store::cluster::{self, AgentStatus, ClusterTaints};
 
 /// Past this many seconds without an update the agent is taken for stopped or stuck.
 pub(crate) const STALE_AFTER_S: u64 = 60;
@@ -21,6 +21,54 @@ pub(crate) fn agent_check(state_dir: &std::path::Path) -> Line {
         &cluster::read_status(state_dir),
         crate::model::clock::now().0,
     )
+}
+
+const TAINTS_CHECK: &str = "cluster taints";
+
+/// The cluster taints file's line: none where there is no file; a warning where it is
+/// unreadable or older than `max_age_s` (every GPU's cluster verdict is then unknown).
+pub(crate) fn taints_check(state_dir: &std::path::Path, max_age_s: u64) -> Option<Line> {
+    judge_taints(
+        &cluster::read(state_dir),
+        max_age_s,
+        crate::model::clock::now_unix(),
+    )
+}
+
+/// The line for what the taints file held at `now`. Pure.
+pub(crate) fn judge_taints(
+    file: &Result<Option<ClusterTaints>>,
+    max_age_s: u64,
+    now: u64,
+) -> Option<Line> {
+    let t = match file {
+        Ok(None) => return None,
+        Err(e) => {
+            return Some(Line::warn(
+                TAINTS_CHECK,
+                format!("unreadable, so every GPU's cluster verdict is unknown: {e}"),
+            ))
+        }
+        Ok(Some(t)) => t,
+    };
+    Some(match t.stale_age(now, max_age_s) {
+        Some(age) => Line::warn(
+            TAINTS_CHECK,
+            format!(
+                "written {age} s ago, more than cluster_taints_max_age_s {max_age_s}: every \
+                 GPU's cluster verdict is unknown (policy.on_unknown) until devgate-agent \
+                 writes it again"
+            ),
+        ),
+        None => Line::pass(
+            TAINTS_CHECK,
+            format!(
+                "{} taints, written {} s ago (stale after {max_age_s} s)",
+                t.taints.len(),
+                now.saturating_sub(t.written_unix)
+            ),
+        ),
+    })
 }
 
 /// The line for what the status file held at `now`. Pure.
@@ -107,6 +155,31 @@ mod tests {
         assert_eq!(l.mark, Mark::Warn);
         assert!(l.text.ends_with("last error: forbidden"), "{}", l.text);
         assert!(l.render().starts_with("⚠ devgate-agent: "));
+    }
+
+    #[test]
+    fn the_taints_file_is_judged_by_its_age() {
+        let file = |written| {
+            Ok(Some(ClusterTaints {
+                node: "node-1".into(),
+                written_unix: written,
+                taints: Vec::new(),
+            }))
+        };
+        assert!(judge_taints(&Ok(None), 300, 1000).is_none());
+        let l = judge_taints(&file(800), 300, 1000).unwrap();
+        assert_eq!(l.mark, Mark::Pass, "{l:?}");
+        assert!(l.text.contains("written 200 s ago"), "{}", l.text);
+        let l = judge_taints(&file(699), 300, 1000).unwrap();
+        assert_eq!(l.mark, Mark::Warn, "{l:?}");
+        assert!(
+            l.text.starts_with("written 301 s ago, more than"),
+            "{}",
+            l.text
+        );
+        // written in the future (the clock stepped back): fresh
+        let l = judge_taints(&file(5000), 300, 1000).unwrap();
+        assert_eq!(l.mark, Mark::Pass, "{l:?}");
     }
 
     /// The agent's last error may hold an API server's text: escaped, and cut.

@@ -169,6 +169,10 @@ pub(crate) fn run(opts: &Options, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     report.extend(node_checks::spare_checks(&config, &config_path, &nvml));
     report.push(kernel_log_check(&config));
     report.push(agent::agent_check(&config.state_dir));
+    report.extend(agent::taints_check(
+        &config.state_dir,
+        config.cluster_taints_max_age_s,
+    ));
     report.lines
 }
 
