@@ -49,6 +49,7 @@ impl Cluster {
             node: "node-1".into(),
             written_unix: 1764930000,
             taints,
+            overflow: None,
         };
         cluster::write(&self.state, &file).unwrap();
     }
@@ -105,6 +106,7 @@ fn taint_on(i: usize, effect: Effect, tolerated_by: &[&str]) -> ClusterTaint {
         effect,
         source: "DeviceTaintRule example-rule".into(),
         tolerated_by: tolerated_by.iter().map(|s| s.to_string()).collect(),
+        tolerated_until: vec![],
     }
 }
 

@@ -89,6 +89,7 @@ pub fn desired(
                         key: key.to_string(),
                         value: label_value(b.code.as_str()),
                         effect: effect.as_str().to_string(),
+                        time_added: None,
                     },
                 },
             }
@@ -124,7 +125,10 @@ pub fn plan<'a>(have: &'a [DeviceTaintRule], want: &'a [DeviceTaintRule]) -> Vec
             Some(h) => {
                 let code =
                     |r: &DeviceTaintRule| r.metadata.annotations.get("devgate.io/code").cloned();
-                if h.spec != w.spec || code(h) != code(w) {
+                // The API server adds timeAdded: not a difference of devgate's.
+                let same_spec = h.spec.device_selector == w.spec.device_selector
+                    && h.spec.taint.same(&w.spec.taint);
+                if !same_spec || code(h) != code(w) {
                     steps.push(Step::Update {
                         rule: w,
                         resource_version: &h.metadata.resource_version,
@@ -283,13 +287,14 @@ mod tests {
         .is_none());
     }
 
-    /// Another slice on the node (another driver, or a hostile one) that names the same
+    /// Another slice of the GPU driver on the node (a hostile one) that names the same
     /// GPU first does not take the taint from the device its real driver publishes: every
-    /// device that names the bad GPU is tainted.
+    /// device that names the bad GPU is tainted. (Another driver's devices name no GPU:
+    /// `dra::node_devices`.)
     #[test]
     fn every_device_naming_the_bad_gpu_is_tainted() {
         let mut decoy = dev("decoy", Some("GPU-2"), None);
-        decoy.driver = "evil.example.com".into();
+        decoy.pool = "elsewhere".into();
         let devs = [decoy, dev("gpu-2", Some("GPU-2"), Some("0000:03:00.0"))];
         let want = desired(
             &[bad(Some("GPU-2"), None, Code::XidCritical)],
