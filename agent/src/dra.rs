@@ -8,8 +8,11 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Meta {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// The prefix the API server completes into a name no one holds yet.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub generate_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -161,7 +164,7 @@ pub struct RuleSpec {
     pub taint: Taint,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
 pub struct Selector {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,

@@ -219,9 +219,11 @@ impl Agent {
                 &self.opts.taint_key,
                 self.opts.effect,
             );
+            self.report.rules_wanted = want.len();
             self.report.rules = outward::apply(api, v, &self.opts.node_name, &rules, &want).await?;
         } else {
             self.report.rules = 0;
+            self.report.rules_wanted = 0;
             self.write_file(Inward::default());
         }
         // The node taint before the condition: its patch is made at the Node's version
