@@ -174,6 +174,19 @@ pub struct Selector {
     pub device: Option<String>,
 }
 
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devgate-agent");
+pub const NODE_ANNOTATION: &str = "devgate.io/node";
+
+/// Whether `r` is one of this node's agent's rules.
+pub fn is_ours(r: &DeviceTaintRule, node: &str) -> bool {
+    r.metadata.labels.get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
+        && r.metadata
+            .annotations
+            .get(NODE_ANNOTATION)
+            .map(String::as_str)
+            == Some(node)
+}
+
 impl Selector {
     /// As the components that act on a rule match it (1.36 and 1.37: the eviction
     /// controller's `ruleMatchesDevice`, the scheduler's ResourceSlice tracker): every

@@ -3,8 +3,7 @@
 //! tolerate it, for the hook's file. The hook never calls the API server; this is how it
 //! hears of a taint.
 
-use crate::dra::{tolerating_pods, DeviceTaintRule, NodeDevice, ResourceClaim, Taint};
-use crate::outward::is_ours;
+use crate::dra::{is_ours, tolerating_pods, DeviceTaintRule, NodeDevice, ResourceClaim, Taint};
 use crate::verdicts::NodeGpu;
 use devgate::gpu::pci::GpuKey;
 use devgate::store::cluster::{
@@ -193,7 +192,7 @@ fn bounded(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::dra::{Meta, RuleSpec, Selector};
-    use crate::outward::{MANAGED_BY, NODE_ANNOTATION};
+    use crate::dra::{MANAGED_BY, NODE_ANNOTATION};
     use std::collections::BTreeMap;
 
     fn rule(name: &str, device: &str, ours: bool) -> DeviceTaintRule {

@@ -10,20 +10,9 @@ use crate::verdicts::Bad;
 use devgate::gpu::pci::GpuKey;
 use std::collections::BTreeMap;
 
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devgate-agent");
-pub const NODE_ANNOTATION: &str = "devgate.io/node";
+pub use crate::dra::{is_ours, MANAGED_BY, NODE_ANNOTATION};
 /// What an annotation may hold of devgate's words (the API server allows 256 KiB in all).
 const MAX_REASON: usize = 1024;
-
-/// Whether `r` is one of this node's agent's rules.
-pub fn is_ours(r: &DeviceTaintRule, node: &str) -> bool {
-    r.metadata.labels.get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
-        && r.metadata
-            .annotations
-            .get(NODE_ANNOTATION)
-            .map(String::as_str)
-            == Some(node)
-}
 
 /// The DRA device behind devgate's bad device: the one that names the same GPU, as the
 /// hook matches a taint to a GPU (`GpuKey::same_gpu`).

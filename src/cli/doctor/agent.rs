@@ -59,26 +59,8 @@ pub(crate) fn judge(status: &Result<Option<AgentStatus>>, now: u64) -> Line {
             format!("cannot reach the Kubernetes API; {}", last_error()),
         );
     }
-    if let Some(why) = &s.inward_overflow {
-        let cut: String = why.chars().take(MAX_ERROR_CHARS).collect();
-        return Line::warn(
-            CHECK,
-            format!(
-                "cluster taints overflowed ({}): every GPU's cluster taints are unknown",
-                crate::model::text::one_line(&cut)
-            ),
-        );
-    }
-    if s.rules < s.rules_wanted {
-        return Line::warn(
-            CHECK,
-            format!(
-                "holds {} of the {} DeviceTaintRules it should; {}",
-                s.rules,
-                s.rules_wanted,
-                last_error()
-            ),
-        );
+    if let Some(line) = not_in_step(s, &last_error()) {
+        return line;
     }
     Line::pass(
         CHECK,
@@ -91,6 +73,31 @@ pub(crate) fn judge(status: &Result<Option<AgentStatus>>, now: u64) -> Line {
             s.bad_devices
         ),
     )
+}
+
+/// A warning when the agent is up but does not do its whole job: the cluster's taints
+/// overflowed the hook's file, or it holds fewer rules than it should (issue #36).
+fn not_in_step(s: &AgentStatus, last_error: &str) -> Option<Line> {
+    if let Some(why) = &s.inward_overflow {
+        let cut: String = why.chars().take(MAX_ERROR_CHARS).collect();
+        return Some(Line::warn(
+            CHECK,
+            format!(
+                "cluster taints overflowed ({}): every GPU's cluster taints are unknown",
+                crate::model::text::one_line(&cut)
+            ),
+        ));
+    }
+    if s.rules < s.rules_wanted {
+        return Some(Line::warn(
+            CHECK,
+            format!(
+                "holds {} of the {} DeviceTaintRules it should; {}",
+                s.rules, s.rules_wanted, last_error
+            ),
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
