@@ -9,6 +9,8 @@
 //! - inward: an operator's NoSchedule rule on the GPU a running pod holds makes devgate
 //!   reject that pod's next start, naming the taint and the rule; a pod whose claim
 //!   tolerates the taint starts; devgate publishes no rule of its own for it;
+//! - an operator's NoExecute rule with the empty selector `{}` evicts a pod on the real
+//!   node, and the gate's file names every GPU, so the restart is refused on any of them;
 //! - the API server away: containers still start and are still gated; the agent says the
 //!   API is down; once it is back, the rule for a GPU cordoned meanwhile appears.
 //!
@@ -61,6 +63,7 @@ fn run_cases(release: &str) {
     cordon_evicts_and_keeps_new_claims_off(&n, &kc);
     uncordon_deletes_the_rule(&n);
     operators_rule_rejects_a_restart_and_tolerating_claims_start(&n);
+    an_empty_selector_evicts_and_the_gate_refuses_every_gpu(&n);
     the_gate_goes_on_without_the_api_server(&n);
 }
 
@@ -600,6 +603,84 @@ fn operators_rule_rejects_a_restart_and_tolerating_claims_start(n: &K8sNode) {
             .is_empty()
             .then_some(())
     });
+}
+
+/// An operator's emergency rule, "stop all GPU work": `deviceSelector: {}` and NoExecute.
+/// The eviction controller reads the empty selector as every device and evicts the pod
+/// on gpu-K; the gate's file then names all 8 GPUs, so no GPU starts a container.
+fn an_empty_selector_evicts_and_the_gate_refuses_every_gpu(n: &K8sNode) {
+    let go = n.go_dir("everyone");
+    n.apply(&k8s::gpu_claim("everyone", K, None));
+    n.apply(&pod(
+        "everyone",
+        &go,
+        &format!("{SAY}; sleep 3600"),
+        "Never",
+        Some("everyone"),
+    ));
+    n.wait_pod("everyone", "running on gpu-K", |p| running(p).then_some(()));
+    let uid = n.pod("everyone")["metadata"]["uid"].clone();
+    n.apply(&json!({
+        "apiVersion": n.device_taint_rule_api(),
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "operator-all"},
+        "spec": {
+            "deviceSelector": {},
+            "taint": {"key": OPERATOR_KEY, "value": "stop", "effect": "NoExecute"},
+        },
+    }));
+    let (_, took) = wait_for(n, "the pod evicted by the empty selector", || {
+        let p = n.get_json(&["get", "pod", "everyone"]);
+        let gone = p.as_ref().map_or(true, |p| p["metadata"]["uid"] != uid);
+        let target = p.as_ref().is_some_and(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "DisruptionTarget"))
+        });
+        (gone || target).then_some(())
+    });
+    eprintln!(
+        "{}: the empty selector's rule evicted the pod on gpu-{K} ({took:?})",
+        n.release
+    );
+    let (gpus, _) = wait_for(n, "every GPU in the gate's file", || {
+        let file = cluster_taints(n);
+        let mut uuids: Vec<String> = (file["taints"].as_array()?.iter())
+            .filter(|t| t["source"] == "DeviceTaintRule operator-all")
+            .filter_map(|t| t["uuid"].as_str().map(str::to_string))
+            .collect();
+        uuids.sort();
+        uuids.dedup();
+        (uuids.len() == 8).then_some(uuids)
+    });
+    for i in 0..8 {
+        assert!(gpus.contains(&fake_nvml::uuid(i)), "{gpus:?}");
+    }
+    for i in [0, K] {
+        assert!(
+            !runc_start(n, &format!("all-{i}"), i),
+            "gpu-{i}'s container started under the empty selector's NoExecute rule"
+        );
+    }
+    n.kubectl(&[
+        "delete",
+        "pod",
+        "everyone",
+        "--ignore-not-found",
+        "--wait=true",
+    ]);
+    n.kubectl(&["delete", "resourceclaim", "everyone", "--wait=true"]);
+    n.kubectl(&["delete", &n.device_taint_rules(), "operator-all"]);
+    wait_for(
+        n,
+        "the empty selector's taints gone from the gate's file",
+        || {
+            cluster_taints(n)["taints"]
+                .as_array()?
+                .is_empty()
+                .then_some(())
+        },
+    );
 }
 
 /// A container given gpu-`minor` under runc with the node's devgate: whether it started.

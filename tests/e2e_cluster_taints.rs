@@ -54,6 +54,7 @@ impl Cluster {
             node: "node-1".into(),
             written_unix,
             taints,
+            overflow: None,
         };
         cluster::write(&self.state, &file).unwrap();
     }
@@ -110,6 +111,7 @@ fn taint_on(i: usize, effect: Effect, tolerated_by: &[&str]) -> ClusterTaint {
         effect,
         source: "DeviceTaintRule example-rule".into(),
         tolerated_by: tolerated_by.iter().map(|s| s.to_string()).collect(),
+        tolerated_until: vec![],
     }
 }
 

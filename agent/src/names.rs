@@ -1,8 +1,6 @@
 //! Kubernetes' name rules, as the API server checks them, and the names devgate gives its
 //! own objects: deterministic, so a restarted agent finds what it made before.
 
-use sha2::{Digest, Sha256};
-
 /// A DNS-1123 label: 1-63 of [a-z0-9-], alphanumeric at both ends.
 pub fn is_label(s: &str) -> bool {
     !s.is_empty()
@@ -55,26 +53,16 @@ pub fn label_value(s: &str) -> String {
     trimmed.to_string()
 }
 
-fn hex(bytes: &[u8], n: usize) -> String {
-    bytes
-        .iter()
-        .flat_map(|b| [b >> 4, b & 15])
-        .take(n)
-        .map(|d| char::from_digit(d as u32, 16).unwrap())
-        .collect()
-}
-
-/// The DeviceTaintRule devgate keeps for one device: `devgate-<node>-<device>-<8 hex>`, the
-/// hex from driver/pool/device so two drivers' devices of one name differ; a name that
-/// would be over 253 characters or invalid is `devgate-<16 hex>`.
-pub fn rule_name(node: &str, driver: &str, pool: &str, device: &str) -> String {
-    let digest = Sha256::digest(format!("{driver}/{pool}/{device}").as_bytes());
-    let readable = format!("devgate-{node}-{device}-{}", hex(&digest, 8));
-    if is_subdomain(&readable) {
+/// The `generateName` of the DeviceTaintRule devgate keeps for one device:
+/// `devgate-<node>-<device>-`, the API server adding 5 characters; `devgate-` where that
+/// would not be a valid name. A prefix, never a whole name: anyone may create a rule of a
+/// name devgate could predict, and then the agent could not own it (issue #36).
+pub fn rule_prefix(node: &str, device: &str) -> String {
+    let readable = format!("devgate-{node}-{device}-");
+    if is_subdomain(&format!("{readable}xxxxx")) {
         return readable;
     }
-    let all = Sha256::digest(format!("{node}/{driver}/{pool}/{device}").as_bytes());
-    format!("devgate-{}", hex(&all, 16))
+    "devgate-".to_string()
 }
 
 #[cfg(test)]
@@ -82,18 +70,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rule_names_are_stable_valid_and_distinct() {
-        let a = rule_name("node-1", "gpu.nvidia.com", "node-1", "gpu-2");
-        assert!(a.starts_with("devgate-node-1-gpu-2-"), "{a}");
-        assert_eq!(a.len(), "devgate-node-1-gpu-2-".len() + 8);
-        assert_eq!(a, rule_name("node-1", "gpu.nvidia.com", "node-1", "gpu-2"));
-        assert_ne!(
-            a,
-            rule_name("node-1", "other.example.com", "node-1", "gpu-2")
-        );
-        let long = "n".repeat(250);
-        let b = rule_name(&long, "d", "p", "gpu-0");
-        assert!(is_subdomain(&b) && b.len() == 24, "{b}");
+    fn rule_prefixes_are_valid_names_once_completed() {
+        assert_eq!(rule_prefix("node-1", "gpu-2"), "devgate-node-1-gpu-2-");
+        assert_eq!(rule_prefix(&"n".repeat(250), "gpu-0"), "devgate-");
+        assert_eq!(rule_prefix("node-1", "GPU_2"), "devgate-");
     }
 
     #[test]

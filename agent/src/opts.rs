@@ -45,6 +45,8 @@ pub struct Opts {
     pub resync: Duration,
     pub metrics_address: String,
     pub api_timeout: Duration,
+    /// The DRA driver whose devices name this node's GPUs (`--gpu-driver`).
+    pub gpu_driver: String,
 }
 
 pub const USAGE: &str =
@@ -52,8 +54,11 @@ pub const USAGE: &str =
        [--devgate-config PATH] [--devgate PATH] [--taint-key KEY]
        [--effect None|NoSchedule|NoExecute] [--node-taint] [--interval SECONDS]
        [--resync SECONDS] [--metrics-address ADDR] [--api-timeout SECONDS]
+       [--gpu-driver NAME]
 --interval: how often the agent reads the cluster's taints (default 10); a new verdict is
 published at once. --resync: how often it asks devgate again with nothing changed (30).
+--gpu-driver: the DRA driver whose devices are this node's GPUs (gpu.nvidia.com); only
+its devices' uuid and pciBusID name a GPU.
 devgate's node agent: publishes devgate's device verdicts to the cluster (DeviceTaintRules,
 the node condition DevgateDeviceFault, Events) and writes the cluster's device taints
 where the hook reads them. See docs/cluster.md.";
@@ -75,6 +80,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
         resync: Duration::from_secs(30),
         metrics_address: "0.0.0.0:9478".into(),
         api_timeout: Duration::from_secs(10),
+        gpu_driver: "gpu.nvidia.com".into(),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -105,6 +111,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             "--resync" => o.resync = seconds(flag, &value)?,
             "--api-timeout" => o.api_timeout = seconds(flag, &value)?,
             "--metrics-address" => o.metrics_address = value,
+            "--gpu-driver" => o.gpu_driver = value,
             _ => return Err(format!("unknown flag {flag:?}\n{USAGE}")),
         }
     }
@@ -152,6 +159,13 @@ fn check(o: &Opts) -> Result<(), String> {
             ));
         }
     }
+    // A driver name is a DNS subdomain (the API server's own rule for slice.spec.driver).
+    if !crate::names::is_subdomain(&o.gpu_driver) {
+        return Err(format!(
+            "--gpu-driver {:?}: not a DRA driver name",
+            o.gpu_driver
+        ));
+    }
     if !o.host_root.is_absolute() {
         return Err(format!("--host-root {:?}: must be absolute", o.host_root));
     }
@@ -173,6 +187,10 @@ mod tests {
         assert_eq!(o.effect, Effect::NoSchedule);
         assert_eq!(o.taint_key, "devgate.io/unhealthy");
         assert!(!o.node_taint);
+        assert_eq!(o.gpu_driver, "gpu.nvidia.com");
+        let o = p(&["--node-name", "n1", "--gpu-driver", "gpu.example.com"]).unwrap();
+        assert_eq!(o.gpu_driver, "gpu.example.com");
+        assert!(p(&["--node-name", "n1", "--gpu-driver", "Bad/Driver"]).is_err());
         let o = p(&["--node-name", "n1", "--effect", "NoExecute", "--node-taint"]).unwrap();
         assert_eq!(o.effect, Effect::NoExecute);
         assert!(o.node_taint);

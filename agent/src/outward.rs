@@ -4,26 +4,15 @@
 
 use crate::api::{Api, ApiResult};
 use crate::dra::{DeviceTaintRule, List, Meta, NodeDevice, RuleSpec, Selector, Taint};
-use crate::names::{label_value, rule_name};
+use crate::names::{label_value, rule_prefix};
 use crate::opts::Effect;
 use crate::verdicts::Bad;
 use devgate::gpu::pci::GpuKey;
 use std::collections::BTreeMap;
 
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devgate-agent");
-pub const NODE_ANNOTATION: &str = "devgate.io/node";
+pub use crate::dra::{is_ours, MANAGED_BY, NODE_ANNOTATION};
 /// What an annotation may hold of devgate's words (the API server allows 256 KiB in all).
 const MAX_REASON: usize = 1024;
-
-/// Whether `r` is one of this node's agent's rules.
-pub fn is_ours(r: &DeviceTaintRule, node: &str) -> bool {
-    r.metadata.labels.get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
-        && r.metadata
-            .annotations
-            .get(NODE_ANNOTATION)
-            .map(String::as_str)
-            == Some(node)
-}
 
 /// The DRA device behind devgate's bad device: the one that names the same GPU, as the
 /// hook matches a taint to a GPU (`GpuKey::same_gpu`).
@@ -74,7 +63,7 @@ pub fn desired(
                 api_version: None,
                 kind: None,
                 metadata: Meta {
-                    name: rule_name(node, &d.driver, &d.pool, &d.device),
+                    generate_name: rule_prefix(node, &d.device),
                     labels: BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())]),
                     annotations,
                     ..Meta::default()
@@ -89,13 +78,14 @@ pub fn desired(
                         key: key.to_string(),
                         value: label_value(b.code.as_str()),
                         effect: effect.as_str().to_string(),
+                        time_added: None,
                     },
                 },
             }
         })
         .collect();
-    rules.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    rules.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+    rules.sort_by(|a, b| a.spec.device_selector.cmp(&b.spec.device_selector));
+    rules.dedup_by(|a, b| a.spec.device_selector == b.spec.device_selector);
     rules
 }
 
@@ -108,6 +98,7 @@ pub enum Step<'a> {
     /// edited.
     Update {
         rule: &'a DeviceTaintRule,
+        name: &'a str,
         resource_version: &'a str,
     },
     Delete {
@@ -116,17 +107,28 @@ pub enum Step<'a> {
     },
 }
 
+/// A rule of this agent is known by what it selects, not by its name (which the API
+/// server gives it): the first of its rules selecting a device is that device's, any
+/// other is deleted.
 pub fn plan<'a>(have: &'a [DeviceTaintRule], want: &'a [DeviceTaintRule]) -> Vec<Step<'a>> {
     let mut steps = Vec::new();
+    let for_device = |w: &DeviceTaintRule| {
+        have.iter()
+            .find(|h| h.spec.device_selector == w.spec.device_selector)
+    };
     for w in want {
-        match have.iter().find(|h| h.metadata.name == w.metadata.name) {
+        match for_device(w) {
             None => steps.push(Step::Create(w)),
             Some(h) => {
                 let code =
                     |r: &DeviceTaintRule| r.metadata.annotations.get("devgate.io/code").cloned();
-                if h.spec != w.spec || code(h) != code(w) {
+                // The API server adds timeAdded: not a difference of devgate's.
+                let same_spec = h.spec.device_selector == w.spec.device_selector
+                    && h.spec.taint.same(&w.spec.taint);
+                if !same_spec || code(h) != code(w) {
                     steps.push(Step::Update {
                         rule: w,
+                        name: &h.metadata.name,
                         resource_version: &h.metadata.resource_version,
                     });
                 }
@@ -134,7 +136,10 @@ pub fn plan<'a>(have: &'a [DeviceTaintRule], want: &'a [DeviceTaintRule]) -> Vec
         }
     }
     for h in have {
-        if !want.iter().any(|w| w.metadata.name == h.metadata.name) {
+        let kept = want
+            .iter()
+            .any(|w| for_device(w).is_some_and(|k| k.metadata.name == h.metadata.name));
+        if !kept {
             steps.push(Step::Delete {
                 name: &h.metadata.name,
                 uid: &h.metadata.uid,
@@ -155,7 +160,9 @@ pub async fn list_rules(api: &Api, version: &str) -> ApiResult<Vec<DeviceTaintRu
     Ok(l.items)
 }
 
-/// Brings this node's rules to `want`; returns how many it has after.
+/// Brings this node's rules to `want`; returns how many of `want` it holds after. A
+/// rule it could not create is left for the next sync and counted out, so the status
+/// file, doctor and the metrics show it (`rules` below `rules_wanted`).
 pub async fn apply(
     api: &Api,
     version: &str,
@@ -165,6 +172,7 @@ pub async fn apply(
 ) -> ApiResult<usize> {
     let have: Vec<DeviceTaintRule> = all.iter().filter(|r| is_ours(r, node)).cloned().collect();
     let base = format!("/apis/resource.k8s.io/{version}/devicetaintrules");
+    let mut held = want.len();
     for step in plan(&have, want) {
         match step {
             Step::Create(r) => {
@@ -172,23 +180,26 @@ pub async fn apply(
                 body["apiVersion"] = format!("resource.k8s.io/{version}").into();
                 body["kind"] = "DeviceTaintRule".into();
                 match api.post(&base, &body).await {
-                    // A rule of this name made by someone else: never ours to take over.
+                    // generateName met a name someone holds (the API server does not
+                    // retry): the next sync asks for another.
                     Err(e) if e.code() == Some(409) => {
+                        held -= 1;
                         log::warn!(
-                            "DeviceTaintRule {} exists and is not this agent's; left as it is",
-                            r.metadata.name
+                            "DeviceTaintRule {}…: the name given is taken; retried next sync",
+                            r.metadata.generate_name
                         )
                     }
                     Err(e) => return Err(e),
                     Ok(()) => log::info!(
-                        "created DeviceTaintRule {} ({})",
-                        r.metadata.name,
+                        "created DeviceTaintRule {}… ({})",
+                        r.metadata.generate_name,
                         taint_text(&r.spec.taint)
                     ),
                 }
             }
             Step::Update {
                 rule: r,
+                name,
                 resource_version,
             } => {
                 let body = serde_json::json!({
@@ -197,21 +208,19 @@ pub async fn apply(
                     "spec": {"deviceSelector": r.spec.device_selector, "taint": {
                         "key": r.spec.taint.key, "value": r.spec.taint.value, "effect": r.spec.taint.effect}},
                 });
-                api.patch(&format!("{base}/{}", r.metadata.name), &body, true)
-                    .await?;
+                api.patch(&format!("{base}/{name}"), &body, true).await?;
                 log::info!(
-                    "updated DeviceTaintRule {} ({})",
-                    r.metadata.name,
+                    "updated DeviceTaintRule {name} ({})",
                     taint_text(&r.spec.taint)
                 );
             }
             Step::Delete { name, uid } => {
                 api.delete(&format!("{base}/{name}"), uid).await?;
-                log::info!("deleted DeviceTaintRule {name}: the device is healthy again");
+                log::info!("deleted DeviceTaintRule {name}: the device is healthy again, or a second rule for it");
             }
         }
     }
-    Ok(want.len())
+    Ok(held)
 }
 
 pub fn taint_text(t: &Taint) -> String {
@@ -283,13 +292,14 @@ mod tests {
         .is_none());
     }
 
-    /// Another slice on the node (another driver, or a hostile one) that names the same
+    /// Another slice of the GPU driver on the node (a hostile one) that names the same
     /// GPU first does not take the taint from the device its real driver publishes: every
-    /// device that names the bad GPU is tainted.
+    /// device that names the bad GPU is tainted. (Another driver's devices name no GPU:
+    /// `dra::node_devices`.)
     #[test]
     fn every_device_naming_the_bad_gpu_is_tainted() {
         let mut decoy = dev("decoy", Some("GPU-2"), None);
-        decoy.driver = "evil.example.com".into();
+        decoy.pool = "elsewhere".into();
         let devs = [decoy, dev("gpu-2", Some("GPU-2"), Some("0000:03:00.0"))];
         let want = desired(
             &[bad(Some("GPU-2"), None, Code::XidCritical)],
@@ -317,7 +327,8 @@ mod tests {
         );
         assert_eq!(want.len(), 1);
         let r = &want[0];
-        assert!(r.metadata.name.starts_with("devgate-n1-gpu-2-"));
+        assert_eq!(r.metadata.generate_name, "devgate-n1-gpu-2-");
+        assert!(r.metadata.name.is_empty(), "the API server names it");
         assert!(is_ours(r, "n1") && !is_ours(r, "n2"));
         let sel = r.spec.device_selector.as_ref().unwrap();
         assert_eq!(
@@ -348,6 +359,8 @@ mod tests {
         assert!(matches!(plan(&[], &want)[..], [Step::Create(_)]));
         let mut have = want.clone();
         have[0].metadata.uid = "u1".into();
+        have[0].metadata.name = "devgate-n1-gpu-2-x7k2p".into();
+        have[0].spec.taint.time_added = Some("2026-12-05T00:00:00Z".into());
         assert!(plan(&have, &want).is_empty());
         let changed = desired(
             &[bad(Some("GPU-2"), None, Code::Quarantined)],
@@ -369,6 +382,41 @@ mod tests {
             vec![Step::Delete {
                 name: &have[0].metadata.name,
                 uid: "u1"
+            }]
+        );
+    }
+
+    /// Someone created a rule of the name devgate used to give (issue #36): it is not
+    /// this agent's, so the agent creates its own under a generated name; a rule of its
+    /// own from before, of any name, is taken over; a second of its own is deleted.
+    #[test]
+    fn a_squatted_name_never_stops_the_agent_and_its_own_rules_are_found_by_device() {
+        let devs = [dev("gpu-2", Some("GPU-2"), None)];
+        let want = desired(
+            &[bad(Some("GPU-2"), None, Code::XidCritical)],
+            &devs,
+            "n1",
+            "k",
+            Effect::NoSchedule,
+        );
+        let mut squat = want[0].clone();
+        squat.metadata.name = "devgate-n1-gpu-2-0123abcd".into();
+        squat.metadata.labels.clear();
+        let all = [squat];
+        let have: Vec<_> = all.iter().filter(|r| is_ours(r, "n1")).cloned().collect();
+        assert!(
+            matches!(plan(&have, &want)[..], [Step::Create(r)] if r.metadata.generate_name == "devgate-n1-gpu-2-")
+        );
+        let mut old = want[0].clone();
+        old.metadata.name = "devgate-n1-gpu-2-0123abcd".into();
+        let mut second = want[0].clone();
+        second.metadata.name = "devgate-n1-gpu-2-zzzzz".into();
+        second.metadata.uid = "u2".into();
+        assert_eq!(
+            plan(&[old, second], &want),
+            vec![Step::Delete {
+                name: "devgate-n1-gpu-2-zzzzz",
+                uid: "u2"
             }]
         );
     }

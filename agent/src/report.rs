@@ -56,6 +56,18 @@ pub fn metrics(r: &Report) -> String {
             r.inward_taints as u64,
         ),
         g(
+            "devgate_agent_device_taint_rules_wanted",
+            "DeviceTaintRules this agent should keep; more than it keeps is a failure.",
+            "gauge",
+            r.rules_wanted as u64,
+        ),
+        g(
+            "devgate_agent_cluster_taints_overflow",
+            "1 when the cluster put more taints on this node's GPUs than the gate's file holds.",
+            "gauge",
+            r.inward_overflow.is_some() as u64,
+        ),
+        g(
             "devgate_agent_bad_devices",
             "Devices devgate judges bad on this node.",
             "gauge",
@@ -77,6 +89,7 @@ mod tests {
         let m = super::metrics(&r);
         assert!(m.contains("# TYPE devgate_agent_api_up gauge\ndevgate_agent_api_up 1\n"));
         assert!(m.contains("devgate_agent_device_taint_rules 2\n"));
+        assert!(m.contains("devgate_agent_cluster_taints_overflow 0\n"));
         assert!(m.contains("# TYPE devgate_agent_api_errors_total counter\n"));
     }
 }

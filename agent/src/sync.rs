@@ -6,15 +6,15 @@
 
 use crate::api::{Api, ApiError, ApiResult};
 use crate::dra::{node_devices, List, NodeDevice, ResourceClaim, ResourceSlice};
-use crate::inward::{file_taints, taints_here};
+use crate::inward::{self, file_taints, taints_here, Inward};
 use crate::local::{Local, Stamp};
 use crate::metrics::Shared;
 use crate::node;
 use crate::opts::Opts;
 use crate::outward::{self, desired, list_rules, published_as};
 use crate::report::{previous, Report};
-use crate::verdicts::{self, Bad, Verdicts};
-use devgate::store::cluster::{self, ClusterTaint, ClusterTaints};
+use crate::verdicts::{self, Bad, NodeGpu, Verdicts};
+use devgate::store::cluster::{self, ClusterTaints};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,8 @@ pub struct Agent {
     api: Option<Api>,
     bad: Vec<Bad>,
     gpus: usize,
+    /// This node's GPUs, once devgate has answered: the only devices whose taints count.
+    gpu_ids: Option<Vec<NodeGpu>>,
     stamp: Option<Stamp>,
     last_status: Option<Instant>,
     /// DRA's version, found once per connection (None inside: DRA or its taints are off).
@@ -36,9 +38,9 @@ pub struct Agent {
     backoff: Duration,
     next_api: Instant,
     report: Report,
-    /// What the hook's file holds, as this agent last wrote it.
-    /// The taints last written to the gate's file, and when.
-    written: Option<(Vec<ClusterTaint>, u64)>,
+    /// What the hook's file holds, as this agent last wrote it (its time aside), and
+    /// when it wrote it.
+    written: Option<(ClusterTaints, u64)>,
     report_written: Option<(Report, Instant)>,
 }
 
@@ -59,6 +61,7 @@ impl Agent {
             api: None,
             bad: Vec::new(),
             gpus: 0,
+            gpu_ids: None,
             stamp: None,
             last_status: None,
             dra: None,
@@ -145,7 +148,7 @@ impl Agent {
         };
         self.last_status = Some(Instant::now());
         match parsed {
-            Ok(Verdicts { bad, gpus }) => {
+            Ok(Verdicts { bad, gpus, gpu_ids }) => {
                 if bad != self.bad {
                     log::info!("devgate judges {} device(s) bad", bad.len());
                     // A new verdict is news: tell the API server now, not after a back-off.
@@ -153,6 +156,7 @@ impl Agent {
                 }
                 self.bad = bad;
                 self.gpus = gpus;
+                self.gpu_ids = Some(gpu_ids);
                 self.stamp = Some(stamp);
             }
             // The last verdicts stand: a devgate that cannot answer clears nothing.
@@ -197,7 +201,12 @@ impl Agent {
         // (an Event, the node taint) never leaves the gate with stale taints.
         if let Some(v) = version {
             let rules = list_rules(api, v).await?;
-            let found = taints_here(&rules, &devices, &self.opts.node_name);
+            let found = taints_here(
+                &rules,
+                &devices,
+                &self.opts.node_name,
+                self.gpu_ids.as_deref(),
+            );
             let claims = if found.is_empty() {
                 Vec::new()
             } else {
@@ -211,10 +220,12 @@ impl Agent {
                 &self.opts.taint_key,
                 self.opts.effect,
             );
+            self.report.rules_wanted = want.len();
             self.report.rules = outward::apply(api, v, &self.opts.node_name, &rules, &want).await?;
         } else {
             self.report.rules = 0;
-            self.write_file(Vec::new());
+            self.report.rules_wanted = 0;
+            self.write_file(Inward::default());
         }
         // The node taint before the condition: its patch is made at the Node's version
         // read above, which the status patch would move on.
@@ -251,7 +262,11 @@ impl Agent {
         let l: List<ResourceSlice> = api
             .get(&format!("/apis/resource.k8s.io/{v}/resourceslices{q}"))
             .await?;
-        Ok(node_devices(&l.items, &self.opts.node_name))
+        Ok(node_devices(
+            &l.items,
+            &self.opts.node_name,
+            &self.opts.gpu_driver,
+        ))
     }
 
     /// Every claim: asked only while a device here is tainted, to learn who tolerates it.
@@ -309,35 +324,35 @@ impl Agent {
     /// Called only after the cluster was read: the file's `written_unix` says the taints
     /// were seen so then. An unchanged file is rewritten every [`cluster::REFRESH_S`], so
     /// the hook can tell a file no agent confirms any more (`cluster_taints_max_age_s`).
-    fn write_file(&mut self, taints: Vec<ClusterTaint>) {
-        self.report.inward_taints = taints.len();
+    fn write_file(&mut self, found: Inward) {
+        let mut file = inward::file(&self.opts.node_name, 0, found);
+        self.report.inward_taints = file.taints.len();
+        self.report.inward_overflow = file.overflow.clone();
         let now = now_unix();
-        let changed = !matches!(&self.written, Some((last, _)) if *last == taints);
-        if !changed
-            && self
-                .written
-                .as_ref()
-                .is_some_and(|(_, at)| now.saturating_sub(*at) < cluster::REFRESH_S)
-        {
+        let changed = !matches!(&self.written, Some((last, _)) if *last == file);
+        let fresh = (self.written.as_ref())
+            .is_some_and(|(_, at)| now.saturating_sub(*at) < cluster::REFRESH_S);
+        if !changed && fresh {
             return;
         }
         let dir = self.local.state_dir();
-        let file = ClusterTaints {
-            node: self.opts.node_name.clone(),
-            written_unix: now,
-            taints: taints.clone(),
-        };
+        let same = file.clone();
+        file.written_unix = now;
         match cluster::write(&dir, &file) {
             Ok(()) => {
                 let path = cluster::path(&dir);
                 if changed {
                     log::info!(
-                        "{}: {} cluster taint(s) for the gate",
+                        "{}: {} cluster taint(s) for the gate{}",
                         path.display(),
-                        taints.len()
+                        file.taints.len(),
+                        file.overflow.as_deref().map_or(String::new(), |o| format!(
+                            "; overflowed: {}",
+                            devgate::model::text::one_line(o)
+                        ))
                     );
                 }
-                self.written = Some((taints, now));
+                self.written = Some((same, now));
             }
             Err(e) => log::warn!("{e}"),
         }

@@ -76,6 +76,13 @@ pub struct Bad {
     pub pci_bus_id: Option<String>,
 }
 
+/// One NVIDIA GPU of this node, as devgate names it (NVML, else the driver's list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGpu {
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+}
+
 /// What the agent takes from one `devgate status --json`.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Verdicts {
@@ -83,6 +90,8 @@ pub struct Verdicts {
     pub bad: Vec<Bad>,
     /// How many NVIDIA GPUs devgate lists, healthy or not.
     pub gpus: usize,
+    /// Those GPUs: the only devices whose cluster taints the hook's file carries.
+    pub gpu_ids: Vec<NodeGpu>,
 }
 
 /// Reads devgate's status; Err when the text is not devgate's status.
@@ -93,7 +102,15 @@ pub fn read(status_json: &str) -> Result<Verdicts, String> {
     bad.sort_by(|a, b| a.key.cmp(&b.key));
     bad.dedup_by(|a, b| a.key == b.key);
     let gpus = rows.iter().filter(|r| r.class == Class::NvidiaGpu).count();
-    Ok(Verdicts { bad, gpus })
+    let gpu_ids = (rows.iter())
+        .filter(|r| r.class == Class::NvidiaGpu)
+        .filter_map(|r| r.gpu.as_ref())
+        .map(|g| NodeGpu {
+            uuid: g.uuid.clone(),
+            pci_bus_id: g.pci_bus_id.clone(),
+        })
+        .collect();
+    Ok(Verdicts { bad, gpus, gpu_ids })
 }
 
 fn bad_row(r: &Row) -> Option<Bad> {
@@ -139,7 +156,9 @@ mod tests {
 
     #[test]
     fn devgates_own_unhealthy_verdicts_only() {
-        let Verdicts { bad, gpus } = read(STATUS).unwrap();
+        let Verdicts { bad, gpus, gpu_ids } = read(STATUS).unwrap();
+        assert_eq!(gpu_ids.len(), 3);
+        assert_eq!(gpu_ids[1].uuid.as_deref(), Some("GPU-2"));
         assert_eq!(bad.len(), 1, "{bad:?}");
         let b = &bad[0];
         assert_eq!(b.key, "c 195:2");
@@ -174,7 +193,7 @@ mod tests {
           {"type":"c","major":195,"minor":2,"class":"nvidia-gpu","verdicts":[42,
             {"probe":"cluster","status":"unhealthy","code":"cluster_taint_v2","reason":"t"}]}
         ]"#;
-        let Verdicts { bad, gpus } = read(status).unwrap();
+        let Verdicts { bad, gpus, .. } = read(status).unwrap();
         assert_eq!(gpus, 3);
         let keys: Vec<_> = bad.iter().map(|b| (b.key.as_str(), b.code)).collect();
         assert_eq!(

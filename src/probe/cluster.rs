@@ -41,13 +41,14 @@ impl Probe for ClusterTaintProbe<'_> {
         }
         let taints = match self.gpu.cluster_taints.get() {
             Ok(None) => return Verdict::Healthy,
-            Ok(Some(t)) => match t.stale_age(self.now, self.max_age_s) {
+            Ok(Some(t)) => match (t.stale_age(self.now, self.max_age_s), &t.overflow) {
                 // The taints may have changed since, either way: a taint cleared in the
                 // cluster must not refuse pods forever, nor a new one go unseen silently.
-                Some(age) => {
+                (Some(age), _) => {
                     return Verdict::unknown(Code::ClusterTaintsStale, stale(age, self.max_age_s))
                 }
-                None => t,
+                (None, Some(why)) => return overflowed(why),
+                (None, None) => t,
             },
             Err(e) => {
                 return Verdict::unknown(
@@ -61,7 +62,8 @@ impl Probe for ClusterTaintProbe<'_> {
             uuid: self.gpu.uuid_of_minor(minor),
             pci: self.gpu.pci_of_minor(minor),
         };
-        match blocking_taint(&taints.taints, id, self.pod_uid) {
+        let now = crate::model::clock::now().0;
+        match blocking_taint(&taints.taints, id, self.pod_uid, now) {
             Some(t) => Verdict::unhealthy(Code::ClusterTaint, detail(t)),
             None => Verdict::Healthy,
         }
@@ -76,17 +78,35 @@ pub fn stale(age: u64, max_age_s: u64) -> String {
     )
 }
 
-/// The first taint on the GPU that keeps the pod off it: NoSchedule or NoExecute, and
-/// not tolerated by `pod_uid`.
+/// The first taint on the GPU that keeps the pod off it at `now` (unix seconds):
+/// NoSchedule or NoExecute, and not tolerated by `pod_uid` (for good, or until a time
+/// not yet past).
 pub fn blocking_taint<'t>(
     taints: &'t [ClusterTaint],
     gpu: GpuId,
     pod_uid: Option<&str>,
+    now: u64,
 ) -> Option<&'t ClusterTaint> {
     taints
         .iter()
         .filter(|t| t.effect.blocks() && is_on(t, gpu))
-        .find(|t| !tolerated(t, pod_uid))
+        .find(|t| !tolerated(t, pod_uid) && !tolerated_until(t, pod_uid, now))
+}
+
+/// Whether `pod_uid` tolerates the taint for a time that has not run out at `now`.
+fn tolerated_until(taint: &ClusterTaint, pod_uid: Option<&str>, now: u64) -> bool {
+    pod_uid.is_some_and(|u| {
+        !u.is_empty() && (taint.tolerated_until.iter()).any(|p| p.pod == u && now < p.until_unix)
+    })
+}
+
+/// The agent found more taints on this node's GPUs than its file holds: no GPU's
+/// taints are known.
+fn overflowed(why: &str) -> Verdict {
+    Verdict::unknown(
+        Code::ClusterTaintsUnreadable,
+        format!("cluster taints overflowed: {}", shown(why)),
+    )
 }
 
 /// Whether the taint is on this GPU ([`GpuId::same_gpu`]).
@@ -147,10 +167,12 @@ mod tests {
             effect,
             source: "DeviceTaintRule example-rule".into(),
             tolerated_by: vec!["pod-a".into()],
+            tolerated_until: vec![],
         }
     }
 
     const UUID: &str = "GPU-0f8e1c2d-1111-2222-3333-444444444444";
+    const NOW: u64 = 1_800_000_000;
 
     fn gpu() -> GpuId<'static> {
         GpuId {
@@ -215,19 +237,19 @@ mod tests {
     #[test]
     fn a_tolerating_pod_and_effect_none_pass_everyone_else_is_kept_off() {
         let t = [taint(Some(UUID), None, Effect::NoSchedule)];
-        assert!(blocking_taint(&t, gpu(), None).is_some());
-        assert!(blocking_taint(&t, gpu(), Some("pod-b")).is_some());
-        assert!(blocking_taint(&t, gpu(), Some("pod-a")).is_none());
+        assert!(blocking_taint(&t, gpu(), None, NOW).is_some());
+        assert!(blocking_taint(&t, gpu(), Some("pod-b"), NOW).is_some());
+        assert!(blocking_taint(&t, gpu(), Some("pod-a"), NOW).is_none());
         // an empty uid tolerates nothing, even against an empty entry
         let mut empty = t.clone();
         empty[0].tolerated_by = vec![String::new()];
-        assert!(blocking_taint(&empty, gpu(), Some("")).is_some());
+        assert!(blocking_taint(&empty, gpu(), Some(""), NOW).is_some());
         let none = [taint(Some(UUID), None, Effect::None)];
-        assert!(blocking_taint(&none, gpu(), None).is_none());
+        assert!(blocking_taint(&none, gpu(), None, NOW).is_none());
         // the first taint the pod does not tolerate is the one named
         let mut two = vec![t[0].clone(), taint(Some(UUID), None, Effect::NoExecute)];
         two[1].tolerated_by.clear();
-        let b = blocking_taint(&two, gpu(), Some("pod-a")).unwrap();
+        let b = blocking_taint(&two, gpu(), Some("pod-a"), NOW).unwrap();
         assert_eq!(b.effect, Effect::NoExecute);
     }
 
@@ -258,6 +280,33 @@ mod tests {
             d.chars().count() < 6 * (MAX_SHOWN_CHARS + 1) + 100,
             "{}",
             d.len()
+        );
+    }
+
+    /// A pod tolerated until a time (a NoExecute toleration's seconds) is let through
+    /// before it, refused from it on; another pod never.
+    #[test]
+    fn a_pod_tolerated_for_a_time_is_refused_after_it() {
+        use crate::store::cluster::TimedToleration;
+        let mut t = [taint(Some(UUID), None, Effect::NoExecute)];
+        t[0].tolerated_by.clear();
+        t[0].tolerated_until = vec![TimedToleration {
+            pod: "pod-a".into(),
+            until_unix: NOW + 60,
+        }];
+        assert!(blocking_taint(&t, gpu(), Some("pod-a"), NOW).is_none());
+        assert!(blocking_taint(&t, gpu(), Some("pod-a"), NOW + 59).is_none());
+        assert!(blocking_taint(&t, gpu(), Some("pod-a"), NOW + 60).is_some());
+        assert!(blocking_taint(&t, gpu(), Some("pod-b"), NOW).is_some());
+        assert!(blocking_taint(&t, gpu(), Some(""), NOW).is_some());
+    }
+
+    #[test]
+    fn an_overflowed_file_is_unknown() {
+        let v = overflowed("1100 taints\n");
+        assert!(
+            matches!(&v, Verdict::Unknown(w) if w.code == Code::ClusterTaintsUnreadable),
+            "{v:?}"
         );
     }
 }

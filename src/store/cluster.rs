@@ -79,6 +79,18 @@ pub struct ClusterTaint {
     /// The uids of the pods whose claim on this device tolerates the taint.
     #[serde(default)]
     pub tolerated_by: Vec<String>,
+    /// Pods that tolerate the taint only until a time (a NoExecute toleration's
+    /// `tolerationSeconds`, counted from the taint's `timeAdded`, as the eviction
+    /// controller counts). A hook that does not know this field tolerates none of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerated_until: Vec<TimedToleration>,
+}
+
+/// A pod that tolerates a taint until `until_unix` (seconds since the epoch), not after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimedToleration {
+    pub pod: String,
+    pub until_unix: u64,
 }
 
 /// The whole taints file.
@@ -88,6 +100,10 @@ pub struct ClusterTaints {
     pub written_unix: u64,
     #[serde(default)]
     pub taints: Vec<ClusterTaint>,
+    /// Set when the cluster put more taints on this node's GPUs than the file holds: the
+    /// agent wrote none, and says why; the hook then knows no GPU's taints (unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow: Option<String>,
 }
 
 impl ClusterTaints {
@@ -110,6 +126,7 @@ impl ClusterTaints {
             ));
         }
         bounded("node", &self.node)?;
+        self.check_added_bounds()?;
         for (i, t) in self.taints.iter().enumerate() {
             if t.tolerated_by.len() > MAX_TOLERATED_BY {
                 return Err(format!(
@@ -132,6 +149,25 @@ impl ClusterTaints {
             }
             for s in &t.tolerated_by {
                 bounded("tolerated_by", s).map_err(|e| format!("taint {i}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ClusterTaints {
+    /// The bounds of the fields added by issue #36: `overflow`, `tolerated_until`.
+    fn check_added_bounds(&self) -> std::result::Result<(), String> {
+        bounded("overflow", self.overflow.as_deref().unwrap_or(""))?;
+        for (i, t) in self.taints.iter().enumerate() {
+            if t.tolerated_until.len() > MAX_TOLERATED_BY {
+                return Err(format!(
+                    "taint {i}: {} pods tolerating for a time, more than {MAX_TOLERATED_BY}",
+                    t.tolerated_until.len()
+                ));
+            }
+            for p in &t.tolerated_until {
+                bounded("tolerated_until", &p.pod).map_err(|e| format!("taint {i}: {e}"))?;
             }
         }
         Ok(())
@@ -194,6 +230,12 @@ pub fn write(state_dir: &Path, taints: &ClusterTaints) -> Result<()> {
     write_atomic_volatile(&p, &text, 0o644)
 }
 
+/// How many bytes [`write`] would write for `taints`: the agent keeps a file it builds
+/// under [`MAX_TAINTS_BYTES`] by this.
+pub fn file_bytes(taints: &ClusterTaints) -> usize {
+    to_json_line(taints).len()
+}
+
 /// The taints file read at most once per call, on first use: a container with no NVIDIA
 /// GPU never opens it, and a missing file costs one failed open.
 #[derive(Debug)]
@@ -246,6 +288,14 @@ pub struct AgentStatus {
     /// tells only real transitions as Events.
     #[serde(default)]
     pub published: Vec<(String, String)>,
+    /// Why the taints file holds no taints though the cluster put some on this node's
+    /// GPUs (more than the file's bounds); None when it holds them all.
+    #[serde(default)]
+    pub inward_overflow: Option<String>,
+    /// The DeviceTaintRules the agent should keep for this node (`rules` is how many it
+    /// does); more wanted than kept is a failure doctor shows.
+    #[serde(default)]
+    pub rules_wanted: usize,
 }
 
 /// `<state_dir>/agent-status.json`.
@@ -282,6 +332,7 @@ mod tests {
             effect: Effect::NoSchedule,
             source: "DeviceTaintRule example-rule".into(),
             tolerated_by: vec!["pod-a".into()],
+            tolerated_until: vec![],
         }
     }
 
@@ -290,6 +341,7 @@ mod tests {
             node: "node-1".into(),
             written_unix: 1764930000,
             taints: vec![taint(); n],
+            overflow: None,
         }
     }
 

@@ -107,6 +107,9 @@ pub(crate) fn judge(status: &Result<Option<AgentStatus>>, now: u64) -> Line {
             format!("cannot reach the Kubernetes API; {}", last_error()),
         );
     }
+    if let Some(line) = not_in_step(s, &last_error()) {
+        return line;
+    }
     Line::pass(
         CHECK,
         format!(
@@ -118,6 +121,31 @@ pub(crate) fn judge(status: &Result<Option<AgentStatus>>, now: u64) -> Line {
             s.bad_devices
         ),
     )
+}
+
+/// A warning when the agent is up but does not do its whole job: the cluster's taints
+/// overflowed the hook's file, or it holds fewer rules than it should (issue #36).
+fn not_in_step(s: &AgentStatus, last_error: &str) -> Option<Line> {
+    if let Some(why) = &s.inward_overflow {
+        let cut: String = why.chars().take(MAX_ERROR_CHARS).collect();
+        return Some(Line::warn(
+            CHECK,
+            format!(
+                "cluster taints overflowed ({}): every GPU's cluster taints are unknown",
+                crate::model::text::one_line(&cut)
+            ),
+        ));
+    }
+    if s.rules < s.rules_wanted {
+        return Some(Line::warn(
+            CHECK,
+            format!(
+                "holds {} of the {} DeviceTaintRules it should; {}",
+                s.rules, s.rules_wanted, last_error
+            ),
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -164,6 +192,7 @@ mod tests {
                 node: "node-1".into(),
                 written_unix: written,
                 taints: Vec::new(),
+                overflow: None,
             }))
         };
         assert!(judge_taints(&Ok(None), 300, 1000).is_none());
@@ -190,5 +219,29 @@ mod tests {
         let r = l.render();
         assert!(!r.contains('\n') && !r.contains('\x1b'), "{r}");
         assert!(r.len() < 700, "{}", r.len());
+    }
+
+    /// A rule the agent cannot hold, or taints past the file's bounds, is a warning.
+    #[test]
+    fn rules_not_held_and_an_overflow_warn() {
+        let mut s = status(999, true, None);
+        s.rules_wanted = 2;
+        let l = judge(&Ok(Some(s.clone())), 1000);
+        assert_eq!(l.mark, Mark::Warn);
+        assert!(
+            l.text.contains("holds 1 of the 2 DeviceTaintRules"),
+            "{}",
+            l.text
+        );
+        s.rules_wanted = 1;
+        s.inward_overflow = Some("513 ResourceSlice taints\n".into());
+        let l = judge(&Ok(Some(s)), 1000);
+        assert_eq!(l.mark, Mark::Warn);
+        assert!(
+            l.text
+                .contains("overflowed (513 ResourceSlice taints\\x0a)"),
+            "{}",
+            l.text
+        );
     }
 }
