@@ -1790,7 +1790,10 @@ fn env_selectors_false_ignores_nvidia_visible_devices() {
 /// A spec that lists no GPU but allows every device (runc reads any rule of type `a`, or
 /// of no type, as allow-all; a -1 or missing number as any) lets a container with CAP_MKNOD
 /// make and open a broken GPU's node: every GPU under dev_root is checked, and the broken
-/// one rejects the start. Access `m` alone (containerd's default) opens nothing.
+/// one rejects the start. Access `m` alone (containerd's default) opens nothing. The one
+/// exception is the allow-all `rwm` of a privileged container, which holds every device:
+/// judged on its assigned devices, it starts with the held line, unless
+/// `policy.strict_privileged` is set (issue 35).
 #[test]
 fn a_wildcard_allow_rule_checks_every_gpu() {
     require_root!();
@@ -1799,8 +1802,22 @@ fn a_wildcard_allow_rule_checks_every_gpu() {
         3,
         json!({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": false, "failure": true}}),
     );
+    let allow_all = json!({"allow": true, "access": "rwm"});
+    let mut spec = base_spec(&["true"]);
+    spec["linux"]["resources"]["devices"] = json!([allow_all]);
+    let out = n.prestart(&spec, &bad);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = n.said(&out);
+    assert!(said.contains("devgate: warning: holds ") && said.contains("195:3"), "{said}");
+    let strict = node(
+        "wildallow-strict",
+        fake_nvml::lib(),
+        json!({"policy": {"strict_privileged": true}}),
+    );
+    let out = strict.prestart(&spec, &bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(strict.said(&out).contains("195:3"), "{}", text(&out));
     for rule in [
-        json!({"allow": true, "access": "rwm"}),
         json!({"allow": true, "type": "a", "major": 1, "minor": 3, "access": "rw"}),
         json!({"allow": true, "type": "c", "major": 195, "access": "rwm"}),
         json!({"allow": true, "access": "m"}),
