@@ -1808,7 +1808,10 @@ fn a_wildcard_allow_rule_checks_every_gpu() {
     let out = n.prestart(&spec, &bad);
     assert!(out.status.success(), "{}", text(&out));
     let said = n.said(&out);
-    assert!(said.contains("devgate: warning: holds ") && said.contains("195:3"), "{said}");
+    assert!(
+        said.contains("devgate: warning: holds ") && said.contains("195:3"),
+        "{said}"
+    );
     let strict = node(
         "wildallow-strict",
         fake_nvml::lib(),
