@@ -156,7 +156,7 @@ impl ClusterTaints {
 }
 
 impl ClusterTaints {
-    /// The bounds of the fields added by issue #36: `overflow`, `tolerated_until`.
+    /// The bounds of `overflow` and of each taint's `tolerated_until`.
     fn check_added_bounds(&self) -> std::result::Result<(), String> {
         bounded("overflow", self.overflow.as_deref().unwrap_or(""))?;
         for (i, t) in self.taints.iter().enumerate() {
