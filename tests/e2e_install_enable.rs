@@ -775,6 +775,34 @@ impl Drop for PodOn {
     }
 }
 
+/// The node's containerd config.toml, in the version of the containerd under test, with
+/// its state under `work` and its socket at `sock`: the CRI settings of a node without a
+/// registry, and a runc runtime of its own (after `note`). Written under the node's /etc;
+/// returns its path and text.
+fn write_node_config(
+    host: &NodeNs,
+    work: &Path,
+    sock: &Path,
+    version: &cri::Config,
+    note: &str,
+) -> (PathBuf, String) {
+    let config = format!(
+        "{top}\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
+         [ttrpc]\n  address = \"{sock}.ttrpc\"\n\n[debug]\n  address = \"\"\n\n\
+         [metrics]\n  address = \"\"\n\n{cri}\n{note}{runc}\n  runtime_type = \"io.containerd.runc.v2\"\n",
+        top = version.top(),
+        root = work.join("root").display(),
+        state = work.join("state").display(),
+        sock = sock.display(),
+        cri = version.plugin_settings(TEST_IMAGE),
+        runc = version.runc_table(),
+    );
+    let file = host.path("/etc/containerd/config.toml");
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, &config).unwrap();
+    (file, config)
+}
+
 #[test]
 fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     require_root!();
@@ -793,21 +821,8 @@ fn enable_on_a_node_without_systemd_then_restart_by_hand() {
     // under whose header install-host adds its lines.
     let version = cri::Config::of_containerd();
     version.say_loaded("the test's config.toml");
-    let config = format!(
-        "{top}\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
-         [ttrpc]\n  address = \"{sock}.ttrpc\"\n\n[debug]\n  address = \"\"\n\n\
-         [metrics]\n  address = \"\"\n\n{cri}\n# the operator's runc\n\
-         {runc}\n  runtime_type = \"io.containerd.runc.v2\"\n",
-        top = version.top(),
-        root = work.join("root").display(),
-        state = work.join("state").display(),
-        sock = sock.display(),
-        cri = version.plugin_settings(TEST_IMAGE),
-        runc = version.runc_table(),
-    );
-    let file = host.path("/etc/containerd/config.toml");
-    fs::create_dir_all(file.parent().unwrap()).unwrap();
-    fs::write(&file, &config).unwrap();
+    let (file, config) =
+        write_node_config(&host, &work, &sock, &version, "# the operator's runc\n");
 
     // podman on the node: its runtime is crun (podman's default), its settings this
     // machine's (the test Podman's) in the node's own containers.conf.
@@ -1349,20 +1364,7 @@ fn gpu_operator_node(toolkit_first: bool) {
     let host = NodeNs::new(&work);
     let sock = work.join("c.sock");
     let version = cri::Config::of_containerd();
-    let config = format!(
-        "{top}\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n\
-         [ttrpc]\n  address = \"{sock}.ttrpc\"\n\n[debug]\n  address = \"\"\n\n\
-         [metrics]\n  address = \"\"\n\n{cri}\n{runc}\n  runtime_type = \"io.containerd.runc.v2\"\n",
-        top = version.top(),
-        root = work.join("root").display(),
-        state = work.join("state").display(),
-        sock = sock.display(),
-        cri = version.plugin_settings(TEST_IMAGE),
-        runc = version.runc_table(),
-    );
-    let file = host.path("/etc/containerd/config.toml");
-    fs::create_dir_all(file.parent().unwrap()).unwrap();
-    fs::write(&file, &config).unwrap();
+    let (file, _) = write_node_config(&host, &work, &sock, &version, "");
     host.lay_toolkit(&toolkit_bin(), &gpus.dev_root);
     let install = [
         "install-host",
