@@ -62,8 +62,7 @@ impl Probe for ClusterTaintProbe<'_> {
             uuid: self.gpu.uuid_of_minor(minor),
             pci: self.gpu.pci_of_minor(minor),
         };
-        let now = crate::model::clock::now().0;
-        match blocking_taint(&taints.taints, id, self.pod_uid, now) {
+        match blocking_taint(&taints.taints, id, self.pod_uid, self.now) {
             Some(t) => Verdict::unhealthy(Code::ClusterTaint, detail(t)),
             None => Verdict::Healthy,
         }
@@ -90,14 +89,7 @@ pub fn blocking_taint<'t>(
     taints
         .iter()
         .filter(|t| t.effect.blocks() && is_on(t, gpu))
-        .find(|t| !tolerated(t, pod_uid) && !tolerated_until(t, pod_uid, now))
-}
-
-/// Whether `pod_uid` tolerates the taint for a time that has not run out at `now`.
-fn tolerated_until(taint: &ClusterTaint, pod_uid: Option<&str>, now: u64) -> bool {
-    pod_uid.is_some_and(|u| {
-        !u.is_empty() && (taint.tolerated_until.iter()).any(|p| p.pod == u && now < p.until_unix)
-    })
+        .find(|t| !tolerated(t, pod_uid, now))
 }
 
 /// The agent found more taints on this node's GPUs than its file holds: no GPU's
@@ -114,9 +106,13 @@ pub fn is_on(taint: &ClusterTaint, gpu: GpuId) -> bool {
     GpuId::of(taint.uuid.as_deref(), taint.pci_bus_id.as_deref()).same_gpu(&gpu)
 }
 
-/// Whether the pod whose uid is `pod_uid` tolerates the taint. No uid tolerates nothing.
-fn tolerated(taint: &ClusterTaint, pod_uid: Option<&str>) -> bool {
-    pod_uid.is_some_and(|u| !u.is_empty() && taint.tolerated_by.iter().any(|p| p == u))
+/// Whether the pod whose uid is `pod_uid` tolerates the taint at `now`: for good, or for a
+/// time not yet run out. No uid tolerates nothing.
+fn tolerated(taint: &ClusterTaint, pod_uid: Option<&str>, now: u64) -> bool {
+    pod_uid.filter(|u| !u.is_empty()).is_some_and(|u| {
+        taint.tolerated_by.iter().any(|p| p == u)
+            || (taint.tolerated_until.iter()).any(|p| p.pod == u && now < p.until_unix)
+    })
 }
 
 /// `tainted in the cluster: KEY=VALUE:EFFECT (SOURCE on DRIVER/POOL/DEVICE)`, each
