@@ -40,7 +40,7 @@ pub const HELD_RULE: &str =
     "held, not assigned: a container that holds every device is judged on its assigned devices";
 
 /// How the held line begins ([`held_line`]).
-pub const HELD_PREFIX: &str = "devgate: warning: holds ";
+const HELD_PREFIX: &str = "devgate: warning: holds ";
 
 /// The rule of a device whose findings only warn, by how it reached the container: a GPU
 /// named only by `all`, which every CUDA image asks for and may not even use; a device a
@@ -200,7 +200,9 @@ pub fn held_line(held: &[&DeviceDecision]) -> String {
     ))
 }
 
-/// The container's action, its reject line if any, and warning lines for stderr.
+/// The container's action, its line (the reject line; else, where a privileged container
+/// holds bad devices it was not assigned, the held line, for the decision log), and
+/// warning lines for stderr.
 pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<String>) {
     let rejected: Vec<&DeviceDecision> = decisions
         .iter()
@@ -208,9 +210,8 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<S
         .collect();
     let mut warnings = Vec::new();
     let held: Vec<&DeviceDecision> = decisions.iter().filter(|d| is_held_bad(d)).collect();
-    if !held.is_empty() {
-        warnings.push(held_line(&held));
-    }
+    let held = (!held.is_empty()).then(|| held_line(&held));
+    warnings.extend(held.clone());
     for d in decisions {
         if d.disposition == Disposition::Allowed && !is_held_bad(d) {
             warnings.push(one_line(&format!("devgate: warning: {}", reject_clause(d))));
@@ -239,7 +240,7 @@ pub fn summarize(decisions: &[DeviceDecision]) -> (Action, Option<String>, Vec<S
     } else {
         Action::Allow
     };
-    (action, None, warnings)
+    (action, held, warnings)
 }
 
 #[cfg(test)]
@@ -321,15 +322,15 @@ mod tests {
         assert_eq!(d[1].disposition, Disposition::Allowed);
         assert_eq!(d[2].disposition, Disposition::Healthy);
         let (action, message, warnings) = summarize(&d);
-        assert_eq!((action, message), (Action::Warn, None));
-        assert_eq!(
-            warnings,
-            vec![format!(
-                "{HELD_PREFIX}/dev/nvidia2 (195:2): GPU is lost (fallen off the bus) | \
-                 /dev/nvidia3 (195:3): nvml unknown: no answer; not assigned to it: a \
-                 container that holds every device is judged on its assigned devices"
-            )]
+        let line = format!(
+            "{HELD_PREFIX}/dev/nvidia2 (195:2): GPU is lost (fallen off the bus) | \
+             /dev/nvidia3 (195:3): nvml unknown: no answer; not assigned to it: a \
+             container that holds every device is judged on its assigned devices"
         );
+        // the one line on stderr, and the decision's line for the log
+        assert_eq!(action, Action::Warn);
+        assert_eq!(message.as_deref(), Some(line.as_str()));
+        assert_eq!(warnings, vec![line]);
         // the same GPU assigned: the policy's
         let mut d = d;
         d.push(decide(gpu(5), lost(), &Policy::default()));

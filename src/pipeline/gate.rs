@@ -222,13 +222,6 @@ fn summarize(
     let (action, mut message, mut warnings) = policy::summarize(decisions);
     if action == Action::Reject {
         message = message.map(|m| with_prior_fault(config, start.spec, start.state, m));
-    } else {
-        // The bad devices a privileged container holds unassigned: the decision log's
-        // line says so, as stderr does.
-        message = warnings
-            .iter()
-            .find(|w| w.starts_with(policy::HELD_PREFIX))
-            .cloned();
     }
     warnings.extend(selector_warnings);
     Summary {
