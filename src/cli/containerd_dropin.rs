@@ -259,8 +259,12 @@ pub(super) fn remove(root: &Path, file: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// The toolkit's drop-in as nvidia-ctk copies a `config dump`: both of devgate's keys
+    /// there, empty, on its default runtime `nvidia`.
+    pub(in crate::cli) const TOOLKIT_DROPIN: &str = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n  base_runtime_spec = \"\"\n  container_annotations = []\n  runtime_type = \"io.containerd.runc.v2\"\n";
 
     #[test]
     fn globs_match_as_containerd_sorts_them() {
@@ -284,9 +288,7 @@ mod tests {
         let root = crate::fsutil::tests::tempdir("dropin-copy");
         let d = root.join("etc/containerd/conf.d");
         fs::create_dir_all(&d).unwrap();
-        // As nvidia-ctk copies a `config dump`: both keys there, empty.
-        let nv = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n  base_runtime_spec = \"\"\n  container_annotations = []\n  runtime_type = \"io.containerd.runc.v2\"\n";
-        fs::write(d.join("99-nvidia.toml"), nv).unwrap();
+        fs::write(d.join("99-nvidia.toml"), TOOLKIT_DROPIN).unwrap();
         fs::write(d.join("10-other.toml"), "version = 2\n[plugins.x]\n").unwrap();
         let conf = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n";
         let spec = Path::new("/etc/containerd/devgate-base-spec.json");

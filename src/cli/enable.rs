@@ -420,7 +420,11 @@ mod tests {
         let root = crate::fsutil::tests::tempdir("enable-stale-dropin");
         let d = root.join("etc/containerd/conf.d");
         fs::create_dir_all(&d).unwrap();
-        let nv = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n  base_runtime_spec = \"\"\n  container_annotations = []\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/local/nvidia/toolkit/nvidia-container-runtime\"\n";
+        let nv = format!(
+            "{}[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  \
+             BinaryName = \"/usr/local/nvidia/toolkit/nvidia-container-runtime\"\n",
+            containerd_dropin::tests::TOOLKIT_DROPIN
+        );
         fs::write(d.join("99-nvidia.toml"), nv).unwrap();
         let conf = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n";
         fs::write(config_file(&root), conf).unwrap();
