@@ -1,6 +1,7 @@
 //! The DRA objects the agent reads and writes (resource.k8s.io v1 and v1beta2 share these
 //! fields), typed to the fields it uses; everything else is left as the API server has it.
 
+use devgate::model::clock::unix_of_rfc3339;
 use devgate::store::cluster::{TimedToleration, MAX_STRING_CHARS};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -335,47 +336,6 @@ pub fn tolerated(tolerations: &[Toleration], t: &Taint) -> Tolerated {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.frac]Z`, as the API server writes a time, in unix seconds; None
-/// for anything else.
-pub fn unix_of_rfc3339(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' {
-        return None;
-    }
-    if b[16] != b':' || *b.last()? != b'Z' {
-        return None;
-    }
-    let frac = &s[19..s.len() - 1];
-    if !(frac.is_empty() || frac.starts_with('.') && frac[1..].bytes().all(|c| c.is_ascii_digit()))
-    {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<u64> {
-        let t = s.get(r)?;
-        t.bytes()
-            .all(|c| c.is_ascii_digit())
-            .then(|| t.parse().ok())?
-    };
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if y < 1970 || !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60
-    {
-        return None;
-    }
-    // Days from the civil date (Howard Hinnant's algorithm), March-based years.
-    let (y, mo) = if mo <= 2 {
-        (y - 1, mo + 9)
-    } else {
-        (y, mo - 3)
-    };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let doy = (153 * mo + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = (era * 146097 + doe).checked_sub(719468)?;
-    Some(days * 86400 + h * 3600 + mi * 60 + se)
-}
-
 /// The pods whose claims hold `d` and tolerate `t`: for good, and for a time. Core Pods
 /// only (another group's `pods` is not a Pod), and never a uid past the file's bound on a
 /// string, which would make the hook's whole file unwritable. A pod with several claims
@@ -620,16 +580,6 @@ mod tests {
         // NoSchedule: the scheduler's reading, seconds or not
         let ns = taint("k", "", "NoSchedule");
         assert_eq!(tolerated(&[secs(Some(1), "")], &ns), Tolerated::Forever);
-        for bad in [
-            "2026-12-05 00:00:00Z",
-            "2026-13-05T00:00:00Z",
-            "x",
-            "2026-12-05T00:00:00+01:00",
-        ] {
-            assert_eq!(unix_of_rfc3339(bad), None, "{bad}");
-        }
-        assert_eq!(unix_of_rfc3339("1970-01-01T00:00:01.5Z"), Some(1));
-        assert_eq!(unix_of_rfc3339("2000-03-01T00:00:00Z"), Some(951_868_800));
     }
 
     #[test]
